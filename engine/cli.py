@@ -1,0 +1,336 @@
+"""The ``memfit`` command line, on the same engine as the app.
+
+``memfit estimate --scenario FILE --json`` prints the estimate in the stable JSON shape;
+``memfit estimate --model llama-3-8b --gpu h100-sxm-80gb --method lora ...`` prints a table;
+flags override any field of the scenario (``--set training.lora.alpha=64`` reaches the
+ones without a flag of their own); ``memfit presets models|gpus`` lists the presets.
+Bad input prints one line naming the field and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
+
+from engine.errors import EstimateError
+from engine.estimate import GIB, Estimate, estimate
+from engine.params import count_parameters
+from engine.presets import gpu_names, load_gpu, load_model, model_names
+from engine.scenario_io import read_json, save_scenario, scenario_from_dict
+from engine.specs import (
+    ATTENTION_KERNELS,
+    CHECKPOINTING,
+    METHODS,
+    OFFLOAD_TARGETS,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+)
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+#: flag -> (path in the scenario dict, converter)
+_FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
+    "gpus_per_node": (("hardware", "gpus_per_node"), int),
+    "nodes": (("hardware", "nodes"), int),
+    "memory_gib": (("hardware", "memory_gib"), float),
+    "budget": (("hardware", "utilization_target"), float),
+    "method": (("training", "method"), str),
+    "precision": (("training", "precision"), str),
+    "optimizer": (("training", "optimizer"), str),
+    "optimizer_impl": (("training", "optimizer_impl"), str),
+    "batch": (("training", "micro_batch_size"), int),
+    "seq": (("training", "sequence_length"), int),
+    "grad_accum": (("training", "gradient_accumulation_steps"), int),
+    "checkpointing": (("training", "activation_checkpointing"), str),
+    "attention": (("training", "attention"), str),
+    "rank": (("training", "lora", "rank"), int),
+    "alpha": (("training", "lora", "alpha"), float),
+    "targets": (("training", "lora", "targets"), _csv),
+    "lora_dropout": (("training", "lora", "dropout"), float),
+    "double_quant": (("training", "qlora", "double_quant"), bool),
+    "trainable": (("training", "freeze", "trainable"), _csv),
+    "last_layers": (("training", "freeze", "last_layers"), int),
+    "tp": (("training", "parallelism", "tp"), int),
+    "pp": (("training", "parallelism", "pp"), int),
+    "cp": (("training", "parallelism", "cp"), int),
+    "ep": (("training", "parallelism", "ep"), int),
+    "zero": (("training", "parallelism", "zero_stage"), int),
+    "offload_optimizer": (("training", "offload", "optimizer"), str),
+    "offload_parameters": (("training", "offload", "parameters"), str),
+}
+
+
+def _set_path(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    node = data
+    for key in path[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise EstimateError(
+                ".".join(path), f"cannot set inside {key!r}, which is not an object"
+            )
+        node = child
+    node[path[-1]] = value
+
+
+def _parse_set(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise EstimateError(
+            "--set", f"got {text!r}, expected FIELD=VALUE (e.g. training.lora.alpha=64)"
+        )
+    path, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare word is a string
+    parts = [p for p in path.strip().split(".") if p]
+    if not parts:
+        raise EstimateError("--set", f"got {text!r}, expected FIELD=VALUE")
+    return parts, value
+
+
+def build_scenario_dict(args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario as a dict: the file (if any), then each flag given, then ``--set``."""
+    data: dict[str, Any]
+    if args.scenario:
+        loaded = read_json(args.scenario)
+        if not isinstance(loaded, dict):
+            raise EstimateError("scenario", f"{args.scenario} does not hold a JSON object")
+        data = loaded
+    else:
+        data = {"memfit_scenario": 1}
+    if args.model:
+        data["model"] = {"preset": args.model}
+    if args.model_config:
+        data["model"] = read_json(args.model_config, "model")
+    if args.gpu:
+        data.setdefault("hardware", {})
+        if not isinstance(data["hardware"], dict):
+            raise EstimateError("hardware", "expected an object")
+        data["hardware"]["gpu"] = args.gpu
+    for flag, (path, convert) in _FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            _set_path(data, path, convert(value) if isinstance(value, str) else value)
+    for item in args.set or ():
+        set_path, set_value = _parse_set(item)
+        _set_path(data, set_path, set_value)
+    if "model" not in data:
+        raise EstimateError(
+            "model", "missing; give --model NAME, --model-config FILE or --scenario"
+        )
+    if "hardware" not in data:
+        raise EstimateError("hardware", "missing; give --gpu NAME, --memory-gib or --scenario")
+    return data
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f}"
+
+
+def format_table(est: Estimate) -> str:
+    """A readable report of ``est`` (GiB = 2^30 bytes)."""
+    s = est.scenario
+    t, hw = s.training, s.hardware
+    method = t.method
+    if t.method in ("lora", "qlora"):
+        method += f" (r={t.lora.rank}, alpha={t.lora.alpha:g}, {','.join(t.lora.targets)})"
+    if t.method == "freeze":
+        parts = ",".join(t.freeze.trainable) or "-"
+        method += f" (trainable: {parts}; last {t.freeze.last_layers} layers)"
+    share = 100.0 * est.trainable_params / est.total_params if est.total_params else 0.0
+    lines = [
+        f"MemFit estimate: {s.model.label} on {hw.gpu.display_name}"
+        f" ({hw.world_size} GPU{'s' if hw.world_size > 1 else ''})",
+        f"  {method} | {t.precision} | {t.optimizer} ({t.optimizer_impl}) | "
+        f"micro-batch {t.micro_batch_size} x sequence {t.sequence_length}",
+        "",
+        f"Parameters   total {est.total_params:,}   trainable {est.trainable_params:,}"
+        f" ({share:.3g} %)",
+        f"Bytes/param  {est.bytes_per_param_formula}",
+    ]
+    if est.bytes_per_frozen_param:
+        lines.append(
+            f"             frozen weights: {est.bytes_per_frozen_param:.4g} B per parameter"
+        )
+    lines += ["", f"{'Per GPU, GiB (2^30 B)':<58}{'GiB':>10}"]
+    breakdown = est.breakdown
+    for category, total in breakdown.items():
+        items = [i for i in est.items if i.category == category]
+        if category == "activations" and not items:
+            lines.append(f"{category:<52}{'not yet modelled':>16}")
+            continue
+        lines.append(f"{category:<58}{_gib(total):>10}")
+        for item in items:
+            lines.append(f"  {item.name:<56}{_gib(item.bytes):>10}   {item.formula}")
+    pct = 100.0 * hw.utilization_target
+    lines += [
+        "",
+        f"{'allocated':<58}{_gib(est.allocated_bytes):>10}",
+        f"{'reserved':<58}{_gib(est.reserved_bytes):>10}",
+        f"{'device':<58}{_gib(est.device_bytes):>10}",
+        f"{'capacity':<58}{_gib(est.capacity_bytes):>10}",
+        f"{f'budget ({pct:g} % of capacity)':<58}{_gib(est.budget_bytes):>10}",
+        f"verdict: {est.verdict.upper()}"
+        + (" (a lower bound: parts of the step are not modelled yet)" if est.not_modelled else ""),
+    ]
+    lines += [f"warning: {w}" for w in est.warnings]
+    if est.not_modelled:
+        lines += ["", "Not yet modelled (counted as 0 above):"]
+        lines += [f"  - {note}" for note in est.not_modelled]
+    return "\n".join(lines)
+
+
+def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", metavar="FILE", help="a *.memfit.json scenario file")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--save", metavar="FILE", help="also write the scenario to FILE")
+    m = p.add_argument_group("model and hardware")
+    m.add_argument("--model", metavar="PRESET", help="model preset (memfit presets models)")
+    m.add_argument("--model-config", metavar="FILE", help="a Hugging Face config.json")
+    m.add_argument("--gpu", metavar="PRESET", help="GPU preset (memfit presets gpus)")
+    m.add_argument("--gpus-per-node", type=int)
+    m.add_argument("--nodes", type=int)
+    m.add_argument("--memory-gib", type=float, help="device memory in GiB (2^30 B)")
+    m.add_argument("--budget", type=float, metavar="FRACTION", help="utilization target, 0.85")
+    t = p.add_argument_group("training")
+    t.add_argument("--method", choices=METHODS)
+    t.add_argument("--precision", choices=PRECISIONS)
+    t.add_argument("--optimizer", choices=OPTIMIZERS)
+    t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS)
+    t.add_argument("--batch", type=int, help="micro-batch size per GPU")
+    t.add_argument("--seq", type=int, help="sequence length")
+    t.add_argument("--grad-accum", type=int)
+    t.add_argument("--checkpointing", choices=CHECKPOINTING)
+    t.add_argument("--attention", choices=ATTENTION_KERNELS)
+    t.add_argument("--rank", type=int, help="LoRA rank")
+    t.add_argument("--alpha", type=float, help="LoRA alpha")
+    t.add_argument(
+        "--targets", metavar="A,B", help="LoRA targets, e.g. q_proj,v_proj or all-linear"
+    )
+    t.add_argument("--lora-dropout", type=float)
+    t.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
+    t.add_argument("--trainable", metavar="A,B", help="parts left trainable by --method freeze")
+    t.add_argument("--last-layers", type=int, help="last N layers trainable (--method freeze)")
+    t.add_argument("--tp", type=int)
+    t.add_argument("--pp", type=int)
+    t.add_argument("--cp", type=int)
+    t.add_argument("--ep", type=int)
+    t.add_argument("--zero", type=int, metavar="STAGE")
+    t.add_argument("--offload-optimizer", choices=OFFLOAD_TARGETS)
+    t.add_argument("--offload-parameters", choices=OFFLOAD_TARGETS)
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="set any scenario field, e.g. training.qlora.block_size=128",
+    )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="memfit", description="How much GPU memory will this training run take?")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    est = sub.add_parser("estimate", help="estimate the memory of a training step")
+    _add_estimate_flags(est)
+    pre = sub.add_parser("presets", help="list model or GPU presets")
+    pre.add_argument("kind", choices=("models", "gpus"))
+    pre.add_argument("--json", action="store_true")
+    return parser
+
+
+def _presets(kind: str, as_json: bool, out: TextIO) -> None:
+    rows: list[dict[str, Any]] = []
+    if kind == "models":
+        for name in model_names():
+            m = load_model(name)
+            rows.append(
+                {
+                    "name": name,
+                    "display_name": m.label,
+                    "family": m.family,
+                    "parameters": count_parameters(m).total,
+                }
+            )
+        if not as_json:
+            for r in rows:
+                print(
+                    f"{r['name']:<22}{r['family']:<14}{r['parameters']:>20,}  {r['display_name']}",
+                    file=out,
+                )
+    else:
+        for name in gpu_names():
+            g = load_gpu(name)
+            rows.append(
+                {
+                    "name": name,
+                    "display_name": g.display_name,
+                    "memory_bytes": g.memory_bytes,
+                    "bf16_tflops": g.bf16_tflops,
+                }
+            )
+        if not as_json:
+            for r in rows:
+                print(
+                    f"{r['name']:<22}{r['memory_bytes'] / GIB:>9.2f} GiB  "
+                    f"{r['bf16_tflops']:>8g} TFLOP/s bf16  {r['display_name']}",
+                    file=out,
+                )
+    if as_json:
+        json.dump(rows, out, indent=2)
+        out.write("\n")
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit status (0, or 2 for bad input)."""
+    out = out or sys.stdout
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "presets":
+            _presets(args.kind, args.json, out)
+            return 0
+        if args.command != "estimate":
+            parser.print_help(out)
+            return EXIT_USAGE
+        scenario = scenario_from_dict(build_scenario_dict(args))
+        result = estimate(scenario)
+        if args.save:
+            save_scenario(scenario, args.save)
+    except EstimateError as exc:
+        print(f"memfit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # e.g. piped into `head`
+        return 0
+    except OSError as exc:
+        print(f"memfit: error: {exc.filename or 'file'}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.json:
+            json.dump(result.to_dict(), out, indent=2)
+            out.write("\n")
+        else:
+            print(format_table(result), file=out)
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""Model-state memory: parameters, gradients and optimizer states, tensor by tensor.
+
+The memory of the *model state* depends on three choices:
+
+* **precision** decides the storage dtype of trainable weights and their gradients.
+  ``fp32``, ``bf16-mixed``, ``fp16-mixed`` and ``fp8-mixed`` keep trainable weights and
+  gradients in fp32 -- PyTorch's automatic mixed precision keeps the model in fp32 (those
+  fp32 weights *are* the master weights) and casts to 16 or 8 bits inside the forward;
+  pure ``bf16`` keeps weights, gradients and optimizer states in bf16;
+* **optimizer** decides the state kept per trainable element (see :func:`optimizer_state`);
+* **method** decides what is trainable: everything (``full``), LoRA adapters on a frozen
+  base (``lora``), adapters on a 4-bit NF4 base (``qlora``), or named parts (``freeze``).
+  Frozen weights need no gradient, no state and no master copy, so under the mixed
+  precisions they are held in the 16-bit compute dtype.
+
+Where "16 bytes per parameter" comes from for mixed-precision Adam
+-------------------------------------------------------------------
+ZeRO (Rajbhandari et al. 2020, section 3.1) counts ``2 + 2 + 12 = 16`` bytes: fp16
+weights (2), fp16 gradients (2), and an fp32 master copy, momentum and variance (4+4+4).
+PyTorch AMP arrives at the same 16 by another road: fp32 weights (4, serving as the master
+copy), fp32 gradients (4) and Adam's two fp32 moments (8). On top of that, autocast caches a
+16-bit copy of every weight it casts during the forward (2 more -- **18**; also the figure
+for Megatron-style training, which keeps 16-bit weights, fp32 "main" gradients and the 12
+bytes of fp32 optimizer state: 2 + 4 + 12). That cache lives for the forward and backward
+of a step only and is part of the step timeline, not of the model state counted here.
+When the 16-bit gradients are freed as soon as the optimizer consumes them, or sharded
+away, 2 + 12 = **14** remain. Pure bf16 with bf16 Adam states is 2 + 2 + 4 = 8; 8-bit Adam
+stores its two moments in one byte each plus a float32 scale per 256-element block.
+
+>>> from engine.presets import load_model
+>>> from engine.specs import TrainingSpec
+>>> state = model_state(load_model("llama-3-8b"), TrainingSpec(method="full"))
+>>> state.bytes_per_trainable_param
+16.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from math import ceil
+
+from engine.errors import EstimateError
+from engine.params import TensorGroup, model_tensors
+from engine.specs import ModelSpec, TrainingSpec
+
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+#: bitsandbytes keeps 8-bit state only for tensors with at least this many elements
+#: (``Optimizer8bit``'s ``min_8bit_size``); smaller tensors get fp32 state.
+BNB_MIN_8BIT_SIZE = 4096
+#: bitsandbytes' block-wise 8-bit optimizers keep one fp32 absmax per 256 elements.
+BNB_OPTIMIZER_BLOCK = 256
+#: bitsandbytes' double quantization quantizes the 4-bit absmax in blocks of 256.
+BNB_DQ_BLOCK = 256
+#: Transformer Engine's DelayedScaling default amax history length.
+FP8_AMAX_HISTORY = 1024
+
+#: The roles each LoRA target name selects; fused modules answer to any of their parts.
+_TARGET_ROLES = {
+    "q_proj": ("q_proj", "qkv"),
+    "k_proj": ("k_proj", "qkv"),
+    "v_proj": ("v_proj", "qkv"),
+    "o_proj": ("o_proj",),
+    "gate_proj": ("gate_proj", "gate_up"),
+    "up_proj": ("up_proj", "gate_up"),
+    "down_proj": ("down_proj",),
+    "q_a_proj": ("q_a_proj",),
+    "q_b_proj": ("q_b_proj",),
+    "kv_a_proj": ("kv_a_proj",),
+    "kv_b_proj": ("kv_b_proj",),
+}
+_ALL_ROLES = frozenset(r for roles in _TARGET_ROLES.values() for r in roles)
+
+#: Components that ``FreezeSpec.trainable`` names map onto.
+_FREEZE_COMPONENTS = {
+    "embeddings": ("embeddings",),
+    "attention": ("attention",),
+    "mlp": ("mlp", "experts"),
+    "norms": ("norms",),
+    "router": ("router",),
+    "lm_head": ("lm_head", "pooler"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """One named block of memory in a category, with the formula that gives its size."""
+
+    name: str
+    category: str
+    bytes: int
+    formula: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Parameters, gradients and optimizer states of one configuration."""
+
+    items: tuple[MemoryItem, ...]
+    total_params: int
+    trainable_params: int
+    frozen_param_bytes: int
+    #: bytes per trainable element: weight + gradient + optimizer state
+    bytes_per_trainable_param: float
+    #: bytes per frozen element (0.0 when nothing is frozen)
+    bytes_per_frozen_param: float
+    #: how ``bytes_per_trainable_param`` adds up, in words
+    bytes_per_param_formula: str
+    #: things the user asked for that do not apply to this model
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    def category_bytes(self, category: str) -> int:
+        return sum(i.bytes for i in self.items if i.category == category)
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Model-state bytes over all parameters of the base model (adapters included)."""
+        return self.total_bytes / self.total_params if self.total_params else 0.0
+
+
+def trainable_dtype(precision: str) -> str:
+    """Storage dtype of trainable weights and their gradients."""
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+def frozen_dtype(precision: str) -> str:
+    """Storage dtype of frozen (non-quantized) weights: the compute dtype."""
+    return {"fp32": "fp32", "fp16-mixed": "fp16"}.get(precision, "bf16")
+
+
+def optimizer_state(optimizer: str, shape: tuple[int, ...], param_bytes: int) -> tuple[int, str]:
+    """Bytes of optimizer state for one trainable tensor of ``shape``, and the formula.
+
+    * ``adamw`` -- ``exp_avg`` and ``exp_avg_sq`` like the parameter: ``2 n p``
+      (``torch.optim.AdamW``; Loshchilov & Hutter 2019);
+    * ``adamw-8bit`` / ``paged-adamw-8bit`` -- two uint8 moments and one fp32 absmax per
+      256-element block each: ``2 n + 8 ceil(n/256)``; tensors under 4,096 elements keep
+      fp32 moments, ``8 n`` (Dettmers et al. 2022, "8-bit optimizers via block-wise
+      quantization"; bitsandbytes ``Optimizer8bit``). The paged variant allocates the same
+      bytes in unified memory, which the driver may evict to the host under pressure;
+    * ``sgd`` -- none; ``sgd-momentum`` -- one ``momentum_buffer`` like the parameter;
+    * ``adafactor`` -- factored second moment for matrices, a row and a column vector:
+      ``(rows + cols) p``; a full second moment for vectors; no first moment
+      (Shazeer & Stern 2018; ``torch.optim.Adafactor``, whose state follows the param dtype);
+    * ``lion`` -- one momentum like the parameter (Chen et al. 2023).
+    """
+    n = 1
+    for d in shape:
+        n *= d
+    if optimizer == "adamw":
+        return 2 * n * param_bytes, f"2 moments x {param_bytes} B"
+    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        if n < BNB_MIN_8BIT_SIZE:
+            return 8 * n, "2 fp32 moments (tensor under 4096 elements)"
+        return 2 * n + 8 * ceil(n / BNB_OPTIMIZER_BLOCK), "2 uint8 moments + fp32 absmax/256"
+    if optimizer == "sgd":
+        return 0, "none"
+    if optimizer in ("sgd-momentum", "lion"):
+        return n * param_bytes, f"1 momentum x {param_bytes} B"
+    if optimizer == "adafactor":
+        if len(shape) >= 2:
+            rows = n // shape[-1]
+            return (rows + shape[-1]) * param_bytes, "factored second moment (rows + cols)"
+        return n * param_bytes, "second moment (vector)"
+    raise EstimateError("training.optimizer", f"unknown optimizer {optimizer!r}")
+
+
+def nf4_bytes(numel: int, block_size: int, double_quant: bool) -> int:
+    """Storage of one 4-bit quantized weight of ``numel`` elements (QLoRA, section 3).
+
+    Two 4-bit codes per byte, plus one absmax per block of ``block_size``: fp32 without
+    double quantization (``32/64 = 0.5`` bit per parameter at block 64); with it, an 8-bit
+    absmax per block, an fp32 scale per 256 blocks and one fp32 offset
+    (``8/64 + 32/(64*256) = 0.127`` bit per parameter; Dettmers et al. 2023, section 3).
+    """
+    blocks = ceil(numel / block_size)
+    packed = ceil(numel / 2)
+    if double_quant:
+        return packed + blocks + 4 * ceil(blocks / BNB_DQ_BLOCK) + 4
+    return packed + 4 * blocks
+
+
+def lora_targets(model: ModelSpec, targets: Iterable[str]) -> tuple[frozenset[str], list[str]]:
+    """The linear roles that ``targets`` selects on ``model``, and the targets that miss.
+
+    ``all-linear`` selects every linear layer of the blocks -- attention, MLP, routed and
+    shared experts -- and, like PEFT, not the output layer. As in PEFT, a target that
+    matches no module is skipped as long as another target matches (``v_proj`` on an MLA
+    model); when none matches it is an error.
+    """
+    present = {g.linear for g in model_tensors(model) if g.linear}
+    chosen: set[str] = set()
+    missed: list[str] = []
+    for target in targets:
+        wanted = _ALL_ROLES if target == "all-linear" else frozenset(_TARGET_ROLES[target])
+        roles = wanted & present
+        if not roles:
+            missed.append(target)
+        chosen |= roles
+    if not chosen:
+        raise EstimateError(
+            "training.lora.targets",
+            f"{', '.join(missed)} match no layer of {model.name}; its linear layers are "
+            f"{', '.join(sorted(present))}",
+        )
+    return frozenset(chosen), missed
+
+
+def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup, ...]:
+    """LoRA's ``A`` (``r x in``) and ``B`` (``out x r``) for every targeted linear layer.
+
+    Adapter parameters per layer: ``r (in + out)`` (Hu et al. 2021, section 4.1).
+    """
+    roles, _ = lora_targets(model, training.lora.targets)
+    r = training.lora.rank
+    out: list[TensorGroup] = []
+    for g in model_tensors(model):
+        if g.linear in roles:
+            out_f, in_f = g.shape
+            base = g.module.removesuffix(".weight")
+            out.append(
+                TensorGroup(g.component, base + ".lora_A", (r, in_f), g.count, None, g.layers)
+            )
+            out.append(
+                TensorGroup(g.component, base + ".lora_B", (out_f, r), g.count, None, g.layers)
+            )
+    return tuple(out)
+
+
+def _is_trainable_part(g: TensorGroup, model: ModelSpec, training: TrainingSpec) -> bool:
+    spec = training.freeze
+    parts = {c for name in spec.trainable for c in _FREEZE_COMPONENTS[name]}
+    if g.component in parts:
+        return True
+    if g.module == "embed_tokens.weight" and model.tie_word_embeddings and "lm_head" in parts:
+        return True  # the tied LM head is the embedding matrix
+    first = model.num_layers - spec.last_layers
+    return spec.last_layers > 0 and g.layers is not None and g.layers[0] >= first
+
+
+def _quantizable(g: TensorGroup) -> bool:
+    """bitsandbytes replaces every ``nn.Linear`` but the output layer with ``Linear4bit``."""
+    is_weight = g.module.endswith(".weight") and len(g.shape) == 2
+    return is_weight and g.component not in ("embeddings", "lm_head")
+
+
+def model_state(model: ModelSpec, training: TrainingSpec) -> ModelState:
+    """Parameters, gradients and optimizer states for ``model`` trained as ``training``."""
+    precision, method, opt = training.precision, training.method, training.optimizer
+    t_dtype, f_dtype = trainable_dtype(precision), frozen_dtype(precision)
+    t_bytes, f_bytes = DTYPE_BYTES[t_dtype], DTYPE_BYTES[f_dtype]
+    cuts = (model.num_layers - training.freeze.last_layers,) if method == "freeze" else ()
+    base = model_tensors(model, cuts)
+
+    trainable: list[TensorGroup] = []
+    frozen: list[TensorGroup] = []
+    quantized: list[TensorGroup] = []
+    for g in base:
+        if method == "full" or (method == "freeze" and _is_trainable_part(g, model, training)):
+            trainable.append(g)
+        elif method == "qlora" and _quantizable(g):
+            quantized.append(g)
+        else:
+            frozen.append(g)
+    warnings: list[str] = []
+    if method in ("lora", "qlora"):
+        trainable.extend(lora_adapters(model, training))
+        missed = lora_targets(model, training.lora.targets)[1]
+        if missed:
+            warnings.append(f"LoRA target {', '.join(missed)} matches no layer of {model.name}")
+    if method == "qlora":
+        f_dtype = training.qlora.compute_dtype
+        f_bytes = DTYPE_BYTES[f_dtype]
+
+    n_trainable = sum(g.total for g in trainable)
+    n_frozen = sum(g.total for g in frozen)
+    n_quant = sum(g.total for g in quantized)
+    if n_trainable == 0:
+        raise EstimateError(
+            "training.freeze.trainable", "nothing is trainable; name a part or last_layers > 0"
+        )
+
+    items: list[MemoryItem] = []
+    label = "adapter weights" if method in ("lora", "qlora") else "trainable weights"
+    items.append(
+        MemoryItem(
+            f"{label} ({t_dtype})",
+            "parameters",
+            n_trainable * t_bytes,
+            f"{n_trainable:,} x {t_bytes} B",
+            "PyTorch AMP keeps fp32 weights; ZeRO section 3.1",
+        )
+    )
+    frozen_bytes = n_frozen * f_bytes
+    if n_frozen:
+        items.append(
+            MemoryItem(
+                f"frozen weights ({f_dtype})",
+                "parameters",
+                frozen_bytes,
+                f"{n_frozen:,} x {f_bytes} B",
+                "frozen weights need no master copy",
+            )
+        )
+    if quantized:
+        q = training.qlora
+        q_bytes = sum(nf4_bytes(g.numel, q.block_size, q.double_quant) * g.count for g in quantized)
+        frozen_bytes += q_bytes
+        dq = "double-quantized" if q.double_quant else "fp32"
+        items.append(
+            MemoryItem(
+                f"{q.quant_type.upper()} base weights ({dq} absmax, block {q.block_size})",
+                "parameters",
+                q_bytes,
+                f"{n_quant:,} x 4 bit + absmax per {q.block_size}",
+                "Dettmers et al. 2023 (QLoRA), section 3",
+            )
+        )
+    items.append(
+        MemoryItem(
+            f"gradients ({t_dtype})",
+            "gradients",
+            n_trainable * t_bytes,
+            f"{n_trainable:,} x {t_bytes} B",
+            "one gradient per trainable weight, in its dtype",
+        )
+    )
+    opt_bytes = 0
+    formula = ""
+    for g in trainable:
+        per_tensor, formula = optimizer_state(opt, g.shape, t_bytes)
+        opt_bytes += per_tensor * g.count
+    if opt_bytes:
+        items.append(
+            MemoryItem(
+                f"{opt} states",
+                "optimizer_states",
+                opt_bytes,
+                formula,
+                "engine.model_state.optimizer_state",
+            )
+        )
+    if training.optimizer_impl == "fused" and opt in ("adamw", "sgd-momentum"):
+        tensors = sum(g.count for g in trainable)
+        items.append(
+            MemoryItem(
+                "optimizer step counters (fused: on device)",
+                "optimizer_states",
+                4 * tensors,
+                f"{tensors:,} tensors x 4 B",
+                "torch.optim fused implementations keep `step` on the device",
+            )
+        )
+    if precision == "fp16-mixed":
+        items.append(
+            MemoryItem(
+                "loss scaler state",
+                "overhead",
+                8,
+                "scale (fp32) + growth tracker",
+                "torch.amp.GradScaler",
+            )
+        )
+    if precision == "fp8-mixed":
+        linears = sum(g.count for g in base if _quantizable(g))
+        per = (3 * FP8_AMAX_HISTORY + 3 * 2) * 4
+        items.append(
+            MemoryItem(
+                "fp8 scaling state (amax history, scales)",
+                "overhead",
+                linears * per,
+                f"{linears:,} linear layers x {per:,} B",
+                "Transformer Engine DelayedScaling, amax_history_len=1024",
+            )
+        )
+
+    opt_per = opt_bytes / n_trainable
+    per_trainable = 2.0 * t_bytes + opt_per
+    words = f"{t_bytes} (weight, {t_dtype}) + {t_bytes} (gradient) + {opt_per:.4g} ({opt} state)"
+    n_frozen_all = n_frozen + n_quant
+    adapters = n_trainable if method in ("lora", "qlora") else 0
+    return ModelState(
+        items=tuple(items),
+        total_params=sum(g.total for g in base) + adapters,
+        trainable_params=n_trainable,
+        frozen_param_bytes=frozen_bytes,
+        bytes_per_trainable_param=per_trainable,
+        bytes_per_frozen_param=frozen_bytes / n_frozen_all if n_frozen_all else 0.0,
+        bytes_per_param_formula=f"{words} = {per_trainable:.4g} B per trainable parameter",
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,250 @@
+"""Scenario files (``*.memfit.json``): strict load, atomic save, and their dict form.
+
+The file is a versioned JSON object (``"memfit_scenario": 1``) with ``model``,
+``hardware`` and ``training`` sections. The ``model`` section takes one of three forms:
+
+* ``{"preset": "llama-3-8b"}`` -- a preset by name;
+* ``{"spec": {...}}`` -- MemFit's own :class:`~engine.specs.ModelSpec` fields, strict
+  (what the app writes once a preset's architecture has been edited);
+* Hugging Face ``config.json`` keys as they are (``num_hidden_layers``, ...); keys the
+  estimate does not need are ignored.
+
+Unknown keys in MemFit's own sections are errors naming the key. Reading never evaluates
+code. Saving writes a temporary file beside the target and renames it over the target, so
+a crash never leaves a half-written scenario.
+
+>>> data = {"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}}
+>>> scenario_from_dict(data).training.method
+'full'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.errors import EstimateError
+from engine.hf_config import model_from_hf_config
+from engine.presets import build_strict, load_gpu, load_model, preset_name_of
+from engine.specs import (
+    FreezeSpec,
+    GpuSpec,
+    HardwareSpec,
+    LoraSpec,
+    ModelSpec,
+    OffloadSpec,
+    ParallelismSpec,
+    QuantSpec,
+    Scenario,
+    TrainingSpec,
+)
+
+SCENARIO_VERSION = 1
+SUFFIX = ".memfit.json"
+_TOP_KEYS = ("memfit_scenario", "name", "model", "hardware", "training")
+_HARDWARE_KEYS = ("gpu", "gpus_per_node", "nodes", "memory_gib", "utilization_target")
+_SUBSECTIONS: dict[str, type[Any]] = {
+    "lora": LoraSpec,
+    "qlora": QuantSpec,
+    "freeze": FreezeSpec,
+    "parallelism": ParallelismSpec,
+    "offload": OffloadSpec,
+}
+_TUPLE_FIELDS = {("lora", "targets"), ("freeze", "trainable")}
+
+
+def custom_gpu(memory_gib: float) -> GpuSpec:
+    """A device with no preset: only its memory is known."""
+    return GpuSpec(
+        name="custom",
+        display_name=f"Custom GPU ({memory_gib:g} GiB)",
+        vendor="nvidia",
+        architecture="unknown",
+        memory_mib=max(1024, round(memory_gib * 1024)),
+        memory_source="given by the user",
+        bf16_tflops=1.0,
+        fp16_tflops=1.0,
+        fp8_tflops=0.0,
+        fp32_tflops=1.0,
+        memory_bandwidth_gb_s=1.0,
+        host_link="pcie-gen4",
+        host_link_gb_s=32.0,
+        source="no preset: throughputs unknown",
+    )
+
+
+def model_from_dict(data: Any) -> ModelSpec:
+    """The ``model`` section in any of its three forms."""
+    if isinstance(data, str):
+        return load_model(data)
+    if not isinstance(data, dict):
+        raise EstimateError("model", f"expected a preset name or an object, got {data!r}")
+    if "preset" in data:
+        extra = sorted(set(data) - {"preset"})
+        if extra:
+            raise EstimateError(f"model.{extra[0]}", "unknown key beside 'preset'")
+        if not isinstance(data["preset"], str):
+            raise EstimateError("model.preset", f"got {data['preset']!r}, expected a name")
+        return load_model(data["preset"])
+    if "spec" in data:
+        extra = sorted(set(data) - {"spec"})
+        if extra:
+            raise EstimateError(f"model.{extra[0]}", "unknown key beside 'spec'")
+        return build_strict(ModelSpec, data["spec"], "model.spec")
+    return model_from_hf_config(
+        data, name=data.get("name") if isinstance(data.get("name"), str) else None
+    )
+
+
+def hardware_from_dict(data: Any) -> HardwareSpec:
+    if not isinstance(data, dict):
+        raise EstimateError("hardware", f"expected an object, got {data!r}")
+    for key in data:
+        if key not in _HARDWARE_KEYS:
+            raise EstimateError(
+                f"hardware.{key}", f"unknown key; expected {', '.join(_HARDWARE_KEYS)}"
+            )
+    memory = data.get("memory_gib")
+    gpu_name = data.get("gpu", "custom")
+    if gpu_name == "custom":
+        if memory is None:
+            raise EstimateError("hardware.gpu", "missing; give a GPU preset or memory_gib")
+        if isinstance(memory, bool) or not isinstance(memory, int | float):
+            raise EstimateError("hardware.memory_gib", f"got {memory!r}, expected a number")
+        gpu = custom_gpu(float(memory))
+    elif isinstance(gpu_name, str):
+        gpu = load_gpu(gpu_name)
+    else:
+        raise EstimateError("hardware.gpu", f"got {gpu_name!r}, expected a preset name")
+    kwargs = {k: v for k, v in data.items() if k != "gpu"}
+    return HardwareSpec(gpu=gpu, **kwargs)
+
+
+def training_from_dict(data: Any) -> TrainingSpec:
+    if data is None:
+        return TrainingSpec()
+    if not isinstance(data, dict):
+        raise EstimateError("training", f"expected an object, got {data!r}")
+    names = {f.name for f in dataclasses.fields(TrainingSpec)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise EstimateError(f"training.{key}", "unknown key")
+        if key in _SUBSECTIONS:
+            if not isinstance(value, dict):
+                raise EstimateError(f"training.{key}", f"expected an object, got {value!r}")
+            sub = dict(value)
+            for section, field in _TUPLE_FIELDS:
+                if section == key and field in sub:
+                    if not isinstance(sub[field], list | tuple):
+                        raise EstimateError(
+                            f"training.{key}.{field}", f"got {sub[field]!r}, expected a list"
+                        )
+                    sub[field] = tuple(sub[field])
+            kwargs[key] = build_strict(_SUBSECTIONS[key], sub, f"training.{key}")
+        else:
+            kwargs[key] = value
+    return TrainingSpec(**kwargs)
+
+
+def scenario_from_dict(data: Any) -> Scenario:
+    """Build a :class:`Scenario` from the parsed JSON of a scenario file."""
+    if not isinstance(data, dict):
+        raise EstimateError("scenario", f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("memfit_scenario")
+    if version != SCENARIO_VERSION:
+        raise EstimateError("memfit_scenario", f"got {version!r}, expected {SCENARIO_VERSION}")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise EstimateError(key, f"unknown key; expected {', '.join(_TOP_KEYS)}")
+    for key in ("model", "hardware"):
+        if key not in data:
+            raise EstimateError(key, "missing (required)")
+    return Scenario(
+        model=model_from_dict(data["model"]),
+        hardware=hardware_from_dict(data["hardware"]),
+        training=training_from_dict(data.get("training")),
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """The JSON-ready form of ``scenario``; :func:`scenario_from_dict` inverts it."""
+    preset = preset_name_of(scenario.model)
+    model: dict[str, Any] = (
+        {"preset": preset} if preset else {"spec": dataclasses.asdict(scenario.model)}
+    )
+    hw = scenario.hardware
+    hardware: dict[str, Any] = {
+        "gpu": hw.gpu.name,
+        "gpus_per_node": hw.gpus_per_node,
+        "nodes": hw.nodes,
+    }
+    if hw.memory_gib is not None or hw.gpu.name == "custom":
+        hardware["memory_gib"] = (
+            hw.memory_gib if hw.memory_gib is not None else (hw.gpu.memory_mib / 1024)
+        )
+    hardware["utilization_target"] = hw.utilization_target
+    training: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainingSpec):
+        value = getattr(scenario.training, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            training[f.name] = {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+        else:
+            training[f.name] = value
+    return {
+        "memfit_scenario": SCENARIO_VERSION,
+        "model": model,
+        "hardware": hardware,
+        "training": training,
+    }
+
+
+def read_json(path: str | os.PathLike[str], field: str = "scenario") -> Any:
+    """Parse a JSON file; any failure is an :class:`EstimateError` naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EstimateError(field, f"cannot read {p.name}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise EstimateError(field, f"{p.name} is not UTF-8 text") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EstimateError(
+            field, f"{p.name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from exc
+
+
+def load_scenario(path: str | os.PathLike[str]) -> Scenario:
+    """Read a scenario file strictly."""
+    return scenario_from_dict(read_json(path))
+
+
+def save_scenario(scenario: Scenario, path: str | os.PathLike[str]) -> None:
+    """Write ``scenario`` atomically: a temporary file in the same folder, then a rename."""
+    write_text_atomic(Path(path), json.dumps(scenario_to_dict(scenario), indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

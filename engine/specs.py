@@ -1,0 +1,482 @@
+"""What a scenario is made of: frozen, validated value objects.
+
+* :class:`ModelSpec` -- the architecture (one preset file in ``resources/models`` each);
+* :class:`GpuSpec` -- one device model (one preset file in ``resources/gpus`` each);
+* :class:`HardwareSpec` -- a GPU, how many of them, and an optional memory override;
+* :class:`TrainingSpec` -- method, precision, optimizer, shapes, and their sub-sections
+  (:class:`LoraSpec`, :class:`QuantSpec`, :class:`FreezeSpec`, :class:`ParallelismSpec`,
+  :class:`OffloadSpec`);
+* :class:`Scenario` -- the three together; the single source of truth of the app.
+
+Every class validates itself on construction and raises :class:`~engine.errors.EstimateError`
+naming the field, the value and the accepted range. Edits make new objects with
+:func:`dataclasses.replace`, which re-runs the validation.
+
+>>> TrainingSpec(micro_batch_size=0)
+Traceback (most recent call last):
+...
+engine.errors.EstimateError: training.micro_batch_size: got 0, expected an integer in [1, 65536]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import (
+    EstimateError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_str,
+)
+
+MAX_DIM = 1 << 24  # 16,777,216: larger than any real hidden size, vocabulary or context
+MAX_LAYERS = 4096
+MAX_EXPERTS = 4096
+
+ARCHITECTURES = ("decoder", "encoder")
+MLP_KINDS = ("gated", "plain")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "relu2", "swiglu")
+NORMS = ("rmsnorm", "layernorm", "layernorm-nobias", "layernorm-nonparam")
+QK_NORMS = ("none", "head", "full")
+POSITIONS = ("rotary", "learned", "alibi", "none")
+
+METHODS = ("full", "lora", "qlora", "freeze")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
+OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+CHECKPOINTING = ("none", "selective", "full", "every-k-layers")
+ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
+ZERO_STAGES = (0, 1, 2, 3)
+OFFLOAD_TARGETS = ("none", "cpu", "nvme")
+QUANT_TYPES = ("nf4", "fp4")
+COMPUTE_DTYPES = ("bf16", "fp16")
+
+#: LoRA target names. Each names a role, not a Python attribute: on models whose
+#: checkpoints fuse projections (GPT-2 ``c_attn``, GPT-NeoX ``query_key_value``,
+#: Phi-3 ``qkv_proj``/``gate_up_proj``) a target of any fused part adapts the fused module,
+#: as PEFT would when given that module's name.
+LORA_TARGETS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj",
+    "kv_b_proj",
+    "all-linear",
+)
+#: Parts that ``method="freeze"`` can leave trainable.
+FREEZE_PARTS = ("embeddings", "attention", "mlp", "norms", "router", "lm_head")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A transformer architecture, precise enough to count every parameter.
+
+    Field names follow Hugging Face ``config.json`` where one exists; the importer in
+    :mod:`engine.hf_config` maps configs of each family onto these fields.
+    ``head_dim`` is explicit because it need not equal ``hidden_size / num_attention_heads``
+    (Gemma-7B: 16 heads x 256 = 4096 against a hidden size of 3072).
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    display_name: str = ""
+    family: str = "custom"
+    architecture: str = "decoder"
+    max_position_embeddings: int = 4096
+    mlp: str = "gated"
+    activation: str = "silu"
+    norm: str = "rmsnorm"
+    #: norms inside each block: 2 for pre-norm blocks (Llama), 4 for Gemma-2/3's
+    #: pre+post norms, 1 for Falcon-7B's single norm feeding parallel attention and MLP
+    norms_per_layer: int = 2
+    final_norm: bool = True
+    qk_norm: str = "none"
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    position_embedding: str = "rotary"
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    tie_word_embeddings: bool = False
+    pooler: bool = False
+    #: BERT's masked-LM head: dense hidden->hidden, activation, LayerNorm, then the decoder
+    lm_head_transform: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    parallel_attention: bool = False
+    sliding_window: int = 0
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    # Mixture of experts
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    first_dense_layers: int = 0
+    router_bias: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank > 0 switches it on
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        f = "model."
+        check_str(f + "name", self.name)
+        check_choice(f + "architecture", self.architecture, ARCHITECTURES)
+        check_int(f + "num_layers", self.num_layers, 1, MAX_LAYERS)
+        check_int(f + "hidden_size", self.hidden_size, 1, MAX_DIM)
+        check_int(f + "num_attention_heads", self.num_attention_heads, 1, 65536)
+        check_int(f + "num_key_value_heads", self.num_key_value_heads, 1, self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise EstimateError(
+                f + "num_key_value_heads",
+                f"got {self.num_key_value_heads}, expected a divisor of "
+                f"num_attention_heads ({self.num_attention_heads})",
+            )
+        check_int(f + "head_dim", self.head_dim, 1, 65536)
+        check_int(f + "intermediate_size", self.intermediate_size, 0, MAX_DIM)
+        check_int(f + "vocab_size", self.vocab_size, 1, MAX_DIM)
+        check_int(f + "max_position_embeddings", self.max_position_embeddings, 1, MAX_DIM)
+        check_choice(f + "mlp", self.mlp, MLP_KINDS)
+        check_choice(f + "activation", self.activation, ACTIVATIONS)
+        check_choice(f + "norm", self.norm, NORMS)
+        check_int(f + "norms_per_layer", self.norms_per_layer, 0, 4)
+        check_choice(f + "qk_norm", self.qk_norm, QK_NORMS)
+        check_choice(f + "position_embedding", self.position_embedding, POSITIONS)
+        check_int(f + "type_vocab_size", self.type_vocab_size, 0, 1024)
+        for name in (
+            "final_norm",
+            "attention_bias",
+            "attention_out_bias",
+            "mlp_bias",
+            "lm_head_bias",
+            "embedding_norm",
+            "tie_word_embeddings",
+            "pooler",
+            "lm_head_transform",
+            "fused_qkv",
+            "fused_gate_up",
+            "parallel_attention",
+            "shared_expert_gate",
+            "router_bias",
+        ):
+            check_bool(f + name, getattr(self, name))
+        check_int(f + "sliding_window", self.sliding_window, 0, MAX_DIM)
+        check_float(f + "attention_dropout", self.attention_dropout, 0.0, 0.99)
+        check_float(f + "hidden_dropout", self.hidden_dropout, 0.0, 0.99)
+        check_str(f + "display_name", self.display_name or self.name)
+        check_str(f + "family", self.family)
+        if not isinstance(self.source, str):
+            raise EstimateError(f + "source", f"got {self.source!r}, expected a string")
+        self._check_moe(f)
+        self._check_mla(f)
+        if self.position_embedding == "learned" and self.max_position_embeddings < 1:
+            raise EstimateError(f + "max_position_embeddings", "learned positions need a size")
+
+    def _check_moe(self, f: str) -> None:
+        check_int(f + "num_experts", self.num_experts, 0, MAX_EXPERTS)
+        if self.num_experts == 0:
+            for name in ("num_experts_per_tok", "moe_intermediate_size", "num_shared_experts"):
+                if getattr(self, name):
+                    raise EstimateError(f + name, "is set but num_experts is 0 (a dense model)")
+            return
+        check_int(f + "num_experts_per_tok", self.num_experts_per_tok, 1, self.num_experts)
+        check_int(f + "moe_intermediate_size", self.moe_intermediate_size, 1, MAX_DIM)
+        check_int(f + "num_shared_experts", self.num_shared_experts, 0, MAX_EXPERTS)
+        check_int(
+            f + "shared_expert_intermediate_size", self.shared_expert_intermediate_size, 0, MAX_DIM
+        )
+        check_int(f + "first_dense_layers", self.first_dense_layers, 0, self.num_layers)
+        if self.first_dense_layers and self.intermediate_size < 1:
+            raise EstimateError(
+                f + "intermediate_size", "dense layers before the first MoE layer need a size"
+            )
+
+    def _check_mla(self, f: str) -> None:
+        check_int(f + "kv_lora_rank", self.kv_lora_rank, 0, MAX_DIM)
+        check_int(f + "q_lora_rank", self.q_lora_rank, 0, MAX_DIM)
+        check_int(f + "qk_rope_head_dim", self.qk_rope_head_dim, 0, 65536)
+        check_int(f + "qk_nope_head_dim", self.qk_nope_head_dim, 0, 65536)
+        check_int(f + "v_head_dim", self.v_head_dim, 0, 65536)
+        if self.kv_lora_rank:
+            for name in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+                check_int(f + name, getattr(self, name), 1, 65536)
+        elif self.q_lora_rank:
+            raise EstimateError(f + "q_lora_rank", "needs kv_lora_rank > 0 (MLA)")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One accelerator model, as a preset in ``resources/gpus``.
+
+    ``memory_mib`` is the total that the vendor's tool reports (``nvidia-smi``,
+    ``rocm-smi``, ``hl-smi``), not the marketing number: an "80 GB" H100 SXM reports
+    81,559 MiB. Throughputs are dense (no 2:4 sparsity) peak figures from the datasheet.
+    """
+
+    name: str
+    display_name: str
+    vendor: str
+    architecture: str
+    memory_mib: int
+    memory_source: str
+    bf16_tflops: float
+    fp16_tflops: float
+    fp8_tflops: float
+    fp32_tflops: float
+    memory_bandwidth_gb_s: float
+    host_link: str
+    host_link_gb_s: float
+    interconnect: str = ""
+    interconnect_gb_s: float = 0.0
+    form_factor: str = ""
+    source: str = ""
+
+    VENDORS = ("nvidia", "amd", "intel")
+    HOST_LINKS = ("pcie-gen3", "pcie-gen4", "pcie-gen5", "pcie-gen6", "nvlink-c2c")
+
+    def __post_init__(self) -> None:
+        f = "gpu."
+        check_str(f + "name", self.name)
+        check_str(f + "display_name", self.display_name)
+        check_choice(f + "vendor", self.vendor, self.VENDORS)
+        check_str(f + "architecture", self.architecture)
+        check_int(f + "memory_mib", self.memory_mib, 1024, 16 << 20)
+        check_str(f + "memory_source", self.memory_source)
+        for name in ("bf16_tflops", "fp16_tflops", "fp32_tflops"):
+            check_float(f + name, getattr(self, name), 0.001, 1e6)
+        check_float(f + "fp8_tflops", self.fp8_tflops, 0.0, 1e6)
+        check_float(f + "memory_bandwidth_gb_s", self.memory_bandwidth_gb_s, 1.0, 1e6)
+        check_choice(f + "host_link", self.host_link, self.HOST_LINKS)
+        check_float(f + "host_link_gb_s", self.host_link_gb_s, 1.0, 1e5)
+        check_float(f + "interconnect_gb_s", self.interconnect_gb_s, 0.0, 1e5)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib << 20
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """The devices a run uses.
+
+    ``memory_gib`` (2^30 bytes) overrides the preset's device memory; ``utilization_target``
+    places the budget line, the share of capacity a plan should stay under (0.85 by default:
+    real runs vary, and the last few percent go to fragmentation).
+    """
+
+    gpu: GpuSpec
+    gpus_per_node: int = 1
+    nodes: int = 1
+    memory_gib: float | None = None
+    utilization_target: float = 0.85
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, GpuSpec):
+            raise EstimateError("hardware.gpu", f"got {self.gpu!r}, expected a GPU preset")
+        check_int("hardware.gpus_per_node", self.gpus_per_node, 1, 64)
+        check_int("hardware.nodes", self.nodes, 1, 100_000)
+        if self.memory_gib is not None:
+            check_float("hardware.memory_gib", self.memory_gib, 1.0, 16384.0)
+        check_float("hardware.utilization_target", self.utilization_target, 0.1, 1.0)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Memory of one device in bytes (an integer; ``memory_gib`` is in 2^30 bytes)."""
+        if self.memory_gib is not None:
+            return round(self.memory_gib * (1 << 30))
+        return self.gpu.memory_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        """``capacity_bytes x utilization_target``, rounded down to a whole byte."""
+        per_10k = round(self.utilization_target * 10_000)
+        return self.capacity_bytes * per_10k // 10_000
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSpec:
+    """LoRA adapters (Hu et al. 2021): ``W x + (alpha/r) B A x``, ``A: r x in``, ``B: out x r``."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_int("training.lora.rank", self.rank, 1, 65536)
+        check_float("training.lora.alpha", self.alpha, 0.0, 1e6)
+        check_float("training.lora.dropout", self.dropout, 0.0, 0.99)
+        if not isinstance(self.targets, tuple) or not self.targets:
+            raise EstimateError(
+                "training.lora.targets",
+                f"got {self.targets!r}, expected a non-empty list of {', '.join(LORA_TARGETS)}",
+            )
+        for target in self.targets:
+            check_choice("training.lora.targets", target, LORA_TARGETS)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantSpec:
+    """The 4-bit storage of QLoRA's frozen base (Dettmers et al. 2023, section 3)."""
+
+    quant_type: str = "nf4"
+    block_size: int = 64
+    double_quant: bool = True
+    compute_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        check_choice("training.qlora.quant_type", self.quant_type, QUANT_TYPES)
+        check_choice("training.qlora.block_size", str(self.block_size), ("32", "64", "128", "256"))
+        check_bool("training.qlora.double_quant", self.double_quant)
+        check_choice("training.qlora.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+
+
+@dataclass(frozen=True, slots=True)
+class FreezeSpec:
+    """For ``method="freeze"``: the parts that stay trainable, and the last N whole layers."""
+
+    trainable: tuple[str, ...] = ("lm_head",)
+    last_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trainable, tuple):
+            raise EstimateError(
+                "training.freeze.trainable", f"got {self.trainable!r}, expected a list"
+            )
+        for part in self.trainable:
+            check_choice("training.freeze.trainable", part, FREEZE_PARTS)
+        check_int("training.freeze.last_layers", self.last_layers, 0, MAX_LAYERS)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelismSpec:
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep"):
+            check_int(f"training.parallelism.{name}", getattr(self, name), 1, 65536)
+        check_int("training.parallelism.zero_stage", self.zero_stage, 0, 3)
+
+    @property
+    def is_trivial(self) -> bool:
+        return self == ParallelismSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadSpec:
+    optimizer: str = "none"
+    parameters: str = "none"
+
+    def __post_init__(self) -> None:
+        check_choice("training.offload.optimizer", self.optimizer, OFFLOAD_TARGETS)
+        check_choice("training.offload.parameters", self.parameters, OFFLOAD_TARGETS)
+
+    @property
+    def is_trivial(self) -> bool:
+        return self == OffloadSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSpec:
+    method: str = "full"
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    optimizer_impl: str = "foreach"
+    micro_batch_size: int = 1
+    sequence_length: int = 2048
+    gradient_accumulation_steps: int = 1
+    activation_checkpointing: str = "none"
+    checkpoint_every_k: int = 1
+    attention: str = "sdpa"
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    qlora: QuantSpec = field(default_factory=QuantSpec)
+    freeze: FreezeSpec = field(default_factory=FreezeSpec)
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    offload: OffloadSpec = field(default_factory=OffloadSpec)
+
+    def __post_init__(self) -> None:
+        t = "training."
+        check_choice(t + "method", self.method, METHODS)
+        check_choice(t + "precision", self.precision, PRECISIONS)
+        check_choice(t + "optimizer", self.optimizer, OPTIMIZERS)
+        check_choice(t + "optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        check_int(t + "micro_batch_size", self.micro_batch_size, 1, 65536)
+        check_int(t + "sequence_length", self.sequence_length, 1, MAX_DIM)
+        check_int(t + "gradient_accumulation_steps", self.gradient_accumulation_steps, 1, 1 << 20)
+        check_choice(t + "activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        check_int(t + "checkpoint_every_k", self.checkpoint_every_k, 1, MAX_LAYERS)
+        check_choice(t + "attention", self.attention, ATTENTION_KERNELS)
+        for name, kind in (
+            ("lora", LoraSpec),
+            ("qlora", QuantSpec),
+            ("freeze", FreezeSpec),
+            ("parallelism", ParallelismSpec),
+            ("offload", OffloadSpec),
+        ):
+            if not isinstance(getattr(self, name), kind):
+                raise EstimateError(t + name, f"expected a {name} section")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A model, the hardware and the training strategy: everything an estimate needs."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelSpec):
+            raise EstimateError("model", "expected a model section")
+        if not isinstance(self.hardware, HardwareSpec):
+            raise EstimateError("hardware", "expected a hardware section")
+        if not isinstance(self.training, TrainingSpec):
+            raise EstimateError("training", "expected a training section")
+        rank = self.training.lora.rank
+        if self.training.method in ("lora", "qlora") and rank > self.model.hidden_size:
+            raise EstimateError(
+                "training.lora.rank",
+                f"got {rank}, expected an integer in [1, {self.model.hidden_size}] "
+                f"(the model's hidden_size)",
+            )

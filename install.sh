@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs MemFit into ./.venv on a fresh Debian/Ubuntu machine (system libraries for
+# offscreen/desktop Qt when run as root with apt), then the app with its dev tools.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(libgl1 libegl1 libglib2.0-0 libfontconfig1 fontconfig-config fonts-dejavu-core
+              libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 binutils python3-venv)
+if command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
+  missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+      echo "installing system packages: ${missing[*]}"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+      echo "note: missing system packages (install them as root): ${missing[*]}" >&2
+    fi
+  fi
+fi
+
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+echo "MemFit installed in .venv (start it with .venv/bin/memfit)"

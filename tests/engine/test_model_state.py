@@ -1,0 +1,284 @@
+"""Model-state bytes for every precision x optimizer x method, against hand-derived values.
+
+The tiny model below is small enough to list every tensor by hand (shapes as nn.Linear
+stores them, out x in). Expected bytes are computed here from that hand-written list with
+the formulas written out in each helper -- independently of engine.params' inventory.
+"""
+
+from math import ceil
+
+import pytest
+
+from engine.errors import EstimateError
+from engine.model_state import model_state, nf4_bytes
+from engine.presets import load_model
+from engine.specs import (
+    METHODS,
+    OPTIMIZERS,
+    PRECISIONS,
+    FreezeSpec,
+    LoraSpec,
+    ModelSpec,
+    QuantSpec,
+    TrainingSpec,
+)
+
+TINY = ModelSpec(
+    name="tiny",
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=1000,
+)
+LAYERS = 2
+# (name, shape, per layer?) of every tensor of TINY
+BLOCK = [
+    ("q_proj", (64, 64)),
+    ("k_proj", (32, 64)),
+    ("v_proj", (32, 64)),
+    ("o_proj", (64, 64)),
+    ("gate_proj", (128, 64)),
+    ("up_proj", (128, 64)),
+    ("down_proj", (64, 128)),
+    ("input_norm", (64,)),
+    ("post_norm", (64,)),
+]
+OUTSIDE = [("embed_tokens", (1000, 64)), ("final_norm", (64,)), ("lm_head", (1000, 64))]
+LINEARS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def all_tensors() -> list[tuple[str, tuple[int, ...]]]:
+    return [t for _ in range(LAYERS) for t in BLOCK] + OUTSIDE
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def state_bytes(optimizer: str, shape: tuple[int, ...], p: int) -> int:
+    n = numel(shape)
+    if optimizer == "adamw":
+        return 2 * p * n  # exp_avg + exp_avg_sq in the param dtype
+    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        # uint8 moments + one fp32 absmax per 256 elements each; fp32 under 4096 elements
+        return 2 * n + 2 * 4 * ceil(n / 256) if n >= 4096 else 8 * n
+    if optimizer == "sgd":
+        return 0
+    if optimizer in ("sgd-momentum", "lion"):
+        return p * n
+    if optimizer == "adafactor":  # factored: rows + cols for matrices, full for vectors
+        return p * (shape[0] + shape[1]) if len(shape) == 2 else p * n
+    raise AssertionError(optimizer)
+
+
+def trainable_tensors(method: str) -> list[tuple[str, tuple[int, ...]]]:
+    if method == "full":
+        return all_tensors()
+    if method in ("lora", "qlora"):  # r=8 on q_proj and v_proj: A (8 x in), B (out x 8)
+        out = []
+        for _ in range(LAYERS):
+            out += [("q.A", (8, 64)), ("q.B", (64, 8)), ("v.A", (8, 64)), ("v.B", (32, 8))]
+        return out
+    if method == "freeze":  # lm_head and norms trainable
+        return [
+            t for t in all_tensors() if t[0] in ("lm_head", "final_norm", "input_norm", "post_norm")
+        ]
+    raise AssertionError(method)
+
+
+def expected_bytes(precision: str, optimizer: str, method: str) -> dict[str, int]:
+    p = 2 if precision == "bf16" else 4  # trainable weights and grads
+    f = 4 if precision == "fp32" else 2  # frozen weights in the compute dtype
+    trainable = trainable_tensors(method)
+    n_train = sum(numel(s) for _, s in trainable)
+    params = n_train * p
+    if method == "lora":
+        params += sum(numel(s) for _, s in all_tensors()) * f
+    if method == "qlora":  # linears in NF4 (double quant, block 64), the rest in bf16
+        for name, shape in all_tensors():
+            n = numel(shape)
+            if name in LINEARS:
+                params += n // 2 + ceil(n / 64) + 4 * ceil(ceil(n / 64) / 256) + 4
+            else:
+                params += 2 * n
+    if method == "freeze":
+        frozen = [t for t in all_tensors() if t not in trainable]
+        params += sum(numel(s) for _, s in frozen) * f
+    optimizer_states = sum(state_bytes(optimizer, s, p) for _, s in trainable)
+    return {"parameters": params, "gradients": n_train * p, "optimizer_states": optimizer_states}
+
+
+def training(precision: str, optimizer: str, method: str) -> TrainingSpec:
+    return TrainingSpec(
+        method=method,
+        precision=precision,
+        optimizer=optimizer,
+        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj")),
+        freeze=FreezeSpec(trainable=("lm_head", "norms")),
+    )
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_combination_by_hand(precision: str, optimizer: str, method: str) -> None:
+    state = model_state(TINY, training(precision, optimizer, method))
+    expected = expected_bytes(precision, optimizer, method)
+    for category, value in expected.items():
+        assert state.category_bytes(category) == value, category
+    if precision == "fp16-mixed":
+        assert state.category_bytes("overhead") == 8  # GradScaler scale + growth tracker
+    elif precision == "fp8-mixed":  # 14 linears x (3 x 1024 amax history + 6 scales) x 4 B
+        assert state.category_bytes("overhead") == 14 * (3 * 1024 + 6) * 4
+    else:
+        assert state.category_bytes("overhead") == 0
+
+
+@pytest.mark.parametrize(
+    ("precision", "optimizer", "per_param"),
+    [
+        ("bf16-mixed", "adamw", 16),  # 4 weight + 4 grad + 8 Adam (fp32)
+        ("fp16-mixed", "adamw", 16),
+        ("fp32", "adamw", 16),
+        ("bf16", "adamw", 8),  # 2 + 2 + 2 x 2
+        ("bf16-mixed", "sgd", 8),
+        ("bf16-mixed", "sgd-momentum", 12),
+        ("bf16-mixed", "lion", 12),
+    ],
+)
+def test_bytes_per_parameter_on_llama_3_8b(precision: str, optimizer: str, per_param: int) -> None:
+    m = load_model("llama-3-8b")
+    state = model_state(m, TrainingSpec(precision=precision, optimizer=optimizer))
+    assert state.bytes_per_trainable_param == per_param
+    assert state.total_bytes - state.category_bytes("overhead") == per_param * 8_030_261_248
+    assert f"= {per_param} B per trainable parameter" in state.bytes_per_param_formula
+
+
+def test_8bit_adam_is_about_2_bytes_per_parameter() -> None:
+    state = model_state(load_model("llama-3-8b"), TrainingSpec(optimizer="adamw-8bit"))
+    per = state.category_bytes("optimizer_states") / 8_030_261_248
+    assert 2.03 < per < 2.04  # 2 B + 8 B per 256 elements, plus fp32 states for tiny tensors
+
+
+@pytest.mark.parametrize(
+    ("model", "rank", "targets", "expected"),
+    [
+        # PEFT print_trainable_parameters figures, re-derived: r (in + out) per layer
+        ("llama-3-8b", 16, ("q_proj", "v_proj"), 32 * 16 * ((4096 + 4096) + (4096 + 1024))),
+        ("llama-2-7b", 8, ("q_proj", "v_proj"), 4_194_304),
+        ("llama-2-7b", 16, ("all-linear",), 39_976_960),
+        ("mistral-7b-v0.1", 16, ("all-linear",), 41_943_040),
+        # GPT-2's fused c_attn: one adapter of r (768 + 2304) per layer
+        ("gpt2", 8, ("q_proj",), 12 * 8 * (768 + 3 * 768)),
+        # Mixtral all-linear wraps each expert's w1/w2/w3 too
+        (
+            "mixtral-8x7b",
+            8,
+            ("all-linear",),
+            32 * 8 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + 8 * 3 * (4096 + 14336)),
+        ),
+    ],
+)
+def test_lora_adapter_counts(
+    model: str, rank: int, targets: tuple[str, ...], expected: int
+) -> None:
+    spec = TrainingSpec(method="lora", lora=LoraSpec(rank=rank, targets=targets))
+    assert model_state(load_model(model), spec).trainable_params == expected
+
+
+def test_lora_target_missing_from_model_is_an_error() -> None:
+    spec = TrainingSpec(method="lora", lora=LoraSpec(targets=("q_a_proj",)))
+    with pytest.raises(EstimateError, match=r"training\.lora\.targets: q_a_proj match no"):
+        model_state(load_model("llama-3-8b"), spec)
+
+
+def test_lora_target_missing_beside_a_match_is_a_warning() -> None:
+    # like PEFT: v_proj does not exist in MLA attention, q_proj does
+    state = model_state(load_model("deepseek-v2-lite"), TrainingSpec(method="lora"))
+    assert state.warnings == ("LoRA target v_proj matches no layer of deepseek-v2-lite",)
+    assert state.trainable_params == 27 * 16 * (2048 + 16 * 192)
+
+
+def test_nf4_storage_by_hand() -> None:
+    n = 4096 * 4096
+    # 4 bit per weight + fp32 absmax per 64: 0.5 extra bit per parameter
+    assert nf4_bytes(n, 64, double_quant=False) == n // 2 + 4 * (n // 64)
+    # double quantization: 8-bit absmax per 64, fp32 per 256 blocks, one fp32 offset
+    assert nf4_bytes(n, 64, double_quant=True) == n // 2 + n // 64 + 4 * (n // 64 // 256) + 4
+    bits = 8 * nf4_bytes(n, 64, True) / n
+    assert abs(bits - 4.127) < 0.001  # the QLoRA paper's 4.127 bits per parameter
+
+
+def test_qlora_llama_3_8b_storage() -> None:
+    m = load_model("llama-3-8b")
+    spec = TrainingSpec(method="qlora", lora=LoraSpec(rank=16, targets=("all-linear",)))
+    state = model_state(m, spec)
+    embed = 2 * 128_256 * 4096  # embeddings and LM head stay in bf16
+    norms = 32 * 2 * 4096 + 4096
+    quantized = 8_030_261_248 - embed - norms
+    frozen = next(i for i in state.items if i.name.startswith("frozen"))
+    assert frozen.bytes == 2 * (embed + norms)
+    nf4 = next(i for i in state.items if i.name.startswith("NF4"))
+    assert abs(nf4.bytes * 8 / quantized - 4.127) < 0.001
+    assert state.trainable_params == 41_943_040
+
+
+def test_qlora_without_double_quant_costs_half_a_bit_more() -> None:
+    m = load_model("llama-2-7b")
+    dq = model_state(m, TrainingSpec(method="qlora"))
+    plain = model_state(m, TrainingSpec(method="qlora", qlora=QuantSpec(double_quant=False)))
+    extra_bits = 8 * (plain.frozen_param_bytes - dq.frozen_param_bytes)
+    linear = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert abs(extra_bits / linear - (0.5 - 0.127)) < 0.001
+
+
+def test_freeze_last_layers() -> None:
+    spec = TrainingSpec(method="freeze", freeze=FreezeSpec(trainable=(), last_layers=1))
+    state = model_state(TINY, spec)
+    per_layer = sum(numel(s) for _, s in BLOCK)
+    assert state.trainable_params == per_layer
+
+
+def test_freeze_nothing_is_an_error() -> None:
+    spec = TrainingSpec(method="freeze", freeze=FreezeSpec(trainable=(), last_layers=0))
+    with pytest.raises(EstimateError, match="nothing is trainable"):
+        model_state(TINY, spec)
+
+
+def test_tied_lm_head_trains_the_embedding() -> None:
+    m = load_model("gpt2")
+    spec = TrainingSpec(method="freeze", freeze=FreezeSpec(trainable=("lm_head",)))
+    assert model_state(m, spec).trainable_params == 50257 * 768
+
+
+def test_fused_optimizer_keeps_step_counters_on_device() -> None:
+    fused = model_state(TINY, TrainingSpec(optimizer_impl="fused"))
+    foreach = model_state(TINY, TrainingSpec(optimizer_impl="foreach"))
+    tensors = len(all_tensors())
+    assert fused.total_bytes - foreach.total_bytes == 4 * tensors
+
+
+def test_trillion_parameter_model_bytes_stay_exact_integers() -> None:
+    m = ModelSpec(
+        name="huge",
+        num_layers=128,
+        hidden_size=32768,
+        num_attention_heads=256,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=0,
+        vocab_size=256000,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=4096,
+    )
+    state = model_state(m, TrainingSpec())
+    assert state.total_params > 10**12
+    assert all(type(i.bytes) is int for i in state.items)
+    assert state.total_bytes == 16 * state.total_params
