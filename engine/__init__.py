@@ -1,0 +1,41 @@
+"""MemFit's estimator: how much GPU memory one training step takes, and where it goes.
+
+A map of the package (no module here imports Qt):
+
+* :mod:`engine.specs` -- the frozen, validated inputs: ``ModelSpec``, ``GpuSpec``,
+  ``HardwareSpec``, ``TrainingSpec`` and ``Scenario``;
+* :mod:`engine.errors` -- ``EstimateError``, the one error for bad input;
+* :mod:`engine.presets` -- model and GPU presets from ``resources/``;
+* :mod:`engine.hf_config` -- Hugging Face ``config.json`` to ``ModelSpec``;
+* :mod:`engine.params` -- every parameter tensor, exact counts by component;
+* :mod:`engine.model_state` -- weights, gradients and optimizer states per tensor;
+* :mod:`engine.estimate` -- ``estimate(scenario) -> Estimate``;
+* :mod:`engine.scenario_io` -- ``*.memfit.json`` files: strict load, atomic save;
+* :mod:`engine.cli` -- the ``memfit`` command line.
+
+>>> from engine import estimate, load_scenario_dict
+>>> est = estimate(load_scenario_dict({"memfit_scenario": 1, "model": {"preset": "gpt2"},
+...                                    "hardware": {"gpu": "rtx-4090"}}))
+>>> est.total_params, est.verdict
+(124439808, 'fits')
+"""
+
+from engine.errors import EstimateError
+from engine.estimate import Estimate, estimate
+from engine.scenario_io import load_scenario, save_scenario
+from engine.scenario_io import scenario_from_dict as load_scenario_dict
+from engine.specs import GpuSpec, HardwareSpec, ModelSpec, Scenario, TrainingSpec
+
+__all__ = [
+    "Estimate",
+    "EstimateError",
+    "GpuSpec",
+    "HardwareSpec",
+    "ModelSpec",
+    "Scenario",
+    "TrainingSpec",
+    "estimate",
+    "load_scenario",
+    "load_scenario_dict",
+    "save_scenario",
+]
