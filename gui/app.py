@@ -1,0 +1,44 @@
+"""Start the MemFit desktop app."""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+
+from PySide6.QtCore import QCoreApplication
+from PySide6.QtWidgets import QApplication
+
+APP_NAME = "MemFit"
+ORG_NAME = "MemFit"
+
+
+def version() -> str:
+    """The version, from the installed package metadata (``pyproject.toml``)."""
+    try:
+        return metadata.version("memfit")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def make_app(argv: list[str] | None = None) -> QApplication:
+    existing = QApplication.instance()
+    if isinstance(existing, QApplication):
+        return existing
+    QCoreApplication.setOrganizationName(ORG_NAME)
+    QCoreApplication.setApplicationName(APP_NAME)
+    QCoreApplication.setApplicationVersion(version())
+    app = QApplication(argv if argv is not None else sys.argv[:1])
+    app.setApplicationDisplayName(APP_NAME)
+    app.setDesktopFileName("memfit")
+    return app
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Open the main window and run the event loop; returns the exit status."""
+    app = make_app(argv)
+    from gui.main_window import MainWindow, app_icon
+
+    app.setWindowIcon(app_icon())
+    window = MainWindow()
+    window.show()
+    return app.exec()

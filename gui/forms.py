@@ -1,0 +1,304 @@
+"""A form panel bound to the :class:`~gui.store.ScenarioStore`, without echo.
+
+Each row binds one scenario field (its dotted path, e.g. ``training.micro_batch_size``) to
+a widget: user edits build a new scenario and hand it to the store; store changes update
+the widgets under :class:`QSignalBlocker`, so programmatic updates never re-enter. When the
+engine rejects an edit, the message appears in red under the field it names, the widget
+keeps the user's value so it can be corrected, and the last valid scenario stays current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from PySide6.QtCore import QSignalBlocker, Qt, Slot
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QSizePolicy,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.errors import EstimateError
+from engine.specs import Scenario
+from gui.store import ScenarioStore
+
+Getter = Callable[[Scenario], Any]
+Setter = Callable[[Scenario, Any], Scenario]
+
+
+def training_field(name: str) -> tuple[Getter, Setter]:
+    """Getter and setter of ``scenario.training.<name>``; ``name`` may be ``lora.rank``."""
+    parts = name.split(".")
+
+    def get(s: Scenario) -> Any:
+        value: Any = s.training
+        for p in parts:
+            value = getattr(value, p)
+        return value
+
+    def set_(s: Scenario, value: Any) -> Scenario:
+        if len(parts) == 1:
+            training = dataclasses.replace(s.training, **{parts[0]: value})
+        else:
+            section = getattr(s.training, parts[0])
+            training = dataclasses.replace(
+                s.training, **{parts[0]: dataclasses.replace(section, **{parts[1]: value})}
+            )
+        return dataclasses.replace(s, training=training)
+
+    return get, set_
+
+
+def model_field(name: str) -> tuple[Getter, Setter]:
+    def get(s: Scenario) -> Any:
+        return getattr(s.model, name)
+
+    def set_(s: Scenario, value: Any) -> Scenario:
+        return dataclasses.replace(s, model=dataclasses.replace(s.model, **{name: value}))
+
+    return get, set_
+
+
+def hardware_field(name: str) -> tuple[Getter, Setter]:
+    def get(s: Scenario) -> Any:
+        return getattr(s.hardware, name)
+
+    def set_(s: Scenario, value: Any) -> Scenario:
+        return dataclasses.replace(s, hardware=dataclasses.replace(s.hardware, **{name: value}))
+
+    return get, set_
+
+
+@dataclasses.dataclass
+class Row:
+    path: str
+    label: str
+    widget: QWidget
+    error: QLabel
+    get: Getter
+    set: Setter
+    read: Callable[[], Any]
+    write: Callable[[Any], None]
+
+
+class FormPanel(QGroupBox):
+    """A titled group of bound rows. Subclasses add rows in ``__init__``."""
+
+    def __init__(self, title: str, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__(title, parent)
+        self.store = store
+        self.rows: dict[str, Row] = {}
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(8, 8, 8, 8)
+        self.header = QVBoxLayout()
+        outer.addLayout(self.header)
+        self.form = QFormLayout()
+        self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
+        outer.addLayout(self.form)
+        store.scenarioChanged.connect(self.refresh)
+        store.errorChanged.connect(self._show_store_error)
+
+    # -- building rows -------------------------------------------------------------------
+    def _add(
+        self,
+        path: str,
+        label: str,
+        widget: QWidget,
+        get: Getter,
+        set_: Setter,
+        read: Callable[[], Any],
+        write: Callable[[Any], None],
+        tip: str,
+    ) -> Row:
+        # let fields shrink with the column instead of sizing to their widest possible text
+        widget.setSizePolicy(QSizePolicy.Policy.Ignored, widget.sizePolicy().verticalPolicy())
+        widget.setMinimumWidth(90)
+        error = QLabel()
+        error.setObjectName("fieldError")
+        error.setWordWrap(True)
+        error.setStyleSheet("color: #d1242f; font-size: 11px;")
+        error.hide()
+        box = QWidget()
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(1)
+        lay.addWidget(widget)
+        lay.addWidget(error)
+        widget.setToolTip(tip)
+        widget.setStatusTip(tip)
+        widget.setAccessibleName(label)
+        self.form.addRow(label, box)
+        row = Row(path, label, widget, error, get, set_, read, write)
+        self.rows[path] = row
+        write(get(self.store.scenario))
+        return row
+
+    def add_spin(
+        self,
+        path: str,
+        label: str,
+        lo: int,
+        hi: int,
+        field: tuple[Getter, Setter],
+        tip: str = "",
+        step: int = 1,
+        suffix: str = "",
+    ) -> QSpinBox:
+        w = QSpinBox()
+        w.setRange(lo, hi)
+        w.setSingleStep(step)
+        w.setGroupSeparatorShown(True)
+        w.setKeyboardTracking(False)
+        if suffix:
+            w.setSuffix(suffix)
+        row = self._add(
+            path,
+            label,
+            w,
+            field[0],
+            field[1],
+            w.value,
+            w.setValue,
+            tip or f"{label}: {lo:,} to {hi:,}",
+        )
+        w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
+        return w
+
+    def add_double(
+        self,
+        path: str,
+        label: str,
+        lo: float,
+        hi: float,
+        field: tuple[Getter, Setter],
+        tip: str = "",
+        decimals: int = 2,
+        scale: float = 1.0,
+        suffix: str = "",
+    ) -> QDoubleSpinBox:
+        w = QDoubleSpinBox()
+        w.setRange(lo, hi)
+        w.setDecimals(decimals)
+        w.setKeyboardTracking(False)
+        if suffix:
+            w.setSuffix(suffix)
+        get, set_ = field
+        row = self._add(
+            path,
+            label,
+            w,
+            lambda s: get(s) * scale,
+            lambda s, v: set_(s, v / scale),
+            w.value,
+            w.setValue,
+            tip or f"{label}: {lo:g} to {hi:g}",
+        )
+        w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
+        return w
+
+    def add_combo(
+        self,
+        path: str,
+        label: str,
+        choices: Sequence[tuple[str, Any]],
+        field: tuple[Getter, Setter],
+        tip: str = "",
+    ) -> QComboBox:
+        w = QComboBox()
+        for text, value in choices:
+            w.addItem(text, value)
+
+        def write(value: Any) -> None:
+            index = w.findData(value)
+            if index >= 0:
+                w.setCurrentIndex(index)
+
+        row = self._add(
+            path,
+            label,
+            w,
+            field[0],
+            field[1],
+            w.currentData,
+            write,
+            tip or f"{label}: one of " + ", ".join(t for t, _ in choices),
+        )
+        w.currentIndexChanged.connect(lambda _i, r=row: self.commit(r, w.currentData()))
+        return w
+
+    def add_check(
+        self, path: str, label: str, field: tuple[Getter, Setter], tip: str = ""
+    ) -> QCheckBox:
+        w = QCheckBox()
+        row = self._add(path, label, w, field[0], field[1], w.isChecked, w.setChecked, tip or label)
+        w.toggled.connect(lambda v, r=row: self.commit(r, v))
+        return w
+
+    # -- binding -------------------------------------------------------------------------
+    def commit(self, row: Row, value: Any) -> None:
+        """A user edit of ``row``: build the new scenario and hand it to the store."""
+        try:
+            scenario = row.set(self.store.scenario, value)
+        except EstimateError as exc:
+            self.show_error(exc.field, str(exc), fallback=row)
+            return
+        self.clear_errors()
+        self.store.edit(scenario, f"Change {row.label.rstrip(':')}")
+
+    @Slot(object)
+    def refresh(self, scenario: Scenario) -> None:
+        """Update every widget from ``scenario`` without emitting edits."""
+        for row in self.rows.values():
+            value = row.get(scenario)
+            if row.read() != value:
+                with QSignalBlocker(row.widget):
+                    row.write(value)
+        self.clear_errors()
+        self.after_refresh(scenario)
+
+    def after_refresh(self, scenario: Scenario) -> None:
+        """Hook for panels with derived labels (the parameter count)."""
+
+    def clear_errors(self) -> None:
+        for row in self.rows.values():
+            row.error.hide()
+
+    def show_error(self, field: str, message: str, fallback: Row | None = None) -> bool:
+        """Show ``message`` under the row of ``field`` (or ``fallback``); ``True`` if shown."""
+        row = self.rows.get(field) or self._row_for_prefix(field) or fallback
+        if row is None:
+            return False
+        detail = message.split(": ", 1)[1] if message.startswith(field + ": ") else message
+        row.error.setText(detail)
+        row.error.show()
+        return True
+
+    def _row_for_prefix(self, field: str) -> Row | None:
+        for path, row in self.rows.items():
+            if field.startswith(path + ".") or path.startswith(field + "."):
+                return row
+        return None
+
+    @Slot(str)
+    def _show_store_error(self, message: str) -> None:
+        if not message:
+            self.clear_errors()
+            return
+        field = message.split(": ", 1)[0]
+        self.show_error(field, message)
+
+
+def heading(text: str) -> QLabel:
+    label = QLabel(text)
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    return label

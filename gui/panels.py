@@ -1,0 +1,431 @@
+"""The three input panels of the left column: model, hardware, training strategy."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from PySide6.QtCore import QSignalBlocker, Slot
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSizePolicy,
+    QWidget,
+)
+
+from engine.errors import EstimateError
+from engine.estimate import GIB
+from engine.model_state import model_state
+from engine.params import count_parameters
+from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
+from engine.specs import (
+    ATTENTION_KERNELS,
+    CHECKPOINTING,
+    FREEZE_PARTS,
+    OPTIMIZER_IMPLS,
+    Scenario,
+)
+from gui.forms import FormPanel, Row, hardware_field, model_field, training_field
+from gui.store import ScenarioStore
+
+SIZE_BUCKETS = (
+    ("Any size", 0, 10**15),
+    ("under 3 B", 0, 3 * 10**9),
+    ("3 to 15 B", 3 * 10**9, 15 * 10**9),
+    ("15 to 100 B", 15 * 10**9, 100 * 10**9),
+    ("over 100 B", 100 * 10**9, 10**15),
+)
+FAMILY_NAMES = {
+    "llama": "Llama", "mistral": "Mistral", "mixtral": "Mixtral (MoE)", "qwen2": "Qwen2/2.5",
+    "qwen3": "Qwen3", "qwen3_moe": "Qwen3 MoE", "gemma": "Gemma", "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3", "phi3": "Phi-3", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX/Pythia",
+    "falcon": "Falcon", "olmo": "OLMo", "deepseek_v2": "DeepSeek-V2", "deepseek_v3": "DeepSeek-V3",
+    "bert": "BERT",
+}  # fmt: skip
+METHOD_CHOICES = (("Full fine-tuning", "full"), ("LoRA", "lora"), ("QLoRA (4-bit base)", "qlora"),
+                  ("Freeze (train parts)", "freeze"))  # fmt: skip
+PRECISION_CHOICES = (("fp32", "fp32"), ("bf16 mixed (AMP)", "bf16-mixed"),
+                     ("fp16 mixed + loss scaling", "fp16-mixed"), ("pure bf16", "bf16"),
+                     ("fp8 mixed (Transformer Engine)", "fp8-mixed"))  # fmt: skip
+OPTIMIZER_CHOICES = (("AdamW", "adamw"), ("AdamW 8-bit", "adamw-8bit"),
+                     ("Paged AdamW 8-bit", "paged-adamw-8bit"), ("SGD", "sgd"),
+                     ("SGD + momentum", "sgd-momentum"), ("Adafactor", "adafactor"),
+                     ("Lion", "lion"))  # fmt: skip
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def human_count(n: int) -> str:
+    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return str(n)
+
+
+class ModelPanel(FormPanel):
+    """Preset picker with search and filters, editable architecture, live parameter count."""
+
+    def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__("Model", store, parent)
+        self._presets = [(name, load_model(name)) for name in model_names()]
+        self._sizes = {name: count_parameters(m).total for name, m in self._presets}
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search presets (e.g. llama 8b)")
+        self.search.setClearButtonEnabled(True)
+        self.family = QComboBox()
+        self.family.addItem("All families", "")
+        for fam in sorted({m.family for _, m in self._presets}):
+            self.family.addItem(FAMILY_NAMES.get(fam, fam), fam)
+        self.size = QComboBox()
+        for text, lo, hi in SIZE_BUCKETS:
+            self.size.addItem(text, (lo, hi))
+        for combo in (self.family, self.size):
+            combo.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+            combo.setMinimumWidth(80)
+        filters = QHBoxLayout()
+        filters.addWidget(self.family, 1)
+        filters.addWidget(self.size, 1)
+        self.preset = QComboBox()
+        self.preset.setMaxVisibleItems(20)
+        self.preset.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.preset.setToolTip("Model preset; the fields below start from it")
+        self.preset.setAccessibleName("Model preset")
+        self.count = QLabel()
+        self.count.setObjectName("paramCount")
+        self.count.setWordWrap(True)
+        self.header.addWidget(self.search)
+        self.header.addLayout(filters)
+        self.header.addWidget(self.preset)
+        self.header.addWidget(self.count)
+        self.search.textChanged.connect(self._fill_presets)
+        self.family.currentIndexChanged.connect(self._fill_presets)
+        self.size.currentIndexChanged.connect(self._fill_presets)
+        self.preset.activated.connect(self._choose_preset)
+
+        dims = 1 << 24
+        self.add_spin("model.num_layers", "Layers", 1, 4096, model_field("num_layers"))
+        self.add_spin("model.hidden_size", "Hidden size", 1, dims, model_field("hidden_size"))
+        self.add_spin(
+            "model.num_attention_heads",
+            "Attention heads",
+            1,
+            65536,
+            model_field("num_attention_heads"),
+        )
+        self.add_spin(
+            "model.num_key_value_heads",
+            "KV heads",
+            1,
+            65536,
+            model_field("num_key_value_heads"),
+            "Key/value heads: equal to the attention heads for MHA, fewer for GQA, "
+            "1 for MQA; must divide the attention heads",
+        )
+        self.add_spin("model.head_dim", "Head dim", 1, 65536, model_field("head_dim"))
+        self.add_spin(
+            "model.intermediate_size",
+            "MLP size",
+            0,
+            dims,
+            model_field("intermediate_size"),
+            "Intermediate size of dense MLPs",
+        )
+        self.add_spin("model.vocab_size", "Vocabulary", 1, dims, model_field("vocab_size"))
+        self.add_spin(
+            "model.num_experts",
+            "Experts",
+            0,
+            4096,
+            model_field("num_experts"),
+            "Routed experts per MoE layer (0 for a dense model)",
+        )
+        self.add_spin(
+            "model.num_experts_per_tok",
+            "Experts / token",
+            0,
+            4096,
+            model_field("num_experts_per_tok"),
+        )
+        self.add_spin(
+            "model.moe_intermediate_size",
+            "Expert MLP size",
+            0,
+            dims,
+            model_field("moe_intermediate_size"),
+        )
+        self.add_check(
+            "model.tie_word_embeddings",
+            "Tied embeddings",
+            model_field("tie_word_embeddings"),
+            "The LM head shares the embedding matrix",
+        )
+        self._fill_presets()
+        self.after_refresh(store.scenario)
+
+    @Slot()
+    def _fill_presets(self) -> None:
+        words = self.search.text().lower().split()
+        family = self.family.currentData()
+        lo, hi = self.size.currentData()
+        with QSignalBlocker(self.preset):
+            self.preset.clear()
+            for name, m in self._presets:
+                text = f"{name} {m.label} {m.family}".lower()
+                if family and m.family != family:
+                    continue
+                if not lo <= self._sizes[name] < hi or not all(w in text for w in words):
+                    continue
+                self.preset.addItem(f"{m.label}  ({human_count(self._sizes[name])})", name)
+            if self.preset.count() == 0:
+                self.preset.addItem("No preset matches the filters", None)
+        self._select_current()
+
+    def _select_current(self) -> None:
+        name = preset_name_of(self.store.scenario.model)
+        with QSignalBlocker(self.preset):
+            index = self.preset.findData(name) if name else -1
+            if index < 0 and not name:
+                label = f"{self.store.scenario.model.label} (edited)"
+                index = self.preset.findText(label)
+                if index < 0:
+                    self.preset.insertItem(0, label, None)
+                    index = 0
+            self.preset.setCurrentIndex(max(index, 0))
+
+    @Slot(int)
+    def _choose_preset(self, index: int) -> None:
+        name = self.preset.itemData(index)
+        if not name:
+            return
+        model = load_model(name)
+        self.store.edit(
+            dataclasses.replace(self.store.scenario, model=model), f"Choose model {model.label}"
+        )
+
+    def after_refresh(self, scenario: Scenario) -> None:
+        try:
+            total = count_parameters(scenario.model).total
+            trainable = model_state(scenario.model, scenario.training).trainable_params
+        except EstimateError:
+            trainable = 0
+            total = count_parameters(scenario.model).total
+        self.count.setText(
+            f"<b>{total:,}</b> parameters ({human_count(total)})"
+            + (f"<br>trainable {trainable:,} ({100 * trainable / total:.3g} %)" if total else "")
+        )
+        self._select_current()
+
+
+class HardwarePanel(FormPanel):
+    """GPU preset, how many, custom memory and the budget line."""
+
+    def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__("Hardware", store, parent)
+        gpus = [load_gpu(n) for n in gpu_names()]
+        choices = [(f"{g.display_name}  ({g.memory_bytes / GIB:.1f} GiB)", g.name) for g in gpus]
+        get_hw, set_hw = hardware_field("gpu")
+        if store.scenario.hardware.gpu.name == "custom":
+            choices.insert(0, ("Custom GPU", "custom"))
+        self.add_combo(
+            "hardware.gpu",
+            "GPU",
+            choices,
+            (lambda s: get_hw(s).name, lambda s, name: set_hw(s, load_gpu(name))),
+            "GPU preset; memory as nvidia-smi (or the vendor's tool) reports it",
+        )
+        self.add_spin(
+            "hardware.gpus_per_node", "GPUs per node", 1, 64, hardware_field("gpus_per_node")
+        )
+        self.add_spin("hardware.nodes", "Nodes", 1, 100_000, hardware_field("nodes"))
+        get_mem, set_mem = hardware_field("memory_gib")
+        memory = self.add_double(
+            "hardware.memory_gib",
+            "Memory override",
+            0.0,
+            16384.0,
+            (lambda s: get_mem(s) or 0.0, lambda s, v: set_mem(s, v or None)),
+            "Device memory in GiB (2^30 bytes); 'preset' uses the GPU's own",
+            decimals=1,
+            suffix=" GiB",
+        )
+        memory.setSpecialValueText("preset")
+        self.add_double(
+            "hardware.utilization_target",
+            "Budget line",
+            10.0,
+            100.0,
+            hardware_field("utilization_target"),
+            "Plan to stay under this share of the capacity (10 to 100 %)",
+            decimals=0,
+            scale=100.0,
+            suffix=" %",
+        )
+
+
+class TargetsWidget(QWidget):
+    """LoRA targets as checkboxes; ``all-linear`` overrides the others."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        grid = QGridLayout(self)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setHorizontalSpacing(6)
+        grid.setVerticalSpacing(0)
+        self.boxes: dict[str, QCheckBox] = {}
+        for i, name in enumerate((*TARGETS, "all-linear")):
+            box = QCheckBox(name.removesuffix("_proj"))
+            box.setToolTip(name)
+            self.boxes[name] = box
+            grid.addWidget(box, i // 4, i % 4)
+        self.boxes["all-linear"].toggled.connect(self._enable_parts)
+
+    def _enable_parts(self, everything: bool) -> None:
+        for name in TARGETS:
+            self.boxes[name].setEnabled(not everything)
+
+    def value(self) -> tuple[str, ...]:
+        if self.boxes["all-linear"].isChecked():
+            return ("all-linear",)
+        return tuple(n for n in TARGETS if self.boxes[n].isChecked())
+
+    def set_value(self, targets: tuple[str, ...]) -> None:
+        for name, box in self.boxes.items():
+            box.setChecked(name in targets)
+        self._enable_parts("all-linear" in targets)
+
+
+class TrainingPanel(FormPanel):
+    """Method, adapters, precision, optimizer, shapes, checkpointing, attention kernel."""
+
+    def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__("Training strategy", store, parent)
+        self.add_combo("training.method", "Method", METHOD_CHOICES, training_field("method"))
+        self.add_spin(
+            "training.lora.rank",
+            "LoRA rank",
+            1,
+            65536,
+            training_field("lora.rank"),
+            "LoRA rank r: adapters add r x (in + out) parameters per layer",
+        )
+        self.add_double(
+            "training.lora.alpha", "LoRA alpha", 0.0, 1e6, training_field("lora.alpha"), decimals=1
+        )
+        self.targets = TargetsWidget()
+        row = self._add_targets()
+        for box in self.targets.boxes.values():
+            box.toggled.connect(lambda _v, r=row: self.commit(r, self.targets.value()))
+        self.add_check(
+            "training.qlora.double_quant",
+            "Double quant",
+            training_field("qlora.double_quant"),
+            "Quantize the 4-bit absmax constants too (0.127 instead of 0.5 bit/param)",
+        )
+        self.add_combo(
+            "training.freeze.trainable",
+            "Trainable parts",
+            [(", ".join(p), p) for p in _FREEZE_CHOICES],
+            training_field("freeze.trainable"),
+        )
+        self.add_spin(
+            "training.freeze.last_layers",
+            "Last layers",
+            0,
+            4096,
+            training_field("freeze.last_layers"),
+            "Also train the last N whole layers (0 to 4096)",
+        )
+        self.add_combo(
+            "training.precision", "Precision", PRECISION_CHOICES, training_field("precision")
+        )
+        self.add_combo(
+            "training.optimizer", "Optimizer", OPTIMIZER_CHOICES, training_field("optimizer")
+        )
+        self.add_combo(
+            "training.optimizer_impl",
+            "Optimizer impl",
+            [(v, v) for v in OPTIMIZER_IMPLS],
+            training_field("optimizer_impl"),
+            "foreach allocates a full-size temporary; fused does not",
+        )
+        self.add_spin(
+            "training.micro_batch_size", "Micro-batch", 1, 65536, training_field("micro_batch_size")
+        )
+        self.add_spin(
+            "training.sequence_length",
+            "Sequence length",
+            1,
+            1 << 24,
+            training_field("sequence_length"),
+            step=256,
+        )
+        self.add_spin(
+            "training.gradient_accumulation_steps",
+            "Grad. accumulation",
+            1,
+            1 << 20,
+            training_field("gradient_accumulation_steps"),
+        )
+        self.add_combo(
+            "training.activation_checkpointing",
+            "Checkpointing",
+            [(v, v) for v in CHECKPOINTING],
+            training_field("activation_checkpointing"),
+        )
+        self.add_combo(
+            "training.attention",
+            "Attention kernel",
+            [(v, v) for v in ATTENTION_KERNELS],
+            training_field("attention"),
+        )
+        self.after_refresh(store.scenario)
+
+    def _add_targets(self) -> Row:
+        get, set_ = training_field("lora.targets")
+        return self._add(
+            "training.lora.targets",
+            "LoRA targets",
+            self.targets,
+            get,
+            set_,
+            self.targets.value,
+            self._write_targets,
+            "Linear layers that get adapters; all-linear wraps every one but the output layer",
+        )
+
+    def _write_targets(self, value: Any) -> None:
+        for box in self.targets.boxes.values():
+            box.blockSignals(True)
+        try:
+            self.targets.set_value(tuple(value))
+        finally:
+            for box in self.targets.boxes.values():
+                box.blockSignals(False)
+
+    def after_refresh(self, scenario: Scenario) -> None:
+        method = scenario.training.method
+        adapters = method in ("lora", "qlora")
+        visible = {
+            "training.lora.rank": adapters,
+            "training.lora.alpha": adapters,
+            "training.lora.targets": adapters,
+            "training.qlora.double_quant": method == "qlora",
+            "training.freeze.trainable": method == "freeze",
+            "training.freeze.last_layers": method == "freeze",
+        }
+        for path, show in visible.items():
+            self.form.setRowVisible(self.rows[path].widget.parentWidget(), show)
+
+
+_FREEZE_CHOICES: tuple[tuple[str, ...], ...] = (
+    ("lm_head",),
+    ("lm_head", "norms"),
+    ("attention",),
+    ("mlp",),
+    ("attention", "mlp"),
+    ("embeddings", "lm_head"),
+    tuple(p for p in FREEZE_PARTS if p != "embeddings"),
+)

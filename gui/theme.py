@@ -1,0 +1,55 @@
+"""Light, dark or the system's colours, with Qt 6's colour-scheme hint and Fusion."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QApplication, QStyleFactory
+
+THEMES = ("system", "light", "dark")
+
+
+def dark_palette() -> QPalette:
+    p = QPalette()
+    roles = QPalette.ColorRole
+    base, window, text = QColor(30, 32, 36), QColor(41, 44, 50), QColor(230, 232, 235)
+    for role, color in (
+        (roles.Window, window), (roles.WindowText, text), (roles.Base, base),
+        (roles.AlternateBase, QColor(48, 51, 58)), (roles.ToolTipBase, QColor(20, 22, 25)),
+        (roles.ToolTipText, text), (roles.Text, text), (roles.Button, QColor(52, 56, 63)),
+        (roles.ButtonText, text), (roles.BrightText, QColor(255, 110, 110)),
+        (roles.Highlight, QColor(64, 128, 200)), (roles.HighlightedText, QColor(255, 255, 255)),
+        (roles.Link, QColor(110, 170, 240)), (roles.PlaceholderText, QColor(140, 145, 152)),
+        (roles.Mid, QColor(70, 74, 82)), (roles.Dark, QColor(22, 24, 27)),
+        (roles.Light, QColor(80, 84, 92)), (roles.Midlight, QColor(62, 66, 74)),
+        (roles.Shadow, QColor(10, 10, 10)),
+    ):  # fmt: skip
+        p.setColor(role, color)
+    disabled = QColor(125, 128, 134)
+    for role in (roles.WindowText, roles.Text, roles.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, disabled)
+    return p
+
+
+def is_dark(palette: QPalette) -> bool:
+    return palette.color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def apply_theme(app: QApplication, theme: str) -> None:
+    """Follow the system's scheme (``system``) or force ``light`` / ``dark``."""
+    hints = app.styleHints()
+    scheme = {
+        "light": Qt.ColorScheme.Light,
+        "dark": Qt.ColorScheme.Dark,
+    }.get(theme, Qt.ColorScheme.Unknown)
+    hints.setColorScheme(scheme)
+    style = QStyleFactory.create("Fusion")
+    if style is not None:
+        app.setStyle(style)
+    want_dark = theme == "dark" or (
+        theme == "system" and hints.colorScheme() == Qt.ColorScheme.Dark
+    )
+    palette = dark_palette() if want_dark else app.style().standardPalette()
+    if want_dark and not is_dark(palette):
+        palette = dark_palette()
+    app.setPalette(palette)

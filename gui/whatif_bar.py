@@ -1,0 +1,94 @@
+"""The row of what-if toggles: each checked one adds a ghost bar with that change alone."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+
+from engine.estimate import GIB, Estimate
+from engine.specs import Scenario
+from engine.whatif import WHATIFS, WhatIfResult, evaluate
+from gui.chart import Ghost
+from gui.store import ScenarioStore
+
+
+def saving_note(result: WhatIfResult) -> str:
+    """``-12.3 GiB · +33 % compute`` for a tick label."""
+    gib = result.saved_bytes / GIB
+    memory = "no change" if abs(gib) < 0.005 else f"{-gib:+.2f} GiB"
+    factor = result.whatif.compute_factor
+    compute = "same compute" if factor == 1.0 else f"{100 * (factor - 1):+.0f} % compute"
+    return f"{memory} · {compute}"
+
+
+class WhatIfBar(QWidget):
+    """Checkable toggles; emits the ghost bars for the checked ones on every change."""
+
+    ghostsChanged = Signal(list)  # list[Ghost]
+
+    def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.results: dict[str, WhatIfResult] = {}
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(4)
+        title = QLabel("What if:")
+        title.setToolTip(
+            "Each toggle adds a ghost bar: the estimate with that change alone. "
+            "Double-click a ghost bar (or Apply) to make it current."
+        )
+        layout.addWidget(title)
+        self.buttons: dict[str, QToolButton] = {}
+        for whatif in WHATIFS:
+            button = QToolButton()
+            button.setText(whatif.label)
+            button.setCheckable(True)
+            button.setAutoRaise(False)
+            button.setAccessibleName(f"What if: {whatif.label}")
+            button.toggled.connect(self.update_ghosts)
+            self.buttons[whatif.key] = button
+            layout.addWidget(button)
+        layout.addStretch(1)
+        store.estimateChanged.connect(self.update_ghosts)
+        self.update_ghosts()
+
+    def checked(self) -> list[str]:
+        return [key for key, b in self.buttons.items() if b.isChecked() and b.isEnabled()]
+
+    @Slot()
+    def update_ghosts(self, *_: object) -> None:
+        scenario: Scenario = self.store.scenario
+        current: Estimate = self.store.estimate
+        self.results.clear()
+        for whatif in WHATIFS:
+            result = evaluate(scenario, current, whatif.key)
+            button = self.buttons[whatif.key]
+            if result is None:
+                button.setEnabled(False)
+                button.setToolTip(
+                    f"{whatif.label}: already part of this scenario, or not possible for it"
+                )
+                continue
+            button.setEnabled(True)
+            self.results[whatif.key] = result
+            button.setToolTip(f"{whatif.label}: {saving_note(result)}\n{whatif.compute_note}")
+        ghosts = [
+            Ghost(
+                key,
+                self.results[key].whatif.label,
+                self.results[key].estimate,
+                saving_note(self.results[key]),
+            )
+            for key in self.checked()
+        ]
+        self.ghostsChanged.emit(ghosts)
+
+    @Slot(str)
+    def apply(self, key: str) -> None:
+        """Make the what-if ``key`` the current scenario (one undoable step)."""
+        result = self.results.get(key)
+        if result is None:
+            return
+        self.buttons[key].setChecked(False)
+        self.store.edit(result.scenario, f"Apply {result.whatif.label}")

@@ -1,0 +1,314 @@
+"""The main window driven as a user would: panels, toggles, undo, files, exports, errors."""
+
+import csv
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QMessageBox
+
+from engine.estimate import estimate
+from engine.params import count_parameters
+from engine.presets import load_gpu, load_model
+from engine.report import to_csv, to_markdown
+from engine.scenario_io import save_scenario
+from engine.whatif import WHATIFS
+from gui.main_window import MainWindow
+from gui.store import default_scenario
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path: Path):  # type: ignore[no-untyped-def]
+    def make(**kwargs: object) -> MainWindow:
+        settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(settings=settings, autosave=tmp_path / "last.memfit.json", **kwargs)
+        qtbot.addWidget(window)
+        window.resize(1280, 800)
+        window.show()
+        return window
+
+    return make
+
+
+@pytest.fixture
+def window(make_window) -> MainWindow:  # type: ignore[no-untyped-def]
+    return make_window(scenario=default_scenario())
+
+
+def test_training_panel_edits_reach_the_store(window: MainWindow) -> None:
+    rows = window.training_panel.rows
+    rows["training.micro_batch_size"].widget.setValue(8)
+    rows["training.sequence_length"].widget.setValue(4096)
+    rows["training.lora.rank"].widget.setValue(64)
+    t = window.store.scenario.training
+    assert (t.micro_batch_size, t.sequence_length, t.lora.rank) == (8, 4096, 64)
+    combo = rows["training.optimizer"].widget
+    combo.setCurrentIndex(combo.findData("adamw-8bit"))
+    assert window.store.scenario.training.optimizer == "adamw-8bit"
+    assert window.store.estimate == estimate(window.store.scenario)
+
+
+def test_method_switch_shows_only_its_fields(window: MainWindow) -> None:
+    panel = window.training_panel
+    method = panel.rows["training.method"].widget
+    method.setCurrentIndex(method.findData("full"))
+    assert window.store.scenario.training.method == "full"
+    assert not panel.rows["training.lora.rank"].widget.isVisibleTo(panel)
+    method.setCurrentIndex(method.findData("qlora"))
+    assert panel.rows["training.lora.rank"].widget.isVisibleTo(panel)
+    assert panel.rows["training.qlora.double_quant"].widget.isVisibleTo(panel)
+
+
+def test_lora_targets_checkboxes(window: MainWindow) -> None:
+    targets = window.training_panel.targets
+    targets.boxes["o_proj"].setChecked(True)
+    assert window.store.scenario.training.lora.targets == ("q_proj", "v_proj", "o_proj")
+    targets.boxes["all-linear"].setChecked(True)
+    assert window.store.scenario.training.lora.targets == ("all-linear",)
+    assert not targets.boxes["q_proj"].isEnabled()
+
+
+def test_model_panel_search_filters_and_picks_a_preset(window: MainWindow) -> None:
+    panel = window.model_panel
+    panel.search.setText("mixtral")
+    names = [panel.preset.itemData(i) for i in range(panel.preset.count())]
+    assert names and all("mixtral" in n for n in names)
+    panel.search.clear()
+    panel.family.setCurrentIndex(panel.family.findData("gemma2"))
+    names = [panel.preset.itemData(i) for i in range(panel.preset.count())]
+    assert set(names) == {"gemma-2-2b", "gemma-2-9b", "gemma-2-27b"}
+    panel.preset.setCurrentIndex(panel.preset.findData("gemma-2-9b"))
+    panel.preset.activated.emit(panel.preset.currentIndex())
+    assert window.store.scenario.model == load_model("gemma-2-9b")
+    assert "9,241,705,984" in panel.count.text()
+
+
+def test_model_panel_architecture_edit_counts_live(window: MainWindow) -> None:
+    panel = window.model_panel
+    panel.rows["model.num_layers"].widget.setValue(16)
+    assert window.store.scenario.model.num_layers == 16
+    assert f"{count_parameters(window.store.scenario.model).total:,}" in panel.count.text()
+    assert "(edited)" in panel.preset.currentText()
+
+
+def test_hardware_panel(window: MainWindow) -> None:
+    rows = window.hardware_panel.rows
+    gpu = rows["hardware.gpu"].widget
+    gpu.setCurrentIndex(gpu.findData("a10g"))
+    assert window.store.scenario.hardware.gpu == load_gpu("a10g")
+    rows["hardware.memory_gib"].widget.setValue(20.0)
+    assert window.store.estimate.capacity_bytes == 20 * 2**30
+    rows["hardware.memory_gib"].widget.setValue(0.0)  # back to the preset's memory
+    assert window.store.scenario.hardware.memory_gib is None
+    rows["hardware.utilization_target"].widget.setValue(50)
+    assert window.store.estimate.budget_bytes == window.store.estimate.capacity_bytes // 2
+    rows["hardware.gpus_per_node"].widget.setValue(8)
+    rows["hardware.nodes"].widget.setValue(2)
+    assert window.store.scenario.hardware.world_size == 16
+
+
+def test_invalid_value_shows_inline_and_keeps_the_last_valid(window: MainWindow) -> None:
+    before = window.store.scenario
+    kv = window.model_panel.rows["model.num_key_value_heads"]
+    kv.widget.setValue(7)  # does not divide 32 attention heads
+    assert window.store.scenario == before
+    assert not kv.error.isHidden()
+    assert "expected a divisor of num_attention_heads (32)" in kv.error.text()
+    kv.widget.setValue(4)
+    assert kv.error.isHidden() and window.store.scenario.model.num_key_value_heads == 4
+
+
+def test_rank_above_hidden_size_is_explained(window: MainWindow) -> None:
+    rank = window.training_panel.rows["training.lora.rank"]
+    rank.widget.setValue(5000)
+    assert not rank.error.isHidden()
+    assert "[1, 4096]" in rank.error.text()
+    assert window.store.scenario.training.lora.rank == 16
+
+
+def test_engine_error_keeps_the_chart_and_says_why(window: MainWindow) -> None:
+    before = window.store.estimate
+    window.model_panel.preset.setCurrentIndex(window.model_panel.preset.findData("deepseek-v3"))
+    window.model_panel.preset.activated.emit(window.model_panel.preset.currentIndex())
+    # q_proj/v_proj match nothing in DeepSeek-V3's latent attention
+    assert "training.lora.targets" in window.store.error
+    assert window.store.estimate == before
+    assert not window.error_label.isHidden()
+    window.training_panel.targets.boxes["all-linear"].setChecked(True)
+    assert window.store.error == "" and window.error_label.isHidden()
+
+
+@pytest.mark.parametrize("whatif", [w.key for w in WHATIFS])
+def test_every_toggle_adds_a_ghost_and_applies(window: MainWindow, whatif: str) -> None:
+    start = window.store.scenario
+    if whatif == "mixed-precision":  # only applies to fp32 runs
+        combo = window.training_panel.rows["training.precision"].widget
+        combo.setCurrentIndex(combo.findData("fp32"))
+    if whatif == "lora":  # only applies when LoRA is not already on
+        combo = window.training_panel.rows["training.method"].widget
+        combo.setCurrentIndex(combo.findData("full"))
+    button = window.whatif.buttons[whatif]
+    assert button.isEnabled()
+    button.setChecked(True)
+    assert [g.key for g in window._ghosts] == [whatif]
+    expected = window.whatif.results[whatif].scenario
+    window.whatif.apply(whatif)
+    assert window.store.scenario == expected
+    assert not button.isChecked()
+    window.undo_act.trigger()
+    assert window.store.scenario != expected
+    while window.store.undo_stack.canUndo():
+        window.undo_act.trigger()
+    assert window.store.scenario == start
+
+
+def test_compare_all_shows_which_change_fits(make_window) -> None:  # type: ignore[no-untyped-def]
+    from engine.specs import HardwareSpec, Scenario, TrainingSpec
+
+    scenario = Scenario(
+        load_model("llama-3-8b"), HardwareSpec(load_gpu("l40s")), TrainingSpec(method="full")
+    )
+    window = make_window(scenario=scenario)
+    assert window.store.estimate.verdict == "oom"
+    window.compare_all()
+    verdicts = {g.key: g.estimate.verdict for g in window._ghosts}
+    assert verdicts["lora"] == "fits" and verdicts["qlora"] == "fits"
+    assert verdicts["8bit-optimizer"] == "oom"
+
+
+def test_undo_redo_shortcuts(window: MainWindow, qtbot) -> None:  # type: ignore[no-untyped-def]
+    spin = window.training_panel.rows["training.micro_batch_size"].widget
+    spin.setValue(2)
+    spin.setValue(3)
+    window.undo_act.trigger()
+    assert window.store.scenario.training.micro_batch_size == 2
+    assert spin.value() == 2  # the panel follows the store
+    window.redo_act.trigger()
+    assert window.store.scenario.training.micro_batch_size == 3
+    assert "Ctrl+Shift+Z" in [s.toString() for s in window.redo_act.shortcuts()]
+    assert window.undo_act.shortcut().toString() == "Ctrl+Z"
+
+
+def test_save_and_open_round_trip(make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=default_scenario())
+    window.training_panel.rows["training.micro_batch_size"].widget.setValue(6)
+    window.model_panel.rows["model.num_layers"].widget.setValue(20)
+    assert window.isWindowModified()
+    path = tmp_path / "run.memfit.json"
+    assert window.save_to(path)
+    assert not window.isWindowModified()
+    assert "run.memfit.json" in window.windowTitle()
+    other = make_window(scenario=default_scenario())
+    assert other.open_path(path)
+    assert other.store.scenario == window.store.scenario
+    assert str(path) in other.recent_files()
+
+
+def test_malformed_file_shows_a_message(
+    window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages: list[str] = []
+    monkeypatch.setattr(
+        QMessageBox,
+        "warning",
+        lambda *args, **kw: messages.append(args[2]) or QMessageBox.StandardButton.Ok,
+    )
+    bad = tmp_path / "bad.memfit.json"
+    bad.write_text('{"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": 5}}')
+    before = window.store.scenario
+    assert not window.open_path(bad)
+    assert window.store.scenario == before
+    assert "hardware.gpu" in messages[0] and "bad.memfit.json" in messages[0]
+    bad.write_text("{oops")
+    assert not window.open_path(bad)
+    assert "not valid JSON" in messages[1]
+
+
+def test_last_scenario_reopens(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=default_scenario())
+    window.training_panel.rows["training.sequence_length"].widget.setValue(1024)
+    edited = window.store.scenario
+    window.close()
+    again = make_window()  # no scenario given: restores the autosaved one
+    assert again.store.scenario == edited
+
+
+def test_exports_match_the_engine(window: MainWindow, tmp_path: Path) -> None:
+    window.export_chart(tmp_path / "c1.png", 1)
+    window.export_chart(tmp_path / "c2.png", 2)
+    one, two = QImage(str(tmp_path / "c1.png")), QImage(str(tmp_path / "c2.png"))
+    assert not one.isNull() and one.width() == window.chart.width()
+    assert two.width() == 2 * one.width() and two.height() == 2 * one.height()
+    window.export_chart(tmp_path / "c.svg")
+    root = ET.parse(tmp_path / "c.svg").getroot()
+    assert root.tag.endswith("svg")
+    est = window.store.estimate
+    window.export_data(tmp_path / "d.csv")
+    assert (tmp_path / "d.csv").read_text() == to_csv(est)
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "d.csv").read_text())))
+    assert sum(int(r["bytes"]) for r in rows if r["category"] != "total") == est.device_bytes
+    window.export_data(tmp_path / "d.json")
+    assert json.loads((tmp_path / "d.json").read_text()) == est.to_dict()
+    window.export_data(tmp_path / "d.md")
+    assert (tmp_path / "d.md").read_text() == to_markdown(est)
+    with pytest.raises(ValueError, match="unknown data format"):
+        window.export_data(tmp_path / "d.xlsx")
+
+
+def test_copy_chart_puts_an_image_on_the_clipboard(window: MainWindow) -> None:
+    from PySide6.QtGui import QGuiApplication
+
+    window.copy_chart()
+    assert not QGuiApplication.clipboard().image().isNull()
+
+
+def test_new_after_saving_starts_fresh(window: MainWindow, tmp_path: Path) -> None:
+    window.training_panel.rows["training.micro_batch_size"].widget.setValue(5)
+    window.save_to(tmp_path / "x.memfit.json")
+    window.new_scenario()
+    assert window.store.scenario == default_scenario()
+    assert not window.store.undo_stack.canUndo()
+
+
+def test_settings_persist_geometry_and_view(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=default_scenario())
+    window.resize(1100, 700)
+    window.table_act.setChecked(False)
+    window.set_theme("dark")
+    window.close()
+    again = make_window(scenario=default_scenario())
+    assert not again.table_act.isChecked()
+    assert again.theme_acts["dark"].isChecked()
+    again.set_theme("light")
+
+
+def test_menus_have_the_actions(window: MainWindow) -> None:
+    texts = [a.text().replace("&", "") for a in window.menuBar().actions()]
+    assert texts == ["File", "Edit", "View", "Help"]
+    file_actions = [a.text().replace("&", "") for a in window.file_menu.actions()]
+    for name in (
+        "New",
+        "Open...",
+        "Open Recent",
+        "Save",
+        "Save As...",
+        "Export Chart...",
+        "Export Data...",
+        "Copy Chart",
+        "Quit",
+    ):
+        assert name in file_actions
+    assert window.save_act.shortcut().toString() == "Ctrl+S"
+    assert window.save_act.statusTip()
+
+
+def test_save_scenario_file_then_open_from_disk(make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "given.memfit.json"
+    save_scenario(default_scenario(), path)
+    window = make_window(scenario=default_scenario())
+    assert window.open_path(path)
+    assert not window.isWindowModified()

@@ -1,0 +1,42 @@
+"""The scenario store: one source of truth, emits only on real change, undoable."""
+
+import dataclasses
+
+from engine.presets import load_model
+from gui.store import ScenarioStore, default_scenario
+
+
+def test_emits_only_on_real_change(qtbot) -> None:  # type: ignore[no-untyped-def]
+    store = ScenarioStore(default_scenario())
+    seen: list[object] = []
+    store.scenarioChanged.connect(seen.append)
+    assert not store.edit(default_scenario())  # equal value: nothing happens
+    assert seen == []
+    changed = dataclasses.replace(default_scenario(), model=load_model("gpt2"))
+    with qtbot.waitSignal(store.estimateChanged):
+        assert store.edit(changed, "Choose GPT-2")
+    assert seen == [changed]
+    assert store.estimate.total_params > 124_000_000
+
+
+def test_undo_and_redo(qtbot) -> None:  # type: ignore[no-untyped-def]
+    store = ScenarioStore(default_scenario())
+    changed = dataclasses.replace(default_scenario(), model=load_model("gpt2"))
+    store.edit(changed)
+    assert store.modified
+    store.undo_stack.undo()
+    assert store.scenario == default_scenario() and not store.modified
+    store.undo_stack.redo()
+    assert store.scenario == changed
+
+
+def test_rejected_scenario_keeps_the_last_estimate(qtbot) -> None:  # type: ignore[no-untyped-def]
+    store = ScenarioStore(default_scenario())
+    good = store.estimate
+    bad = dataclasses.replace(default_scenario(), model=load_model("deepseek-v3"))
+    with qtbot.waitSignal(store.errorChanged) as blocker:
+        store.edit(bad)
+    assert blocker.args[0].startswith("training.lora.targets:")
+    assert store.estimate is good
+    store.undo_stack.undo()
+    assert store.error == ""
