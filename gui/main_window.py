@@ -176,7 +176,7 @@ class MainWindow(QMainWindow):
             self.export_chart_dialog,
             "Ctrl+E",
             "Save the chart as PNG or SVG",
-            sp.SP_DriveFDIcon,
+            sp.SP_DialogApplyButton,
         )
         self.export_data_act = self._action(
             "Export &Data...",
@@ -241,6 +241,7 @@ class MainWindow(QMainWindow):
         tools = QToolBar("Main", self)
         tools.setObjectName("mainToolBar")
         tools.setMovable(False)
+        tools.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         tools.addActions([self.new_act, self.open_act, self.save_act])
         tools.addSeparator()
         tools.addActions([self.undo_act, self.redo_act])

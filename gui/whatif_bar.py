@@ -13,12 +13,13 @@ from gui.store import ScenarioStore
 
 
 def saving_note(result: WhatIfResult) -> str:
-    """``-12.3 GiB · +33 % compute`` for a tick label."""
+    """``fits · -12.3 GiB · +33 % compute`` for a tick label."""
     gib = result.saved_bytes / GIB
     memory = "no change" if abs(gib) < 0.005 else f"{-gib:+.2f} GiB"
     factor = result.whatif.compute_factor
     compute = "same compute" if factor == 1.0 else f"{100 * (factor - 1):+.0f} % compute"
-    return f"{memory} · {compute}"
+    verdict = {"fits": "fits", "tight": "tight", "oom": "does not fit"}[result.estimate.verdict]
+    return f"{verdict} · {memory} · {compute}"
 
 
 class WhatIfBar(QWidget):
@@ -45,6 +46,10 @@ class WhatIfBar(QWidget):
             button.setText(whatif.label)
             button.setCheckable(True)
             button.setAutoRaise(False)
+            button.setStyleSheet(
+                "QToolButton:checked { background: palette(highlight);"
+                " color: palette(highlighted-text); border-radius: 3px; padding: 2px 4px; }"
+            )
             button.setAccessibleName(f"What if: {whatif.label}")
             button.toggled.connect(self.update_ghosts)
             self.buttons[whatif.key] = button

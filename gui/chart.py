@@ -1,0 +1,499 @@
+"""The memory breakdown chart: one stacked bar per estimate, what-if ghosts beside it.
+
+What is inside:
+
+* :class:`Ghost` -- a what-if estimate to draw beside the current one (frozen value);
+* :class:`BreakdownChart` -- a ``QWidget`` wrapping one pyqtgraph ``PlotWidget``, with a
+  verdict banner above the plot and a "not yet modelled" note below it. Its one entry point
+  is :meth:`BreakdownChart.set_estimates`;
+* :data:`CATEGORY_COLOURS`, :data:`CATEGORY_NAMES` -- the Okabe--Ito colour and the human
+  name of each breakdown category, shared with anything that draws the same categories;
+* :func:`gib_text` -- bytes as the GiB (2^30 bytes) text the chart prints.
+
+The chart knows nothing about the engine beyond the :class:`~engine.estimate.Estimate`
+result object, and never modifies it. Bytes stay integers until they are drawn: bar heights
+are pre-scaled to GiB here, because the axis' SI prefixes would be decimal.
+
+>>> gib_text(3 * 2**30 // 2)
+'1.5 GiB'
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyqtgraph as pg
+from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
+from PySide6.QtCore import QEvent, QPointF, Qt, Signal, Slot
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPalette
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from engine.estimate import GIB, Estimate
+from engine.model_state import CATEGORIES
+
+#: Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour
+#: vision deficiencies. One colour per category, the same in every chart.
+CATEGORY_COLOURS: dict[str, str] = {
+    "parameters": "#0072B2",
+    "gradients": "#E69F00",
+    "optimizer_states": "#009E73",
+    "activations": "#CC79A7",
+    "overhead": "#999999",
+}
+CATEGORY_NAMES: dict[str, str] = {
+    "parameters": "Parameters",
+    "gradients": "Gradients",
+    "optimizer_states": "Optimizer states",
+    "activations": "Activations",
+    "overhead": "Overhead",
+}
+
+#: Verdict -> (banner words, banner background, banner text colour).
+VERDICTS: dict[str, tuple[str, str, str]] = {
+    "fits": ("Fits under the budget", "#1B7A3A", "#FFFFFF"),
+    "tight": ("Tight: over the budget line, under capacity", "#F0B400", "#000000"),
+    "oom": ("Does not fit", "#B3261E", "#FFFFFF"),
+}
+
+Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
+BAR_HALF_WIDTH = 0.32
+GHOST_ALPHA = 110
+CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
+#: How many "not yet modelled" entries the short note names before "…".
+NOTE_NAMES = 3
+
+
+def gib_text(n_bytes: int) -> str:
+    """``n_bytes`` in GiB (2^30 bytes), one decimal from 1 GiB up, more below."""
+    gib = n_bytes / GIB
+    if gib == 0 or abs(gib) >= 1:
+        return f"{gib:.1f} GiB"
+    if abs(gib) >= 0.01:
+        return f"{gib:.2f} GiB"
+    return f"{gib:.2g} GiB"
+
+
+@dataclass(frozen=True, slots=True)
+class Ghost:
+    """A what-if: the estimate after one change, drawn as a see-through bar.
+
+    ``key`` names the change for whoever applies it (see
+    :attr:`BreakdownChart.ghostActivated`); ``label`` and ``note`` are shown under the bar,
+    e.g. ``Ghost("adamw-8bit", "8-bit optimizer", est, "−12.3 GiB · no compute cost")``.
+    """
+
+    key: str
+    label: str
+    estimate: Estimate
+    note: str = ""
+
+
+def _short_not_modelled(notes: Sequence[str]) -> str:
+    """The first word of the first few entries: ``activations, logits, autocast, …``."""
+    words = [note.split()[0].rstrip(",:;") for note in notes[:NOTE_NAMES] if note.split()]
+    if len(notes) > NOTE_NAMES:
+        words.append("…")
+    return ", ".join(words)
+
+
+def tick_lines(label: str, note: str, width: float, metrics: QFontMetrics) -> list[str]:
+    """``label`` over ``note``, each fitted into ``width`` pixels.
+
+    A note too wide for one line breaks at its ``·`` separators first; whatever is still
+    too wide is elided. The full text stays in the bar's tooltip.
+    """
+    lines = [label]
+    if note:
+        fits = metrics.horizontalAdvance(note) <= width
+        lines += [note] if fits else [part.strip() for part in note.split("·")]
+    return [
+        metrics.elidedText(line, Qt.TextElideMode.ElideRight, int(width))
+        if metrics.horizontalAdvance(line) > width
+        else line
+        for line in lines
+    ]
+
+
+class BreakdownChart(QWidget):
+    """Stacked bars of per-GPU memory by category: the current estimate and its ghosts.
+
+    Contract: :meth:`set_estimates` is the one entry point; the chart reads the estimates
+    and never modifies them. Double-clicking a ghost bar emits :attr:`ghostActivated` with
+    the ghost's key; the chart does not apply anything itself.
+    """
+
+    ghostActivated = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._foreground = QColor(Qt.GlobalColor.black)
+        self._current: Estimate | None = None
+        self._ghosts: tuple[Ghost, ...] = ()
+        # per bar (0 = current, 1.. = ghosts): category -> (y0, height) in GiB
+        self._segments: list[dict[str, tuple[float, float]]] = []
+        self._tooltip = ""
+        self._x_labels: list[str] = []
+        self._verdict = ""
+        self._x_range = (-0.6, 1.4)
+
+        self.verdict_label = QLabel()
+        self.verdict_label.setObjectName("verdictBanner")
+        self.verdict_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.verdict_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        font = QFont(self.verdict_label.font())
+        font.setBold(True)
+        font.setPointSizeF(font.pointSizeF() * 1.15)
+        self.verdict_label.setFont(font)
+        self.verdict_label.hide()
+
+        self.plot = pg.PlotWidget()
+        self.plot.setAntialiasing(True)
+        self.plot_item: pg.PlotItem = self.plot.getPlotItem()
+        self._build_plot()
+
+        self.note_label = QLabel()
+        self.note_label.setObjectName("notModelledNote")
+        self.note_label.setWordWrap(True)
+        self.note_label.hide()
+
+        # one background for banner, plot and note, on screen and in exported images
+        self.setBackgroundRole(QPalette.ColorRole.Base)
+        self.setAutoFillBackground(True)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setSpacing(4)
+        layout.addWidget(self.verdict_label)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.note_label)
+
+        scene = self.plot.scene()
+        scene.sigMouseMoved.connect(self._on_mouse_moved)
+        scene.sigMouseClicked.connect(self._on_mouse_clicked)
+        self.apply_palette()
+
+    # -- construction -------------------------------------------------------------------
+
+    def _build_plot(self) -> None:
+        item = self.plot_item
+        item.setMouseEnabled(False, False)
+        item.hideButtons()
+        item.setMenuEnabled(False)
+        item.showGrid(x=False, y=True, alpha=0.3)
+        item.setLabel("left", Y_LABEL)
+        left = item.getAxis("left")
+        left.enableAutoSIPrefix(False)
+        left.setStyle(maxTickLevel=1)  # major and one minor level: a readable grid
+        left.setZValue(-1)  # the axis draws the grid: keep it behind the bars
+        bottom = item.getAxis("bottom")
+        bottom.setStyle(tickLength=0)
+        bottom.setTickFont(QFont(self.font()))
+        item.getViewBox().sigResized.connect(self._update_ticks)
+        item.getViewBox().disableAutoRange()
+
+        # One item per category for the current bar and one for all ghost bars: a render
+        # updates their arrays in place instead of creating graphics items. Read-only
+        # outside this class.
+        self.bars: dict[str, pg.BarGraphItem] = {}
+        self.ghost_bars: dict[str, pg.BarGraphItem] = {}
+        empty = np.zeros(0)
+        for cat in CATEGORIES:
+            colour = QColor(CATEGORY_COLOURS[cat])
+            bar = pg.BarGraphItem(
+                x0=empty, x1=empty, y0=empty, height=empty, brush=colour, name=CATEGORY_NAMES[cat]
+            )
+            ghost_colour = QColor(colour)
+            ghost_colour.setAlpha(GHOST_ALPHA)
+            ghost = pg.BarGraphItem(x0=empty, x1=empty, y0=empty, height=empty, brush=ghost_colour)
+            item.addItem(bar)
+            item.addItem(ghost)
+            self.bars[cat] = bar
+            self.ghost_bars[cat] = ghost
+
+        label_opts = {"position": 0.99, "anchors": [(1, 1), (1, 1)]}
+        self.capacity_line = pg.InfiniteLine(angle=0, label="", labelOpts=label_opts)
+        self.budget_line = pg.InfiniteLine(angle=0, label="", labelOpts=label_opts)
+        for line in (self.capacity_line, self.budget_line):
+            line.setZValue(20)
+            line.label.setZValue(21)
+            item.addItem(line, ignoreBounds=True)
+
+        self._total_texts: list[pg.TextItem] = []
+
+        # The legend sits in its own row under the x axis, so it never covers a bar.
+        self.legend = pg.LegendItem(colCount=len(CATEGORIES), frame=False, labelTextSize="9pt")
+        for cat in CATEGORIES:
+            self.legend.addItem(self.bars[cat], CATEGORY_NAMES[cat])
+        self.legend.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+        item.layout.addItem(self.legend, 4, 1)
+        item.layout.setAlignment(self.legend, Qt.AlignmentFlag.AlignHCenter)
+        # Clicking a legend entry would hide a category of the current bar only.
+        for sample, _label in self.legend.items:
+            sample.setAcceptedMouseButtons(Qt.MouseButton.NoButton)
+
+    def _total_text(self, index: int) -> pg.TextItem:
+        while len(self._total_texts) <= index:
+            text = pg.TextItem(anchor=(0.5, 1.0))
+            text.setZValue(10)
+            text.setColor(self._foreground)
+            self.plot_item.addItem(text, ignoreBounds=True)
+            self._total_texts.append(text)
+        return self._total_texts[index]
+
+    # -- the entry point ----------------------------------------------------------------
+
+    def set_estimates(self, current: Estimate, ghosts: Sequence[Ghost] = ()) -> None:
+        """Draw ``current`` at x = 0 and one see-through bar per ghost at x = 1, 2, …"""
+        ghosts = tuple(ghosts)
+        if self._current is not None and current == self._current and ghosts == self._ghosts:
+            return
+        self._current = current
+        self._ghosts = ghosts
+        estimates = [current, *(g.estimate for g in ghosts)]
+
+        # cumulative stacks in GiB, categories in their fixed order from the bottom up
+        heights = np.array(
+            [[e.breakdown[cat] for cat in CATEGORIES] for e in estimates], dtype=np.float64
+        ) / float(GIB)
+        bottoms = np.cumsum(heights, axis=1) - heights
+        self._segments = [
+            {cat: (float(bottoms[i, j]), float(heights[i, j])) for j, cat in enumerate(CATEGORIES)}
+            for i in range(len(estimates))
+        ]
+        xs = np.arange(len(estimates), dtype=np.float64)
+        for j, cat in enumerate(CATEGORIES):
+            for item, rows in (
+                (self.bars[cat], slice(0, 1)),
+                (self.ghost_bars[cat], slice(1, None)),
+            ):
+                x = xs[rows]
+                h = heights[rows, j]
+                keep = h > 0  # a zero-height bar would still draw its outline
+                item.setOpts(
+                    x0=x[keep] - BAR_HALF_WIDTH,
+                    x1=x[keep] + BAR_HALF_WIDTH,
+                    y0=bottoms[rows, j][keep],
+                    height=h[keep],
+                )
+                item.setToolTip("")
+        self._tooltip = ""
+        self.plot.setToolTip("")
+
+        # totals above the bars
+        for i, est in enumerate(estimates):
+            text = self._total_text(i)
+            text.setText(gib_text(est.device_bytes))
+            text.setPos(float(i), est.device_bytes / GIB)
+            text.show()
+        for text in self._total_texts[len(estimates) :]:
+            text.hide()
+
+        # capacity and budget lines
+        hardware = current.scenario.hardware
+        capacity = current.capacity_bytes / GIB
+        budget = current.budget_bytes / GIB
+        self.capacity_line.setPos(capacity)
+        self.capacity_line.label.setFormat(
+            f"{hardware.gpu.display_name} capacity {gib_text(current.capacity_bytes)}"
+        )
+        self.budget_line.setPos(budget)
+        self.budget_line.label.setFormat(
+            f"budget {hardware.utilization_target * 100:g} % · {gib_text(current.budget_bytes)}"
+        )
+
+        # axes; a lone bar keeps room on its right for the line labels
+        top = max(capacity, float(np.max(heights.sum(axis=1)))) * 1.1
+        self.plot_item.setYRange(0.0, top, padding=0.0)
+        self._x_range = (-0.6, max(len(estimates) - 0.4, 1.4))
+        self.plot_item.setXRange(*self._x_range, padding=0.0)
+        self._update_ticks()
+
+        # verdict banner and the not-modelled note
+        words, background, foreground = VERDICTS[current.verdict]
+        self.verdict_label.setText(
+            f"{words} · {gib_text(current.device_bytes)} per GPU of "
+            f"{gib_text(current.capacity_bytes)}"
+        )
+        if current.verdict != self._verdict:  # restyling re-polishes: only on a change
+            self._verdict = current.verdict
+            self.verdict_label.setStyleSheet(
+                f"QLabel#verdictBanner {{ background: {background}; color: {foreground};"
+                " padding: 6px; border-radius: 4px; }"
+            )
+        self.verdict_label.show()
+        if current.not_modelled:
+            self.note_label.setText(
+                f"Not yet modelled: {_short_not_modelled(current.not_modelled)} (counted as 0)"
+            )
+            self.note_label.setToolTip(
+                "Not yet modelled (counted as 0):\n"
+                + "\n".join(f"• {note}" for note in current.not_modelled)
+            )
+            self.note_label.show()
+        else:
+            self.note_label.hide()
+
+    @Slot()
+    def _update_ticks(self) -> None:
+        """Tick labels under the bars, wrapped and elided to the width of one bar's slot."""
+        axis = self.plot_item.getAxis("bottom")
+        metrics = QFontMetrics(axis.style["tickFont"])
+        view_width = self.plot_item.getViewBox().width()
+        x0, x1 = self._x_range
+        slot = view_width / (x1 - x0) * 0.9 if view_width > 0 else float("inf")
+        labels = [["current"]]
+        labels += [tick_lines(g.label, g.note, slot, metrics) for g in self._ghosts]
+        self._x_labels = ["\n".join(lines) for lines in labels]
+        axis.setTicks([list(enumerate(self._x_labels))])
+        height = max(2, max(len(lines) for lines in labels)) * metrics.lineSpacing() + 10
+        if axis.height() != height:
+            axis.setHeight(height)
+
+    # -- queries used by hover, double-click and tests ----------------------------------
+
+    def verdict_text(self) -> str:
+        """The banner's words, e.g. ``Fits under the budget · 45.1 GiB per GPU of …``."""
+        return self.verdict_label.text()
+
+    def x_labels(self) -> list[str]:
+        """The tick labels shown under the bars: ``current``, then each ghost's label over
+        its note (wrapped and elided to the bar's width)."""
+        return list(self._x_labels)
+
+    def segments(self, bar_index: int) -> dict[str, tuple[float, float]]:
+        """Category -> ``(bottom, height)`` in GiB of bar ``bar_index`` (0 = current)."""
+        return dict(self._segments[bar_index])
+
+    def bar_at(self, x: float) -> int | None:
+        """The bar under view x-coordinate ``x``, or ``None`` between bars."""
+        index = round(x)
+        if 0 <= index < len(self._segments) and abs(x - index) <= BAR_HALF_WIDTH:
+            return index
+        return None
+
+    def category_at(self, bar_index: int, y_gib: float) -> str | None:
+        """The category whose segment of bar ``bar_index`` holds height ``y_gib``."""
+        if not 0 <= bar_index < len(self._segments):
+            return None
+        for cat, (bottom, height) in self._segments[bar_index].items():
+            if height > 0 and bottom <= y_gib < bottom + height:
+                return cat
+        return None
+
+    def tooltip_at(self, bar_index: int, y_gib: float) -> str:
+        """Rich text listing the items of the segment under ``(bar_index, y_gib)``, or ``""``."""
+        cat = self.category_at(bar_index, y_gib)
+        if cat is None or self._current is None:
+            return ""
+        if bar_index == 0:
+            est, title = self._current, "current"
+        else:
+            ghost = self._ghosts[bar_index - 1]
+            est, title = ghost.estimate, " · ".join(filter(None, (ghost.label, ghost.note)))
+        items = [i for i in est.items if i.category == cat]
+        total = sum(i.bytes for i in items)
+        lines = [
+            f"<b>{html.escape(CATEGORY_NAMES[cat])}</b> ({html.escape(title)}): {gib_text(total)}"
+        ]
+        for i in items:
+            formula = f" = {html.escape(i.formula)}" if i.formula else ""
+            lines.append(f"{html.escape(i.name)}: {gib_text(i.bytes)}{formula}")
+        return "<br>".join(lines)
+
+    def ghost_key(self, bar_index: int) -> str | None:
+        """The key of the ghost drawn as bar ``bar_index``; ``None`` for the current bar."""
+        if 1 <= bar_index <= len(self._ghosts):
+            return self._ghosts[bar_index - 1].key
+        return None
+
+    # -- mouse ----------------------------------------------------------------------------
+
+    def _view_point(self, scene_pos: QPointF) -> QPointF | None:
+        view = self.plot_item.getViewBox()
+        if not view.sceneBoundingRect().contains(scene_pos):
+            return None
+        point: QPointF = view.mapSceneToView(scene_pos)
+        return point
+
+    @Slot(object)
+    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+        point = self._view_point(scene_pos)
+        index = None if point is None else self.bar_at(point.x())
+        tip = "" if index is None or point is None else self.tooltip_at(index, point.y())
+        if tip == self._tooltip:
+            return
+        self._tooltip = tip
+        self.plot.setToolTip(tip)
+        # The graphics view hands tooltip events to the scene, which shows the tooltip of
+        # the item under the cursor: put the text on the hovered segment's item.
+        for bars in (self.bars, self.ghost_bars):
+            for item in bars.values():
+                item.setToolTip("")
+        if tip and index is not None and point is not None:
+            cat = self.category_at(index, point.y())
+            if cat is not None:
+                (self.bars if index == 0 else self.ghost_bars)[cat].setToolTip(tip)
+
+    @Slot(object)
+    def _on_mouse_clicked(self, event: MouseClickEvent) -> None:
+        if not event.double() or event.button() != Qt.MouseButton.LeftButton:
+            return
+        point = self._view_point(event.scenePos())
+        index = None if point is None else self.bar_at(point.x())
+        key = None if index is None else self.ghost_key(index)
+        if key is not None:
+            event.accept()
+            self.ghostActivated.emit(key)
+
+    # -- light and dark -------------------------------------------------------------------
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self.apply_palette()
+        super().changeEvent(event)
+
+    def apply_palette(self) -> None:
+        """Take background, text and muted colours from the widget's (application) palette."""
+        palette = self.palette()
+        background = palette.color(QPalette.ColorRole.Base)
+        foreground = palette.color(QPalette.ColorRole.Text)
+        muted = QColor.fromRgbF(
+            0.4 * background.redF() + 0.6 * foreground.redF(),
+            0.4 * background.greenF() + 0.6 * foreground.greenF(),
+            0.4 * background.blueF() + 0.6 * foreground.blueF(),
+        )
+        self._foreground = foreground
+        self.plot.setBackground(background)
+        for name in ("left", "bottom"):
+            axis = self.plot_item.getAxis(name)
+            axis.setPen(pg.mkPen(foreground))
+            axis.setTextPen(pg.mkPen(foreground))
+        self.plot_item.getAxis("left").setLabel(Y_LABEL, color=foreground.name())
+        self.legend.setLabelTextColor(foreground)
+        for _sample, label in self.legend.items:
+            label.setText(label.text)  # a legend label re-renders only when its text is set
+        for text in self._total_texts:
+            text.setColor(foreground)
+
+        separator = pg.mkPen(background, width=1)
+        dashed = pg.mkPen(foreground, width=1.2, style=Qt.PenStyle.DashLine)
+        for cat in CATEGORIES:
+            self.bars[cat].setOpts(pen=separator)
+            self.ghost_bars[cat].setOpts(pen=dashed)
+
+        label_fill = QColor(background)
+        label_fill.setAlpha(200)
+        self.capacity_line.setPen(pg.mkPen(CAPACITY_COLOUR, width=2))
+        self.budget_line.setPen(pg.mkPen(foreground, width=1.5, style=Qt.PenStyle.DashLine))
+        for line, colour in (
+            (self.capacity_line, QColor(CAPACITY_COLOUR)),
+            (self.budget_line, foreground),
+        ):
+            line.label.setColor(colour)
+            line.label.fill = pg.mkBrush(label_fill)
+            line.label.update()
+
+        self.note_label.setStyleSheet(f"QLabel#notModelledNote {{ color: {muted.name()}; }}")
