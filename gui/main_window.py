@@ -72,6 +72,7 @@ class MainWindow(QMainWindow):
         self.autosave_path = autosave or autosave_location()
         self.store = ScenarioStore(scenario or self._restore_scenario(), self)
         self._ghosts: list[Ghost] = []
+        self._theme = "system"
         self.setWindowIcon(app_icon())
         self.setMinimumSize(960, 600)
         self.create_widgets()
@@ -261,6 +262,7 @@ class MainWindow(QMainWindow):
         self.store.pathChanged.connect(self.update_title)
         self.whatif.ghostsChanged.connect(self.on_ghosts)
         self.chart.ghostActivated.connect(self.whatif.apply)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self.on_system_scheme)
 
     # -- settings ------------------------------------------------------------------------
     def read_settings(self) -> None:
@@ -503,6 +505,7 @@ class MainWindow(QMainWindow):
             button.setChecked(False)
 
     def set_theme(self, key: str, save: bool = True) -> None:
+        self._theme = key
         for name, act in self.theme_acts.items():
             act.setChecked(name == key)
         app = QApplication.instance()
@@ -510,6 +513,12 @@ class MainWindow(QMainWindow):
             apply_theme(app, key)
         if save:
             self.settings.setValue("view/theme", key)
+
+    @Slot(Qt.ColorScheme)
+    def on_system_scheme(self, _scheme: Qt.ColorScheme) -> None:
+        """The desktop switched light/dark: follow it unless a scheme was chosen."""
+        if self._theme == "system":
+            self.set_theme("system", save=False)
 
     @Slot()
     def about(self) -> None:

@@ -1,0 +1,132 @@
+"""Edit-to-repaint latency of the app, and start-up time to the first painted chart.
+
+An "edit" is what a user does in a panel: a spin box changes, the store re-estimates,
+the panels, the what-if ghosts (all seven shown), the chart and the item table update, and
+the window repaints -- measured until the repaint has finished (``QWidget.repaint`` is
+synchronous). Target: a median under one frame (16 ms) for every model preset.
+
+Run: ``QT_QPA_PLATFORM=offscreen python benchmarks/gui_latency.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+FRAME_S = 1 / 60
+STARTUP = """
+import time, sys
+t0 = time.perf_counter()
+from PySide6.QtCore import QEvent, QObject, QSettings, QTimer
+from gui.app import make_app
+app = make_app()
+from gui.main_window import MainWindow
+from pathlib import Path
+window = MainWindow(settings=QSettings(sys.argv[1], QSettings.Format.IniFormat),
+                    autosave=Path(sys.argv[2]))
+
+class FirstPaint(QObject):
+    def eventFilter(self, obj, event):
+        if event.type() == QEvent.Type.Paint:
+            print(f"{time.perf_counter() - t0:.4f}", flush=True)
+            QTimer.singleShot(0, app.quit)
+            obj.removeEventFilter(self)
+        return False
+
+spy = FirstPaint()
+window.chart.plot.viewport().installEventFilter(spy)
+window.show()
+app.exec()
+"""
+
+
+def startup_seconds(repeats: int = 5) -> tuple[list[float], list[float]]:
+    """(in-process time to first chart paint, whole process wall time) per run."""
+    inner, outer = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            start = time.perf_counter()
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    STARTUP,
+                    str(Path(tmp) / f"s{i}.ini"),
+                    str(Path(tmp) / f"a{i}.json"),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            outer.append(time.perf_counter() - start)
+            inner.append(float(out.strip().splitlines()[-1]))
+    return inner, outer
+
+
+def edit_latency() -> dict[str, list[float]]:
+    from PySide6.QtCore import QSettings
+
+    from engine.presets import load_model, model_names
+    from gui.app import make_app
+    from gui.main_window import MainWindow
+    from gui.store import default_scenario
+
+    app = make_app()
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(
+            settings=settings, autosave=Path(tmp) / "a.json", scenario=default_scenario()
+        )
+        window.resize(1280, 800)
+        window.show()
+        window.compare_all()
+        app.processEvents()
+        spin = window.training_panel.rows["training.micro_batch_size"].widget
+        for name in model_names():
+            window.store.edit(dataclasses.replace(window.store.scenario, model=load_model(name)))
+            window.repaint()
+            app.processEvents()
+            times = []
+            for i in range(12):
+                start = time.perf_counter()
+                spin.setValue(1 + (i % 4))
+                window.repaint()
+                times.append(time.perf_counter() - start)
+            results[name] = times[2:]  # the first edits warm per-model caches
+        window.close()
+    return results
+
+
+def main() -> None:
+    results = edit_latency()
+    medians = {name: statistics.median(t) for name, t in results.items()}
+    everything = [x for t in results.values() for x in t]
+    worst_name = max(medians, key=medians.__getitem__)
+    print("GUI latency (offscreen, 1280x800, all seven what-if ghosts shown)")
+    print(
+        f"  edit to repaint, median over {len(medians)} presets: "
+        f"{statistics.median(everything) * 1e3:6.2f} ms "
+        f"({FRAME_S / statistics.median(everything):.1f}x under one 16 ms frame)"
+    )
+    print(
+        f"  slowest preset median ({worst_name}): {medians[worst_name] * 1e3:6.2f} ms; "
+        f"p90 of all edits {statistics.quantiles(everything, n=10)[-1] * 1e3:6.2f} ms"
+    )
+    inner, outer = startup_seconds()
+    print(
+        f"  start-up to first chart paint: median {statistics.median(inner):.3f} s "
+        f"(process wall time incl. interpreter and exit {statistics.median(outer):.3f} s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
