@@ -8,7 +8,9 @@ of a training step that this version does not model yet.
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
 >>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("rtx-4090"))))
->>> est.breakdown["parameters"] == 124_439_808 * 4
+>>> est.breakdown["parameters"] >= 124_439_808 * 4  # fp32 weights + autocast copies
+True
+>>> est.allocated_bytes <= est.reserved_bytes <= est.device_bytes
 True
 """
 
@@ -17,20 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.model_state import CATEGORIES, MemoryItem, model_state
+from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
+from engine.overhead import FRAGMENTATION, MIB, overhead
+from engine.params import model_tensors
 from engine.specs import Scenario
+from engine.timeline import Point, Timeline, step_timeline
 
 SCHEMA_VERSION = 1
 GIB = 1 << 30
 
 #: What the step model does not include yet, in the words a user sees.
-NOT_MODELLED = (
-    "activations saved for backward (per layer, per attention kernel)",
-    "logits and loss buffers",
-    "autocast weight copies and optimizer temporaries",
-    "caching-allocator rounding and fragmentation (reserved = allocated here)",
-    "CUDA context and library workspaces (device = reserved here)",
-)
+NOT_MODELLED: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +53,8 @@ class Estimate:
     bytes_per_param_formula: str
     not_modelled: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    #: the step as a sequence of moments, for charts (see engine.timeline)
+    timeline: tuple[Point, ...] = ()
 
     @property
     def verdict(self) -> str:
@@ -114,6 +115,19 @@ class Estimate:
             "ranks": [{"group": "all", "ranks": self.scenario.hardware.world_size, **totals}],
             "not_modelled": list(self.not_modelled),
             "warnings": list(self.warnings),
+            "timeline": [
+                {
+                    "phase": p.phase,
+                    "layer": p.layer,
+                    "label": p.label,
+                    "bytes": p.total,
+                    "parameters": p.parameters,
+                    "gradients": p.gradients,
+                    "optimizer_states": p.optimizer_states,
+                    "activations": p.activations,
+                }
+                for p in self.timeline
+            ],
         }
 
 
@@ -134,21 +148,57 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
 
 def estimate(scenario: Scenario) -> Estimate:
     """Estimate the per-GPU memory of one training step of ``scenario``."""
-    state = model_state(scenario.model, scenario.training)
-    allocated = state.total_bytes
-    capacity = scenario.hardware.capacity_bytes
-    budget = scenario.hardware.budget_bytes
+    model, training = scenario.model, scenario.training
+    state = model_state(model, training)
+    checkpointing = training.activation_checkpointing != "none"
+    timeline = step_timeline(model, training, state, checkpointing)
+    peak = timeline.peak
+    items = _items_at_peak(state, timeline)
+    allocated = sum(i.bytes for i in items)
+    large_blocks = sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
+    extra = overhead(scenario.hardware.gpu.architecture, large_blocks, peak.activations)
+    items += [
+        MemoryItem(
+            "allocator rounding (2 MiB blocks)",
+            "overhead",
+            extra.rounding,
+            f"{large_blocks:,} blocks x 1 MiB on average",
+            "CUDACachingAllocator kRoundLarge",
+        ),
+        MemoryItem(
+            "allocator fragmentation",
+            "overhead",
+            extra.fragmentation,
+            f"{FRAGMENTATION:.0%} of peak activations",
+            "engine.overhead",
+        ),
+        MemoryItem(
+            "CUDA context",
+            "overhead",
+            extra.context,
+            f"{extra.context >> 20} MiB for {scenario.hardware.gpu.architecture}",
+            "engine.overhead.CONTEXT_MIB",
+        ),
+        MemoryItem(
+            "cuBLAS workspace",
+            "overhead",
+            extra.workspace,
+            f"{extra.workspace >> 20} MiB",
+            "CUBLAS_WORKSPACE_CONFIG default",
+        ),
+    ]
+    reserved = allocated + extra.reserved_extra
+    device = reserved + extra.device_extra
     return Estimate(
         scenario=scenario,
-        items=state.items,
+        items=tuple(items),
         allocated_bytes=allocated,
-        reserved_bytes=allocated,
-        device_bytes=allocated,
-        capacity_bytes=capacity,
-        budget_bytes=budget,
-        # with only model state, everything is live at once during the optimizer step
-        peak_phase="optimizer",
-        peak_layer=None,
+        reserved_bytes=reserved,
+        device_bytes=device,
+        capacity_bytes=scenario.hardware.capacity_bytes,
+        budget_bytes=scenario.hardware.budget_bytes,
+        peak_phase=peak.phase if peak.phase != "before" else "optimizer",
+        peak_layer=peak.layer,
         total_params=state.total_params,
         trainable_params=state.trainable_params,
         host_bytes=0,
@@ -157,4 +207,68 @@ def estimate(scenario: Scenario) -> Estimate:
         bytes_per_param_formula=state.bytes_per_param_formula,
         not_modelled=not_modelled(scenario),
         warnings=state.warnings,
+        timeline=timeline.points,
     )
+
+
+def _items_at_peak(state: ModelState, timeline: Timeline) -> list[MemoryItem]:
+    """The named items live at the peak; they add up to the allocated bytes."""
+    peak = timeline.peak
+    items = [i for i in state.items if i.category in ("parameters", "overhead")]
+    if timeline.autocast_copies:
+        items.append(
+            MemoryItem(
+                "autocast weight copies (16-bit)",
+                "parameters",
+                timeline.autocast_copies,
+                "weights cast for the forward, kept until their backward",
+                "torch.amp autocast weight cache",
+            )
+        )
+    total_grads = state.category_bytes("gradients")
+    if peak.gradients:
+        grad_item = next(i for i in state.items if i.category == "gradients")
+        share = "all" if peak.gradients >= total_grads else f"{peak.gradients / total_grads:.0%}"
+        items.append(
+            MemoryItem(
+                f"{grad_item.name}, {share} produced at the peak",
+                "gradients",
+                peak.gradients,
+                grad_item.formula,
+                grad_item.source,
+            )
+        )
+    items += [i for i in state.items if i.category == "optimizer_states"]
+    if timeline.optimizer_temp:
+        items.append(
+            MemoryItem(
+                "optimizer temporaries (foreach sqrt)",
+                "optimizer_states",
+                timeline.optimizer_temp,
+                "one state-sized tensor per parameter",
+                "torch.optim.adamw._multi_tensor_adamw",
+            )
+        )
+    if peak.activations:
+        logits = min(timeline.logits, peak.activations)
+        if logits:
+            items.append(
+                MemoryItem(
+                    "logits held by the model output",
+                    "activations",
+                    logits,
+                    "b x s x vocab in the compute dtype",
+                    "ForCausalLMLoss",
+                )
+            )
+        items.append(
+            MemoryItem(
+                f"activations and temporaries at the peak ({peak.phase}"
+                + (f", layer {peak.layer})" if peak.layer is not None else ")"),
+                "activations",
+                peak.activations - logits,
+                "saved tensors of every layer so far + the layer's transients",
+                "engine.layers (term by term from the modules)",
+            )
+        )
+    return items

@@ -48,6 +48,7 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", 
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 CHECKPOINTING = ("none", "selective", "full", "every-k-layers")
 ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
+LOSSES = ("standard", "chunked")
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 QUANT_TYPES = ("nf4", "fp4")
@@ -429,6 +430,8 @@ class TrainingSpec:
     activation_checkpointing: str = "none"
     checkpoint_every_k: int = 1
     attention: str = "sdpa"
+    #: "chunked": a fused/chunked cross-entropy that never materializes the logits
+    loss: str = "standard"
     lora: LoraSpec = field(default_factory=LoraSpec)
     qlora: QuantSpec = field(default_factory=QuantSpec)
     freeze: FreezeSpec = field(default_factory=FreezeSpec)
@@ -447,6 +450,7 @@ class TrainingSpec:
         check_choice(t + "activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
         check_int(t + "checkpoint_every_k", self.checkpoint_every_k, 1, MAX_LAYERS)
         check_choice(t + "attention", self.attention, ATTENTION_KERNELS)
+        check_choice(t + "loss", self.loss, LOSSES)
         for name, kind in (
             ("lora", LoraSpec),
             ("qlora", QuantSpec),

@@ -264,8 +264,10 @@ def test_double_clicking_a_ghost_emits_its_key(chart: BreakdownChart, qtbot: QtB
 
 
 def test_not_modelled_note(chart: BreakdownChart) -> None:
-    e = est("llama-3-8b", "h100-sxm-80gb")
-    assert e.not_modelled
+    e = dataclasses.replace(
+        est("llama-3-8b", "h100-sxm-80gb"),
+        not_modelled=("activations saved for backward", "logits and loss buffers"),
+    )
     chart.set_estimates(e)
     assert chart.note_label.isVisible()
     assert chart.note_label.text().startswith("Not yet modelled: activations, logits")

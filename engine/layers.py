@@ -1,0 +1,490 @@
+"""The ops of each block, written from the Hugging Face modules, for :mod:`engine.graph`.
+
+Every tensor below is one that PyTorch really allocates in the module's forward, with its
+dtype under the precision in use, and every ``saves=`` is what autograd keeps for that op's
+backward (``derivatives.yaml``: ``mm`` keeps its input only when the weight needs a
+gradient and the weight only when the input does; ``silu``/``gelu`` keep their input;
+``softmax`` and ``rsqrt`` their output; ``mul`` each operand the other one's gradient
+needs). Dtypes follow autocast (``torch.amp``): matmuls and SDPA run in the compute dtype
+on cast copies of their inputs -- one copy *per call*, since only leaf weights are cached --
+while norms, softmax, the loss and elementwise type promotion stay in fp32.
+
+The activation formulas are therefore derived term by term from the modules, not a
+coefficient: Korthikanti et al. 2022 (section 4.1) count ``34 s b h + 5 a s^2 b`` bytes per
+layer for a GPT layer with 16-bit activations and dropout; the same bookkeeping done here
+for a Llama layer under bf16 autocast gives fp32 residuals and norms, three bf16 copies of
+the attention input (q, k, v are separate calls) and no s^2 term with flash attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.graph import Block
+from engine.specs import ModelSpec
+
+F32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """What the blocks need to know about a step."""
+
+    batch: int
+    seq: int
+    #: "fp32", "amp" (bf16/fp16/fp8 autocast over fp32 weights) or "half" (pure bf16)
+    mode: str
+    attention: str  # eager | sdpa | flash | mem-efficient
+    #: LoRA rank and the linear roles that carry adapters (empty: no LoRA)
+    lora_rank: int
+    lora_roles: frozenset[str]
+    #: which parts train: "all" | "lora" | a set of components for freeze
+    trainable: frozenset[str]
+    #: bytes of a stored frozen weight element (2 for 16-bit, 4 fp32; 0.5-ish for NF4 is
+    #: irrelevant here: the dequantized copy is what the matmul reads)
+    frozen_bytes: int
+    #: QLoRA: the base is dequantized to the compute dtype for every matmul
+    quantized: bool
+    dropout: float
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def act(self) -> int:
+        """Bytes of a matmul output (the compute dtype)."""
+        return 4 if self.mode == "fp32" else 2
+
+    @property
+    def res(self) -> int:
+        """Bytes of the residual stream: fp32 weights make fp32 hidden states under AMP."""
+        return 2 if self.mode == "half" else 4
+
+    def trains(self, component: str) -> bool:
+        return "all" in self.trainable or component in self.trainable
+
+    def weight_bytes(self, component: str) -> int:
+        if self.trains(component):
+            return 2 if self.mode == "half" else 4
+        return self.frozen_bytes
+
+
+class Net:
+    """Builds a :class:`Block`, tracking each tensor's bytes per element and requires_grad."""
+
+    def __init__(self, name: str, ctx: Ctx, x_elems: int, x_dtype: int, x_grad: bool) -> None:
+        self.ctx = ctx
+        self.block = Block(name, x_elems * x_dtype)
+        self.dtype = {"x": x_dtype}
+        self.elems = {"x": x_elems}
+        self.rg = {"x": x_grad}
+        self.n = 0
+
+    def new(self, prefix: str, elems: int, dtype: int, rg: bool) -> str:
+        self.n += 1
+        name = f"{prefix}{self.n}"
+        self.dtype[name], self.elems[name], self.rg[name] = dtype, elems, rg
+        return name
+
+    def _op(
+        self,
+        name: str,
+        inputs: list[str],
+        out: list[str],
+        saves: list[str] | tuple[str, ...] = (),
+        weight_grad: int = 0,
+        transient: int = 0,
+    ) -> None:
+        self.block.op(
+            name,
+            inputs,
+            [(t, self.elems[t] * self.dtype[t]) for t in out],
+            saves=[t for t in saves if t],
+            grads=[t for t in inputs if self.rg.get(t)],
+            weight_grad=weight_grad,
+            transient_backward=transient,
+        )
+
+    # -- elementwise ---------------------------------------------------------------------
+    def cast(self, x: str, dtype: int) -> str:
+        if self.dtype[x] == dtype:
+            return x
+        y = self.new("cast", self.elems[x], dtype, self.rg[x])
+        self._op("to", [x], [y])
+        return y
+
+    def unary(
+        self,
+        name: str,
+        x: str,
+        save_in: bool = False,
+        save_out: bool = False,
+        elems: int | None = None,
+        dtype: int | None = None,
+    ) -> str:
+        y = self.new(name, elems or self.elems[x], dtype or self.dtype[x], self.rg[x])
+        self._op(name, [x], [y], saves=[x if save_in else "", y if save_out else ""])
+        return y
+
+    def binary(self, name: str, a: str, b: str, saves: str = "", elems: int | None = None) -> str:
+        """``saves``: "" (add), "both" (mul: each keeps the other), "a", "b"."""
+        dtype = max(self.dtype[a], self.dtype[b])  # type promotion
+        e = elems or max(self.elems[a], self.elems[b])
+        y = self.new(name, e, dtype, self.rg[a] or self.rg[b])
+        keep = []
+        if saves == "both":
+            keep = [a if self.rg[b] else "", b if self.rg[a] else ""]
+        elif saves:
+            keep = [a if saves == "a" else b]
+        self._op(name, [a, b], [y], saves=keep)
+        return y
+
+    def dropout(self, x: str, p: float) -> str:
+        """``nn.Dropout``: nothing at p = 0; else a new output and a 1-byte mask kept."""
+        if p <= 0.0:
+            return x
+        mask = self.new("mask", self.elems[x], 1, False)
+        y = self.new("drop", self.elems[x], self.dtype[x], self.rg[x])
+        self._op("dropout", [x], [y, mask], saves=[mask])
+        return y
+
+    # -- layers --------------------------------------------------------------------------
+    def linear(
+        self,
+        x: str,
+        in_f: int,
+        out_f: int,
+        component: str,
+        role: str | None,
+        bias: bool = False,
+        tokens: int | None = None,
+    ) -> str:
+        """``nn.Linear`` (or GPT-2's ``Conv1D``), with autocast casts and a LoRA adapter."""
+        ctx = self.ctx
+        tokens = tokens if tokens is not None else ctx.tokens
+        trainable = ctx.trains(component)
+        w_dtype = ctx.weight_bytes(component)
+        xin = self.cast(x, 2) if ctx.mode == "amp" else x
+        weight = ""
+        redo = 0
+        if ctx.quantized and not trainable and component not in ("embeddings", "lm_head"):
+            # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight to the compute
+            # dtype for the matmul, keeps only the 4-bit weight, and dequantizes again in
+            # backward
+            deq = self.new("deq", in_f * out_f, 2, False)
+            self._op("dequantize", [], [deq])
+            redo = 2 * in_f * out_f
+        elif ctx.mode == "amp" and w_dtype == 4:
+            # autocast's cast of an fp32 weight, cached for the forward, kept for backward
+            weight = self.new("wcast", in_f * out_f, 2, trainable)
+            self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f)
+        y = self.new("lin", tokens * out_f, ctx.act, self.rg[xin] or trainable)
+        saves = [xin if trainable else "", weight if self.rg[xin] else ""]
+        w_grad = 0
+        if trainable and not weight:  # fp32 or pure 16-bit: the gradient lands directly
+            w_grad = w_dtype * in_f * out_f
+        if bias and trainable:
+            w_grad += w_dtype * out_f
+        inputs = [xin] + ([weight] if weight and trainable else [])
+        self._op("mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
+        if role and role in ctx.lora_roles:
+            y = self._lora(x, y, in_f, out_f, tokens)
+        return y
+
+    def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: int) -> str:
+        """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``; A, B fp32 (AMP)."""
+        ctx, r = self.ctx, self.ctx.lora_rank
+        adapter_dtype = 2 if ctx.mode == "half" else 4
+        xin = self.cast(x, adapter_dtype) if ctx.mode != "amp" else x
+        xin = self.dropout(xin, ctx.dropout)
+        if ctx.mode == "amp":
+            xin = self.cast(xin, 2)
+        a = self.new("loraA", tokens * r, ctx.act, True)
+        self._op("lora_A", [xin], [a], saves=[xin], weight_grad=4 * r * in_f)
+        b = self.new("loraB", tokens * out_f, ctx.act, True)
+        self._op("lora_B", [a], [b], saves=[a], weight_grad=4 * r * out_f)
+        scaled = self.unary("scale", b)
+        return self.binary("add", base, scaled)
+
+    def rms_norm(self, x: str, h: int, component: str = "norms") -> str:
+        """HF ``LlamaRMSNorm``: fp32 variance, ``weight * (x * rsqrt(mean(x^2) + eps))``."""
+        rows = self.elems[x] // h
+        xf = self.cast(x, F32)
+        sq = self.unary("pow", xf, save_in=True)
+        var = self.unary("mean", sq, elems=rows)
+        var2 = self.unary("add_eps", var)
+        rs = self.unary("rsqrt", var2, save_out=True)
+        hn = self.binary("mul", xf, rs, saves="both")
+        hc = self.cast(hn, self.dtype[x])
+        trains = self.ctx.trains(component)
+        w_dtype = self.ctx.weight_bytes(component)
+        y = self.new("norm", self.elems[x], max(w_dtype, self.dtype[hc]), self.rg[hc] or trains)
+        self._op(
+            "mul_weight",
+            [hc],
+            [y],
+            saves=[hc if trains else ""],
+            weight_grad=w_dtype * h if trains else 0,
+        )
+        return y
+
+    def layer_norm(self, x: str, h: int, component: str = "norms") -> str:
+        """``F.layer_norm`` (fp32 under autocast): keeps its input, mean and rstd."""
+        ctx = self.ctx
+        rows = self.elems[x] // h
+        xin = self.cast(x, F32) if ctx.mode == "amp" else x
+        trains = ctx.trains(component)
+        stats = self.new("ln_stats", 2 * rows, F32, False)
+        y = self.new("ln", self.elems[x], self.dtype[xin], self.rg[xin] or trains)
+        w_dtype = ctx.weight_bytes(component)
+        self._op(
+            "layer_norm",
+            [xin],
+            [y, stats],
+            saves=[xin, stats],
+            weight_grad=2 * w_dtype * h if trains else 0,
+        )
+        return y
+
+    def activation(self, x: str, kind: str) -> str:
+        """``gelu_new`` is composed of Python ops; every other kind is one fused op."""
+        if kind == "gelu_new":
+            # transformers' NewGELUActivation (GPT-2 "gelu_new"), written in Python ops:
+            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            cube = self.unary("pow3", x, save_in=True)
+            inner = self.binary("add", x, self.unary("mul_c", cube))
+            t = self.unary("tanh", self.unary("mul_c", inner), save_out=True)
+            half = self.unary("half_x", x)
+            return self.binary("mul", half, self.unary("add_1", t), saves="both")
+        return self.unary(kind, x, save_in=True)
+
+    def attention(
+        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int, causal: bool
+    ) -> str:
+        """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim)."""
+        ctx = self.ctx
+        b, s = ctx.batch, ctx.seq
+        kernel = self.kernel()
+        if kernel == "eager":
+            return self._eager(q, k, v, heads, kv_heads, head_dim)
+        if ctx.mode == "amp":
+            q, k, v = self.cast(q, 2), self.cast(k, 2), self.cast(v, 2)
+        if kernel == "math" and kv_heads != heads:
+            k = self.unary("repeat_kv", k, elems=self.elems[q])
+            v = self.unary("repeat_kv", v, elems=self.elems[q])
+        out = self.new(
+            "attn", b * s * heads * head_dim, self.dtype[q], self.rg[q] or self.rg[k] or self.rg[v]
+        )
+        if kernel == "math":  # materializes the s x s scores and keeps the softmax
+            probs = self.new("probs", b * heads * s * s, self.dtype[q], True)
+            self._op("sdpa_math", [q, k, v], [probs, out], saves=[q, k, v, probs])
+            return out
+        rows = b * heads * (s if kernel == "flash" else -(-s // 32) * 32)
+        lse = self.new("lse", rows, F32, False)
+        # backward: dq, dk, dv come from the graph; flash also accumulates dq in fp32
+        workspace = F32 * rows + (F32 * b * s * heads * head_dim if kernel == "flash" else 0)
+        self._op(
+            f"sdpa_{kernel}", [q, k, v], [out, lse], saves=[q, k, v, out, lse], transient=workspace
+        )
+        return out
+
+    def kernel(self) -> str:
+        """The SDPA kernel CUDA picks: flash for 16-bit inputs, memory-efficient for fp32."""
+        chosen = self.ctx.attention
+        if chosen == "eager":
+            return "eager"
+        if chosen == "flash" or (chosen == "sdpa" and self.ctx.mode != "fp32"):
+            return "flash"
+        return "efficient"
+
+    def _eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
+        """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout."""
+        ctx = self.ctx
+        b, s = ctx.batch, ctx.seq
+        query_dtype = self.dtype[q]
+        if kv_heads != heads:
+            k = self.unary("repeat_kv", k, elems=self.elems[q])
+            v = self.unary("repeat_kv", v, elems=self.elems[q])
+        if ctx.mode == "amp":
+            q, k = self.cast(q, 2), self.cast(k, 2)
+        scores = self.new("scores", b * heads * s * s, self.dtype[q], True)
+        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
+        scaled = self.unary("scale", scores)
+        masked = self.new("masked", b * heads * s * s, max(self.dtype[scaled], self.ctx.res), True)
+        self._op("add_mask", [scaled], [masked])
+        probs = self.new("softmax", b * heads * s * s, F32, True)
+        self._op("softmax", [masked], [probs], saves=[probs])
+        probs = self.cast(probs, query_dtype)
+        probs = self.dropout(probs, ctx.dropout)
+        if ctx.mode == "amp":
+            probs, v = self.cast(probs, 2), self.cast(v, 2)
+        out = self.new("attn", b * s * heads * head_dim, self.dtype[probs], True)
+        self._op("matmul_pv", [probs, v], [out], saves=[probs, v])
+        return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
+
+
+def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Block, str]:
+    """A Llama/Mistral/Qwen2/Gemma/Phi-3/Mixtral decoder layer (pre-norm, RoPE, gated MLP)."""
+    h, tokens = m.hidden_size, ctx.tokens
+    net = Net("decoder_layer", ctx, tokens * h, ctx.res, x_grad)
+    norm = net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm
+    n1 = norm("x", h)
+    q_out, kv_out = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    if m.fused_qkv:
+        qkv = net.linear(n1, h, q_out + 2 * kv_out, "attention", "qkv", m.attention_bias)
+        q = net.unary("split_q", qkv, elems=tokens * q_out)
+        k = net.unary("split_k", qkv, elems=tokens * kv_out)
+        v = net.unary("split_v", qkv, elems=tokens * kv_out)
+    else:
+        q = net.linear(n1, h, q_out, "attention", "q_proj", m.attention_bias)
+        k = net.linear(n1, h, kv_out, "attention", "k_proj", m.attention_bias)
+        v = net.linear(n1, h, kv_out, "attention", "v_proj", m.attention_bias)
+    if m.position_embedding == "rotary":
+        q, k = _rope(net, q), _rope(net, k)
+    attn = net.attention(
+        q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim, causal=True
+    )
+    o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
+    r1 = net.binary("residual", "x", o)
+    n2 = norm(r1, h)
+    y = _moe(net, m, n2) if moe else _gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens)
+    out = net.binary("residual", r1, y)
+    return net.block, out
+
+
+def _rope(net: Net, t: str) -> str:
+    """``q * cos + rotate_half(q) * sin`` with cos/sin in the residual dtype (promotion)."""
+    cos_term = net.new("rope_cos", net.elems[t], max(net.dtype[t], net.ctx.res), net.rg[t])
+    net._op("mul_cos", [t], [cos_term])
+    rotated = net.unary("rotate_half", t)
+    sin_term = net.new("rope_sin", net.elems[t], max(net.dtype[t], net.ctx.res), net.rg[t])
+    net._op("mul_sin", [rotated], [sin_term])
+    return net.binary("add", cos_term, sin_term)
+
+
+def _gated_mlp(net: Net, m: ModelSpec, x: str, inter: int, component: str, tokens: int) -> str:
+    h = m.hidden_size
+    if m.mlp == "plain":
+        up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens)
+        kind = "gelu_new" if m.family == "gpt2" else m.activation
+        act = net.activation(up, kind)
+        return net.linear(act, inter, h, component, "down_proj", m.mlp_bias, tokens)
+    if m.fused_gate_up:
+        gu = net.linear(x, h, 2 * inter, component, "gate_up", m.mlp_bias, tokens)
+        gate = net.unary("chunk", gu, elems=tokens * inter)
+        up = net.unary("chunk", gu, elems=tokens * inter)
+    else:
+        gate = net.linear(x, h, inter, component, "gate_proj", m.mlp_bias, tokens)
+        up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens)
+    act = net.activation(gate, m.activation)
+    prod = net.binary("mul", act, up, saves="both")
+    return net.linear(prod, inter, h, component, "down_proj", m.mlp_bias, tokens)
+
+
+def _moe(net: Net, m: ModelSpec, x: str) -> str:
+    """Top-k routing (Mixtral/Qwen-MoE style): router, fp32 softmax, gather, experts, scatter.
+
+    Tokens per expert are taken as the balanced ``tokens * k / experts``; the experts' work
+    adds up to the dense MLP of ``tokens * k`` tokens.
+    """
+    ctx, h = net.ctx, m.hidden_size
+    tokens, k, experts = ctx.tokens, m.num_experts_per_tok, m.num_experts
+    logits = net.linear(x, h, experts, "router", None, False)
+    probs = net.unary("router_softmax", net.cast(logits, F32), save_out=True)
+    weights = net.unary("topk", probs, elems=tokens * k)
+    routed = tokens * k
+    xs = net.cast(x, net.ctx.act) if ctx.mode != "amp" else x
+    gathered = net.unary("gather", xs, elems=routed * h)
+    y = _gated_mlp(net, m, gathered, m.moe_intermediate_size, "experts", routed)
+    weighted = net.binary("mul_weight", y, weights, saves="both", elems=routed * h)
+    out = net.new("moe_out", tokens * h, net.dtype[x], True)
+    net._op("index_add", [weighted], [out])
+    if m.num_shared_experts:
+        inter = m.shared_expert_intermediate_size or m.moe_intermediate_size * m.num_shared_experts
+        out = net.binary("add", out, _gated_mlp(net, m, x, inter, "mlp", tokens))
+    return out
+
+
+def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
+    """GPT-2 / GPT-NeoX style block: LayerNorm, fused qkv with biases, plain MLP."""
+    h, tokens = m.hidden_size, ctx.tokens
+    net = Net("gpt2_layer", ctx, tokens * h, ctx.res, x_grad)
+    q_out = m.num_attention_heads * m.head_dim
+    n1 = net.layer_norm("x", h)
+    qkv = net.linear(n1, h, 3 * q_out, "attention", "qkv", m.attention_bias)
+    q = net.unary("split_q", qkv, elems=tokens * q_out)
+    k = net.unary("split_k", qkv, elems=tokens * q_out)
+    v = net.unary("split_v", qkv, elems=tokens * q_out)
+    if m.position_embedding == "rotary":
+        q, k = _rope(net, q), _rope(net, k)
+    attn = net.attention(
+        q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim, causal=True
+    )
+    o = net.dropout(
+        net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias), m.hidden_dropout
+    )
+    if m.parallel_attention:
+        n2 = net.layer_norm("x", h) if m.norms_per_layer > 1 else n1
+        mlp = _gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens)
+        out = net.binary("residual", net.binary("residual", "x", o), mlp)
+        return net.block, out
+    r1 = net.binary("residual", "x", o)
+    n2 = net.layer_norm(r1, h)
+    mlp = net.dropout(_gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens), m.hidden_dropout)
+    return net.block, net.binary("residual", r1, mlp)
+
+
+def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
+    """BERT encoder layer: post-norm, biases everywhere, bidirectional attention."""
+    h, tokens = m.hidden_size, ctx.tokens
+    net = Net("bert_layer", ctx, tokens * h, ctx.res, x_grad)
+    q_out = m.num_attention_heads * m.head_dim
+    q = net.linear("x", h, q_out, "attention", "q_proj", True)
+    k = net.linear("x", h, q_out, "attention", "k_proj", True)
+    v = net.linear("x", h, q_out, "attention", "v_proj", True)
+    attn = net.attention(
+        q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim, causal=False
+    )
+    o = net.dropout(net.linear(attn, q_out, h, "attention", "o_proj", True), m.hidden_dropout)
+    n1 = net.layer_norm(net.binary("residual", o, "x"), h)
+    up = net.linear(n1, h, m.intermediate_size, "mlp", "up_proj", True)
+    act = net.activation(up, m.activation)
+    down = net.dropout(
+        net.linear(act, m.intermediate_size, h, "mlp", "down_proj", True), m.hidden_dropout
+    )
+    out = net.layer_norm(net.binary("residual", down, n1), h)
+    return net.block, out
+
+
+def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[Block, str]:
+    """Final norm, LM head and the cross-entropy loss of transformers' ``ForCausalLMLoss``.
+
+    The logits (``b s V`` in the compute dtype) are returned in the model output and stay
+    alive until it is released after backward; the loss upcasts them to fp32 and
+    ``log_softmax`` keeps its fp32 output, so just after the forward ``2 + 4`` bytes per
+    logit are live (``4 + 4`` when the weights are fp32 without autocast) and the backward
+    adds the fp32 gradient of the log-probabilities. A chunked/fused cross-entropy (Liger,
+    torchtune, Unsloth) never materializes them: only a chunk of rows at a time.
+    """
+    h, tokens, vocab = m.hidden_size, ctx.tokens, m.vocab_size
+    net = Net("lm_head_loss", ctx, tokens * h, ctx.res, x_grad)
+    x = "x"
+    if m.final_norm:
+        x = (net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm)(x, h)
+    if m.lm_head_transform:  # BERT's MLM transform
+        x = net.layer_norm(
+            net.activation(net.linear(x, h, h, "lm_head", None, True), m.activation), h, "lm_head"
+        )
+    if chunked:
+        rows = min(tokens, 1024)
+        logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
+        loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
+        return net.block, loss
+    logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
+    upcast = net.cast(logits, F32)
+    logp = net.unary("log_softmax", upcast, save_out=True)
+    loss = net.unary("nll_loss", logp, elems=1)
+    # the model output holds the logits until it is dropped after backward
+    net.block.held.add(logits)
+    return net.block, loss

@@ -1,0 +1,72 @@
+"""From allocated to reserved to device bytes: the caching allocator and the CUDA context.
+
+* **allocated** is what live tensors take (``torch.cuda.max_memory_allocated``);
+* **reserved** adds what PyTorch's caching allocator holds but no tensor uses
+  (``max_memory_reserved``). Requests are rounded up to 512 bytes; blocks over 1 MiB come
+  from segments rounded up to 2 MiB (requests of 1-10 MiB share 20 MiB segments); and
+  freed blocks are reused only by requests that fit them, so a step that allocates and
+  frees activations of many sizes leaves free gaps (fragmentation)
+  (``c10/cuda/CUDACachingAllocator.cpp``: ``kRoundLarge``, ``kLargeBuffer``);
+* **device** adds what ``nvidia-smi`` shows beyond PyTorch's pool: the CUDA context
+  (driver state and the loaded kernels; CUDA 12's lazy module loading keeps it to a few
+  hundred MiB) and the cuBLAS/cuBLASLt workspace.
+
+The figures below are documented estimates, not measurements of your machine: the
+context ranges from about 250 MiB to about 600 MiB by GPU generation, driver and the
+libraries a program loads; fragmentation grows with the number of distinct activation
+sizes. The classic advice to plan for 80-85 % of the card and to expect 10-20 % above a
+floor estimate comes out of these terms plus the transient peaks of :mod:`engine.timeline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+#: CUDA context of a PyTorch process by GPU architecture, MiB (CUDA 12, lazy loading).
+CONTEXT_MIB = {
+    "volta": 310,
+    "turing": 310,
+    "ampere": 430,
+    "ada": 430,
+    "hopper": 520,
+    "blackwell": 560,
+    "cdna2": 300,
+    "cdna3": 300,
+}
+DEFAULT_CONTEXT_MIB = 450
+#: cuBLAS workspace: CUBLAS_WORKSPACE_CONFIG's default ":4096:8" is 8 x 4 MiB per handle;
+#: Hopper's cuBLASLt takes 32 MiB more.
+CUBLAS_MIB = {"hopper": 64, "blackwell": 64}
+DEFAULT_CUBLAS_MIB = 32
+#: share of the step's peak activations lost to fragmentation (free gaps in the pool)
+FRAGMENTATION = 0.05
+#: average rounding of one live block over 1 MiB to a 2 MiB multiple
+ROUNDING_PER_LARGE_BLOCK = MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Overhead:
+    rounding: int
+    fragmentation: int
+    context: int
+    workspace: int
+
+    @property
+    def reserved_extra(self) -> int:
+        return self.rounding + self.fragmentation
+
+    @property
+    def device_extra(self) -> int:
+        return self.context + self.workspace
+
+
+def overhead(architecture: str, large_blocks: int, peak_activations: int) -> Overhead:
+    """The terms that lift allocated to reserved and reserved to device bytes."""
+    return Overhead(
+        rounding=large_blocks * ROUNDING_PER_LARGE_BLOCK,
+        fragmentation=int(peak_activations * FRAGMENTATION),
+        context=CONTEXT_MIB.get(architecture, DEFAULT_CONTEXT_MIB) * MIB,
+        workspace=CUBLAS_MIB.get(architecture, DEFAULT_CUBLAS_MIB) * MIB,
+    )

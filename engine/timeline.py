@@ -1,0 +1,298 @@
+"""One training step as a timeline of allocations; the peak is its highest point.
+
+The step is what a PyTorch training loop does (``out = model(ids, labels=ids)``,
+``out.loss.backward()``, ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``):
+
+1. **before** -- weights (and NF4 base weights), optimizer states from earlier steps;
+   gradients are ``None``;
+2. **forward** -- the embedding, then every layer in order: each keeps what autograd saved
+   (and under autocast the 16-bit weight copies) and passes on its output; inside a layer
+   the transient tensors push the level higher for a moment (:mod:`engine.graph` plays each
+   layer op by op, :mod:`engine.layers` writes the ops); then the LM head and the loss;
+3. **backward** -- in reverse: each layer (recomputed first under checkpointing) frees
+   what it saved and leaves its parameter gradients (``.grad``) behind;
+4. **optimizer** -- all gradients and states live, plus the optimizer's temporaries
+   (``foreach`` AdamW allocates ``sqrt(exp_avg_sq)`` for every parameter at once; ``fused``
+   allocates nothing); then the gradients are freed.
+
+Each point of the timeline is a breakdown by category, so the bar at the peak shows what
+is live at that moment, not a sum of separate maxima.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from engine.graph import BlockResult, simulate
+from engine.layers import Ctx, bert_layer, decoder_layer, gpt2_layer, head_and_loss
+from engine.model_state import ModelState, lora_targets
+from engine.params import model_tensors
+from engine.specs import ModelSpec, TrainingSpec
+
+CATS = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """The live bytes by category at one moment of the step."""
+
+    phase: str  # before | forward | backward | optimizer
+    layer: int | None
+    label: str
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states + self.activations
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    points: tuple[Point, ...]
+    #: named parts of the breakdown at the peak beyond the model state
+    autocast_copies: int
+    activations_saved: int
+    logits: int
+    optimizer_temp: int
+
+    @property
+    def peak(self) -> Point:
+        return max(self.points, key=lambda p: p.total)
+
+
+def _mode(precision: str) -> str:
+    return {"fp32": "fp32", "bf16": "half"}.get(precision, "amp")
+
+
+def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
+    method = training.method
+    if method == "full":
+        trainable = frozenset({"all"})
+    elif method == "freeze":
+        parts = {"mlp": ("mlp", "experts"), "lm_head": ("lm_head", "pooler")}
+        trainable = frozenset(c for p in training.freeze.trainable for c in parts.get(p, (p,)))
+    else:
+        trainable = frozenset()
+    roles: frozenset[str] = frozenset()
+    if method in ("lora", "qlora"):
+        roles = lora_targets(model, training.lora.targets)[0]
+    precision = training.precision
+    frozen = 4 if precision == "fp32" else 2
+    return Ctx(
+        batch=training.micro_batch_size,
+        seq=training.sequence_length,
+        mode=_mode(precision),
+        attention=training.attention,
+        lora_rank=training.lora.rank,
+        lora_roles=roles,
+        trainable=trainable,
+        frozen_bytes=frozen,
+        quantized=method == "qlora",
+        dropout=training.lora.dropout,
+    )
+
+
+def _layer(model: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[BlockResult, int]:
+    if model.architecture == "encoder":
+        block, out = bert_layer(model, ctx, x_grad)
+    elif model.family in ("gpt2", "gpt_neox", "falcon"):
+        block, out = gpt2_layer(model, ctx, x_grad)
+    else:
+        block, out = decoder_layer(model, ctx, x_grad, moe)
+    copies = sum(n for t, n in block.sizes.items() if t.startswith("wcast"))
+    return simulate(block, out, input_grad=x_grad), copies
+
+
+@lru_cache(maxsize=256)
+def _blocks(
+    model: ModelSpec, ctx: Ctx, chunked: bool, embed_grad: bool
+) -> tuple[
+    tuple[BlockResult, int],
+    tuple[BlockResult, int] | None,
+    tuple[BlockResult, int],
+    tuple[BlockResult, int],
+]:
+    dense = _layer(model, ctx, True, False)
+    moe = _layer(model, ctx, True, True) if model.is_moe else None
+    first = _layer(model, ctx, embed_grad, model.is_moe and model.first_dense_layers == 0)
+    block, out = head_and_loss(model, ctx, True, chunked)
+    copies = sum(n for t, n in block.sizes.items() if t.startswith("wcast"))
+    return dense, moe, first, (simulate(block, out), copies)
+
+
+def step_timeline(
+    model: ModelSpec, training: TrainingSpec, state: ModelState, checkpointing: bool
+) -> Timeline:
+    """Play one step; see the module docstring for what happens when."""
+    ctx = make_ctx(model, training)
+    tokens, h = ctx.tokens, model.hidden_size
+    trains_embeddings = training.method == "full" or (
+        training.method == "freeze" and "embeddings" in training.freeze.trainable
+    )
+    # with checkpointing, HF makes the embedding output require grad (LoRA included)
+    embed_grad = trains_embeddings or checkpointing
+    (dense, dense_copies), moe_res, (first, first_copies), (head, head_copies) = _blocks(
+        model, ctx, training.loss == "chunked", embed_grad
+    )
+
+    params = state.category_bytes("parameters")
+    opt_states = state.category_bytes("optimizer_states")
+    points: list[Point] = []
+
+    def add(phase: str, layer: int | None, label: str, p: int, g: int, o: int, a: int) -> None:
+        points.append(Point(phase, layer, label, p, g, o, a))
+
+    add("before", None, "weights and optimizer states", params, 0, opt_states, 0)
+
+    # inputs: ids and labels (int64), the embedding output and RoPE's cos/sin
+    batch_tensors = 2 * 8 * tokens
+    embed_out = tokens * h * ctx.res
+    rope = 2 * tokens * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
+    mask = ctx.batch * ctx.seq * ctx.seq * ctx.res if ctx.attention == "eager" else 0
+    base_act = batch_tensors + rope
+    layers = []
+    for i in range(model.num_layers):
+        is_moe = model.is_moe and i >= model.first_dense_layers
+        if i == 0:
+            layers.append((first, first_copies))
+        else:
+            layers.append(moe_res if is_moe and moe_res else (dense, dense_copies))
+
+    # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
+    # and the layer's own peak (its input, the previous output, included)
+    fixed = base_act + mask
+    kept_act = 0
+    copies = 0
+    add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out)
+    for i, (res, c) in enumerate(layers):
+        add(
+            "forward",
+            i,
+            "layer",
+            params + copies + c,
+            0,
+            opt_states,
+            fixed + kept_act + res.forward_peak - c,
+        )
+        # checkpointing keeps only the layer's input; autocast's cache keeps the copies
+        kept_act += tokens * h * ctx.res if checkpointing else res.kept - c
+        copies += c
+    add(
+        "forward",
+        None,
+        "LM head and loss",
+        params + copies + head_copies,
+        0,
+        opt_states,
+        fixed + kept_act + head.forward_peak - head_copies,
+    )
+    copies += head_copies
+    held = head.held
+    if checkpointing:  # the cache is cleared when autocast exits, at the end of forward
+        copies -= sum(c for _, c in layers)
+
+    # backward
+    grads = 0
+    fixed = base_act + held  # the eager mask died with the forward; the logits did not
+    add(
+        "backward",
+        None,
+        "loss and LM head",
+        params + copies,
+        grads,
+        opt_states,
+        fixed + kept_act + head.backward_peak - head_copies,
+    )
+    grads += head.param_grads
+    copies -= head_copies
+    grad_in = head.input_grad
+    for i in range(model.num_layers - 1, -1, -1):
+        res, c = layers[i]
+        if checkpointing:
+            kept_act -= tokens * h * ctx.res
+            add(
+                "backward",
+                i,
+                "recompute",
+                params + copies + c,
+                grads,
+                opt_states,
+                fixed + kept_act + grad_in + res.forward_peak - c,
+            )
+            add(
+                "backward",
+                i,
+                "layer",
+                params + copies + c,
+                grads,
+                opt_states,
+                fixed + kept_act + res.backward_peak - c,
+            )
+        else:
+            kept_act -= res.kept - c
+            add(
+                "backward",
+                i,
+                "layer",
+                params + copies,
+                grads,
+                opt_states,
+                fixed + kept_act + res.backward_peak - c,
+            )
+            copies -= c
+        grads += res.param_grads
+        grad_in = res.input_grad
+    if trains_embeddings:
+        dense_grad = model.vocab_size * h * (2 if training.precision == "bf16" else 4)
+        tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's grad
+        add(
+            "backward",
+            None,
+            "embedding",
+            params,
+            grads + dense_grad - tied,
+            opt_states,
+            fixed + grad_in + tied,
+        )
+    # the step's gradients are what model_state counts; backward may differ by rounding
+    grads = state.category_bytes("gradients")
+
+    # optimizer
+    temp = optimizer_temporaries(model, training, state)
+    add("optimizer", None, "optimizer step", params, grads, opt_states + temp, 0)
+    add("optimizer", None, "after zero_grad", params, 0, opt_states, 0)
+    peak = max(points, key=lambda p: p.total)
+    return Timeline(
+        tuple(points),
+        peak.parameters - params,
+        peak.activations,
+        held,
+        temp if peak.phase == "optimizer" else 0,
+    )
+
+
+def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: ModelState) -> int:
+    """Transient bytes of ``optimizer.step()``.
+
+    ``torch.optim.AdamW(foreach=True)`` computes ``torch._foreach_sqrt(exp_avg_sqs)`` for
+    all parameters of a dtype group at once: one full-size temporary in the state dtype
+    (``torch/optim/adamw.py``, ``_multi_tensor_adamw``). ``fused=True`` runs one kernel per
+    group with no temporaries. The single-tensor (for-loop) path needs the largest one
+    parameter's worth. SGD without momentum updates in place; Adafactor and Lion make
+    per-parameter temporaries; bitsandbytes' 8-bit kernels update in place.
+    """
+    if training.optimizer in ("sgd", "adamw-8bit", "paged-adamw-8bit"):
+        return 0
+    if training.optimizer_impl == "fused":
+        return 0
+    p_bytes = 2 if training.precision == "bf16" else 4
+    if training.optimizer == "adamw" and training.optimizer_impl == "foreach":
+        return state.trainable_params * p_bytes
+    largest = max((g.numel for g in model_tensors(model)), default=0)
+    if training.method in ("lora", "qlora"):
+        largest = min(largest, state.trainable_params)
+    return largest * p_bytes
