@@ -150,8 +150,7 @@ def estimate(scenario: Scenario) -> Estimate:
     """Estimate the per-GPU memory of one training step of ``scenario``."""
     model, training = scenario.model, scenario.training
     state = model_state(model, training)
-    checkpointing = training.activation_checkpointing != "none"
-    timeline = step_timeline(model, training, state, checkpointing)
+    timeline = step_timeline(model, training, state)
     peak = timeline.peak
     items = _items_at_peak(state, timeline)
     allocated = sum(i.bytes for i in items)

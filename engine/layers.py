@@ -46,6 +46,9 @@ class Ctx:
     #: QLoRA: the base is dequantized to the compute dtype for every matmul
     quantized: bool
     dropout: float
+    #: selective recomputation (Korthikanti et al. 2022, section 5): the s x s attention
+    #: core is recomputed in backward instead of kept
+    selective: bool = False
 
     @property
     def tokens(self) -> int:
@@ -314,13 +317,16 @@ class Net:
         masked = self.new("masked", b * heads * s * s, max(self.dtype[scaled], self.ctx.res), True)
         self._op("add_mask", [scaled], [masked])
         probs = self.new("softmax", b * heads * s * s, F32, True)
-        self._op("softmax", [masked], [probs], saves=[probs])
+        self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
         probs = self.cast(probs, query_dtype)
         probs = self.dropout(probs, ctx.dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
         out = self.new("attn", b * s * heads * head_dim, self.dtype[probs], True)
-        self._op("matmul_pv", [probs, v], [out], saves=[probs, v])
+        # selective recomputation rebuilds the scores and probabilities in backward
+        redo = (F32 + self.dtype[probs]) * b * heads * s * s if ctx.selective else 0
+        self._op("matmul_pv", [probs, v], [out], saves=[v] if ctx.selective else [probs, v],
+                 transient=redo)
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
 
 

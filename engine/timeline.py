@@ -93,6 +93,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         frozen_bytes=frozen,
         quantized=method == "qlora",
         dropout=training.lora.dropout,
+        selective=training.activation_checkpointing == "selective",
     )
 
 
@@ -125,7 +126,7 @@ def _blocks(
 
 
 def step_timeline(
-    model: ModelSpec, training: TrainingSpec, state: ModelState, checkpointing: bool
+    model: ModelSpec, training: TrainingSpec, state: ModelState
 ) -> Timeline:
     """Play one step; see the module docstring for what happens when."""
     ctx = make_ctx(model, training)
@@ -133,6 +134,12 @@ def step_timeline(
     trains_embeddings = training.method == "full" or (
         training.method == "freeze" and "embeddings" in training.freeze.trainable
     )
+    mode, k = training.activation_checkpointing, training.checkpoint_every_k
+    # full: every layer; every-k-layers: layers 0, k, 2k, ... (Chen et al. 2016's sqrt(n)
+    # schedule with k ~ sqrt(n)); selective: none, but the attention core is recomputed
+    ckpt = [mode == "full" or (mode == "every-k-layers" and i % k == 0)
+            for i in range(model.num_layers)]
+    checkpointing = any(ckpt)
     # with checkpointing, HF makes the embedding output require grad (LoRA included)
     embed_grad = trains_embeddings or checkpointing
     (dense, dense_copies), moe_res, (first, first_copies), (head, head_copies) = _blocks(
@@ -179,7 +186,7 @@ def step_timeline(
             fixed + kept_act + res.forward_peak - c,
         )
         # checkpointing keeps only the layer's input; autocast's cache keeps the copies
-        kept_act += tokens * h * ctx.res if checkpointing else res.kept - c
+        kept_act += tokens * h * ctx.res if ckpt[i] else res.kept - c
         copies += c
     add(
         "forward",
@@ -192,8 +199,9 @@ def step_timeline(
     )
     copies += head_copies
     held = head.held
-    if checkpointing:  # the cache is cleared when autocast exits, at the end of forward
-        copies -= sum(c for _, c in layers)
+    # the cache is cleared when autocast exits, at the end of forward: the copies of
+    # checkpointed layers go (they are made again in the recomputation)
+    copies -= sum(c for (_, c), on in zip(layers, ckpt, strict=True) if on)
 
     # backward
     grads = 0
@@ -212,7 +220,7 @@ def step_timeline(
     grad_in = head.input_grad
     for i in range(model.num_layers - 1, -1, -1):
         res, c = layers[i]
-        if checkpointing:
+        if ckpt[i]:
             kept_act -= tokens * h * ctx.res
             add(
                 "backward",

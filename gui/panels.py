@@ -23,7 +23,6 @@ from engine.model_state import model_state
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
 from engine.specs import (
-    ATTENTION_KERNELS,
     CHECKPOINTING,
     FREEZE_PARTS,
     OPTIMIZER_IMPLS,
@@ -375,11 +374,35 @@ class TrainingPanel(FormPanel):
             [(v, v) for v in CHECKPOINTING],
             training_field("activation_checkpointing"),
         )
+        self.add_spin(
+            "training.checkpoint_every_k",
+            "Checkpoint every",
+            1,
+            4096,
+            training_field("checkpoint_every_k"),
+            "With every-k-layers: checkpoint layers 0, k, 2k, ... (1 to 4096)",
+            suffix=" layers",
+        )
         self.add_combo(
             "training.attention",
             "Attention kernel",
-            [(v, v) for v in ATTENTION_KERNELS],
+            [
+                ("SDPA (flash for 16-bit, mem-efficient for fp32)", "sdpa"),
+                ("flash attention", "flash"),
+                ("memory-efficient", "mem-efficient"),
+                ("eager (s x s scores kept)", "eager"),
+            ],
             training_field("attention"),
+        )
+        self.add_combo(
+            "training.loss",
+            "Loss",
+            [
+                ("cross-entropy on full logits", "standard"),
+                ("chunked / fused cross-entropy", "chunked"),
+            ],
+            training_field("loss"),
+            "A chunked cross-entropy (Liger, torchtune) never holds all the logits",
         )
         self.after_refresh(store.scenario)
 
@@ -415,6 +438,8 @@ class TrainingPanel(FormPanel):
             "training.qlora.double_quant": method == "qlora",
             "training.freeze.trainable": method == "freeze",
             "training.freeze.last_layers": method == "freeze",
+            "training.checkpoint_every_k": scenario.training.activation_checkpointing
+            == "every-k-layers",
         }
         for path, show in visible.items():
             self.form.setRowVisible(self.rows[path].widget.parentWidget(), show)

@@ -312,3 +312,32 @@ def test_save_scenario_file_then_open_from_disk(make_window, tmp_path: Path) -> 
     window = make_window(scenario=default_scenario())
     assert window.open_path(path)
     assert not window.isWindowModified()
+
+
+def test_step_options_in_the_strategy_panel(window: MainWindow) -> None:
+    rows = window.training_panel.rows
+    every = rows["training.checkpoint_every_k"].widget
+    assert not every.isVisibleTo(window.training_panel)
+    combo = rows["training.activation_checkpointing"].widget
+    combo.setCurrentIndex(combo.findData("every-k-layers"))
+    assert every.isVisibleTo(window.training_panel)
+    every.setValue(4)
+    assert window.store.scenario.training.checkpoint_every_k == 4
+    before = window.store.estimate.allocated_bytes
+    loss = rows["training.loss"].widget
+    loss.setCurrentIndex(loss.findData("chunked"))
+    assert window.store.scenario.training.loss == "chunked"
+    assert window.store.estimate.allocated_bytes < before  # the logits are never held
+    for key, field in (("training.attention", "eager"), ("training.optimizer_impl", "fused")):
+        widget = rows[key].widget
+        widget.setCurrentIndex(widget.findData(field))
+    assert window.store.scenario.training.attention == "eager"
+    assert window.store.scenario.training.optimizer_impl == "fused"
+
+
+def test_overhead_tooltip_lists_its_parts(window: MainWindow) -> None:
+    est = window.store.estimate
+    top = sum(v for k, v in est.breakdown.items() if k != "overhead") / 2**30
+    tip = window.chart.tooltip_at(0, top + est.breakdown["overhead"] / 2**31)
+    for part in ("allocator fragmentation", "CUDA context", "cuBLAS workspace"):
+        assert part in tip
