@@ -45,7 +45,10 @@ class Ctx:
     frozen_bytes: int
     #: QLoRA: the base is dequantized to the compute dtype for every matmul
     quantized: bool
+    #: LoRA's dropout on the adapter input
     dropout: float
+    #: the model's dropout on attention probabilities
+    attention_dropout: float = 0.0
     #: selective recomputation (Korthikanti et al. 2022, section 5): the s x s attention
     #: core is recomputed in backward instead of kept
     selective: bool = False
@@ -144,7 +147,8 @@ class Net:
         return y
 
     def dropout(self, x: str, p: float) -> str:
-        """``nn.Dropout``: nothing at p = 0; else a new output and a 1-byte mask kept."""
+        """``nn.Dropout``: nothing at p = 0; else a new output and a 1-byte mask kept
+        (CUDA's ``native_dropout`` returns a bool mask; Korthikanti et al.'s "1 byte")."""
         if p <= 0.0:
             return x
         mask = self.new("mask", self.elems[x], 1, False)
@@ -319,7 +323,7 @@ class Net:
         probs = self.new("softmax", b * heads * s * s, F32, True)
         self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
         probs = self.cast(probs, query_dtype)
-        probs = self.dropout(probs, ctx.dropout)
+        probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
         out = self.new("attn", b * s * heads * head_dim, self.dtype[probs], True)

@@ -93,6 +93,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         frozen_bytes=frozen,
         quantized=method == "qlora",
         dropout=training.lora.dropout,
+        attention_dropout=model.attention_dropout,
         selective=training.activation_checkpointing == "selective",
     )
 
@@ -172,7 +173,10 @@ def step_timeline(
     # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
     # and the layer's own peak (its input, the previous output, included)
     fixed = base_act + mask
-    kept_act = 0
+    # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and the
+    # dropout mask (1 byte per element) of GPT-2 and BERT
+    kept_act = (tokens * h * ctx.res + 8 * tokens) * model.embedding_norm
+    kept_act += tokens * h if model.hidden_dropout > 0 else 0
     copies = 0
     add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out)
     for i, (res, c) in enumerate(layers):
