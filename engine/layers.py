@@ -24,6 +24,8 @@ from engine.graph import Block
 from engine.specs import ModelSpec
 
 F32 = 4
+#: rows of logits a chunked cross-entropy materializes at a time
+CHUNK_ROWS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,8 +331,13 @@ class Net:
         out = self.new("attn", b * s * heads * head_dim, self.dtype[probs], True)
         # selective recomputation rebuilds the scores and probabilities in backward
         redo = (F32 + self.dtype[probs]) * b * heads * s * s if ctx.selective else 0
-        self._op("matmul_pv", [probs, v], [out], saves=[v] if ctx.selective else [probs, v],
-                 transient=redo)
+        self._op(
+            "matmul_pv",
+            [probs, v],
+            [out],
+            saves=[v] if ctx.selective else [probs, v],
+            transient=redo,
+        )
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
 
 
@@ -487,7 +494,7 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
             net.activation(net.linear(x, h, h, "lm_head", None, True), m.activation), h, "lm_head"
         )
     if chunked:
-        rows = min(tokens, 1024)
+        rows = CHUNK_ROWS
         logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
         return net.block, loss

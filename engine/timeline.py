@@ -21,10 +21,11 @@ is live at that moment, not a sum of separate maxima.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from engine.graph import BlockResult, simulate
+from engine.graph import SAMPLES, Block, BlockResult, Profile, profile
 from engine.layers import Ctx, bert_layer, decoder_layer, gpt2_layer, head_and_loss
 from engine.model_state import ModelState, lora_targets
 from engine.params import model_tensors
@@ -98,18 +99,31 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     )
 
 
-def _layer(model: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[BlockResult, int]:
+def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> tuple[Block, str]:
+    if kind == "head":
+        return head_and_loss(model, ctx, True, chunked)
     if model.architecture == "encoder":
-        block, out = bert_layer(model, ctx, x_grad)
-    elif model.family in ("gpt2", "gpt_neox", "falcon"):
-        block, out = gpt2_layer(model, ctx, x_grad)
-    else:
-        block, out = decoder_layer(model, ctx, x_grad, moe)
+        return bert_layer(model, ctx, x_grad)
+    if model.family in ("gpt2", "gpt_neox", "falcon"):
+        return gpt2_layer(model, ctx, x_grad)
+    return decoder_layer(model, ctx, x_grad, kind == "moe")
+
+
+@lru_cache(maxsize=16384)
+def _profile(
+    model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
+) -> tuple[Profile, int]:
+    """A block as a function of batch and sequence length (built at :data:`SAMPLES`), and
+    the bytes of the autocast weight copies it makes."""
+    builds = [
+        _build(model, dataclasses.replace(ctx, batch=b, seq=s), kind, x_grad, chunked)
+        for b, s in SAMPLES
+    ]
+    block = builds[0][0]
     copies = sum(n for t, n in block.sizes.items() if t.startswith("wcast"))
-    return simulate(block, out, input_grad=x_grad), copies
+    return profile(builds, input_grad=x_grad or kind == "head"), copies
 
 
-@lru_cache(maxsize=256)
 def _blocks(
     model: ModelSpec, ctx: Ctx, chunked: bool, embed_grad: bool
 ) -> tuple[
@@ -118,17 +132,22 @@ def _blocks(
     tuple[BlockResult, int],
     tuple[BlockResult, int],
 ]:
-    dense = _layer(model, ctx, True, False)
-    moe = _layer(model, ctx, True, True) if model.is_moe else None
-    first = _layer(model, ctx, embed_grad, model.is_moe and model.first_dense_layers == 0)
-    block, out = head_and_loss(model, ctx, True, chunked)
-    copies = sum(n for t, n in block.sizes.items() if t.startswith("wcast"))
-    return dense, moe, first, (simulate(block, out), copies)
+    shapeless = dataclasses.replace(ctx, batch=1, seq=1)
+
+    def at(kind: str, x_grad: bool) -> tuple[BlockResult, int]:
+        prof, copies = _profile(model, shapeless, kind, x_grad, chunked)
+        return prof.at(ctx.batch, ctx.seq), copies
+
+    first_kind = "moe" if model.is_moe and model.first_dense_layers == 0 else "dense"
+    return (
+        at("dense", True),
+        at("moe", True) if model.is_moe else None,
+        at(first_kind, embed_grad),
+        at("head", True),
+    )
 
 
-def step_timeline(
-    model: ModelSpec, training: TrainingSpec, state: ModelState
-) -> Timeline:
+def step_timeline(model: ModelSpec, training: TrainingSpec, state: ModelState) -> Timeline:
     """Play one step; see the module docstring for what happens when."""
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
@@ -138,8 +157,9 @@ def step_timeline(
     mode, k = training.activation_checkpointing, training.checkpoint_every_k
     # full: every layer; every-k-layers: layers 0, k, 2k, ... (Chen et al. 2016's sqrt(n)
     # schedule with k ~ sqrt(n)); selective: none, but the attention core is recomputed
-    ckpt = [mode == "full" or (mode == "every-k-layers" and i % k == 0)
-            for i in range(model.num_layers)]
+    ckpt = [
+        mode == "full" or (mode == "every-k-layers" and i % k == 0) for i in range(model.num_layers)
+    ]
     checkpointing = any(ckpt)
     # with checkpointing, HF makes the embedding output require grad (LoRA included)
     embed_grad = trains_embeddings or checkpointing
