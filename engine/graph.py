@@ -212,13 +212,13 @@ class Profile:
         v = np.array(basis(batch, seq), dtype=np.float64)
 
         def val(a: np.ndarray) -> int:
-            return int(round(float(a @ v)))
+            return round(float(a @ v))
 
         return BlockResult(
             val(self.kept),
-            int(round(float((self.forward @ v).max()))),
+            round(float((self.forward @ v).max())),
             val(self.output),
-            int(round(float((self.backward @ v).max()))),
+            round(float((self.backward @ v).max())),
             val(self.input_grad),
             val(self.param_grads),
             val(self.held),
