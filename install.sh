@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 APT_PACKAGES=(libgl1 libegl1 libglib2.0-0 libfontconfig1 fontconfig-config fonts-dejavu-core
-              libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 binutils python3-venv)
+              libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4
+              libxcb-keysyms1 binutils python3-venv)
 if command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
   missing=()
   for pkg in "${APT_PACKAGES[@]}"; do

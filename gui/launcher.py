@@ -1,7 +1,8 @@
-"""The ``memfit`` console script: the app with no arguments, the CLI with any.
+"""The ``memfit`` console script: the app with no arguments, the CLI with any, and
+``memfit --selftest [DIR]`` (:mod:`gui.selftest`), the app's headless self-test.
 
-Only the no-argument path imports Qt, so ``memfit estimate ...`` works where no display
-or Qt library is available.
+Only the no-argument and ``--selftest`` paths import Qt, so ``memfit estimate ...`` works
+where no display or Qt library is available.
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--selftest":
+        try:
+            from gui.selftest import main as selftest_main
+        except ImportError as exc:  # Qt libraries missing on this machine
+            print(f"memfit: error: the self-test cannot start: {exc}", file=sys.stderr)
+            return 2
+        return selftest_main(args[1:])
     if args:
         from engine.cli import main as cli_main
 
