@@ -54,6 +54,9 @@ class Ctx:
     #: selective recomputation (Korthikanti et al. 2022, section 5): the s x s attention
     #: core is recomputed in backward instead of kept
     selective: bool = False
+    #: the attention needs an explicit mask (a sliding window shorter than the sequence):
+    #: SDPA then cannot run plain causal and converts the boolean mask to a float bias
+    masked: bool = False
 
     @property
     def tokens(self) -> int:
@@ -168,8 +171,14 @@ class Net:
         role: str | None,
         bias: bool = False,
         tokens: int | None = None,
+        weights: int = 1,
     ) -> str:
-        """``nn.Linear`` (or GPT-2's ``Conv1D``), with autocast casts and a LoRA adapter."""
+        """``nn.Linear`` (or GPT-2's ``Conv1D``), with autocast casts and a LoRA adapter.
+
+        ``weights`` > 1 stands for the routed experts: ``tokens`` rows in all go through
+        ``weights`` matrices of ``in_f x out_f`` (grouped GEMM), so weight-sized terms --
+        casts, gradients, dequantization -- count every expert's matrix.
+        """
         ctx = self.ctx
         tokens = tokens if tokens is not None else ctx.tokens
         trainable = ctx.trains(component)
@@ -181,20 +190,25 @@ class Net:
             # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight to the compute
             # dtype for the matmul, keeps only the 4-bit weight, and dequantizes again in
             # backward
-            deq = self.new("deq", in_f * out_f, 2, False)
+            deq = self.new("deq", in_f * out_f * weights, 2, False)
             self._op("dequantize", [], [deq])
-            redo = 2 * in_f * out_f
+            redo = 2 * in_f * out_f * weights
         elif ctx.mode == "amp" and w_dtype == 4:
             # autocast's cast of an fp32 weight, cached for the forward, kept for backward
-            weight = self.new("wcast", in_f * out_f, 2, trainable)
-            self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f)
+            weight = self.new("wcast", in_f * out_f * weights, 2, trainable)
+            self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
         y = self.new("lin", tokens * out_f, ctx.act, self.rg[xin] or trainable)
         saves = [xin if trainable else "", weight if self.rg[xin] else ""]
         w_grad = 0
         if trainable and not weight:  # fp32 or pure 16-bit: the gradient lands directly
-            w_grad = w_dtype * in_f * out_f
+            w_grad = w_dtype * in_f * out_f * weights
         if bias and trainable:
-            w_grad += w_dtype * out_f
+            w_grad += w_dtype * out_f * weights
+        if weights > 1 and trainable:
+            # transformers runs experts as grouped GEMMs on weight.transpose(-2, -1); the
+            # gradient arrives in that transposed layout and AccumulateGrad, whose layout
+            # contract it breaks, clones it into a contiguous .grad: briefly two copies
+            redo += w_grad or 4 * in_f * out_f * weights
         inputs = [xin] + ([weight] if weight and trainable else [])
         self._op("mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
         if role and role in ctx.lora_roles:
@@ -260,8 +274,11 @@ class Net:
         """``gelu_new`` is composed of Python ops; every other kind is one fused op."""
         if kind == "gelu_new":
             # transformers' NewGELUActivation (GPT-2 "gelu_new"), written in Python ops:
-            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            cube = self.unary("pow3", x, save_in=True)
+            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). ``pow`` is on autocast's
+            # fp32 list, so under autocast x is copied to fp32 (kept by pow) and type
+            # promotion carries fp32 through the rest of the formula.
+            xp = self.cast(x, F32) if self.ctx.mode == "amp" else x
+            cube = self.unary("pow3", xp, save_in=True)
             inner = self.binary("add", x, self.unary("mul_c", cube))
             t = self.unary("tanh", self.unary("mul_c", inner), save_out=True)
             half = self.unary("half_x", x)
@@ -291,10 +308,20 @@ class Net:
             return out
         rows = b * heads * (s if kernel == "flash" else -(-s // 32) * 32)
         lse = self.new("lse", rows, F32, False)
+        bias = ""
+        if ctx.masked:
+            # convert_boolean_attn_mask: zeros of the query dtype with -inf where masked,
+            # (b, 1, s, s), kept by the kernel for its backward
+            bias = self.new("attn_bias", b * s * s, self.dtype[q], False)
+            self._op("mask_to_bias", [], [bias])
         # backward: dq, dk, dv come from the graph; flash also accumulates dq in fp32
         workspace = F32 * rows + (F32 * b * s * heads * head_dim if kernel == "flash" else 0)
         self._op(
-            f"sdpa_{kernel}", [q, k, v], [out, lse], saves=[q, k, v, out, lse], transient=workspace
+            f"sdpa_{kernel}",
+            [q, k, v],
+            [out, lse],
+            saves=[q, k, v, out, lse, bias],
+            transient=workspace,
         )
         return out
 
@@ -380,23 +407,32 @@ def _rope(net: Net, t: str) -> str:
     return net.binary("add", cos_term, sin_term)
 
 
-def _gated_mlp(net: Net, m: ModelSpec, x: str, inter: int, component: str, tokens: int) -> str:
+def _gated_mlp(
+    net: Net,
+    m: ModelSpec,
+    x: str,
+    inter: int,
+    component: str,
+    tokens: int,
+    weights: int = 1,
+    fused: bool | None = None,
+) -> str:
     h = m.hidden_size
     if m.mlp == "plain":
-        up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens)
+        up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens, weights)
         kind = "gelu_new" if m.family == "gpt2" else m.activation
         act = net.activation(up, kind)
-        return net.linear(act, inter, h, component, "down_proj", m.mlp_bias, tokens)
-    if m.fused_gate_up:
-        gu = net.linear(x, h, 2 * inter, component, "gate_up", m.mlp_bias, tokens)
+        return net.linear(act, inter, h, component, "down_proj", m.mlp_bias, tokens, weights)
+    if m.fused_gate_up if fused is None else fused:
+        gu = net.linear(x, h, 2 * inter, component, "gate_up", m.mlp_bias, tokens, weights)
         gate = net.unary("chunk", gu, elems=tokens * inter)
         up = net.unary("chunk", gu, elems=tokens * inter)
     else:
-        gate = net.linear(x, h, inter, component, "gate_proj", m.mlp_bias, tokens)
-        up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens)
+        gate = net.linear(x, h, inter, component, "gate_proj", m.mlp_bias, tokens, weights)
+        up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens, weights)
     act = net.activation(gate, m.activation)
     prod = net.binary("mul", act, up, saves="both")
-    return net.linear(prod, inter, h, component, "down_proj", m.mlp_bias, tokens)
+    return net.linear(prod, inter, h, component, "down_proj", m.mlp_bias, tokens, weights)
 
 
 def _moe(net: Net, m: ModelSpec, x: str) -> str:
@@ -413,7 +449,11 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
     routed = tokens * k
     xs = net.cast(x, net.ctx.act) if ctx.mode != "amp" else x
     gathered = net.unary("gather", xs, elems=routed * h)
-    y = _gated_mlp(net, m, gathered, m.moe_intermediate_size, "experts", routed)
+    # transformers keeps the experts as 3-D parameters with gate and up fused
+    # (``gate_up_proj``), run as grouped GEMMs on the tokens sorted by expert
+    y = _gated_mlp(
+        net, m, gathered, m.moe_intermediate_size, "experts", routed, experts, fused=True
+    )
     weighted = net.binary("mul_weight", y, weights, saves="both", elems=routed * h)
     out = net.new("moe_out", tokens * h, net.dtype[x], True)
     net._op("index_add", [weighted], [out])
@@ -499,8 +539,12 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
         return net.block, loss
     logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
-    upcast = net.cast(logits, F32)
-    logp = net.unary("log_softmax", upcast, save_out=True)
+    # ForCausalLMLoss calls logits.float(), a full fp32 copy. BERT's masked-LM loss does
+    # not: under autocast, log_softmax (on the fp32 list with an output dtype) reads the
+    # 16-bit logits and writes fp32 without a copy of its input; in pure bf16 it stays bf16
+    upcast = net.cast(logits, F32) if m.architecture == "decoder" else logits
+    out_dtype = F32 if ctx.mode == "amp" else net.dtype[upcast]
+    logp = net.unary("log_softmax", upcast, save_out=True, dtype=out_dtype)
     loss = net.unary("nll_loss", logp, elems=1)
     # the model output holds the logits until it is dropped after backward
     net.block.held.add(logits)

@@ -96,6 +96,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         dropout=training.lora.dropout,
         attention_dropout=model.attention_dropout,
         selective=training.activation_checkpointing == "selective",
+        masked=0 < model.sliding_window < training.sequence_length,
     )
 
 
@@ -181,7 +182,10 @@ def step_timeline(model: ModelSpec, training: TrainingSpec, state: ModelState) -
     embed_out = tokens * h * ctx.res
     rope = 2 * tokens * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
     mask = ctx.batch * ctx.seq * ctx.seq * ctx.res if ctx.attention == "eager" else 0
-    base_act = batch_tensors + rope
+    # a sliding window shorter than the sequence needs a boolean (b, 1, s, s) mask, made
+    # once per forward and kept by every layer's attention until backward
+    bool_mask = ctx.batch * ctx.seq * ctx.seq if ctx.masked and not mask else 0
+    base_act = batch_tensors + rope + bool_mask
     layers = []
     for i in range(model.num_layers):
         is_moe = model.is_moe and i >= model.first_dense_layers
