@@ -175,7 +175,7 @@ def format_table(est: Estimate) -> str:
     for category, total in breakdown.items():
         items = [i for i in est.items if i.category == category]
         if category == "activations" and not items:
-            lines.append(f"{category:<52}{'not yet modelled':>16}")
+            lines.append(f"{category:<58}{_gib(0):>10}   none live at the peak")
             continue
         lines.append(f"{category:<58}{_gib(total):>10}")
         for item in items:

@@ -375,7 +375,9 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     norm = net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm
     n1 = norm("x", h)
     q_out, kv_out = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
-    if m.fused_qkv:
+    if m.is_mla:
+        attn, q_out = _mla(net, m, n1, norm)
+    elif m.fused_qkv:
         qkv = net.linear(n1, h, q_out + 2 * kv_out, "attention", "qkv", m.attention_bias)
         q = net.unary("split_q", qkv, elems=tokens * q_out)
         k = net.unary("split_k", qkv, elems=tokens * kv_out)
@@ -384,17 +386,50 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         q = net.linear(n1, h, q_out, "attention", "q_proj", m.attention_bias)
         k = net.linear(n1, h, kv_out, "attention", "k_proj", m.attention_bias)
         v = net.linear(n1, h, kv_out, "attention", "v_proj", m.attention_bias)
-    if m.position_embedding == "rotary":
-        q, k = _rope(net, q), _rope(net, k)
-    attn = net.attention(
-        q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim, causal=True
-    )
+    if not m.is_mla:
+        if m.position_embedding == "rotary":
+            q, k = _rope(net, q), _rope(net, k)
+        attn = net.attention(
+            q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim, causal=True
+        )
     o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
     r1 = net.binary("residual", "x", o)
     n2 = norm(r1, h)
     y = _moe(net, m, n2) if moe else _gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens)
     out = net.binary("residual", r1, y)
     return net.block, out
+
+
+def _mla(net: Net, m: ModelSpec, x: str, norm: object) -> tuple[str, int]:
+    """DeepSeek-V2/V3 multi-head latent attention as transformers writes it.
+
+    Queries through ``q_a_proj -> q_a_layernorm -> q_b_proj`` (or ``q_proj``); keys and
+    values from the shared latent ``kv_a_proj_with_mqa`` (``kv_lora_rank`` + the decoupled
+    RoPE key), normalized and expanded by ``kv_b_proj`` to every head; the RoPE part of the
+    key is shared by all heads and expanded; ``cat`` builds the full query and key of
+    ``qk_nope + qk_rope`` per head. Returns the attention output and its width.
+    """
+    tokens, h, heads = net.ctx.tokens, m.hidden_size, m.num_attention_heads
+    nope, rope, vdim = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+    norm_fn = norm  # rms_norm or layer_norm of the layer
+    if m.q_lora_rank:
+        qa = net.linear(x, h, m.q_lora_rank, "attention", "q_a_proj")
+        qa = norm_fn(qa, m.q_lora_rank)  # type: ignore[operator]
+        q = net.linear(qa, m.q_lora_rank, heads * (nope + rope), "attention", "q_b_proj")
+    else:
+        q = net.linear(x, h, heads * (nope + rope), "attention", "q_proj")
+    kv = net.linear(x, h, m.kv_lora_rank + rope, "attention", "kv_a_proj")
+    latent = net.unary("split_latent", kv, elems=tokens * m.kv_lora_rank)
+    k_rot = net.unary("split_rope", kv, elems=tokens * rope)
+    latent = norm_fn(latent, m.kv_lora_rank)  # type: ignore[operator]
+    kvb = net.linear(latent, m.kv_lora_rank, heads * (nope + vdim), "attention", "kv_b_proj")
+    v = net.unary("split_v", kvb, elems=tokens * heads * vdim)
+    q_rot = _rope(net, net.unary("split_q_rope", q, elems=tokens * heads * rope))
+    k_rot = _rope(net, k_rot)
+    query = net.binary("cat", q, q_rot, elems=tokens * heads * (nope + rope))
+    key = net.binary("cat", kvb, k_rot, elems=tokens * heads * (nope + rope))
+    attn = net.attention(query, key, v, heads, heads, vdim, causal=True)
+    return attn, heads * vdim
 
 
 def _rope(net: Net, t: str) -> str:
