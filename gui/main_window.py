@@ -317,6 +317,8 @@ class MainWindow(QMainWindow):
     # -- reacting to the store -----------------------------------------------------------
     @Slot(object)
     def on_estimate(self, est: Estimate) -> None:
+        # the what-if bar, which hears the store first, has already redrawn the chart with
+        # the new ghosts; this call is then a no-op
         self.chart.set_estimates(est, self._ghosts)
         self.fill_table(est)
         self.summary.setText(
@@ -337,19 +339,22 @@ class MainWindow(QMainWindow):
         self.error_label.setVisible(bool(message))
 
     def fill_table(self, est: Estimate) -> None:
+        """One row per item; cells are reused, only their texts change."""
         self.table.setRowCount(len(est.items))
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         for row, item in enumerate(est.items):
-            gib = QTableWidgetItem(f"{item.bytes / GIB:,.3f}")
-            gib.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-            cells = (
-                QTableWidgetItem(item.name),
-                QTableWidgetItem(item.category),
-                gib,
-                QTableWidgetItem(item.formula),
-            )
-            for col, cell in enumerate(cells):
-                cell.setToolTip(item.source)
-                self.table.setItem(row, col, cell)
+            texts = (item.name, item.category, f"{item.bytes / GIB:,.3f}", item.formula)
+            for col, text in enumerate(texts):
+                cell = self.table.item(row, col)
+                if cell is None:
+                    cell = QTableWidgetItem()
+                    if col == 2:
+                        cell.setTextAlignment(right)
+                    self.table.setItem(row, col, cell)
+                if cell.text() != text:
+                    cell.setText(text)
+                if cell.toolTip() != item.source:
+                    cell.setToolTip(item.source)
 
     @Slot()
     def update_title(self, *_: object) -> None:
