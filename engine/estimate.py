@@ -16,12 +16,14 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, overhead
 from engine.params import model_tensors
+from engine.sharding import Mesh, make_mesh, shard
 from engine.specs import Scenario
 from engine.timeline import Point, Timeline, step_timeline
 
@@ -55,6 +57,10 @@ class Estimate:
     warnings: tuple[str, ...] = ()
     #: the step as a sequence of moments, for charts (see engine.timeline)
     timeline: tuple[Point, ...] = ()
+    nvme_bytes: int = 0
+    #: what offload keeps in host memory or on NVMe, per GPU
+    host_items: tuple[MemoryItem, ...] = ()
+    mesh: Mesh | None = None
 
     @property
     def verdict(self) -> str:
@@ -112,6 +118,11 @@ class Estimate:
                 "formula": self.bytes_per_param_formula,
             },
             "host_bytes": self.host_bytes,
+            "nvme_bytes": self.nvme_bytes,
+            "host_items": [
+                {"name": i.name, "category": i.category, "bytes": i.bytes} for i in self.host_items
+            ],
+            "mesh": dataclasses.asdict(self.mesh) if self.mesh else None,
             "ranks": [{"group": "all", "ranks": self.scenario.hardware.world_size, **totals}],
             "not_modelled": list(self.not_modelled),
             "warnings": list(self.warnings),
@@ -134,25 +145,29 @@ class Estimate:
 def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     """The parts of this scenario's step that the estimate leaves out, in words."""
     notes = list(NOT_MODELLED)
-    training = scenario.training
-    if not training.parallelism.is_trivial:
-        p = training.parallelism
+    p = scenario.training.parallelism
+    if (p.tp, p.pp, p.cp, p.ep) != (1, 1, 1, 1):
         notes.append(
-            f"parallelism (tp={p.tp}, pp={p.pp}, cp={p.cp}, ep={p.ep}, "
-            f"zero_stage={p.zero_stage}): figures are for one unsharded replica"
+            f"tensor/pipeline/context/expert parallelism (tp={p.tp}, pp={p.pp}, cp={p.cp}, "
+            f"ep={p.ep}): the mesh is checked and data-parallel sharding applied, but weights "
+            f"and activations are not split yet"
         )
-    if not training.offload.is_trivial:
-        notes.append("offload to host or NVMe: figures keep everything on the device")
+    if scenario.hardware.world_size > 1:
+        notes.append("NCCL communicator and reduce-scatter buffers")
     return tuple(notes)
 
 
 def estimate(scenario: Scenario) -> Estimate:
     """Estimate the per-GPU memory of one training step of ``scenario``."""
     model, training = scenario.model, scenario.training
-    state = model_state(model, training)
-    timeline = step_timeline(model, training, state)
+    mesh = make_mesh(scenario)
+    sharded = shard(model_state(model, training), scenario, mesh)
+    state = sharded.state
+    timeline = step_timeline(
+        model, training, state, sharded.grad_share, sharded.optimizer_share, sharded.gathered
+    )
     peak = timeline.peak
-    items = _items_at_peak(state, timeline)
+    items = _items_at_peak(state, timeline, sharded.gathered)
     allocated = sum(i.bytes for i in items)
     large_blocks = sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
     extra = overhead(scenario.hardware.gpu.architecture, large_blocks, peak.activations)
@@ -200,7 +215,10 @@ def estimate(scenario: Scenario) -> Estimate:
         peak_layer=peak.layer,
         total_params=state.total_params,
         trainable_params=state.trainable_params,
-        host_bytes=0,
+        host_bytes=sum(i.bytes for i in sharded.host),
+        nvme_bytes=sum(i.bytes for i in sharded.nvme),
+        host_items=sharded.host + sharded.nvme,
+        mesh=mesh,
         bytes_per_trainable_param=state.bytes_per_trainable_param,
         bytes_per_frozen_param=state.bytes_per_frozen_param,
         bytes_per_param_formula=state.bytes_per_param_formula,
@@ -210,11 +228,21 @@ def estimate(scenario: Scenario) -> Estimate:
     )
 
 
-def _items_at_peak(state: ModelState, timeline: Timeline) -> list[MemoryItem]:
+def _items_at_peak(state: ModelState, timeline: Timeline, gathered: int) -> list[MemoryItem]:
     """The named items live at the peak; they add up to the allocated bytes."""
     peak = timeline.peak
     items = [i for i in state.items if i.category in ("parameters", "overhead")]
-    if timeline.autocast_copies:
+    if timeline.autocast_copies and gathered:
+        items.append(
+            MemoryItem(
+                "gathered parameter units (current + prefetched layer, 16-bit)",
+                "parameters",
+                timeline.autocast_copies,
+                "2 layers x 2 B per parameter",
+                "ZeRO-3 / FSDP FULL_SHARD all-gather with prefetch",
+            )
+        )
+    elif timeline.autocast_copies:
         items.append(
             MemoryItem(
                 "autocast weight copies (16-bit)",

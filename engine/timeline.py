@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 from engine.graph import SAMPLES, Block, BlockResult, Profile, profile
@@ -148,8 +149,22 @@ def _blocks(
     )
 
 
-def step_timeline(model: ModelSpec, training: TrainingSpec, state: ModelState) -> Timeline:
-    """Play one step; see the module docstring for what happens when."""
+def step_timeline(
+    model: ModelSpec,
+    training: TrainingSpec,
+    state: ModelState,
+    grad_share: Fraction = Fraction(1),
+    optimizer_share: Fraction = Fraction(1),
+    gathered: int = 0,
+) -> Timeline:
+    """Play one step; see the module docstring for what happens when.
+
+    With data-parallel sharding (:mod:`engine.sharding`) ``state`` is this rank's share,
+    ``grad_share`` the share of each gradient kept as backward produces it (ZeRO-2/3
+    reduce-scatter the rest away), ``optimizer_share`` the share of the optimizer's
+    temporaries, and ``gathered`` the all-gathered parameter units of ZeRO-3 live during
+    forward and backward.
+    """
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
     trains_embeddings = training.method == "full" or (
@@ -173,6 +188,12 @@ def step_timeline(model: ModelSpec, training: TrainingSpec, state: ModelState) -
     points: list[Point] = []
 
     def add(phase: str, layer: int | None, label: str, p: int, g: int, o: int, a: int) -> None:
+        if phase in ("forward", "backward"):
+            if gathered:
+                # ZeRO-3/FSDP gathers each unit in the compute dtype and frees it after use:
+                # those gathered units replace autocast's copies
+                p = params + gathered
+            g = int(g * grad_share)
         points.append(Point(phase, layer, label, p, g, o, a))
 
     add("before", None, "weights and optimizer states", params, 0, opt_states, 0)
@@ -298,7 +319,7 @@ def step_timeline(model: ModelSpec, training: TrainingSpec, state: ModelState) -
     grads = state.category_bytes("gradients")
 
     # optimizer
-    temp = optimizer_temporaries(model, training, state)
+    temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
     add("optimizer", None, "optimizer step", params, grads, opt_states + temp, 0)
     add("optimizer", None, "after zero_grad", params, 0, opt_states, 0)
     peak = max(points, key=lambda p: p.total)

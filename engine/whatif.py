@@ -42,6 +42,23 @@ def _eight_bit(t: TrainingSpec) -> TrainingSpec | None:
     return None
 
 
+def _zero3(t: TrainingSpec) -> TrainingSpec | None:
+    if t.parallelism.zero_stage == 3:
+        return None
+    return dataclasses.replace(t, parallelism=dataclasses.replace(t.parallelism, zero_stage=3))
+
+
+def _cpu_offload(t: TrainingSpec) -> TrainingSpec | None:
+    if t.offload.optimizer != "none":
+        return None
+    stage = max(1, t.parallelism.zero_stage)
+    return dataclasses.replace(
+        t,
+        parallelism=dataclasses.replace(t.parallelism, zero_stage=stage),
+        offload=dataclasses.replace(t.offload, optimizer="cpu"),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class WhatIf:
     """One change to a scenario; ``compute_factor`` is the step time relative to before."""
@@ -96,6 +113,20 @@ WHATIFS: tuple[WhatIf, ...] = (
         _set(optimizer_impl="fused"),
         1.0,
         "a slightly faster optimizer step",
+    ),
+    WhatIf(
+        "zero3",
+        "ZeRO-3 / FSDP",
+        _zero3,
+        1.1,
+        "parameters gathered layer by layer: 1.5x the data-parallel traffic (ZeRO, sec. 7)",
+    ),
+    WhatIf(
+        "cpu-offload",
+        "CPU offload",
+        _cpu_offload,
+        1.3,
+        "optimizer step on the CPU; gradients and weights cross PCIe every step",
     ),
     WhatIf(
         "flash-attention",

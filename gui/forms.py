@@ -97,6 +97,7 @@ class FormPanel(QGroupBox):
         super().__init__(title, parent)
         self.store = store
         self.rows: dict[str, Row] = {}
+        self._last_row: Row | None = None  # the row the user edited last
         outer = QVBoxLayout(self)
         outer.setContentsMargins(8, 8, 8, 8)
         self.header = QVBoxLayout()
@@ -253,6 +254,7 @@ class FormPanel(QGroupBox):
             self.show_error(exc.field, str(exc), fallback=row)
             return
         self.clear_errors()
+        self._last_row = row
         self.store.edit(scenario, f"Change {row.label.rstrip(':')}")
 
     @Slot(object)
@@ -295,6 +297,10 @@ class FormPanel(QGroupBox):
             self.clear_errors()
             return
         field = message.split(": ", 1)[0]
+        last = self._last_row
+        if field not in self.rows and last is not None and last.path.startswith(field + "."):
+            self.show_error(last.path, message.replace(field + ": ", last.path + ": ", 1))
+            return
         self.show_error(field, message)
 
 

@@ -395,6 +395,43 @@ class TrainingPanel(FormPanel):
             training_field("attention"),
         )
         self.add_combo(
+            "training.parallelism.zero_stage",
+            "ZeRO / FSDP",
+            [
+                ("none (DDP: every GPU holds everything)", 0),
+                ("ZeRO-1: optimizer states sharded", 1),
+                ("ZeRO-2 / FSDP SHARD_GRAD_OP: + gradients", 2),
+                ("ZeRO-3 / FSDP FULL_SHARD: + parameters", 3),
+            ],
+            training_field("parallelism.zero_stage"),
+            "Shard the model state over the data-parallel GPUs (Rajbhandari et al. 2020)",
+        )
+        for name, label in (
+            ("tp", "Tensor parallel"),
+            ("pp", "Pipeline parallel"),
+            ("cp", "Context parallel"),
+            ("ep", "Expert parallel"),
+        ):
+            self.add_spin(
+                f"training.parallelism.{name}",
+                label,
+                1,
+                65536,
+                training_field(f"parallelism.{name}"),
+                f"{label} size; tp x pp x cp must divide the GPU count",
+            )
+        for name, label in (
+            ("optimizer", "Offload optimizer"),
+            ("parameters", "Offload parameters"),
+        ):
+            self.add_combo(
+                f"training.offload.{name}",
+                label,
+                [("no", "none"), ("to CPU", "cpu"), ("to NVMe", "nvme")],
+                training_field(f"offload.{name}"),
+                "ZeRO-Offload / ZeRO-Infinity; parameters need ZeRO-3",
+            )
+        self.add_combo(
             "training.loss",
             "Loss",
             [

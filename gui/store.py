@@ -112,14 +112,14 @@ class ScenarioStore(QObject):
         try:
             result = estimate(scenario)
         except EstimateError as exc:
-            self._set_error(str(exc))
-        else:
-            self._set_error("")
-            self._estimate = result
+            # the panels follow the scenario first, then hear what is wrong with it
             self.scenarioChanged.emit(scenario)
-            self.estimateChanged.emit(result)
+            self._set_error(str(exc))
             return
+        self._set_error("")
+        self._estimate = result
         self.scenarioChanged.emit(scenario)
+        self.estimateChanged.emit(result)
 
     def _set_error(self, message: str) -> None:
         if message != self._error:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QToolButton, QWidget
 
 from engine.estimate import GIB, Estimate
 from engine.specs import Scenario
 from engine.whatif import WHATIFS, WhatIfResult, evaluate
 from gui.chart import Ghost
 from gui.store import ScenarioStore
+
+#: toggles per row of the what-if bar, so that it fits a 1280-pixel window
+PER_ROW = 5
 
 
 def saving_note(result: WhatIfResult) -> str:
@@ -31,17 +34,18 @@ class WhatIfBar(QWidget):
         super().__init__(parent)
         self.store = store
         self.results: dict[str, WhatIfResult] = {}
-        layout = QHBoxLayout(self)
+        layout = QGridLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(4)
+        layout.setHorizontalSpacing(4)
+        layout.setVerticalSpacing(2)
         title = QLabel("What if:")
         title.setToolTip(
             "Each toggle adds a ghost bar: the estimate with that change alone. "
             "Double-click a ghost bar (or Apply) to make it current."
         )
-        layout.addWidget(title)
+        layout.addWidget(title, 0, 0)
         self.buttons: dict[str, QToolButton] = {}
-        for whatif in WHATIFS:
+        for index, whatif in enumerate(WHATIFS):
             button = QToolButton()
             button.setText(whatif.label)
             button.setCheckable(True)
@@ -53,8 +57,9 @@ class WhatIfBar(QWidget):
             button.setAccessibleName(f"What if: {whatif.label}")
             button.toggled.connect(self.update_ghosts)
             self.buttons[whatif.key] = button
-            layout.addWidget(button)
-        layout.addStretch(1)
+            row, col = divmod(index, PER_ROW)
+            layout.addWidget(button, row, col + 1)
+        layout.setColumnStretch(PER_ROW + 1, 1)
         store.estimateChanged.connect(self.update_ghosts)
         self.update_ghosts()
 

@@ -341,3 +341,21 @@ def test_overhead_tooltip_lists_its_parts(window: MainWindow) -> None:
     tip = window.chart.tooltip_at(0, top + est.breakdown["overhead"] / 2**31)
     for part in ("allocator fragmentation", "CUDA context", "cuBLAS workspace"):
         assert part in tip
+
+
+def test_parallelism_controls_and_mesh_errors(window: MainWindow) -> None:
+    rows = window.training_panel.rows
+    window.hardware_panel.rows["hardware.gpus_per_node"].widget.setValue(8)
+    zero = rows["training.parallelism.zero_stage"].widget
+    zero.setCurrentIndex(zero.findData(3))
+    assert window.store.scenario.training.parallelism.zero_stage == 3
+    before = window.store.estimate
+    rows["training.parallelism.tp"].widget.setValue(3)  # does not divide 8 GPUs
+    assert window.store.estimate is before
+    tp_row = rows["training.parallelism.tp"]
+    assert not tp_row.error.isHidden() and "must divide the 8 GPUs" in tp_row.error.text()
+    rows["training.parallelism.tp"].widget.setValue(2)
+    assert window.store.error == ""
+    offload = rows["training.offload.optimizer"].widget
+    offload.setCurrentIndex(offload.findData("cpu"))
+    assert window.store.estimate.host_bytes > 0

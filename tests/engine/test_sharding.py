@@ -1,0 +1,114 @@
+"""Data-parallel sharding (ZeRO / FSDP), offload and the mesh, against hand-derived values."""
+
+import dataclasses
+
+import pytest
+
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.model_state import model_state
+from engine.presets import load_gpu, load_model
+from engine.sharding import make_mesh, shard
+from engine.specs import (
+    HardwareSpec,
+    OffloadSpec,
+    ParallelismSpec,
+    Scenario,
+    TrainingSpec,
+)
+
+N = 8_030_261_248  # Llama 3 8B
+
+
+def scenario(
+    gpus: int = 8, zero: int = 0, offload: OffloadSpec | None = None, **parallel: int
+) -> Scenario:
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=gpus),
+        TrainingSpec(
+            method="full",
+            micro_batch_size=1,
+            sequence_length=2048,
+            parallelism=ParallelismSpec(zero_stage=zero, **parallel),
+            offload=offload or OffloadSpec(),
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("zero", "params", "grads", "states"),
+    [
+        # bf16-mixed AdamW: 4 B weights, 4 B gradients, 8 B states per parameter
+        (0, 4 * N, 4 * N, 8 * N),
+        (1, 4 * N, 4 * N, 8 * N // 8),
+        (2, 4 * N, 4 * N // 8, 8 * N // 8),
+        (3, 4 * N // 8, 4 * N // 8, 8 * N // 8),
+    ],
+)
+def test_zero_stages_shard_what_the_paper_says(
+    zero: int, params: int, grads: int, states: int
+) -> None:
+    s = scenario(zero=zero)
+    sharded = shard(model_state(s.model, s.training), s, make_mesh(s))
+    assert sharded.state.category_bytes("parameters") == params
+    assert sharded.state.category_bytes("gradients") == grads
+    assert sharded.state.category_bytes("optimizer_states") == states
+
+
+def test_more_sharding_never_increases_the_per_gpu_peak() -> None:
+    totals = [estimate(scenario(zero=z)).allocated_bytes for z in (0, 1, 2, 3)]
+    assert totals == sorted(totals, reverse=True)
+    assert (
+        estimate(scenario(gpus=8, zero=3)).allocated_bytes
+        < estimate(scenario(gpus=2, zero=3)).allocated_bytes
+    )
+
+
+def test_zero3_holds_two_gathered_layers_in_16_bit() -> None:
+    s = scenario(zero=3)
+    sharded = shard(model_state(s.model, s.training), s, make_mesh(s))
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert sharded.gathered == 2 * 2 * layer
+
+
+def test_optimizer_offload_moves_states_and_gradients_to_the_host() -> None:
+    est = estimate(scenario(zero=2, offload=OffloadSpec(optimizer="cpu")))
+    assert est.breakdown["optimizer_states"] == 0 and est.breakdown["gradients"] == 0
+    assert est.host_bytes == 8 * N // 8 + 4 * N // 8
+    nvme = estimate(scenario(zero=3, offload=OffloadSpec(optimizer="nvme", parameters="nvme")))
+    assert nvme.nvme_bytes == 8 * N // 8 + 4 * N // 8
+    assert nvme.breakdown["parameters"] < 4 * N // 8  # only the gathered units stay
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"tp": 3}, "training.parallelism"),  # 3 does not divide 8 GPUs
+        ({"tp": 8, "gpus": 16}, "training.parallelism.tp"),  # KV heads 8 ok, heads 32 ok
+        ({"pp": 8, "gpus": 8}, None),  # 32 layers / 8 stages is fine
+        ({"pp": 6, "gpus": 12}, "training.parallelism.pp"),  # 32 layers / 6
+        ({"ep": 2}, "training.parallelism.ep"),  # dense model
+    ],
+)
+def test_mesh_errors_name_the_field(kwargs: dict, field: str | None) -> None:
+    gpus = kwargs.pop("gpus", 8)
+    s = scenario(gpus=gpus, **kwargs)
+    if field is None or field == "training.parallelism.tp":
+        mesh = make_mesh(s)
+        assert mesh.dp * mesh.tp * mesh.pp * mesh.cp == mesh.world
+        return
+    with pytest.raises(EstimateError) as info:
+        make_mesh(s)
+    assert info.value.field == field
+
+
+def test_tp_must_divide_the_heads() -> None:
+    s = dataclasses.replace(scenario(gpus=64, tp=64), model=load_model("llama-3-8b"))
+    with pytest.raises(EstimateError, match=r"training\.parallelism\.tp: got 64"):
+        make_mesh(s)
+
+
+def test_parameter_offload_needs_zero3() -> None:
+    with pytest.raises(EstimateError, match="needs zero_stage 3"):
+        estimate(scenario(zero=2, offload=OffloadSpec(parameters="cpu")))
