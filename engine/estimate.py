@@ -23,7 +23,7 @@ from typing import Any
 from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, overhead
 from engine.params import model_tensors
-from engine.sharding import Mesh, make_mesh, shard
+from engine.sharding import Mesh, make_mesh, shard, tensor_parallel_shard
 from engine.specs import Scenario
 from engine.timeline import Point, Timeline, step_timeline
 
@@ -146,11 +146,16 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     """The parts of this scenario's step that the estimate leaves out, in words."""
     notes = list(NOT_MODELLED)
     p = scenario.training.parallelism
-    if (p.tp, p.pp, p.cp, p.ep) != (1, 1, 1, 1):
+    if (p.pp, p.cp, p.ep) != (1, 1, 1):
         notes.append(
-            f"tensor/pipeline/context/expert parallelism (tp={p.tp}, pp={p.pp}, cp={p.cp}, "
-            f"ep={p.ep}): the mesh is checked and data-parallel sharding applied, but weights "
-            f"and activations are not split yet"
+            f"pipeline/context/expert parallelism (pp={p.pp}, cp={p.cp}, ep={p.ep}): the mesh "
+            f"is checked, data-parallel and tensor-parallel sharding applied, but stages, "
+            f"sequence chunks and expert shards are not split yet"
+        )
+    if p.tp > 1:
+        notes.append(
+            "sequence parallelism (hidden-size activations are kept whole on every "
+            "tensor-parallel rank, as without it)"
         )
     if scenario.hardware.world_size > 1:
         notes.append("NCCL communicator and reduce-scatter buffers")
@@ -159,8 +164,10 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
 
 def estimate(scenario: Scenario) -> Estimate:
     """Estimate the per-GPU memory of one training step of ``scenario``."""
-    model, training = scenario.model, scenario.training
+    training = scenario.training
     mesh = make_mesh(scenario)
+    whole = model_state(scenario.model, training)
+    model = tensor_parallel_shard(scenario.model, mesh.tp)
     sharded = shard(model_state(model, training), scenario, mesh)
     state = sharded.state
     timeline = step_timeline(
@@ -213,8 +220,8 @@ def estimate(scenario: Scenario) -> Estimate:
         budget_bytes=scenario.hardware.budget_bytes,
         peak_phase=peak.phase if peak.phase != "before" else "optimizer",
         peak_layer=peak.layer,
-        total_params=state.total_params,
-        trainable_params=state.trainable_params,
+        total_params=whole.total_params,
+        trainable_params=whole.trainable_params,
         host_bytes=sum(i.bytes for i in sharded.host),
         nvme_bytes=sum(i.bytes for i in sharded.nvme),
         host_items=sharded.host + sharded.nvme,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil
 
 from engine.errors import EstimateError
@@ -252,6 +253,7 @@ def _quantizable(g: TensorGroup) -> bool:
     return is_weight and g.component not in ("embeddings", "lm_head")
 
 
+@lru_cache(maxsize=4096)
 def model_state(model: ModelSpec, training: TrainingSpec) -> ModelState:
     """Parameters, gradients and optimizer states for ``model`` trained as ``training``."""
     precision, method, opt = training.precision, training.method, training.optimizer

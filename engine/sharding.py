@@ -27,7 +27,7 @@ from fractions import Fraction
 from engine.errors import EstimateError
 from engine.model_state import MemoryItem, ModelState
 from engine.params import model_tensors
-from engine.specs import Scenario
+from engine.specs import ModelSpec, Scenario
 
 P = "training.parallelism"
 
@@ -93,6 +93,31 @@ def make_mesh(scenario: Scenario) -> Mesh:
             "training.offload.optimizer", f"got {offload.optimizer!r}, which needs zero_stage >= 1"
         )
     return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp)
+
+
+def tensor_parallel_shard(model: ModelSpec, tp: int) -> ModelSpec:
+    """What one tensor-parallel rank holds and computes (Megatron-LM, Shoeybi et al. 2019).
+
+    Attention is split by heads (column-parallel q/k/v, row-parallel output), the MLP by its
+    intermediate size, the embedding and LM head by vocabulary (vocab-parallel, so each rank
+    holds ``b s V / tp`` logits); norms stay whole. Without sequence parallelism the
+    hidden-size activations (residual stream, norm inputs and outputs) are replicated on
+    every rank, exactly as the layer simulation of this narrower model keeps them
+    (Korthikanti et al. 2022, table 2, "tensor parallel" row). Key/value heads fewer than
+    ``tp`` are replicated, one per rank.
+    """
+    if tp == 1:
+        return model
+    return replace(
+        model,
+        name=f"{model.name} (1/{tp} tensor-parallel rank)",
+        num_attention_heads=model.num_attention_heads // tp,
+        num_key_value_heads=max(1, model.num_key_value_heads // tp),
+        intermediate_size=_ceil_div(model.intermediate_size, tp),
+        moe_intermediate_size=_ceil_div(model.moe_intermediate_size, tp),
+        shared_expert_intermediate_size=_ceil_div(model.shared_expert_intermediate_size, tp),
+        vocab_size=_ceil_div(model.vocab_size, tp),
+    )
 
 
 @dataclass(frozen=True, slots=True)

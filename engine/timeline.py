@@ -187,13 +187,16 @@ def step_timeline(
     opt_states = state.category_bytes("optimizer_states")
     points: list[Point] = []
 
+    g_num, g_den = grad_share.numerator, grad_share.denominator
+
     def add(phase: str, layer: int | None, label: str, p: int, g: int, o: int, a: int) -> None:
         if phase in ("forward", "backward"):
             if gathered:
                 # ZeRO-3/FSDP gathers each unit in the compute dtype and frees it after use:
                 # those gathered units replace autocast's copies
                 p = params + gathered
-            g = int(g * grad_share)
+            if g_den != 1 or g_num != 1:
+                g = g * g_num // g_den
         points.append(Point(phase, layer, label, p, g, o, a))
 
     add("before", None, "weights and optimizer states", params, 0, opt_states, 0)

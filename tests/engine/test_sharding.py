@@ -112,3 +112,42 @@ def test_tp_must_divide_the_heads() -> None:
 def test_parameter_offload_needs_zero3() -> None:
     with pytest.raises(EstimateError, match="needs zero_stage 3"):
         estimate(scenario(zero=2, offload=OffloadSpec(parameters="cpu")))
+
+
+def test_tensor_parallel_rank_holds_its_share_of_the_weights() -> None:
+    from engine.params import count_parameters
+    from engine.sharding import tensor_parallel_shard
+
+    model = load_model("llama-3-8b")
+    rank = tensor_parallel_shard(model, 2)
+    norms = 32 * 2 * 4096 + 4096  # RMSNorm weights stay whole on every rank
+    assert count_parameters(rank).total == (N - norms) // 2 + norms
+    est = estimate(scenario(gpus=2, tp=2))
+    assert est.total_params == N  # the model's own count, not the rank's
+    assert est.breakdown["parameters"] < estimate(scenario(gpus=1)).breakdown["parameters"]
+
+
+def test_tensor_parallel_keeps_hidden_size_activations_whole() -> None:
+    from engine.graph import simulate
+    from engine.layers import Ctx, decoder_layer
+    from engine.sharding import tensor_parallel_shard
+
+    model = load_model("llama-3-8b")
+    ctx = Ctx(
+        batch=1,
+        seq=1024,
+        mode="amp",
+        attention="sdpa",
+        lora_rank=0,
+        lora_roles=frozenset(),
+        trainable=frozenset({"all"}),
+        frozen_bytes=2,
+        quantized=False,
+        dropout=0.0,
+    )
+    one = simulate(*decoder_layer(model, ctx, True, False))
+    two = simulate(*decoder_layer(tensor_parallel_shard(model, 2), ctx, True, False))
+    # Korthikanti et al. 2022, table 2: without sequence parallelism only the attention
+    # and MLP interiors split; the residual stream and norms stay whole
+    assert one.kept / 2 < two.kept < one.kept
+    assert two.output == one.output
