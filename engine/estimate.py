@@ -23,15 +23,31 @@ from typing import Any
 from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, overhead
 from engine.params import model_tensors
-from engine.sharding import Mesh, make_mesh, shard, tensor_parallel_shard
-from engine.specs import Scenario
-from engine.timeline import Point, Timeline, step_timeline
+from engine.sharding import Mesh, Sharded, make_mesh, shard, tensor_parallel_shard
+from engine.specs import ModelSpec, Scenario
+from engine.timeline import Point, Stage, Timeline, step_timeline
 
 SCHEMA_VERSION = 1
 GIB = 1 << 30
 
 #: What the step model does not include yet, in the words a user sees.
 NOT_MODELLED: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RankGroup:
+    """The totals of one distinct group of ranks (a pipeline stage)."""
+
+    group: str
+    allocated_bytes: int
+    reserved_bytes: int
+    device_bytes: int
+    peak_phase: str
+    peak_layer: int | None
+    categories: tuple[tuple[str, int], ...]
+
+    def category_bytes(self, category: str) -> int:
+        return sum(b for k, b in self.categories if k == category)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +74,9 @@ class Estimate:
     #: the step as a sequence of moments, for charts (see engine.timeline)
     timeline: tuple[Point, ...] = ()
     nvme_bytes: int = 0
+    #: every distinct rank group (pipeline stages); the headline figures are the worst's
+    rank_groups: tuple[RankGroup, ...] = ()
+    worst_group: str = "all ranks"
     #: what offload keeps in host memory or on NVMe, per GPU
     host_items: tuple[MemoryItem, ...] = ()
     mesh: Mesh | None = None
@@ -123,7 +142,20 @@ class Estimate:
                 {"name": i.name, "category": i.category, "bytes": i.bytes} for i in self.host_items
             ],
             "mesh": dataclasses.asdict(self.mesh) if self.mesh else None,
-            "ranks": [{"group": "all", "ranks": self.scenario.hardware.world_size, **totals}],
+            "worst_group": self.worst_group,
+            "ranks": [
+                {
+                    "group": r.group,
+                    "allocated_bytes": r.allocated_bytes,
+                    "reserved_bytes": r.reserved_bytes,
+                    "device_bytes": r.device_bytes,
+                    "peak_phase": r.peak_phase,
+                    "peak_layer": r.peak_layer,
+                    "breakdown": {c: r.category_bytes(c) for c in CATEGORIES},
+                }
+                for r in self.rank_groups
+            ]
+            or [{"group": "all ranks", **totals}],
             "not_modelled": list(self.not_modelled),
             "warnings": list(self.warnings),
             "timeline": [
@@ -146,11 +178,15 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     """The parts of this scenario's step that the estimate leaves out, in words."""
     notes = list(NOT_MODELLED)
     p = scenario.training.parallelism
-    if (p.pp, p.cp, p.ep) != (1, 1, 1):
+    if (p.cp, p.ep) != (1, 1):
         notes.append(
-            f"pipeline/context/expert parallelism (pp={p.pp}, cp={p.cp}, ep={p.ep}): the mesh "
-            f"is checked, data-parallel and tensor-parallel sharding applied, but stages, "
+            f"context/expert parallelism (cp={p.cp}, ep={p.ep}): the mesh is checked, but "
             f"sequence chunks and expert shards are not split yet"
+        )
+    if p.pp > 1:
+        notes.append(
+            "pipeline send/receive buffers beyond one activation, interleaved and "
+            "zero-bubble schedules (stages follow 1F1B)"
         )
     if p.tp > 1:
         notes.append(
@@ -162,22 +198,34 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def estimate(scenario: Scenario) -> Estimate:
-    """Estimate the per-GPU memory of one training step of ``scenario``."""
+@dataclass(frozen=True, slots=True)
+class _Rank:
+    """One distinct rank group's result."""
+
+    group: str
+    items: tuple[MemoryItem, ...]
+    allocated: int
+    reserved: int
+    device: int
+    timeline: Timeline
+    sharded: Sharded
+
+
+def _rank(
+    scenario: Scenario, model: ModelSpec, mesh: Mesh, part: str, stage: Stage, group: str
+) -> _Rank:
     training = scenario.training
-    mesh = make_mesh(scenario)
-    whole = model_state(scenario.model, training)
-    model = tensor_parallel_shard(scenario.model, mesh.tp)
-    sharded = shard(model_state(model, training), scenario, mesh)
+    sharded = shard(model_state(model, training, part), scenario, mesh)
     state = sharded.state
     timeline = step_timeline(
-        model, training, state, sharded.grad_share, sharded.optimizer_share, sharded.gathered
+        model, training, state, sharded.grad_share, sharded.optimizer_share, sharded.gathered, stage
     )
     peak = timeline.peak
     items = _items_at_peak(state, timeline, sharded.gathered)
     allocated = sum(i.bytes for i in items)
     large_blocks = sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
-    extra = overhead(scenario.hardware.gpu.architecture, large_blocks, peak.activations)
+    arch = scenario.hardware.gpu.architecture
+    extra = overhead(arch, large_blocks, peak.activations)
     items += [
         MemoryItem(
             "allocator rounding (2 MiB blocks)",
@@ -197,7 +245,7 @@ def estimate(scenario: Scenario) -> Estimate:
             "CUDA context",
             "overhead",
             extra.context,
-            f"{extra.context >> 20} MiB for {scenario.hardware.gpu.architecture}",
+            f"{extra.context >> 20} MiB for {arch}",
             "engine.overhead.CONTEXT_MIB",
         ),
         MemoryItem(
@@ -209,13 +257,52 @@ def estimate(scenario: Scenario) -> Estimate:
         ),
     ]
     reserved = allocated + extra.reserved_extra
-    device = reserved + extra.device_extra
+    return _Rank(
+        group, tuple(items), allocated, reserved, reserved + extra.device_extra, timeline, sharded
+    )
+
+
+def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:
+    """Every distinct pipeline stage (one group when pp = 1)."""
+    tp = "any tp rank" if mesh.tp > 1 else ""
+    if mesh.pp == 1:
+        return [
+            _rank(scenario, model, mesh, "all", Stage(), "all ranks" + (f" ({tp})" if tp else ""))
+        ]
+    per = model.num_layers // mesh.pp
+    micro = scenario.training.gradient_accumulation_steps
+    out = []
+    for s in range(mesh.pp):
+        dense = min(per, max(0, model.first_dense_layers - s * per))
+        stage_model = dataclasses.replace(model, num_layers=per, first_dense_layers=dense)
+        part = "first" if s == 0 else "last" if s == mesh.pp - 1 else "middle"
+        stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=min(mesh.pp - s, micro))
+        name = f"pp stage {s}" + (f", {tp}" if tp else "")
+        out.append(_rank(scenario, stage_model, mesh, part, stage, name))
+    return out
+
+
+def estimate(scenario: Scenario) -> Estimate:
+    """Estimate the per-GPU memory of one training step of ``scenario``.
+
+    With pipeline parallelism every stage is estimated (1F1B schedule: stage ``s`` keeps
+    ``min(pp - s, m)`` micro-batches in flight); the worst stage is the headline and decides
+    the verdict, and ``ranks`` lists them all.
+    """
+    training = scenario.training
+    mesh = make_mesh(scenario)
+    whole = model_state(scenario.model, training)
+    model = tensor_parallel_shard(scenario.model, mesh.tp)
+    ranks = _stages(scenario, model, mesh)
+    worst = max(ranks, key=lambda r: r.device)
+    peak = worst.timeline.peak
+    state, sharded = worst.sharded.state, worst.sharded
     return Estimate(
         scenario=scenario,
-        items=tuple(items),
-        allocated_bytes=allocated,
-        reserved_bytes=reserved,
-        device_bytes=device,
+        items=worst.items,
+        allocated_bytes=worst.allocated,
+        reserved_bytes=worst.reserved,
+        device_bytes=worst.device,
         capacity_bytes=scenario.hardware.capacity_bytes,
         budget_bytes=scenario.hardware.budget_bytes,
         peak_phase=peak.phase if peak.phase != "before" else "optimizer",
@@ -231,7 +318,20 @@ def estimate(scenario: Scenario) -> Estimate:
         bytes_per_param_formula=state.bytes_per_param_formula,
         not_modelled=not_modelled(scenario),
         warnings=state.warnings,
-        timeline=timeline.points,
+        timeline=worst.timeline.points,
+        rank_groups=tuple(
+            RankGroup(
+                r.group,
+                r.allocated,
+                r.reserved,
+                r.device,
+                r.timeline.peak.phase,
+                r.timeline.peak.layer,
+                tuple((i.category, i.bytes) for i in r.items),
+            )
+            for r in ranks
+        ),
+        worst_group=worst.group,
     )
 
 

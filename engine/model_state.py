@@ -253,14 +253,30 @@ def _quantizable(g: TensorGroup) -> bool:
     return is_weight and g.component not in ("embeddings", "lm_head")
 
 
+def _on_stage(g: TensorGroup, model: ModelSpec, stage: str) -> bool:
+    """Whether a tensor outside the blocks lives on a pipeline ``stage``: the embedding on
+    the first, the final norm and LM head on the last (with a copy of tied embeddings,
+    as Megatron keeps one there for the head)."""
+    if g.layers is not None or stage == "all":
+        return True
+    if g.component == "embeddings":
+        tied_copy = model.tie_word_embeddings and g.module == "embed_tokens.weight"
+        return stage == "first" or (stage == "last" and tied_copy)
+    return stage == "last"
+
+
 @lru_cache(maxsize=4096)
-def model_state(model: ModelSpec, training: TrainingSpec) -> ModelState:
-    """Parameters, gradients and optimizer states for ``model`` trained as ``training``."""
+def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") -> ModelState:
+    """Parameters, gradients and optimizer states for ``model`` trained as ``training``.
+
+    ``stage`` ("first", "middle", "last") keeps only what a pipeline stage holds outside
+    its blocks (see :func:`_on_stage`); "all" is the whole model.
+    """
     precision, method, opt = training.precision, training.method, training.optimizer
     t_dtype, f_dtype = trainable_dtype(precision), frozen_dtype(precision)
     t_bytes, f_bytes = DTYPE_BYTES[t_dtype], DTYPE_BYTES[f_dtype]
     cuts = (model.num_layers - training.freeze.last_layers,) if method == "freeze" else ()
-    base = model_tensors(model, cuts)
+    base = tuple(g for g in model_tensors(model, cuts) if _on_stage(g, model, stage))
 
     trainable: list[TensorGroup] = []
     frozen: list[TensorGroup] = []

@@ -149,6 +149,17 @@ def _blocks(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A pipeline stage: does it hold the embedding, the LM head and loss, and how many
+    micro-batches' activations does it keep at once (1F1B: ``min(pp - s, m)`` for stage
+    ``s`` of ``pp`` with ``m`` micro-batches, Narayanan et al. 2021)."""
+
+    first: bool = True
+    last: bool = True
+    inflight: int = 1
+
+
 def step_timeline(
     model: ModelSpec,
     training: TrainingSpec,
@@ -156,6 +167,7 @@ def step_timeline(
     grad_share: Fraction = Fraction(1),
     optimizer_share: Fraction = Fraction(1),
     gathered: int = 0,
+    stage: Stage = Stage(),
 ) -> Timeline:
     """Play one step; see the module docstring for what happens when.
 
@@ -167,8 +179,9 @@ def step_timeline(
     """
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
-    trains_embeddings = training.method == "full" or (
-        training.method == "freeze" and "embeddings" in training.freeze.trainable
+    trains_embeddings = stage.first and (
+        training.method == "full"
+        or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
     )
     mode, k = training.activation_checkpointing, training.checkpoint_every_k
     # full: every layer; every-k-layers: layers 0, k, 2k, ... (Chen et al. 2016's sqrt(n)
@@ -178,7 +191,8 @@ def step_timeline(
     ]
     checkpointing = any(ckpt)
     # with checkpointing, HF makes the embedding output require grad (LoRA included)
-    embed_grad = trains_embeddings or checkpointing
+    # a later pipeline stage receives activations that require grad
+    embed_grad = trains_embeddings or checkpointing or not stage.first
     (dense, dense_copies), moe_res, (first, first_copies), (head, head_copies) = _blocks(
         model, ctx, training.loss == "chunked", embed_grad
     )
@@ -188,6 +202,7 @@ def step_timeline(
     points: list[Point] = []
 
     g_num, g_den = grad_share.numerator, grad_share.denominator
+    waiting = 0  # activations of the other in-flight micro-batches (set after forward)
 
     def add(phase: str, layer: int | None, label: str, p: int, g: int, o: int, a: int) -> None:
         if phase in ("forward", "backward"):
@@ -197,6 +212,7 @@ def step_timeline(
                 p = params + gathered
             if g_den != 1 or g_num != 1:
                 g = g * g_num // g_den
+            a += waiting
         points.append(Point(phase, layer, label, p, g, o, a))
 
     add("before", None, "weights and optimizer states", params, 0, opt_states, 0)
@@ -221,12 +237,15 @@ def step_timeline(
     # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
     # and the layer's own peak (its input, the previous output, included)
     fixed = base_act + mask
-    # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and the
-    # dropout mask (1 byte per element) of GPT-2 and BERT
-    kept_act = (tokens * h * ctx.res + 8 * tokens) * model.embedding_norm
-    kept_act += tokens * h if model.hidden_dropout > 0 else 0
+    kept_act = 0
+    if stage.first:
+        # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and the
+        # dropout mask (1 byte per element) of GPT-2 and BERT
+        kept_act = (tokens * h * ctx.res + 8 * tokens) * model.embedding_norm
+        kept_act += tokens * h if model.hidden_dropout > 0 else 0
     copies = 0
-    add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out)
+    if stage.first:
+        add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out)
     for i, (res, c) in enumerate(layers):
         add(
             "forward",
@@ -240,10 +259,13 @@ def step_timeline(
         # checkpointing keeps only the layer's input; autocast's cache keeps the copies
         kept_act += tokens * h * ctx.res if ckpt[i] else res.kept - c
         copies += c
+    if not stage.last:  # the output goes to the next stage; its gradient comes back
+        head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
+        head_copies = 0
     add(
         "forward",
         None,
-        "LM head and loss",
+        "LM head and loss" if stage.last else "send to the next stage",
         params + copies + head_copies,
         0,
         opt_states,
@@ -251,6 +273,17 @@ def step_timeline(
     )
     copies += head_copies
     held = head.held
+    # 1F1B: while this micro-batch runs, the stage still keeps what the earlier in-flight
+    # micro-batches saved, plus a receive buffer for the next input from the previous stage
+    recv = 0 if stage.first else embed_out
+    waiting = (stage.inflight - 1) * (kept_act + held) + recv
+    if waiting:
+        points[:] = [
+            dataclasses.replace(p, activations=p.activations + waiting)
+            if p.phase == "forward"
+            else p
+            for p in points
+        ]
     # the cache is cleared when autocast exits, at the end of forward: the copies of
     # checkpointed layers go (they are made again in the recomputation)
     copies -= sum(c for (_, c), on in zip(layers, ckpt, strict=True) if on)
@@ -261,7 +294,7 @@ def step_timeline(
     add(
         "backward",
         None,
-        "loss and LM head",
+        "loss and LM head" if stage.last else "gradient from the next stage",
         params + copies,
         grads,
         opt_states,

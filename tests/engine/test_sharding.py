@@ -151,3 +151,40 @@ def test_tensor_parallel_keeps_hidden_size_activations_whole() -> None:
     # and MLP interiors split; the residual stream and norms stay whole
     assert one.kept / 2 < two.kept < one.kept
     assert two.output == one.output
+
+
+def test_pipeline_stages_first_holds_the_most_activations() -> None:
+    s = Scenario(
+        load_model("llama-2-13b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=4),
+        TrainingSpec(
+            method="full",
+            micro_batch_size=2,
+            sequence_length=4096,
+            gradient_accumulation_steps=8,
+            optimizer_impl="fused",
+            parallelism=ParallelismSpec(pp=4),
+        ),
+    )
+    est = estimate(s)
+    groups = {r.group: dict(r.categories) for r in est.rank_groups}
+    assert list(groups) == [f"pp stage {i}" for i in range(4)]
+    acts = [
+        sum(v for k, v in groups[f"pp stage {i}"].items() if k == "activations") for i in range(4)
+    ]
+    # 1F1B: stage s keeps min(pp - s, m) micro-batches in flight (Narayanan et al. 2021)
+    assert acts[0] > acts[1] > acts[2]
+    assert est.worst_group == "pp stage 0"
+    assert est.device_bytes == max(r.device_bytes for r in est.rank_groups)
+
+
+def test_pipeline_stage_weights_split_the_layers() -> None:
+    s = scenario(gpus=2, pp=2)
+    est = estimate(s)
+    weights = {r.group: r.category_bytes("parameters") for r in est.rank_groups}
+    embed = 128_256 * 4096
+    layers = (N - 2 * embed - 4096) // 2
+    # fp32 weights: stage 0 holds half the layers and the embedding, stage 1 the other
+    # half, the final norm and the LM head (peak includes autocast copies: check floors)
+    assert weights["pp stage 0"] >= 4 * (layers + embed)
+    assert weights["pp stage 1"] >= 4 * (layers + embed + 4096)
