@@ -44,10 +44,10 @@ class RankGroup:
     device_bytes: int
     peak_phase: str
     peak_layer: int | None
-    categories: tuple[tuple[str, int], ...]
+    items: tuple[MemoryItem, ...]
 
     def category_bytes(self, category: str) -> int:
-        return sum(b for k, b in self.categories if k == category)
+        return sum(i.bytes for i in self.items if i.category == category)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +327,7 @@ def estimate(scenario: Scenario) -> Estimate:
                 r.device,
                 r.timeline.peak.phase,
                 r.timeline.peak.layer,
-                tuple((i.category, i.bytes) for i in r.items),
+                r.items,
             )
             for r in ranks
         ),

@@ -7,6 +7,7 @@ them read from and write to one :class:`~gui.store.ScenarioStore`.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, QStandardPaths, Qt, Slot
@@ -319,7 +320,7 @@ class MainWindow(QMainWindow):
     def on_estimate(self, est: Estimate) -> None:
         # the what-if bar, which hears the store first, has already redrawn the chart with
         # the new ghosts; this call is then a no-op
-        self.chart.set_estimates(est, self._ghosts)
+        self.chart.set_estimates(est, self._bars(est, self._ghosts))
         self.fill_table(est)
         self.summary.setText(
             f"{est.device_bytes / GIB:,.2f} of {est.capacity_bytes / GIB:,.2f} GiB per GPU"
@@ -329,7 +330,30 @@ class MainWindow(QMainWindow):
     @Slot(list)
     def on_ghosts(self, ghosts: list[Ghost]) -> None:
         self._ghosts = ghosts
-        self.chart.set_estimates(self.store.estimate, ghosts)
+        self.chart.set_estimates(self.store.estimate, self._bars(self.store.estimate, ghosts))
+
+    @staticmethod
+    def _bars(est: Estimate, ghosts: list[Ghost]) -> list[Ghost]:
+        """The other pipeline stages as bars beside the worst one, then the what-ifs."""
+        if len(est.rank_groups) < 2:
+            return ghosts
+        stages = [
+            Ghost(
+                f"rank:{r.group}",
+                r.group,
+                dataclasses.replace(
+                    est,
+                    items=r.items,
+                    allocated_bytes=r.allocated_bytes,
+                    reserved_bytes=r.reserved_bytes,
+                    device_bytes=r.device_bytes,
+                ),
+                f"{r.device_bytes / GIB:,.1f} GiB at {r.peak_phase}",
+            )
+            for r in est.rank_groups
+            if r.group != est.worst_group
+        ]
+        return stages + list(ghosts)
 
     @Slot(str)
     def on_error(self, message: str) -> None:

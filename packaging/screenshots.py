@@ -17,7 +17,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QSettings
 
 from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui.app import make_app
 
 
@@ -47,6 +47,30 @@ def main(out: Path) -> list[Path]:
             window.grab().save(str(path))
             written.append(path)
             window.close()
+        # a cluster run: Llama 3.1 70B on 2 nodes x 8 H100, tp=8, pp=2: one bar per stage
+        cluster = Scenario(
+            load_model("llama-3.1-70b"),
+            HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=2),
+            TrainingSpec(
+                method="full",
+                micro_batch_size=1,
+                sequence_length=4096,
+                gradient_accumulation_steps=8,
+                activation_checkpointing="full",
+                optimizer_impl="fused",
+                parallelism=ParallelismSpec(tp=8, pp=2, zero_stage=1),
+            ),
+        )
+        settings = QSettings(str(Path(tmp) / "cluster.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(settings=settings, autosave=Path(tmp) / "last.json", scenario=cluster)
+        window.set_theme("light")
+        window.resize(1280, 800)
+        window.show()
+        app.processEvents()
+        path = out / "memfit-pipeline.png"
+        window.grab().save(str(path))
+        written.append(path)
+        window.close()
     return written
 
 

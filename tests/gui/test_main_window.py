@@ -359,3 +359,19 @@ def test_parallelism_controls_and_mesh_errors(window: MainWindow) -> None:
     offload = rows["training.offload.optimizer"].widget
     offload.setCurrentIndex(offload.findData("cpu"))
     assert window.store.estimate.host_bytes > 0
+
+
+def test_pipeline_stages_get_a_bar_each(make_window) -> None:  # type: ignore[no-untyped-def]
+    from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+
+    scenario = Scenario(
+        load_model("llama-3.1-70b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=2),
+        TrainingSpec(method="full", micro_batch_size=1, sequence_length=4096,
+                     gradient_accumulation_steps=8, activation_checkpointing="full",
+                     parallelism=ParallelismSpec(tp=8, pp=2, zero_stage=1)),
+    )
+    window = make_window(scenario=scenario)
+    labels = window.chart.x_labels()
+    assert len(labels) == 2  # the worst stage as "current", the other stage beside it
+    assert any("pp stage" in label for label in labels)
