@@ -367,9 +367,14 @@ def test_pipeline_stages_get_a_bar_each(make_window) -> None:  # type: ignore[no
     scenario = Scenario(
         load_model("llama-3.1-70b"),
         HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=2),
-        TrainingSpec(method="full", micro_batch_size=1, sequence_length=4096,
-                     gradient_accumulation_steps=8, activation_checkpointing="full",
-                     parallelism=ParallelismSpec(tp=8, pp=2, zero_stage=1)),
+        TrainingSpec(
+            method="full",
+            micro_batch_size=1,
+            sequence_length=4096,
+            gradient_accumulation_steps=8,
+            activation_checkpointing="full",
+            parallelism=ParallelismSpec(tp=8, pp=2, zero_stage=1),
+        ),
     )
     window = make_window(scenario=scenario)
     labels = window.chart.x_labels()
