@@ -337,6 +337,13 @@ class BreakdownChart(QWidget):
             self.note_label.hide()
 
     @Slot()
+    def _current_note(self) -> str:
+        """When ranks differ (pipeline stages): which one the current bar shows."""
+        current = self._current
+        if current is None or len(current.rank_groups) < 2:
+            return ""
+        return f"{current.worst_group} (worst)"
+
     def _update_ticks(self) -> None:
         """Tick labels under the bars, wrapped and elided to the width of one bar's slot."""
         axis = self.plot_item.getAxis("bottom")
@@ -344,7 +351,7 @@ class BreakdownChart(QWidget):
         view_width = self.plot_item.getViewBox().width()
         x0, x1 = self._x_range
         slot = view_width / (x1 - x0) * 0.9 if view_width > 0 else float("inf")
-        labels = [["current"]]
+        labels = [tick_lines("current", self._current_note(), slot, metrics)]
         labels += [tick_lines(g.label, g.note, slot, metrics) for g in self._ghosts]
         self._x_labels = ["\n".join(lines) for lines in labels]
         axis.setTicks([list(enumerate(self._x_labels))])
@@ -389,7 +396,7 @@ class BreakdownChart(QWidget):
         if cat is None or self._current is None:
             return ""
         if bar_index == 0:
-            est, title = self._current, "current"
+            est, title = self._current, " · ".join(filter(None, ("current", self._current_note())))
         else:
             ghost = self._ghosts[bar_index - 1]
             est, title = ghost.estimate, " · ".join(filter(None, (ghost.label, ghost.note)))

@@ -379,4 +379,6 @@ def test_pipeline_stages_get_a_bar_each(make_window) -> None:  # type: ignore[no
     window = make_window(scenario=scenario)
     labels = window.chart.x_labels()
     assert len(labels) == 2  # the worst stage as "current", the other stage beside it
-    assert any("pp stage" in label for label in labels)
+    worst = window.store.estimate.worst_group
+    assert labels[0].startswith("current") and worst.split(",")[0] in labels[0]
+    assert "pp stage" in labels[1]
