@@ -30,9 +30,6 @@ from engine.timeline import Point, Stage, Timeline, step_timeline
 SCHEMA_VERSION = 1
 GIB = 1 << 30
 
-#: What the step model does not include yet, in the words a user sees.
-NOT_MODELLED: tuple[str, ...] = ()
-
 
 @dataclass(frozen=True, slots=True)
 class RankGroup:
@@ -176,7 +173,7 @@ class Estimate:
 
 def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     """The parts of this scenario's step that the estimate leaves out, in words."""
-    notes = list(NOT_MODELLED)
+    notes: list[str] = []
     p = scenario.training.parallelism
     if (p.cp, p.ep) != (1, 1):
         notes.append(

@@ -285,9 +285,7 @@ class Net:
             return self.binary("mul", half, self.unary("add_1", t), saves="both")
         return self.unary(kind, x, save_in=True)
 
-    def attention(
-        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int, causal: bool
-    ) -> str:
+    def attention(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim)."""
         ctx = self.ctx
         b, s = ctx.batch, ctx.seq
@@ -296,16 +294,9 @@ class Net:
             return self._eager(q, k, v, heads, kv_heads, head_dim)
         if ctx.mode == "amp":
             q, k, v = self.cast(q, 2), self.cast(k, 2), self.cast(v, 2)
-        if kernel == "math" and kv_heads != heads:
-            k = self.unary("repeat_kv", k, elems=self.elems[q])
-            v = self.unary("repeat_kv", v, elems=self.elems[q])
         out = self.new(
             "attn", b * s * heads * head_dim, self.dtype[q], self.rg[q] or self.rg[k] or self.rg[v]
         )
-        if kernel == "math":  # materializes the s x s scores and keeps the softmax
-            probs = self.new("probs", b * heads * s * s, self.dtype[q], True)
-            self._op("sdpa_math", [q, k, v], [probs, out], saves=[q, k, v, probs])
-            return out
         rows = b * heads * (s if kernel == "flash" else -(-s // 32) * 32)
         lse = self.new("lse", rows, F32, False)
         bias = ""
@@ -389,9 +380,7 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     if not m.is_mla:
         if m.position_embedding == "rotary":
             q, k = _rope(net, q), _rope(net, k)
-        attn = net.attention(
-            q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim, causal=True
-        )
+        attn = net.attention(q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim)
     o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
     r1 = net.binary("residual", "x", o)
     n2 = norm(r1, h)
@@ -428,7 +417,7 @@ def _mla(net: Net, m: ModelSpec, x: str, norm: object) -> tuple[str, int]:
     k_rot = _rope(net, k_rot)
     query = net.binary("cat", q, q_rot, elems=tokens * heads * (nope + rope))
     key = net.binary("cat", kvb, k_rot, elems=tokens * heads * (nope + rope))
-    attn = net.attention(query, key, v, heads, heads, vdim, causal=True)
+    attn = net.attention(query, key, v, heads, heads, vdim)
     return attn, heads * vdim
 
 
@@ -510,9 +499,7 @@ def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     v = net.unary("split_v", qkv, elems=tokens * q_out)
     if m.position_embedding == "rotary":
         q, k = _rope(net, q), _rope(net, k)
-    attn = net.attention(
-        q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim, causal=True
-    )
+    attn = net.attention(q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim)
     o = net.dropout(
         net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias), m.hidden_dropout
     )
@@ -535,9 +522,7 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     q = net.linear("x", h, q_out, "attention", "q_proj", True)
     k = net.linear("x", h, q_out, "attention", "k_proj", True)
     v = net.linear("x", h, q_out, "attention", "v_proj", True)
-    attn = net.attention(
-        q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim, causal=False
-    )
+    attn = net.attention(q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim)
     o = net.dropout(net.linear(attn, q_out, h, "attention", "o_proj", True), m.hidden_dropout)
     n1 = net.layer_norm(net.binary("residual", o, "x"), h)
     up = net.linear(n1, h, m.intermediate_size, "mlp", "up_proj", True)

@@ -55,15 +55,12 @@ class Point:
 @dataclass(frozen=True, slots=True)
 class Timeline:
     points: tuple[Point, ...]
+    #: the highest point of the step
+    peak: Point
     #: named parts of the breakdown at the peak beyond the model state
     autocast_copies: int
-    activations_saved: int
     logits: int
     optimizer_temp: int
-
-    @property
-    def peak(self) -> Point:
-        return max(self.points, key=lambda p: p.total)
 
 
 def _mode(precision: str) -> str:
@@ -361,8 +358,8 @@ def step_timeline(
     peak = max(points, key=lambda p: p.total)
     return Timeline(
         tuple(points),
+        peak,
         peak.parameters - params,
-        peak.activations,
         held,
         temp if peak.phase == "optimizer" else 0,
     )
