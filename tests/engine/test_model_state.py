@@ -22,17 +22,9 @@ from engine.specs import (
     QuantSpec,
     TrainingSpec,
 )
+from tests.engine.helpers import tiny_model
 
-TINY = ModelSpec(
-    name="tiny",
-    num_layers=2,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=1000,
-)
+TINY = tiny_model()
 LAYERS = 2
 # (name, shape, per layer?) of every tensor of TINY
 BLOCK = [

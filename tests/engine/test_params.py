@@ -8,7 +8,7 @@ import pytest
 from engine.hf_config import model_from_hf_config
 from engine.params import count_parameters, model_tensors
 from engine.presets import load_model, model_names
-from engine.specs import ModelSpec
+from tests.engine.helpers import tiny_model
 
 # The totals the engine-foundation issue requires; where each is published is recorded in
 # data/published_params.json, which the next test checks row by row (44 presets).
@@ -50,19 +50,7 @@ def test_published_table_covers_many_presets() -> None:
     assert set(REQUIRED) <= {r["preset"] for r in PUBLISHED}
 
 
-def tiny(**changes: object) -> ModelSpec:
-    base: dict[str, object] = dict(
-        name="tiny",
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=1000,
-    )
-    base.update(changes)
-    return ModelSpec(**base)  # type: ignore[arg-type]
+tiny = tiny_model
 
 
 def test_components_of_a_tiny_llama_by_hand() -> None:

@@ -129,22 +129,12 @@ def test_tensor_parallel_rank_holds_its_share_of_the_weights() -> None:
 
 def test_tensor_parallel_keeps_hidden_size_activations_whole() -> None:
     from engine.graph import simulate
-    from engine.layers import Ctx, decoder_layer
+    from engine.layers import decoder_layer
     from engine.sharding import tensor_parallel_shard
+    from tests.engine.helpers import full_ctx
 
     model = load_model("llama-3-8b")
-    ctx = Ctx(
-        batch=1,
-        seq=1024,
-        mode="amp",
-        attention="sdpa",
-        lora_rank=0,
-        lora_roles=frozenset(),
-        trainable=frozenset({"all"}),
-        frozen_bytes=2,
-        quantized=False,
-        dropout=0.0,
-    )
+    ctx = full_ctx(seq=1024, mode="amp", frozen_bytes=2)
     one = simulate(*decoder_layer(model, ctx, True, False))
     two = simulate(*decoder_layer(tensor_parallel_shard(model, 2), ctx, True, False))
     # Korthikanti et al. 2022, table 2: without sequence parallelism only the attention

@@ -6,35 +6,15 @@ from engine.estimate import estimate
 from engine.graph import simulate
 from engine.layers import Ctx, decoder_layer
 from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ModelSpec, Scenario, TrainingSpec
+from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from tests.engine.helpers import full_ctx, tiny_model
 
-TINY = ModelSpec(
-    name="tiny",
-    num_layers=2,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=1000,
-)
+TINY = tiny_model(num_key_value_heads=4)
 B, S = 2, 96
 
 
 def ctx(**changes: object) -> Ctx:
-    base = Ctx(
-        batch=B,
-        seq=S,
-        mode="fp32",
-        attention="sdpa",
-        lora_rank=0,
-        lora_roles=frozenset(),
-        trainable=frozenset({"all"}),
-        frozen_bytes=4,
-        quantized=False,
-        dropout=0.0,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return full_ctx(batch=B, seq=S, **changes)
 
 
 def test_fp32_llama_layer_keeps_what_autograd_saves() -> None:

@@ -1,0 +1,38 @@
+"""Small specs the engine tests share: a tiny Llama-style model and a step context."""
+
+import dataclasses
+
+from engine.layers import Ctx
+from engine.specs import ModelSpec
+
+
+def tiny_model(**changes: object) -> ModelSpec:
+    """Two layers, hidden 64, 4 heads of 16 (2 KV heads), MLP 128, vocabulary 1000."""
+    base = ModelSpec(
+        name="tiny",
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=1000,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def full_ctx(**changes: object) -> Ctx:
+    """Full fine-tuning, no LoRA, SDPA; batch and sequence 1 unless changed."""
+    base = Ctx(
+        batch=1,
+        seq=1,
+        mode="fp32",
+        attention="sdpa",
+        lora_rank=0,
+        lora_roles=frozenset(),
+        trainable=frozenset({"all"}),
+        frozen_bytes=4,
+        quantized=False,
+        dropout=0.0,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
