@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
-from engine.overhead import FRAGMENTATION, MIB, overhead
+from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
 from engine.params import model_tensors
 from engine.sharding import Mesh, Sharded, make_mesh, shard, tensor_parallel_shard
-from engine.specs import ModelSpec, Scenario
-from engine.timeline import Point, Stage, Timeline, step_timeline
+from engine.specs import ModelSpec, Scenario, TrainingSpec
+from engine.timeline import Point, Stage, Timeline, make_ctx, step_timeline
 
 SCHEMA_VERSION = 1
 GIB = 1 << 30
@@ -42,6 +42,9 @@ class RankGroup:
     peak_phase: str
     peak_layer: int | None
     items: tuple[MemoryItem, ...]
+    #: host memory (offload) and NVMe bytes of one GPU of this group
+    host_bytes: int = 0
+    nvme_bytes: int = 0
 
     def category_bytes(self, category: str) -> int:
         return sum(i.bytes for i in self.items if i.category == category)
@@ -77,6 +80,17 @@ class Estimate:
     #: what offload keeps in host memory or on NVMe, per GPU
     host_items: tuple[MemoryItem, ...] = ()
     mesh: Mesh | None = None
+    #: host RAM one node needs for offload (every GPU of the node, worst group's share)
+    host_node_bytes: int = 0
+    #: the user's host RAM per node, when given
+    host_capacity_bytes: int | None = None
+
+    @property
+    def host_verdict(self) -> str:
+        """``fits`` / ``oom`` for host RAM per node, ``unknown`` without a host figure."""
+        if self.host_capacity_bytes is None:
+            return "unknown" if self.host_node_bytes else "fits"
+        return "fits" if self.host_node_bytes <= self.host_capacity_bytes else "oom"
 
     @property
     def verdict(self) -> str:
@@ -135,6 +149,11 @@ class Estimate:
             },
             "host_bytes": self.host_bytes,
             "nvme_bytes": self.nvme_bytes,
+            "host": {
+                "per_node_bytes": self.host_node_bytes,
+                "capacity_bytes": self.host_capacity_bytes,
+                "verdict": self.host_verdict,
+            },
             "host_items": [
                 {"name": i.name, "category": i.category, "bytes": i.bytes} for i in self.host_items
             ],
@@ -148,6 +167,8 @@ class Estimate:
                     "device_bytes": r.device_bytes,
                     "peak_phase": r.peak_phase,
                     "peak_layer": r.peak_layer,
+                    "host_bytes": r.host_bytes,
+                    "nvme_bytes": r.nvme_bytes,
                     "breakdown": {c: r.category_bytes(c) for c in CATEGORIES},
                 }
                 for r in self.rank_groups
@@ -175,24 +196,36 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     """The parts of this scenario's step that the estimate leaves out, in words."""
     notes: list[str] = []
     p = scenario.training.parallelism
-    if (p.cp, p.ep) != (1, 1):
+    if p.sequence_parallel and scenario.model.architecture == "encoder" and p.tp > 1:
+        notes.append("sequence parallelism of encoder layers (their activations stay whole)")
+    if p.ep > 1:
         notes.append(
-            f"context/expert parallelism (cp={p.cp}, ep={p.ep}): the mesh is checked, but "
-            f"sequence chunks and expert shards are not split yet"
+            "expert-parallel load imbalance beyond expert_capacity_factor; the router's "
+            "auxiliary-loss tensors"
         )
-    if p.pp > 1:
-        notes.append(
-            "pipeline send/receive buffers beyond one activation, interleaved and "
-            "zero-bubble schedules (stages follow 1F1B)"
-        )
-    if p.tp > 1:
-        notes.append(
-            "sequence parallelism (hidden-size activations are kept whole on every "
-            "tensor-parallel rank, as without it)"
-        )
-    if scenario.hardware.world_size > 1:
-        notes.append("NCCL communicator and reduce-scatter buffers")
+    if p.pp > 1 and p.pp_schedule == "zero-bubble":
+        notes.append("zero-bubble schedules other than ZB-H1 (ZB-H2/ZB-V hold about twice)")
     return tuple(notes)
+
+
+def inflight(schedule: str, pp: int, stage: int, micro: int, vpp: int = 1) -> int:
+    """Micro-batches (chunks, under the interleaved schedule) whose activations pipeline
+    stage ``stage`` of ``pp`` holds at once, with ``micro`` micro-batches per step.
+
+    * GPipe (Huang et al. 2019): all forwards before any backward: ``m``;
+    * 1F1B (PipeDream-Flush, Narayanan et al. 2021): ``min(pp - s, m)``;
+    * zero-bubble ZB-H1 (Qi et al. 2023): the 1F1B memory, by construction;
+    * interleaved 1F1B with ``v`` chunks per rank (Narayanan et al. 2021; Megatron's
+      ``forward_backward_pipelining_with_interleaving``): the warm-up runs
+      ``2 (pp - s - 1) + (v - 1) pp`` chunk forwards, plus the one in flight, at most
+      ``m v``. Stage 0 holds ``(v pp + pp - 1)`` chunks of ``L / (v pp)`` layers: the
+      ``L/pp (1 + (pp - 1)/(v pp))`` layers of Korthikanti et al. 2022, section 4.2.3.
+    """
+    if schedule == "gpipe":
+        return micro
+    if schedule == "interleaved-1f1b":
+        return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, micro * vpp)
+    return min(pp - stage, micro)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,13 +242,28 @@ class _Rank:
 
 
 def _rank(
-    scenario: Scenario, model: ModelSpec, mesh: Mesh, part: str, stage: Stage, group: str
+    scenario: Scenario,
+    model: ModelSpec,
+    mesh: Mesh,
+    part: str,
+    stage: Stage,
+    group: str,
+    chunk: ModelSpec | None = None,
 ) -> _Rank:
+    """One rank group: ``model`` is what the rank holds, ``chunk`` (interleaved pipeline)
+    the virtual stage its activations are played with."""
     training = scenario.training
-    sharded = shard(model_state(model, training, part), scenario, mesh)
+    sharded = shard(model_state(model, training, part), scenario, mesh, model)
     state = sharded.state
     timeline = step_timeline(
-        model, training, state, sharded.grad_share, sharded.optimizer_share, sharded.gathered, stage
+        chunk or model,
+        training,
+        state,
+        sharded.grad_share,
+        sharded.optimizer_share,
+        sharded.gathered,
+        stage,
+        sharded.grad_buffer,
     )
     peak = timeline.peak
     items = _items_at_peak(state, timeline, sharded.gathered)
@@ -223,6 +271,8 @@ def _rank(
     large_blocks = sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations)
+    comms = mesh.communicators()
+    nccl = nccl_bytes(comms)
     items += [
         MemoryItem(
             "allocator rounding (2 MiB blocks)",
@@ -253,43 +303,87 @@ def _rank(
             "CUBLAS_WORKSPACE_CONFIG default",
         ),
     ]
+    if nccl:
+        items.append(
+            MemoryItem(
+                "NCCL communicator buffers",
+                "overhead",
+                nccl,
+                ", ".join(f"{name} ({n})" for name, n in comms.items()),
+                "engine.overhead.nccl_bytes",
+            )
+        )
     reserved = allocated + extra.reserved_extra
-    return _Rank(
-        group, tuple(items), allocated, reserved, reserved + extra.device_extra, timeline, sharded
+    device = reserved + extra.device_extra + nccl
+    host = list(sharded.host)
+    offloaded = _offloaded_activations(chunk or model, training, stage)
+    if offloaded:
+        host.append(
+            MemoryItem(
+                "checkpointed layer inputs (offloaded to CPU, pinned)",
+                "activations",
+                offloaded,
+                f"checkpointed layers x b s h x {stage.inflight} in flight",
+                "activation checkpoint offload (torch.autograd.graph.save_on_cpu)",
+            )
+        )
+    sharded = dataclasses.replace(sharded, host=tuple(host))
+    return _Rank(group, tuple(items), allocated, reserved, device, timeline, sharded)
+
+
+def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stage) -> int:
+    """Host bytes of the checkpointed layers' inputs under activation offload."""
+    if training.offload.activations != "cpu":
+        return 0
+    ctx = make_ctx(model, training)
+    mode, k = training.activation_checkpointing, training.checkpoint_every_k
+    layers = sum(
+        mode == "full" or (mode == "every-k-layers" and i % k == 0) for i in range(model.num_layers)
     )
+    return layers * ctx.tokens * model.hidden_size * ctx.res // ctx.sp * stage.inflight
 
 
 def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:
     """Every distinct pipeline stage (one group when pp = 1)."""
     tp = "any tp rank" if mesh.tp > 1 else ""
+    if mesh.ep > 1:
+        tp = "any tp/ep rank" if mesh.tp > 1 else "any ep rank"
     if mesh.pp == 1:
         return [
             _rank(scenario, model, mesh, "all", Stage(), "all ranks" + (f" ({tp})" if tp else ""))
         ]
+    par = scenario.training.parallelism
     per = model.num_layers // mesh.pp
     micro = scenario.training.gradient_accumulation_steps
     out = []
     for s in range(mesh.pp):
         dense = min(per, max(0, model.first_dense_layers - s * per))
         stage_model = dataclasses.replace(model, num_layers=per, first_dense_layers=dense)
+        chunk = None
+        if mesh.vpp > 1:
+            layers = per // mesh.vpp
+            chunk = dataclasses.replace(
+                stage_model, num_layers=layers, first_dense_layers=min(dense, layers)
+            )
         part = "first" if s == 0 else "last" if s == mesh.pp - 1 else "middle"
-        stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=min(mesh.pp - s, micro))
+        held = inflight(par.pp_schedule, mesh.pp, s, micro, mesh.vpp)
+        stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=held)
         name = f"pp stage {s}" + (f", {tp}" if tp else "")
-        out.append(_rank(scenario, stage_model, mesh, part, stage, name))
+        out.append(_rank(scenario, stage_model, mesh, part, stage, name, chunk))
     return out
 
 
 def estimate(scenario: Scenario) -> Estimate:
     """Estimate the per-GPU memory of one training step of ``scenario``.
 
-    With pipeline parallelism every stage is estimated (1F1B schedule: stage ``s`` keeps
-    ``min(pp - s, m)`` micro-batches in flight); the worst stage is the headline and decides
-    the verdict, and ``ranks`` lists them all.
+    With pipeline parallelism every stage is estimated (its schedule decides how many
+    micro-batches each keeps in flight, :func:`inflight`); the worst stage is the headline
+    and decides the verdict, and ``ranks`` lists them all.
     """
     training = scenario.training
     mesh = make_mesh(scenario)
     whole = model_state(scenario.model, training)
-    model = tensor_parallel_shard(scenario.model, mesh.tp)
+    model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
     ranks = _stages(scenario, model, mesh)
     worst = max(ranks, key=lambda r: r.device)
     peak = worst.timeline.peak
@@ -310,6 +404,9 @@ def estimate(scenario: Scenario) -> Estimate:
         nvme_bytes=sum(i.bytes for i in sharded.nvme),
         host_items=sharded.host + sharded.nvme,
         mesh=mesh,
+        host_node_bytes=scenario.hardware.gpus_per_node
+        * max(sum(i.bytes for i in r.sharded.host) for r in ranks),
+        host_capacity_bytes=scenario.hardware.host_capacity_bytes,
         bytes_per_trainable_param=state.bytes_per_trainable_param,
         bytes_per_frozen_param=state.bytes_per_frozen_param,
         bytes_per_param_formula=state.bytes_per_param_formula,
@@ -325,6 +422,8 @@ def estimate(scenario: Scenario) -> Estimate:
                 r.timeline.peak.phase,
                 r.timeline.peak.layer,
                 r.items,
+                sum(i.bytes for i in r.sharded.host),
+                sum(i.bytes for i in r.sharded.nvme),
             )
             for r in ranks
         ),

@@ -57,6 +57,16 @@ class Ctx:
     #: the attention needs an explicit mask (a sliding window shorter than the sequence):
     #: SDPA then cannot run plain causal and converts the boolean mask to a float bias
     masked: bool = False
+    #: sequence parallelism (Korthikanti et al. 2022, section 4.2.2): the hidden-size
+    #: tensors between the tensor-parallel regions hold ``tokens / sp`` rows
+    sp: int = 1
+    #: context parallelism (ring attention): ``seq`` is already this rank's chunk; the
+    #: key/value blocks of the other chunks pass through while attention runs
+    cp: int = 1
+    #: expert parallelism: routed tokens go to other ranks and back (all-to-all), and the
+    #: busiest rank receives ``capacity`` times the balanced share
+    ep: int = 1
+    capacity: float = 1.0
 
     @property
     def tokens(self) -> int:
@@ -91,6 +101,8 @@ class Net:
         self.elems = {"x": x_elems}
         self.rg = {"x": x_grad}
         self.n = 0
+        #: sequence parallelism: gathered tensor -> the shard it was gathered from
+        self.shard_of: dict[str, str] = {}
 
     def new(self, prefix: str, elems: int, dtype: int, rg: bool) -> str:
         self.n += 1
@@ -161,6 +173,26 @@ class Net:
         self._op("dropout", [x], [y, mask], saves=[mask])
         return y
 
+    # -- sequence parallelism ------------------------------------------------------------
+    def gather_seq(self, x: str) -> str:
+        """All-gather the sequence shards before a column-parallel linear (``g`` in
+        Korthikanti et al. 2022, figure 5). Megatron saves the shard, not the gathered
+        tensor, for the weight gradient and gathers it again in backward."""
+        if self.ctx.sp == 1:
+            return x
+        y = self.new("gathered", self.elems[x] * self.ctx.sp, self.dtype[x], self.rg[x])
+        self._op("all_gather", [x], [y])
+        self.shard_of[y] = x
+        return y
+
+    def scatter_seq(self, x: str) -> str:
+        """Reduce-scatter a row-parallel linear's output back to sequence shards."""
+        if self.ctx.sp == 1:
+            return x
+        y = self.new("scattered", self.elems[x] // self.ctx.sp, self.dtype[x], self.rg[x])
+        self._op("reduce_scatter", [x], [y])
+        return y
+
     # -- layers --------------------------------------------------------------------------
     def linear(
         self,
@@ -198,7 +230,11 @@ class Net:
             weight = self.new("wcast", in_f * out_f * weights, 2, trainable)
             self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
         y = self.new("lin", tokens * out_f, ctx.act, self.rg[xin] or trainable)
-        saves = [xin if trainable else "", weight if self.rg[xin] else ""]
+        saved_in = xin
+        if x in self.shard_of:  # sequence parallel: keep the shard, gather again later
+            saved_in = self.shard_of[x]
+            redo += self.elems[x] * self.dtype[xin] if trainable else 0
+        saves = [saved_in if trainable else "", weight if self.rg[xin] else ""]
         w_grad = 0
         if trainable and not weight:  # fp32 or pure 16-bit: the gradient lands directly
             w_grad = w_dtype * in_f * out_f * weights
@@ -307,9 +343,20 @@ class Net:
             self._op("mask_to_bias", [], [bias])
         # backward: dq, dk, dv come from the graph; flash also accumulates dq in fp32
         workspace = F32 * rows + (F32 * b * s * heads * head_dim if kernel == "flash" else 0)
+        ring = []
+        if ctx.cp > 1:
+            # ring attention (Liu et al. 2023; Megatron/TE context parallelism): while the
+            # kernel works on one key/value block the next one arrives, so two blocks of
+            # the other ranks' k and v are live; backward also sends dk and dv (fp32)
+            # around the ring with them
+            kv_bytes = self.elems[k] * self.dtype[k] + self.elems[v] * self.dtype[v]
+            kv_elems = self.elems[k] + self.elems[v]
+            ring = [self.new("kv_ring", 2 * kv_elems, self.dtype[k], False)]
+            self._op("ring_recv", [], ring)
+            workspace += 2 * kv_bytes + 2 * F32 * kv_elems
         self._op(
             f"sdpa_{kernel}",
-            [q, k, v],
+            [q, k, v, *ring],
             [out, lse],
             saves=[q, k, v, out, lse, bias],
             transient=workspace,
@@ -362,9 +409,9 @@ class Net:
 def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Block, str]:
     """A Llama/Mistral/Qwen2/Gemma/Phi-3/Mixtral decoder layer (pre-norm, RoPE, gated MLP)."""
     h, tokens = m.hidden_size, ctx.tokens
-    net = Net("decoder_layer", ctx, tokens * h, ctx.res, x_grad)
+    net = Net("decoder_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     norm = net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm
-    n1 = norm("x", h)
+    n1 = net.gather_seq(norm("x", h))
     q_out, kv_out = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     if m.is_mla:
         attn, q_out = _mla(net, m, n1, norm)
@@ -381,11 +428,11 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         if m.position_embedding == "rotary":
             q, k = _rope(net, q), _rope(net, k)
         attn = net.attention(q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim)
-    o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
+    o = net.scatter_seq(net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias))
     r1 = net.binary("residual", "x", o)
-    n2 = norm(r1, h)
+    n2 = net.gather_seq(norm(r1, h))
     y = _moe(net, m, n2) if moe else _gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens)
-    out = net.binary("residual", r1, y)
+    out = net.binary("residual", r1, net.scatter_seq(y))
     return net.block, out
 
 
@@ -466,19 +513,27 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
     adds up to the dense MLP of ``tokens * k`` tokens.
     """
     ctx, h = net.ctx, m.hidden_size
-    tokens, k, experts = ctx.tokens, m.num_experts_per_tok, m.num_experts
-    logits = net.linear(x, h, experts, "router", None, False)
+    tokens, k, experts = ctx.tokens, m.num_experts_per_tok, m.local_experts
+    logits = net.linear(x, h, m.num_experts, "router", None, False)
     probs = net.unary("router_softmax", net.cast(logits, F32), save_out=True)
     weights = net.unary("topk", probs, elems=tokens * k)
     routed = tokens * k
     xs = net.cast(x, net.ctx.act) if ctx.mode != "amp" else x
     gathered = net.unary("gather", xs, elems=routed * h)
+    if ctx.ep > 1:
+        # expert parallelism (GShard, Lepikhin et al. 2020; Megatron's all-to-all token
+        # dispatcher): the permuted tokens go to the ranks that hold their experts; the
+        # busiest rank receives ``capacity`` times the balanced share
+        routed = -(-routed * round(ctx.capacity * 1000) // 1000)
+        gathered = net.unary("all_to_all", gathered, elems=routed * h)
     # transformers keeps the experts as 3-D parameters with gate and up fused
     # (``gate_up_proj``), run as grouped GEMMs on the tokens sorted by expert
     y = _gated_mlp(
         net, m, gathered, m.moe_intermediate_size, "experts", routed, experts, fused=True
     )
-    weighted = net.binary("mul_weight", y, weights, saves="both", elems=routed * h)
+    if ctx.ep > 1:  # and back to the ranks the tokens came from
+        y = net.unary("all_to_all", y, elems=tokens * k * h)
+    weighted = net.binary("mul_weight", y, weights, saves="both", elems=tokens * k * h)
     out = net.new("moe_out", tokens * h, net.dtype[x], True)
     net._op("index_add", [weighted], [out])
     if m.num_shared_experts:
@@ -490,9 +545,9 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
 def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     """GPT-2 / GPT-NeoX style block: LayerNorm, fused qkv with biases, plain MLP."""
     h, tokens = m.hidden_size, ctx.tokens
-    net = Net("gpt2_layer", ctx, tokens * h, ctx.res, x_grad)
+    net = Net("gpt2_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     q_out = m.num_attention_heads * m.head_dim
-    n1 = net.layer_norm("x", h)
+    n1 = net.gather_seq(net.layer_norm("x", h))
     qkv = net.linear(n1, h, 3 * q_out, "attention", "qkv", m.attention_bias)
     q = net.unary("split_q", qkv, elems=tokens * q_out)
     k = net.unary("split_k", qkv, elems=tokens * q_out)
@@ -500,18 +555,17 @@ def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     if m.position_embedding == "rotary":
         q, k = _rope(net, q), _rope(net, k)
     attn = net.attention(q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim)
-    o = net.dropout(
-        net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias), m.hidden_dropout
-    )
+    o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
+    o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
     if m.parallel_attention:
-        n2 = net.layer_norm("x", h) if m.norms_per_layer > 1 else n1
-        mlp = _gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens)
+        n2 = net.gather_seq(net.layer_norm("x", h)) if m.norms_per_layer > 1 else n1
+        mlp = net.scatter_seq(_gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens))
         out = net.binary("residual", net.binary("residual", "x", o), mlp)
         return net.block, out
     r1 = net.binary("residual", "x", o)
-    n2 = net.layer_norm(r1, h)
-    mlp = net.dropout(_gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens), m.hidden_dropout)
-    return net.block, net.binary("residual", r1, mlp)
+    n2 = net.gather_seq(net.layer_norm(r1, h))
+    mlp = net.scatter_seq(_gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens))
+    return net.block, net.binary("residual", r1, net.dropout(mlp, m.hidden_dropout))
 
 
 def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
@@ -545,10 +599,11 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
     torchtune, Unsloth) never materializes them: only a chunk of rows at a time.
     """
     h, tokens, vocab = m.hidden_size, ctx.tokens, m.vocab_size
-    net = Net("lm_head_loss", ctx, tokens * h, ctx.res, x_grad)
+    net = Net("lm_head_loss", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     x = "x"
     if m.final_norm:
         x = (net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm)(x, h)
+    x = net.gather_seq(x)
     if m.lm_head_transform:  # BERT's MLM transform
         x = net.layer_norm(
             net.activation(net.linear(x, h, h, "lm_head", None, True), m.activation), h, "lm_head"

@@ -46,6 +46,32 @@ FRAGMENTATION = 0.05
 ROUNDING_PER_LARGE_BLOCK = MIB
 
 
+#: GPU memory of one NCCL communicator, MiB: see :func:`nccl_bytes`
+NCCL_COMMUNICATOR_MIB = 288
+#: a point-to-point communicator (pipeline send/receive) connects one peer, not a ring
+NCCL_P2P_MIB = 40
+
+
+def nccl_bytes(communicators: dict[str, int]) -> int:
+    """GPU memory NCCL takes for the communicators of one rank (outside PyTorch's pool:
+    it counts towards nvidia-smi, not ``max_memory_reserved``).
+
+    PyTorch creates one communicator per process group (lazily, at its first collective);
+    pipeline parallelism adds one per send/receive pair. Each communicator allocates, per
+    channel and per peer of its ring or tree, a buffer per protocol (Simple:
+    ``NCCL_BUFFSIZE`` = 4 MiB; LL128 about 4.5 MiB; LL 256 KiB): with the 16-32 channels
+    NCCL opens on NVLink that is a few hundred MiB per collective communicator. The figure
+    here is a documented typical value (:data:`NCCL_COMMUNICATOR_MIB`), not a measurement
+    of your fabric; ``NCCL_BUFFSIZE``, ``NCCL_MAX_NCHANNELS`` and NVLink SHARP change it.
+    """
+    total = 0
+    for name, size in communicators.items():
+        if size > 1:
+            p2p = name.startswith("pipeline")
+            total += (NCCL_P2P_MIB if p2p else NCCL_COMMUNICATOR_MIB) * MIB
+    return total
+
+
 @dataclass(frozen=True, slots=True)
 class Overhead:
     rounding: int

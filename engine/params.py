@@ -222,7 +222,7 @@ def _moe(m: ModelSpec, n: int, layers: tuple[int, int]) -> list[TensorGroup]:
         g.append(
             TensorGroup("router", "gate.e_score_correction_bias", (m.num_experts,), n, None, layers)
         )
-    g += _mlp(m, "experts", "experts.", m.moe_intermediate_size, n * m.num_experts, layers)
+    g += _mlp(m, "experts", "experts.", m.moe_intermediate_size, n * m.local_experts, layers)
     shared = m.shared_expert_intermediate_size or m.moe_intermediate_size * m.num_shared_experts
     if m.num_shared_experts and shared:
         g += _mlp(m, "mlp", "shared_experts.", shared, n, layers)

@@ -46,7 +46,14 @@ from engine.specs import (
 SCENARIO_VERSION = 1
 SUFFIX = ".memfit.json"
 _TOP_KEYS = ("memfit_scenario", "name", "model", "hardware", "training")
-_HARDWARE_KEYS = ("gpu", "gpus_per_node", "nodes", "memory_gib", "utilization_target")
+_HARDWARE_KEYS = (
+    "gpu",
+    "gpus_per_node",
+    "nodes",
+    "memory_gib",
+    "utilization_target",
+    "host_memory_gib",
+)
 _SUBSECTIONS: dict[str, type[Any]] = {
     "lora": LoraSpec,
     "qlora": QuantSpec,
@@ -194,6 +201,8 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             hw.memory_gib if hw.memory_gib is not None else (hw.gpu.memory_mib / 1024)
         )
     hardware["utilization_target"] = hw.utilization_target
+    if hw.host_memory_gib is not None:
+        hardware["host_memory_gib"] = hw.host_memory_gib
     training: dict[str, Any] = {}
     for f in dataclasses.fields(TrainingSpec):
         value = getattr(scenario.training, f.name)

@@ -1,8 +1,16 @@
 """The device mesh, data-parallel sharding (ZeRO / FSDP) and offload of the model state.
 
 * :func:`make_mesh` splits the GPUs into tensor (``tp``), pipeline (``pp``) and context
-  (``cp``) parallel groups, derives the data-parallel size ``dp = GPUs / (tp pp cp)`` and
-  reports every inconsistency as an :class:`~engine.errors.EstimateError`;
+  (``cp``) parallel groups, derives the data-parallel size ``dp = GPUs / (tp pp cp)``, the
+  group that shares the ZeRO shards (``dp``, or the ranks of one node under
+  ``hybrid_shard``) and the expert data-parallel size ``dp / ep``, and reports every
+  inconsistency as an :class:`~engine.errors.EstimateError`;
+* :func:`framework_items` lays the model state out as the framework does under mixed
+  precision: PyTorch AMP / FSDP keep fp32 weights and gradients; DeepSpeed keeps 16-bit
+  weights and gradients in the module and an fp32 master copy and gradient partition in
+  its optimizer (``stage_1_and_2.py``, ``stage3.py``); Megatron-LM keeps 16-bit weights,
+  an fp32 ``main_grad`` buffer and, in its distributed optimizer, fp32 master weights
+  (``docs/source/api-guide/dist_optimizer.md``: ``6 + 12/d`` bytes per parameter);
 * :func:`shard` divides the model state over ``dp`` ranks as ZeRO does (Rajbhandari et al.
   2020, section 5, figure 1): stage 1 partitions the optimizer states, stage 2 also the
   gradients, stage 3 also the parameters, which are all-gathered one unit (a layer) at a
@@ -27,9 +35,15 @@ from fractions import Fraction
 from engine.errors import EstimateError
 from engine.model_state import MemoryItem, ModelState
 from engine.params import model_tensors
-from engine.specs import ModelSpec, Scenario
+from engine.specs import ModelSpec, Scenario, TrainingSpec
 
 P = "training.parallelism"
+
+
+#: DeepSpeed's default ``reduce_bucket_size`` (elements): ZeRO-2/3 reduce the 16-bit
+#: gradients through a contiguous bucket of this size instead of keeping them all
+DS_REDUCE_BUCKET = 500_000_000
+MIXED = ("bf16-mixed", "fp16-mixed", "fp8-mixed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +54,39 @@ class Mesh:
     cp: int
     ep: int
     dp: int
+    #: ranks that share one set of ZeRO shards (dp, or the ranks of a node: HYBRID_SHARD)
+    shard: int = 1
+    vpp: int = 1
+
+    @property
+    def expert_dp(self) -> int:
+        """The data-parallel size of the routed experts: each is replicated dp / ep times."""
+        return self.dp // self.ep
+
+    def communicators(self) -> dict[str, int]:
+        """The NCCL communicators one rank belongs to, by group, with the group size."""
+        groups = {"data parallel": self.dp, "tensor parallel": self.tp, "context": self.cp}
+        groups["expert parallel"] = self.ep
+        if self.shard not in (1, self.dp):
+            groups["shard (within a node)"] = self.shard
+        out = {name: n for name, n in groups.items() if n > 1}
+        if self.pp > 1:  # PyTorch makes one communicator per send/receive pair
+            out["pipeline send"] = 2
+            out["pipeline receive"] = 2
+        return out
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
 
 
 def make_mesh(scenario: Scenario) -> Mesh:
     """The parallel group sizes of ``scenario``; inconsistent sizes are errors."""
-    p, m = scenario.training.parallelism, scenario.model
-    world = scenario.hardware.world_size
+    p, m, training = scenario.training.parallelism, scenario.model, scenario.training
+    hw = scenario.hardware
+    world = hw.world_size
     model_parallel = p.tp * p.pp * p.cp
     if world % model_parallel:
         raise EstimateError(
@@ -63,10 +104,13 @@ def make_mesh(scenario: Scenario) -> Mesh:
         raise EstimateError(
             f"{P}.tp", f"got {p.tp}, expected a divisor or multiple of the {kv} key/value heads"
         )
-    if m.num_layers % p.pp:
+    if m.num_layers % (p.pp * p.vpp):
         raise EstimateError(
-            f"{P}.pp", f"got {p.pp}, expected a divisor of the {m.num_layers} layers"
+            f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
+            f"pp x vpp = {p.pp * p.vpp} must divide the {m.num_layers} layers",
         )
+    if p.vpp > 1 and p.pp == 1:
+        raise EstimateError(f"{P}.vpp", f"got {p.vpp}, expected 1 without pipeline parallelism")
     if p.ep > 1:
         if not m.is_moe or m.num_experts % p.ep:
             raise EstimateError(
@@ -77,13 +121,40 @@ def make_mesh(scenario: Scenario) -> Mesh:
             raise EstimateError(
                 f"{P}.ep", f"got {p.ep}, expected a divisor of the data-parallel size {dp}"
             )
-    if p.cp > 1 and scenario.training.sequence_length % (2 * p.cp):
+    seq = training.sequence_length
+    if p.cp > 1:
+        if seq % (2 * p.cp):
+            raise EstimateError(
+                f"{P}.cp",
+                f"got {p.cp}: the sequence length must divide into "
+                f"2 x cp chunks (load-balanced ring attention)",
+            )
+        if training.attention == "eager":
+            raise EstimateError(
+                f"{P}.cp", f"got {p.cp}: context parallelism needs a fused attention kernel"
+            )
+    if p.sequence_parallel and p.tp > 1 and (seq // p.cp) % p.tp:
         raise EstimateError(
-            f"{P}.cp",
-            f"got {p.cp}: the sequence length must divide into "
-            f"2 x cp chunks (load-balanced ring attention)",
+            f"{P}.sequence_parallel",
+            f"the sequence length per context rank ({seq // p.cp}) must divide by tp = {p.tp}",
         )
-    offload = scenario.training.offload
+    if p.framework == "deepspeed" and p.pp > 1 and p.zero_stage >= 2:
+        raise EstimateError(
+            f"{P}.zero_stage",
+            f"got {p.zero_stage}, expected 0 or 1: DeepSpeed's pipeline engine "
+            "supports ZeRO stages 0 and 1 only",
+        )
+    shard = dp
+    if p.hybrid_shard:
+        if p.zero_stage == 0:
+            raise EstimateError(f"{P}.hybrid_shard", "needs zero_stage >= 1 (there is no shard)")
+        if hw.gpus_per_node % (p.tp * p.cp):
+            raise EstimateError(
+                f"{P}.hybrid_shard",
+                f"tp x cp = {p.tp * p.cp} must divide the {hw.gpus_per_node} GPUs of a node",
+            )
+        shard = _gcd(dp, hw.gpus_per_node // (p.tp * p.cp))
+    offload = training.offload
     if offload.parameters != "none" and p.zero_stage < 3:
         raise EstimateError(
             "training.offload.parameters", f"got {offload.parameters!r}, which needs zero_stage 3"
@@ -92,11 +163,18 @@ def make_mesh(scenario: Scenario) -> Mesh:
         raise EstimateError(
             "training.offload.optimizer", f"got {offload.optimizer!r}, which needs zero_stage >= 1"
         )
-    return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp)
+    if offload.activations != "none" and training.activation_checkpointing in ("none", "selective"):
+        raise EstimateError(
+            "training.offload.activations",
+            "offloads the inputs of checkpointed layers: needs activation_checkpointing "
+            "full or every-k-layers",
+        )
+    return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp, shard, p.vpp)
 
 
-def tensor_parallel_shard(model: ModelSpec, tp: int) -> ModelSpec:
-    """What one tensor-parallel rank holds and computes (Megatron-LM, Shoeybi et al. 2019).
+def tensor_parallel_shard(model: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
+    """What one tensor- (and expert-) parallel rank holds and computes (Megatron-LM,
+    Shoeybi et al. 2019).
 
     Attention is split by heads (column-parallel q/k/v, row-parallel output), the MLP by its
     intermediate size, the embedding and LM head by vocabulary (vocab-parallel, so each rank
@@ -104,19 +182,24 @@ def tensor_parallel_shard(model: ModelSpec, tp: int) -> ModelSpec:
     hidden-size activations (residual stream, norm inputs and outputs) are replicated on
     every rank, exactly as the layer simulation of this narrower model keeps them
     (Korthikanti et al. 2022, table 2, "tensor parallel" row). Key/value heads fewer than
-    ``tp`` are replicated, one per rank.
+    ``tp`` are replicated, one per rank. Under expert parallelism each rank holds
+    ``num_experts / ep`` of the routed experts.
     """
-    if tp == 1:
+    if tp == 1 and ep == 1:
         return model
+    parts = ([f"1/{tp} tensor-parallel"] if tp > 1 else []) + (
+        [f"1/{ep} expert-parallel"] if ep > 1 else []
+    )
     return replace(
         model,
-        name=f"{model.name} (1/{tp} tensor-parallel rank)",
+        name=f"{model.name} ({', '.join(parts)} rank)",
         num_attention_heads=model.num_attention_heads // tp,
         num_key_value_heads=max(1, model.num_key_value_heads // tp),
         intermediate_size=_ceil_div(model.intermediate_size, tp),
         moe_intermediate_size=_ceil_div(model.moe_intermediate_size, tp),
         shared_expert_intermediate_size=_ceil_div(model.shared_expert_intermediate_size, tp),
         vocab_size=_ceil_div(model.vocab_size, tp),
+        expert_shards=ep,
     )
 
 
@@ -133,20 +216,110 @@ class Sharded:
     gathered: int
     host: tuple[MemoryItem, ...]
     nvme: tuple[MemoryItem, ...]
+    #: gradient buffers that live through the whole step (Megatron's ``main_grad``,
+    #: DeepSpeed's fp32 partition and reduce bucket), included in ``state``'s gradients
+    grad_buffer: int = 0
 
 
 def _ceil_div(n: int, d: int) -> int:
     return -(-n // d)
 
 
-def shard(state: ModelState, scenario: Scenario, mesh: Mesh) -> Sharded:
-    """Divide ``state`` over the data-parallel ranks and move what offload moves."""
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A model-state item and how the framework treats it."""
+
+    item: MemoryItem
+    #: the lowest ZeRO stage that shards it over the data-parallel ranks
+    shard_from: int
+    #: it lives through the whole step (a buffer), not only from backward to the step
+    persistent: bool = False
+
+
+def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
+    """The model state as the chosen framework lays it out (see the module docstring)."""
+    framework = training.parallelism.framework
+    stage_of = {"parameters": 3, "gradients": 2, "optimizer_states": 1, "overhead": 99}
+    mixed = training.precision in MIXED and framework != "pytorch"
+    parts: list[_Part] = []
+    n = state.trainable_params
+    for item in state.items:
+        fp32_weights = item.category == "parameters" and item.name.endswith("(fp32)")
+        if mixed and fp32_weights and item.bytes == 4 * n:
+            label = item.name.removesuffix(" (fp32)")
+            parts.append(
+                _Part(
+                    MemoryItem(
+                        f"{label} (16-bit)", "parameters", 2 * n, f"{n:,} x 2 B", _SRC[framework]
+                    ),
+                    3,
+                )
+            )
+            parts.append(
+                _Part(
+                    MemoryItem(
+                        "fp32 master weights",
+                        "optimizer_states",
+                        4 * n,
+                        f"{n:,} x 4 B",
+                        _SRC[framework],
+                    ),
+                    1,
+                )
+            )
+        elif mixed and item.category == "gradients":
+            if framework == "deepspeed":
+                grads = MemoryItem("gradients (16-bit)", "gradients", 2 * n, f"{n:,} x 2 B")
+                parts.append(_Part(grads, 2))
+                fp32 = MemoryItem(
+                    "fp32 gradient partition", "gradients", 4 * n, f"{n:,} x 4 B", _SRC[framework]
+                )
+                parts.append(_Part(fp32, 1, persistent=True))
+            else:
+                main = MemoryItem(
+                    "main_grad buffer (fp32)", "gradients", 4 * n, f"{n:,} x 4 B", _SRC[framework]
+                )
+                parts.append(_Part(main, 2, persistent=True))
+        else:
+            parts.append(_Part(item, stage_of[item.category]))
+    return parts
+
+
+_SRC = {
+    "deepspeed": "DeepSpeed ZeRO (stage_1_and_2.py / stage3.py): 16-bit module, fp32 partition",
+    "megatron": "Megatron-LM distributed optimizer (dist_optimizer.md): 6 + 12/d B",
+    "pytorch": "PyTorch AMP",
+}
+
+
+def _expert_share(model: ModelSpec, training: TrainingSpec) -> Fraction:
+    """The share of the trainable parameters that are routed experts."""
+    if not model.is_moe or training.method not in ("full", "freeze"):
+        return Fraction(0)
+    tensors = model_tensors(model)
+    total = sum(g.total for g in tensors)
+    experts = sum(g.total for g in tensors if g.component == "experts")
+    return Fraction(experts, total) if total else Fraction(0)
+
+
+def shard(
+    state: ModelState, scenario: Scenario, mesh: Mesh, model: ModelSpec | None = None
+) -> Sharded:
+    """Divide ``state`` over the data-parallel ranks and move what offload moves.
+
+    ``model`` is this rank's model (tensor/expert shard); the routed experts' share of
+    each sharded item is divided over the expert data-parallel group (``dp / ep``), the
+    rest over the shard group."""
     training = scenario.training
-    stage, dp = training.parallelism.zero_stage, mesh.dp
+    framework = training.parallelism.framework
+    stage = training.parallelism.zero_stage
     offload = training.offload
+    experts = _expert_share(model or scenario.model, training) if mesh.ep > 1 else Fraction(0)
+    expert_group = max(1, mesh.expert_dp if mesh.shard == mesh.dp else mesh.shard // mesh.ep)
     items: list[MemoryItem] = []
     host: list[MemoryItem] = []
     nvme: list[MemoryItem] = []
+    buffer = 0
 
     def place(item: MemoryItem, target: str) -> None:
         if target == "cpu":
@@ -156,18 +329,31 @@ def shard(state: ModelState, scenario: Scenario, mesh: Mesh) -> Sharded:
         else:
             items.append(item)
 
-    for item in state.items:
-        sharded = {
-            "optimizer_states": stage >= 1,
-            "gradients": stage >= 2,
-            "parameters": stage >= 3,
-        }.get(item.category, False)
-        if sharded and dp > 1:
-            item = replace(
-                item,
-                bytes=_ceil_div(item.bytes, dp),
-                formula=f"{item.formula} / dp {dp} (ZeRO-{stage})",
+    transient_grads = 0
+    for part in framework_items(state, training):
+        item = part.item
+        if stage >= part.shard_from and mesh.shard > 1:
+            expert_bytes = int(item.bytes * experts)
+            dense = item.bytes - expert_bytes
+            size = _ceil_div(dense, mesh.shard) + _ceil_div(expert_bytes, expert_group)
+            group = f"dp {mesh.shard}" + (f", experts over {expert_group}" if experts else "")
+            item = replace(item, bytes=size, formula=f"{item.formula} / {group} (ZeRO-{stage})")
+        if (
+            framework == "deepspeed"
+            and item.category == "gradients"
+            and not part.persistent
+            and stage >= 2
+        ):
+            # ZeRO-2/3 reduce the 16-bit gradients through a bucket as backward makes them
+            bucket = 2 * min(DS_REDUCE_BUCKET, state.trainable_params)
+            item = MemoryItem(
+                "gradient reduce bucket (16-bit)",
+                "gradients",
+                bucket,
+                f"min(reduce_bucket_size {DS_REDUCE_BUCKET:,}, parameters) x 2 B",
+                "DeepSpeed ZeRO contiguous_gradients / ipg buffer",
             )
+            part = _Part(item, part.shard_from, persistent=True)
         target = "none"
         if item.category == "optimizer_states":
             target = offload.optimizer
@@ -175,22 +361,32 @@ def shard(state: ModelState, scenario: Scenario, mesh: Mesh) -> Sharded:
             target = "cpu"  # the optimizer step runs on the host: gradients go there
         elif item.category == "parameters":
             target = offload.parameters
+        if item.category == "gradients" and target == "none":
+            if part.persistent:
+                buffer += item.bytes
+            else:
+                transient_grads += item.bytes
         place(item, target)
 
-    grad_share = Fraction(1, dp) if stage >= 2 else Fraction(1)
-    if offload.optimizer != "none":
-        grad_share = Fraction(0)
-    optimizer_share = Fraction(1, dp) if stage >= 1 else Fraction(1)
-    if offload.optimizer != "none":
-        optimizer_share = Fraction(0)
+    if offload.optimizer != "none" or (framework == "megatron" and training.precision in MIXED):
+        grad_share = Fraction(0)  # nothing of the backward's gradients stays as .grad
+    elif framework == "deepspeed" and stage >= 2:
+        grad_share = Fraction(0)  # reduced through the bucket
+    else:
+        grad_share = Fraction(1, mesh.shard) if stage >= 2 else Fraction(1)
+    optimizer_share = Fraction(1, mesh.shard) if stage >= 1 else Fraction(1)
+    if offload.optimizer != "none" or framework != "pytorch":
+        optimizer_share = Fraction(0)  # on the host, or a fused multi-tensor kernel
     gathered = 0
-    if stage >= 3 and (dp > 1 or offload.parameters != "none"):
+    if stage >= 3 and (mesh.shard > 1 or offload.parameters != "none"):
         # the current layer all-gathered in the compute dtype, and the next one prefetched
         per_layer: dict[tuple[int, int], int] = {}
-        for g in model_tensors(scenario.model):
+        for g in model_tensors(model or scenario.model):
             if g.layers:
                 span = g.layers[1] - g.layers[0]
                 per_layer[g.layers] = per_layer.get(g.layers, 0) + g.total // span
         gathered = 2 * 2 * max(per_layer.values(), default=0)
     new_state = replace(state, items=tuple(items))
-    return Sharded(new_state, grad_share, optimizer_share, gathered, tuple(host), tuple(nvme))
+    return Sharded(
+        new_state, grad_share, optimizer_share, gathered, tuple(host), tuple(nvme), buffer
+    )

@@ -51,6 +51,12 @@ ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
 LOSSES = ("standard", "chunked")
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
+ACTIVATION_OFFLOAD = ("none", "cpu")
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+#: pytorch: AMP over fp32 weights, DDP / FSDP / FSDP2 (fp32 shards, 16-bit gathered units);
+#: deepspeed: 16-bit module weights, fp32 master weights and gradient partition in ZeRO;
+#: megatron: 16-bit weights, an fp32 ``main_grad`` buffer, the distributed optimizer
+FRAMEWORKS = ("pytorch", "deepspeed", "megatron")
 QUANT_TYPES = ("nf4", "fp4")
 COMPUTE_DTYPES = ("bf16", "fp16")
 
@@ -139,6 +145,10 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     source: str = ""
+    #: a per-rank view under expert parallelism: the routed experts are split over this
+    #: many ranks (each holds ``num_experts / expert_shards``; the router still scores
+    #: every expert). 1 for a whole model; set by the engine, not by presets.
+    expert_shards: int = 1
 
     def __post_init__(self) -> None:
         f = "model."
@@ -191,6 +201,12 @@ class ModelSpec:
             raise EstimateError(f + "source", f"got {self.source!r}, expected a string")
         self._check_moe(f)
         self._check_mla(f)
+        check_int(f + "expert_shards", self.expert_shards, 1, MAX_EXPERTS)
+        if self.expert_shards > 1 and self.num_experts % self.expert_shards:
+            raise EstimateError(
+                f + "expert_shards",
+                f"got {self.expert_shards}, expected a divisor of the {self.num_experts} experts",
+            )
         if self.position_embedding == "learned" and self.max_position_embeddings < 1:
             raise EstimateError(f + "max_position_embeddings", "learned positions need a size")
 
@@ -228,6 +244,11 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def local_experts(self) -> int:
+        """Routed experts held by one rank (all of them without expert parallelism)."""
+        return self.num_experts // self.expert_shards
 
     @property
     def is_mla(self) -> bool:
@@ -303,6 +324,8 @@ class HardwareSpec:
     nodes: int = 1
     memory_gib: float | None = None
     utilization_target: float = 0.85
+    #: host RAM of one node in GiB, for the host-memory verdict of offload (None: unknown)
+    host_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSpec):
@@ -312,6 +335,8 @@ class HardwareSpec:
         if self.memory_gib is not None:
             check_float("hardware.memory_gib", self.memory_gib, 1.0, 16384.0)
         check_float("hardware.utilization_target", self.utilization_target, 0.1, 1.0)
+        if self.host_memory_gib is not None:
+            check_float("hardware.host_memory_gib", self.host_memory_gib, 1.0, 1 << 20)
 
     @property
     def capacity_bytes(self) -> int:
@@ -329,6 +354,13 @@ class HardwareSpec:
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def host_capacity_bytes(self) -> int | None:
+        """Host RAM of one node in bytes, when the user gave it."""
+        if self.host_memory_gib is None:
+            return None
+        return round(self.host_memory_gib * (1 << 30))
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,16 +420,50 @@ class FreezeSpec:
 
 @dataclass(frozen=True, slots=True)
 class ParallelismSpec:
+    """How the GPUs split the work; the data-parallel size is what is left over.
+
+    ``zero_stage`` names the data-parallel sharding in ZeRO's terms (Rajbhandari et al.
+    2020): 0 replicates everything (DDP, FSDP ``NO_SHARD``), 1 shards the optimizer states
+    (Megatron's distributed optimizer), 2 also the gradients (FSDP ``SHARD_GRAD_OP``), 3 also
+    the parameters (FSDP ``FULL_SHARD``, FSDP2 ``fully_shard``). ``hybrid_shard`` keeps the
+    shards inside a node and replicates across nodes (FSDP ``HYBRID_SHARD``). ``vpp`` is the
+    number of virtual pipeline stages per rank (interleaved 1F1B, Narayanan et al. 2021).
+    ``expert_capacity_factor`` is the share of tokens the busiest expert rank receives,
+    relative to a perfectly balanced router (1.0).
+    """
+
     tp: int = 1
     pp: int = 1
     cp: int = 1
     ep: int = 1
     zero_stage: int = 0
+    vpp: int = 1
+    pp_schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    framework: str = "pytorch"
+    hybrid_shard: bool = False
+    expert_capacity_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        f = "training.parallelism."
         for name in ("tp", "pp", "cp", "ep"):
-            check_int(f"training.parallelism.{name}", getattr(self, name), 1, 65536)
-        check_int("training.parallelism.zero_stage", self.zero_stage, 0, 3)
+            check_int(f + name, getattr(self, name), 1, 65536)
+        check_int(f + "zero_stage", self.zero_stage, 0, 3)
+        check_int(f + "vpp", self.vpp, 1, 1024)
+        check_choice(f + "pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        check_bool(f + "sequence_parallel", self.sequence_parallel)
+        check_choice(f + "framework", self.framework, FRAMEWORKS)
+        check_bool(f + "hybrid_shard", self.hybrid_shard)
+        check_float(f + "expert_capacity_factor", self.expert_capacity_factor, 1.0, 64.0)
+        if self.pp_schedule == "interleaved-1f1b" and self.vpp < 2:
+            raise EstimateError(
+                f + "vpp", f"got {self.vpp}, expected at least 2 for the interleaved schedule"
+            )
+        if self.vpp > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise EstimateError(
+                f + "vpp",
+                f"got {self.vpp}, expected 1: virtual stages need pp_schedule interleaved-1f1b",
+            )
 
     @property
     def is_trivial(self) -> bool:
@@ -406,12 +472,17 @@ class ParallelismSpec:
 
 @dataclass(frozen=True, slots=True)
 class OffloadSpec:
+    """What leaves the GPU: optimizer states (and with them the gradients, since the step
+    runs on the host), parameters (ZeRO-3 only) and the inputs of checkpointed layers."""
+
     optimizer: str = "none"
     parameters: str = "none"
+    activations: str = "none"
 
     def __post_init__(self) -> None:
         check_choice("training.offload.optimizer", self.optimizer, OFFLOAD_TARGETS)
         check_choice("training.offload.parameters", self.parameters, OFFLOAD_TARGETS)
+        check_choice("training.offload.activations", self.activations, ACTIVATION_OFFLOAD)
 
     @property
     def is_trivial(self) -> bool:

@@ -63,7 +63,13 @@ class Timeline:
     optimizer_temp: int
 
 
-def _mode(precision: str) -> str:
+def _mode(training: TrainingSpec) -> str:
+    """fp32, pure 16-bit ("half") or autocast over fp32 weights ("amp"). DeepSpeed and
+    Megatron-LM run mixed precision on 16-bit module weights (the fp32 master copy lives in
+    the optimizer), so their steps compute like pure 16-bit ones."""
+    precision = training.precision
+    if training.parallelism.framework != "pytorch" and precision.endswith("-mixed"):
+        return "half"
     return {"fp32": "fp32", "bf16": "half"}.get(precision, "amp")
 
 
@@ -81,10 +87,12 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         roles = lora_targets(model, training.lora.targets)[0]
     precision = training.precision
     frozen = 4 if precision == "fp32" else 2
+    par = training.parallelism
+    sp = par.tp if par.sequence_parallel and model.architecture == "decoder" else 1
     return Ctx(
         batch=training.micro_batch_size,
-        seq=training.sequence_length,
-        mode=_mode(precision),
+        seq=training.sequence_length // par.cp,
+        mode=_mode(training),
         attention=training.attention,
         lora_rank=training.lora.rank,
         lora_roles=roles,
@@ -95,6 +103,10 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         attention_dropout=model.attention_dropout,
         selective=training.activation_checkpointing == "selective",
         masked=0 < model.sliding_window < training.sequence_length,
+        sp=sp,
+        cp=par.cp,
+        ep=model.expert_shards,
+        capacity=par.expert_capacity_factor if model.expert_shards > 1 else 1.0,
     )
 
 
@@ -149,8 +161,9 @@ def _blocks(
 @dataclass(frozen=True, slots=True)
 class Stage:
     """A pipeline stage: does it hold the embedding, the LM head and loss, and how many
-    micro-batches' activations does it keep at once (1F1B: ``min(pp - s, m)`` for stage
-    ``s`` of ``pp`` with ``m`` micro-batches, Narayanan et al. 2021)."""
+    micro-batches' activations does it keep at once (see :func:`engine.estimate.inflight`).
+    Under the interleaved schedule the model a stage is played with is one virtual stage
+    (a chunk of layers) and ``inflight`` counts chunks."""
 
     first: bool = True
     last: bool = True
@@ -165,6 +178,7 @@ def step_timeline(
     optimizer_share: Fraction = Fraction(1),
     gathered: int = 0,
     stage: Stage = Stage(),
+    grad_buffer: int = 0,
 ) -> Timeline:
     """Play one step; see the module docstring for what happens when.
 
@@ -172,10 +186,16 @@ def step_timeline(
     ``grad_share`` the share of each gradient kept as backward produces it (ZeRO-2/3
     reduce-scatter the rest away), ``optimizer_share`` the share of the optimizer's
     temporaries, and ``gathered`` the all-gathered parameter units of ZeRO-3 live during
-    forward and backward.
+    forward and backward. ``grad_buffer`` is gradient memory that lives through the whole
+    step (Megatron's fp32 ``main_grad``, DeepSpeed's fp32 partition and reduce bucket).
+    With ``offload.activations = "cpu"`` the inputs of checkpointed layers wait in host
+    memory, not on the GPU.
     """
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
+    # the hidden-size tensors between blocks: split over tp under sequence parallelism
+    hidden = tokens * h * ctx.res // ctx.sp
+    ckpt_input = 0 if training.offload.activations == "cpu" else hidden
     trains_embeddings = stage.first and (
         training.method == "full"
         or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
@@ -210,13 +230,15 @@ def step_timeline(
             if g_den != 1 or g_num != 1:
                 g = g * g_num // g_den
             a += waiting
+        if phase != "optimizer":
+            g += grad_buffer
         points.append(Point(phase, layer, label, p, g, o, a))
 
     add("before", None, "weights and optimizer states", params, 0, opt_states, 0)
 
     # inputs: ids and labels (int64), the embedding output and RoPE's cos/sin
     batch_tensors = 2 * 8 * tokens
-    embed_out = tokens * h * ctx.res
+    embed_out = hidden
     rope = 2 * tokens * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
     mask = ctx.batch * ctx.seq * ctx.seq * ctx.res if ctx.attention == "eager" else 0
     # a sliding window shorter than the sequence needs a boolean (b, 1, s, s) mask, made
@@ -238,8 +260,8 @@ def step_timeline(
     if stage.first:
         # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and the
         # dropout mask (1 byte per element) of GPT-2 and BERT
-        kept_act = (tokens * h * ctx.res + 8 * tokens) * model.embedding_norm
-        kept_act += tokens * h if model.hidden_dropout > 0 else 0
+        kept_act = (hidden + 8 * tokens) * model.embedding_norm
+        kept_act += tokens * h // ctx.sp if model.hidden_dropout > 0 else 0
     copies = 0
     if stage.first:
         add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out)
@@ -254,7 +276,7 @@ def step_timeline(
             fixed + kept_act + res.forward_peak - c,
         )
         # checkpointing keeps only the layer's input; autocast's cache keeps the copies
-        kept_act += tokens * h * ctx.res if ckpt[i] else res.kept - c
+        kept_act += ckpt_input if ckpt[i] else res.kept - c
         copies += c
     if not stage.last:  # the output goes to the next stage; its gradient comes back
         head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
@@ -303,7 +325,7 @@ def step_timeline(
     for i in range(model.num_layers - 1, -1, -1):
         res, c = layers[i]
         if ckpt[i]:
-            kept_act -= tokens * h * ctx.res
+            kept_act -= ckpt_input
             add(
                 "backward",
                 i,
@@ -354,7 +376,7 @@ def step_timeline(
     # optimizer
     temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
     add("optimizer", None, "optimizer step", params, grads, opt_states + temp, 0)
-    add("optimizer", None, "after zero_grad", params, 0, opt_states, 0)
+    add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, 0)
     peak = max(points, key=lambda p: p.total)
     return Timeline(
         tuple(points),
