@@ -234,6 +234,8 @@ class _Part:
     shard_from: int
     #: it lives through the whole step (a buffer), not only from backward to the step
     persistent: bool = False
+    #: a communication buffer: offload leaves it on the GPU
+    pinned_to_gpu: bool = False
 
 
 def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
@@ -269,12 +271,7 @@ def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
             )
         elif mixed and item.category == "gradients":
             if framework == "deepspeed":
-                grads = MemoryItem("gradients (16-bit)", "gradients", 2 * n, f"{n:,} x 2 B")
-                parts.append(_Part(grads, 2))
-                fp32 = MemoryItem(
-                    "fp32 gradient partition", "gradients", 4 * n, f"{n:,} x 4 B", _SRC[framework]
-                )
-                parts.append(_Part(fp32, 1, persistent=True))
+                parts += _deepspeed_gradients(n, training)
             else:
                 main = MemoryItem(
                     "main_grad buffer (fp32)", "gradients", 4 * n, f"{n:,} x 4 B", _SRC[framework]
@@ -282,6 +279,37 @@ def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
                 parts.append(_Part(main, 2, persistent=True))
         else:
             parts.append(_Part(item, stage_of[item.category]))
+    return parts
+
+
+def _deepspeed_gradients(n: int, training: TrainingSpec) -> list[_Part]:
+    """DeepSpeed's gradient memory for ``n`` trainable parameters (``stage_1_and_2.py``,
+    ``stage3.py``): without ZeRO-2 the module's 16-bit gradients stay whole; ZeRO-2/3
+    reduce them through a contiguous bucket (``reduce_bucket_size`` elements) as backward
+    makes them, ZeRO-2 into a 16-bit partition (``grads_in_partition``); the optimizer
+    keeps an fp32 gradient partition. With the optimizer offloaded the reduced gradients
+    go straight to the host's fp32 buffer."""
+    stage = training.parallelism.zero_stage
+    offloaded = training.offload.optimizer != "none"
+    src = _SRC["deepspeed"]
+    parts: list[_Part] = []
+    if stage <= 1:
+        parts.append(_Part(MemoryItem("gradients (16-bit)", "gradients", 2 * n, f"{n:,} x 2 B"), 2))
+    else:
+        bucket = min(DS_REDUCE_BUCKET, n)
+        item = MemoryItem(
+            "gradient reduce bucket (16-bit)",
+            "gradients",
+            2 * bucket,
+            f"min(reduce_bucket_size {DS_REDUCE_BUCKET:,}, {n:,}) x 2 B",
+            "DeepSpeed ZeRO contiguous_gradients (ipg buffer)",
+        )
+        parts.append(_Part(item, 99, persistent=True, pinned_to_gpu=True))
+        if stage == 2 and not offloaded:
+            part = MemoryItem("16-bit gradient partition", "gradients", 2 * n, f"{n:,} x 2 B", src)
+            parts.append(_Part(part, 2, persistent=True))
+    fp32 = MemoryItem("fp32 gradient partition", "gradients", 4 * n, f"{n:,} x 4 B", src)
+    parts.append(_Part(fp32, 1, persistent=True))
     return parts
 
 
@@ -338,24 +366,10 @@ def shard(
             size = _ceil_div(dense, mesh.shard) + _ceil_div(expert_bytes, expert_group)
             group = f"dp {mesh.shard}" + (f", experts over {expert_group}" if experts else "")
             item = replace(item, bytes=size, formula=f"{item.formula} / {group} (ZeRO-{stage})")
-        if (
-            framework == "deepspeed"
-            and item.category == "gradients"
-            and not part.persistent
-            and stage >= 2
-        ):
-            # ZeRO-2/3 reduce the 16-bit gradients through a bucket as backward makes them
-            bucket = 2 * min(DS_REDUCE_BUCKET, state.trainable_params)
-            item = MemoryItem(
-                "gradient reduce bucket (16-bit)",
-                "gradients",
-                bucket,
-                f"min(reduce_bucket_size {DS_REDUCE_BUCKET:,}, parameters) x 2 B",
-                "DeepSpeed ZeRO contiguous_gradients / ipg buffer",
-            )
-            part = _Part(item, part.shard_from, persistent=True)
         target = "none"
-        if item.category == "optimizer_states":
+        if part.pinned_to_gpu:
+            pass
+        elif item.category == "optimizer_states":
             target = offload.optimizer
         elif item.category == "gradients" and offload.optimizer != "none":
             target = "cpu"  # the optimizer step runs on the host: gradients go there
@@ -378,7 +392,7 @@ def shard(
     if offload.optimizer != "none" or framework != "pytorch":
         optimizer_share = Fraction(0)  # on the host, or a fused multi-tensor kernel
     gathered = 0
-    if stage >= 3 and (mesh.shard > 1 or offload.parameters != "none"):
+    if stage >= 3:  # even on one rank: the gathered unit is a buffer of its own
         # the current layer all-gathered in the compute dtype, and the next one prefetched
         per_layer: dict[tuple[int, int], int] = {}
         for g in model_tensors(model or scenario.model):

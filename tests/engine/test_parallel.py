@@ -1,0 +1,361 @@
+"""Tensor, sequence, context, expert and pipeline parallelism, framework layouts, hybrid
+sharding and offload, against hand-derived values and the papers' formulas."""
+
+import dataclasses
+
+import pytest
+
+from engine.errors import EstimateError
+from engine.estimate import estimate, inflight
+from engine.graph import simulate
+from engine.layers import decoder_layer, gpt2_layer
+from engine.model_state import model_state
+from engine.overhead import MIB, NCCL_COMMUNICATOR_MIB
+from engine.presets import load_gpu, load_model
+from engine.sharding import DS_REDUCE_BUCKET, make_mesh, shard, tensor_parallel_shard
+from engine.specs import (
+    HardwareSpec,
+    ModelSpec,
+    OffloadSpec,
+    ParallelismSpec,
+    Scenario,
+    TrainingSpec,
+)
+from tests.engine.helpers import full_ctx
+
+N = 8_030_261_248  # Llama 3 8B
+H100 = load_gpu("h100-sxm-80gb")
+
+
+def run(
+    model: str = "llama-3-8b",
+    gpus: int = 8,
+    nodes: int = 1,
+    offload: OffloadSpec | None = None,
+    host_gib: float | None = None,
+    training: dict | None = None,
+    **parallel: object,
+) -> Scenario:
+    return Scenario(
+        load_model(model),
+        HardwareSpec(H100, gpus_per_node=gpus, nodes=nodes, host_memory_gib=host_gib),
+        TrainingSpec(
+            **{
+                "method": "full",
+                "micro_batch_size": 1,
+                "sequence_length": 4096,
+                **(training or {}),
+            },  # type: ignore[arg-type]
+            parallelism=ParallelismSpec(**parallel),  # type: ignore[arg-type]
+            offload=offload or OffloadSpec(),
+        ),
+    )
+
+
+def state_of(s: Scenario) -> dict[str, int]:
+    mesh = make_mesh(s)
+    model = tensor_parallel_shard(s.model, mesh.tp, mesh.ep)
+    sharded = shard(model_state(model, s.training), s, mesh, model)
+    return {
+        c: sharded.state.category_bytes(c) for c in ("parameters", "gradients", "optimizer_states")
+    }
+
+
+# -- Korthikanti et al. 2022, table 2 ---------------------------------------------------
+
+GPT = ModelSpec(
+    name="gpt",
+    num_layers=4,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    head_dim=128,
+    intermediate_size=4 * 4096,
+    vocab_size=51200,
+    family="gpt_neox",
+    mlp="plain",
+    activation="gelu",
+    norm="layernorm",
+    position_embedding="learned",
+    attention_bias=True,
+    attention_out_bias=True,
+    mlp_bias=True,
+    hidden_dropout=0.1,
+)
+
+
+@pytest.mark.parametrize(
+    ("t", "sp", "per_sbh"),
+    [
+        (1, False, 34),  # no parallelism: 34 s b h
+        (2, False, 10 + 24 / 2),  # tensor parallel: s b h (10 + 24 / t)
+        (8, False, 10 + 24 / 8),
+        (2, True, 34 / 2),  # tensor + sequence parallel: 34 s b h / t
+        (8, True, 34 / 8),
+    ],
+)
+def test_layer_activations_follow_korthikanti_table_2(t: int, sp: bool, per_sbh: float) -> None:
+    """A GPT layer in 16-bit with dropout, played op by op, keeps what the paper counts
+    (with flash attention, so without the paper's 5 a s / h score terms)."""
+    s, h = 2048, 4096
+    ctx = full_ctx(seq=s, mode="half", frozen_bytes=2, sp=t if sp else 1)
+    kept = simulate(*gpt2_layer(tensor_parallel_shard(GPT, t), ctx, True)).kept
+    # beyond the paper: LayerNorm statistics and flash attention's log-sum-exp (fp32 rows)
+    small = (2 * 2 * 4 * s // (t if sp else 1) + 4 * s * 32 // t) / (s * h)
+    assert kept / (s * h) == pytest.approx(per_sbh + small, abs=1e-9)
+
+
+def test_eager_attention_keeps_the_scores_in_fp32() -> None:
+    """With eager attention and attention dropout the paper adds 5 a s / h per s b h: the
+    16-bit softmax output (2), its dropout mask (1) and the dropped probabilities (2).
+    transformers' eager softmax runs in fp32, so its output takes 4: 7 a s / h."""
+    s, h, a = 2048, 4096, 32
+    model = dataclasses.replace(GPT, attention_dropout=0.1)
+    for t in (1, 4):
+        ctx = full_ctx(seq=s, mode="half", frozen_bytes=2, attention="eager", attention_dropout=0.1)
+        kept = simulate(*gpt2_layer(tensor_parallel_shard(model, t), ctx, True)).kept
+        hidden = 34 if t == 1 else 10 + 24 / t
+        stats = 2 * 2 * 4 * s / (s * h)
+        assert kept / (s * h) == pytest.approx(hidden + 7 * a * s / (h * t) + stats, abs=1e-9)
+
+
+def test_sequence_parallelism_splits_a_llama_layer_by_tp() -> None:
+    model = load_model("llama-3-8b")
+    one = simulate(
+        *decoder_layer(model, full_ctx(seq=4096, mode="half", frozen_bytes=2), True, False)
+    )
+    ctx = full_ctx(seq=4096, mode="half", frozen_bytes=2, sp=4)
+    four = simulate(*decoder_layer(tensor_parallel_shard(model, 4), ctx, True, False))
+    assert four.kept == pytest.approx(one.kept / 4, rel=1e-3)
+    assert four.output == one.output // 4  # the layer hands on a sequence shard
+
+
+# -- pipeline schedules ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "vpp", "micro", "expected"),
+    [
+        ("gpipe", 4, 1, 8, [8, 8, 8, 8]),
+        ("1f1b", 4, 1, 8, [4, 3, 2, 1]),
+        ("1f1b", 4, 1, 2, [2, 2, 2, 1]),
+        ("zero-bubble", 4, 1, 8, [4, 3, 2, 1]),
+        # interleaved: 2 (pp - s - 1) + (v - 1) pp + 1 chunks, at most m v
+        ("interleaved-1f1b", 4, 2, 8, [11, 9, 7, 5]),
+        ("interleaved-1f1b", 4, 2, 2, [4, 4, 4, 4]),
+    ],
+)
+def test_inflight_micro_batches_by_schedule(
+    schedule: str, pp: int, vpp: int, micro: int, expected: list[int]
+) -> None:
+    assert [inflight(schedule, pp, s, micro, vpp) for s in range(pp)] == expected
+
+
+def stage_activations(**parallel: object) -> list[int]:
+    s = run(
+        "llama-2-13b",
+        gpus=4,
+        training={"gradient_accumulation_steps": 8, "optimizer_impl": "fused"},
+        **parallel,
+    )
+    return [r.category_bytes("activations") for r in estimate(s).rank_groups]
+
+
+def test_interleaving_adds_korthikanti_factor_on_the_first_stage() -> None:
+    """Stage 0 holds L/p (1 + (p - 1) / (p v)) layers' activations instead of L/p."""
+    plain = stage_activations(pp=4)
+    inter = stage_activations(pp=4, vpp=2, pp_schedule="interleaved-1f1b")
+    ratio = inter[0] / plain[0]
+    assert ratio == pytest.approx(1 + 3 / 8, rel=0.03)
+    assert plain == sorted(plain, reverse=True)  # the first 1F1B stage holds the most
+
+
+def test_gpipe_holds_every_micro_batch_on_every_stage() -> None:
+    gpipe = stage_activations(pp=4, pp_schedule="gpipe")
+    onef1b = stage_activations(pp=4)
+    assert min(gpipe) > max(onef1b)
+    assert stage_activations(pp=4, pp_schedule="zero-bubble") == onef1b
+
+
+# -- context and expert parallelism ---------------------------------------------------
+
+
+def test_context_parallel_layer_runs_on_its_chunk_plus_the_ring() -> None:
+    model = load_model("llama-3-8b")
+    whole = simulate(
+        *decoder_layer(model, full_ctx(seq=2048, mode="half", frozen_bytes=2), True, False)
+    )
+    half = full_ctx(seq=2048, mode="half", frozen_bytes=2, cp=2)
+    ring = simulate(*decoder_layer(model, half, True, False))
+    assert ring.kept == whole.kept  # what a 2048-token chunk keeps, nothing more
+    kv = 2 * (2048 * 8 * 128 * 2)  # local k and v, bf16
+    block, _ = decoder_layer(model, half, True, False)
+    ring_buffers = [n for t, n in block.sizes.items() if t.startswith("kv_ring")]
+    assert ring_buffers == [2 * kv]  # two blocks of the other ranks' k and v in flight
+    plain, _ = decoder_layer(model, full_ctx(seq=2048, mode="half", frozen_bytes=2), True, False)
+
+    def sdpa(b: object) -> int:
+        return next(o.transient_backward for o in b.ops if o.name.startswith("sdpa"))  # type: ignore[attr-defined]
+
+    extra = [sdpa(block) - sdpa(plain)]
+    assert extra == [2 * kv + 2 * 4 * kv // 2]  # and dk, dv (fp32) travel with them
+
+
+def test_cp_halves_the_activations_of_a_step() -> None:
+    one = estimate(run(gpus=8, zero_stage=3)).breakdown["activations"]
+    two = estimate(run(gpus=8, zero_stage=3, cp=2)).breakdown["activations"]
+    assert 0.45 < two / one < 0.6
+
+
+def test_expert_parallel_rank_holds_its_experts_and_shards_their_states() -> None:
+    s = run("mixtral-8x7b", gpus=8, ep=8, zero_stage=1)
+    mesh = make_mesh(s)
+    assert (mesh.dp, mesh.expert_dp) == (8, 1)
+    model = tensor_parallel_shard(s.model, 1, 8)
+    assert model.local_experts == 1
+    experts = 32 * 3 * 4096 * 14336  # one expert per layer on this rank
+    total = sum(g.total for g in __import__("engine.params").params.model_tensors(model))
+    dense = total - experts
+    # ZeRO-1: dense states over dp = 8; the rank's expert is replicated dp / ep = 1 times
+    states = state_of(s)["optimizer_states"]
+    assert states == pytest.approx(8 * dense / 8 + 8 * experts, rel=1e-6)
+
+
+def test_capacity_factor_raises_the_busiest_expert_rank() -> None:
+    base = estimate(run("mixtral-8x7b", gpus=8, ep=8, zero_stage=1))
+    busy = estimate(run("mixtral-8x7b", gpus=8, ep=8, zero_stage=1, expert_capacity_factor=1.5))
+    assert busy.breakdown["activations"] > base.breakdown["activations"]
+    assert busy.breakdown["parameters"] == base.breakdown["parameters"]
+
+
+# -- framework layouts ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("zero", "dp", "per_param"),
+    [
+        # Megatron-LM docs (dist_optimizer.md): bf16 params, fp32 grads: 18 B without the
+        # distributed optimizer, 6 + 12/d with it
+        (0, 8, 18),
+        (1, 8, 6 + 12 / 8),
+        (1, 64, 6 + 12 / 64),
+    ],
+)
+def test_megatron_distributed_optimizer_bytes(zero: int, dp: int, per_param: float) -> None:
+    s = run(gpus=8, nodes=dp // 8, zero_stage=zero, framework="megatron")
+    assert sum(state_of(s).values()) / N == pytest.approx(per_param, rel=1e-8)
+
+
+@pytest.mark.parametrize(
+    ("zero", "grads", "rest_per_param"),
+    [
+        # 16-bit weights (2) and gradients (2) in the module; fp32 master, momentum,
+        # variance and gradient partition (16) in the optimizer
+        (0, 2 * N, 2 + 16),
+        (1, 2 * N, 2 + 16 / 8),
+        (2, 2 * DS_REDUCE_BUCKET, 2 + 18 / 8),  # + the 16-bit gradient partition
+        (3, 2 * DS_REDUCE_BUCKET, 18 / 8),
+    ],
+)
+def test_deepspeed_zero_layout(zero: int, grads: int, rest_per_param: float) -> None:
+    state = state_of(run(gpus=8, zero_stage=zero, framework="deepspeed"))
+    total = sum(state.values())
+    assert (total - grads) / N == pytest.approx(rest_per_param, rel=1e-8)
+
+
+def test_more_sharding_never_increases_model_states() -> None:
+    for framework in ("pytorch", "deepspeed", "megatron"):
+        totals = [
+            sum(state_of(run(zero_stage=z, framework=framework)).values()) for z in (0, 1, 2, 3)
+        ]
+        assert totals == sorted(totals, reverse=True), framework
+    wider = [sum(state_of(run(gpus=g, zero_stage=3)).values()) for g in (2, 4, 8)]
+    assert wider == sorted(wider, reverse=True)
+
+
+def test_hybrid_shard_keeps_the_shards_inside_a_node() -> None:
+    full = make_mesh(run(gpus=8, nodes=4, zero_stage=3))
+    hybrid = make_mesh(run(gpus=8, nodes=4, zero_stage=3, hybrid_shard=True))
+    assert (full.shard, hybrid.shard) == (32, 8)
+    states = state_of(run(gpus=8, nodes=4, zero_stage=3, hybrid_shard=True))
+    assert states["optimizer_states"] == pytest.approx(8 * N / 8, rel=1e-8)
+    assert "shard (within a node)" in hybrid.communicators()
+
+
+# -- offload, host RAM, NCCL ----------------------------------------------------------
+
+
+def test_activation_offload_moves_checkpointed_inputs_to_the_host() -> None:
+    t = {"activation_checkpointing": "full", "micro_batch_size": 2}
+    kept = estimate(run(gpus=8, zero_stage=3, training=t))
+    off = estimate(run(gpus=8, zero_stage=3, training=t, offload=OffloadSpec(activations="cpu")))
+    inputs = 32 * 2 * 4096 * 4096 * 4  # 32 layers x b s h, fp32 residual (autocast)
+    assert off.host_bytes == inputs
+    assert kept.breakdown["activations"] - off.breakdown["activations"] == pytest.approx(
+        inputs, rel=0.02
+    )
+    assert off.host_node_bytes == 8 * inputs
+
+
+def test_host_ram_verdict_against_the_users_figure() -> None:
+    offload = OffloadSpec(optimizer="cpu", parameters="cpu")
+    est = estimate(run(gpus=8, zero_stage=3, offload=offload, host_gib=64))
+    # fp32 weights, gradients and AdamW moments of 8 shards on one node: 16 B x N
+    assert est.host_node_bytes == pytest.approx(16 * N, rel=1e-8)
+    assert est.host_verdict == "oom"
+    assert estimate(run(gpus=8, zero_stage=3, offload=offload, host_gib=256)).host_verdict == "fits"
+    assert estimate(run(gpus=8, zero_stage=3, offload=offload)).host_verdict == "unknown"
+    assert estimate(run(gpus=8, zero_stage=3)).to_dict()["host"]["verdict"] == "fits"
+
+
+def test_nccl_buffers_count_per_communicator() -> None:
+    single = estimate(run(gpus=1))
+    assert all("NCCL" not in i.name for i in single.items)
+    dp_tp = estimate(run(gpus=8, tp=2, zero_stage=1))
+    nccl = next(i for i in dp_tp.items if i.name.startswith("NCCL"))
+    assert nccl.bytes == 2 * NCCL_COMMUNICATOR_MIB * MIB  # data parallel + tensor parallel
+    # nvidia-smi sees them; PyTorch's pool does not
+    assert dp_tp.device_bytes - dp_tp.reserved_bytes >= nccl.bytes
+
+
+# -- the mesh's errors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"vpp": 2, "pp_schedule": "interleaved-1f1b"}, "training.parallelism.vpp"),  # pp = 1
+        ({"pp": 2, "vpp": 3, "pp_schedule": "interleaved-1f1b"}, "training.parallelism.vpp"),
+        ({"cp": 2, "training": {"attention": "eager"}}, "training.parallelism.cp"),
+        (
+            {"tp": 8, "sequence_parallel": True, "training": {"sequence_length": 4100}},
+            "training.parallelism.sequence_parallel",
+        ),
+        ({"pp": 2, "zero_stage": 2, "framework": "deepspeed"}, "training.parallelism.zero_stage"),
+        ({"hybrid_shard": True}, "training.parallelism.hybrid_shard"),
+        ({"offload": OffloadSpec(activations="cpu")}, "training.offload.activations"),
+    ],
+)
+def test_mesh_errors_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(EstimateError) as info:
+        make_mesh(run(gpus=8, **kwargs))
+    assert info.value.field == field
+
+
+def test_hybrid_shard_needs_tp_inside_a_node() -> None:
+    with pytest.raises(EstimateError, match="hybrid_shard"):
+        make_mesh(run(gpus=4, nodes=4, tp=8, zero_stage=3, hybrid_shard=True))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pp_schedule": "interleaved-1f1b"}, "at least 2"),
+        ({"vpp": 2}, "interleaved-1f1b"),
+        ({"framework": "jax"}, "pytorch, deepspeed, megatron"),
+        ({"expert_capacity_factor": 0.5}, r"\[1, 64\]"),
+    ],
+)
+def test_parallelism_spec_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(EstimateError, match=message):
+        ParallelismSpec(**kwargs)
