@@ -272,7 +272,7 @@ def _rank(
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations)
     comms = mesh.communicators()
-    nccl = nccl_bytes(comms)
+    nccl = nccl_bytes(comms, arch)
     items += [
         MemoryItem(
             "allocator rounding (2 MiB blocks)",
@@ -309,7 +309,7 @@ def _rank(
                 "NCCL communicator buffers",
                 "overhead",
                 nccl,
-                ", ".join(f"{name} ({n})" for name, n in comms.items()),
+                ", ".join(f"{name} ({n} ranks)" for name, n in comms.items()),
                 "engine.overhead.nccl_bytes",
             )
         )

@@ -46,29 +46,34 @@ FRAGMENTATION = 0.05
 ROUNDING_PER_LARGE_BLOCK = MIB
 
 
-#: GPU memory of one NCCL communicator, MiB: see :func:`nccl_bytes`
-NCCL_COMMUNICATOR_MIB = 288
-#: a point-to-point communicator (pipeline send/receive) connects one peer, not a ring
-NCCL_P2P_MIB = 40
+#: GPU memory of one NCCL collective communicator by architecture, MiB (see nccl_bytes)
+NCCL_COMMUNICATOR_MIB = {"hopper": 1024, "blackwell": 1024}
+DEFAULT_NCCL_COMMUNICATOR_MIB = 640
+#: a point-to-point communicator (one pipeline send/receive pair): one shared buffer set
+NCCL_P2P_MIB = 256
 
 
-def nccl_bytes(communicators: dict[str, int]) -> int:
+def nccl_bytes(communicators: dict[str, int], architecture: str) -> int:
     """GPU memory NCCL takes for the communicators of one rank (outside PyTorch's pool:
     it counts towards nvidia-smi, not ``max_memory_reserved``).
 
-    PyTorch creates one communicator per process group (lazily, at its first collective);
-    pipeline parallelism adds one per send/receive pair. Each communicator allocates, per
-    channel and per peer of its ring or tree, a buffer per protocol (Simple:
-    ``NCCL_BUFFSIZE`` = 4 MiB; LL128 about 4.5 MiB; LL 256 KiB): with the 16-32 channels
-    NCCL opens on NVLink that is a few hundred MiB per collective communicator. The figure
-    here is a documented typical value (:data:`NCCL_COMMUNICATOR_MIB`), not a measurement
-    of your fabric; ``NCCL_BUFFSIZE``, ``NCCL_MAX_NCHANNELS`` and NVLink SHARP change it.
+    PyTorch creates one communicator per process group, lazily at its first collective,
+    and one more per pipeline send/receive pair (``ProcessGroupNCCL::pointToPoint``).
+    NCCL gives every channel of a ring or tree its own buffer per protocol -- Simple
+    ``NCCL_BUFFSIZE`` = 4 MiB, LL128 4.69 MiB, LL 512 KiB (``src/include/device.h``) --
+    and opens 16-32 channels on NVLink; send/receive share one buffer set. Measured:
+    544-688 MB per communicator on 4 x A100 (NVIDIA/nccl issue 964); on H100/H200 NVLink
+    SHARP adds 256 MiB to 2.25 GiB per GPU (``nvls.cc``; vllm issue 9699), vLLM reports
+    about 1 GiB per rank at tp 4 and Megatron tp2 pp2 dp2 frees about 7 GB per rank when
+    its communicators are suspended (verl PR 6408). The figures here are typical values
+    from those reports, not a measurement of your fabric; ``NCCL_BUFFSIZE``,
+    ``NCCL_MAX_NCHANNELS`` and ``NCCL_NVLS_ENABLE`` move them.
     """
+    collective = NCCL_COMMUNICATOR_MIB.get(architecture, DEFAULT_NCCL_COMMUNICATOR_MIB)
     total = 0
     for name, size in communicators.items():
         if size > 1:
-            p2p = name.startswith("pipeline")
-            total += (NCCL_P2P_MIB if p2p else NCCL_COMMUNICATOR_MIB) * MIB
+            total += (NCCL_P2P_MIB if name.startswith("pipeline") else collective) * MIB
     return total
 
 

@@ -66,9 +66,15 @@ class Timeline:
 def _mode(training: TrainingSpec) -> str:
     """fp32, pure 16-bit ("half") or autocast over fp32 weights ("amp"). DeepSpeed and
     Megatron-LM run mixed precision on 16-bit module weights (the fp32 master copy lives in
-    the optimizer), so their steps compute like pure 16-bit ones."""
+    the optimizer), and FSDP FULL_SHARD / FSDP2 on 16-bit gathered units (the fp32 shards
+    are the master copy), so their steps compute like pure 16-bit ones."""
     precision = training.precision
-    if training.parallelism.framework != "pytorch" and precision.endswith("-mixed"):
+    par = training.parallelism
+    full_shard = par.zero_stage == 3 and training.method in ("full", "freeze")
+    if precision.endswith("-mixed") and (par.framework != "pytorch" or full_shard):
+        # FSDP's MixedPrecision(param_dtype=bf16) gathers each unit in 16 bits and runs
+        # the forward on it: no autocast cache, a 16-bit residual stream (adapters of a
+        # 16-bit base keep PEFT's fp32 copies and autocast)
         return "half"
     return {"fp32": "fp32", "bf16": "half"}.get(precision, "amp")
 
