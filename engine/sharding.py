@@ -60,14 +60,15 @@ class Mesh:
 
     @property
     def expert_dp(self) -> int:
-        """The data-parallel size of the routed experts: each is replicated dp / ep times."""
-        return self.dp // self.ep
+        """The data-parallel size of the routed experts: each is replicated
+        dp x cp / ep times."""
+        return self.dp * self.cp // self.ep
 
     def communicators(self) -> dict[str, int]:
         """The NCCL communicators one rank belongs to, by group, with the group size."""
         groups = {"data parallel": self.dp, "tensor parallel": self.tp, "context": self.cp}
         groups["expert parallel"] = self.ep
-        if self.shard not in (1, self.dp):
+        if self.shard not in (1, self.dp, self.dp * self.cp):
             groups["shard (within a node)"] = self.shard
         out = {name: n for name, n in groups.items() if n > 1}
         if self.pp > 1:  # PyTorch makes one communicator per send/receive pair
@@ -144,16 +145,19 @@ def make_mesh(scenario: Scenario) -> Mesh:
             f"got {p.zero_stage}, expected 0 or 1: DeepSpeed's pipeline engine "
             "supports ZeRO stages 0 and 1 only",
         )
-    shard = dp
+    # context-parallel ranks hold the same weights (only the sequence is split), so the
+    # ZeRO/FSDP shards and the gradient reduction span dp x cp (Megatron's
+    # data-parallel-with-context group; torchtitan's dp_shard x cp mesh)
+    shard = dp * p.cp
     if p.hybrid_shard:
         if p.zero_stage == 0:
             raise EstimateError(f"{P}.hybrid_shard", "needs zero_stage >= 1 (there is no shard)")
-        if hw.gpus_per_node % (p.tp * p.cp):
+        if hw.gpus_per_node % p.tp:
             raise EstimateError(
                 f"{P}.hybrid_shard",
-                f"tp x cp = {p.tp * p.cp} must divide the {hw.gpus_per_node} GPUs of a node",
+                f"tp = {p.tp} must divide the {hw.gpus_per_node} GPUs of a node",
             )
-        shard = _gcd(dp, hw.gpus_per_node // (p.tp * p.cp))
+        shard = _gcd(dp * p.cp, hw.gpus_per_node // p.tp)
     offload = training.offload
     if offload.parameters != "none" and p.zero_stage < 3:
         raise EstimateError(
@@ -276,7 +280,9 @@ def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
                 main = MemoryItem(
                     "main_grad buffer (fp32)", "gradients", 4 * n, f"{n:,} x 4 B", _SRC[framework]
                 )
-                parts.append(_Part(main, 2, persistent=True))
+                # with the optimizer offloaded (HybridDeviceOptimizer) the buffer stays:
+                # gradients are copied to the host for the step
+                parts.append(_Part(main, 2, persistent=True, pinned_to_gpu=True))
         else:
             parts.append(_Part(item, stage_of[item.category]))
     return parts
@@ -343,7 +349,9 @@ def shard(
     stage = training.parallelism.zero_stage
     offload = training.offload
     experts = _expert_share(model or scenario.model, training) if mesh.ep > 1 else Fraction(0)
-    expert_group = max(1, mesh.expert_dp if mesh.shard == mesh.dp else mesh.shard // mesh.ep)
+    expert_group = max(
+        1, mesh.expert_dp if mesh.shard == mesh.dp * mesh.cp else mesh.shard // mesh.ep
+    )
     items: list[MemoryItem] = []
     host: list[MemoryItem] = []
     nvme: list[MemoryItem] = []

@@ -364,3 +364,21 @@ def test_hybrid_shard_needs_tp_inside_a_node() -> None:
 def test_parallelism_spec_rejects_bad_values(kwargs: dict, message: str) -> None:
     with pytest.raises(EstimateError, match=message):
         ParallelismSpec(**kwargs)
+
+
+def test_context_parallel_ranks_share_the_zero_shards() -> None:
+    """cp ranks hold the same weights, so ZeRO/FSDP shard over dp x cp (Megatron's
+    data-parallel-with-context group, torchtitan's dp_shard x cp mesh)."""
+    s = run(gpus=8, cp=2, zero_stage=3)
+    mesh = make_mesh(s)
+    assert (mesh.dp, mesh.shard) == (4, 8)
+    assert state_of(s)["optimizer_states"] == pytest.approx(8 * N / 8, rel=1e-8)
+
+
+def test_megatron_optimizer_offload_keeps_the_main_grad_buffer_on_the_gpu() -> None:
+    s = run(gpus=8, tp=8, zero_stage=1, framework="megatron", offload=OffloadSpec(optimizer="cpu"))
+    est = estimate(s)
+    rank = N // 8  # roughly: the norms stay whole on every tensor-parallel rank
+    assert est.breakdown["gradients"] == pytest.approx(4 * rank, rel=0.01)
+    assert est.breakdown["optimizer_states"] == 0
+    assert est.host_bytes == pytest.approx(12 * rank, rel=0.01)  # master, m, v
