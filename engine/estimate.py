@@ -25,7 +25,7 @@ from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
 from engine.params import model_tensors
 from engine.sharding import Mesh, Sharded, make_mesh, shard, tensor_parallel_shard
 from engine.specs import ModelSpec, Scenario, TrainingSpec
-from engine.timeline import Point, Stage, Timeline, make_ctx, step_timeline
+from engine.timeline import Gather, Point, Stage, Timeline, make_ctx, step_timeline
 
 SCHEMA_VERSION = 1
 GIB = 1 << 30
@@ -261,12 +261,12 @@ def _rank(
         state,
         sharded.grad_share,
         sharded.optimizer_share,
-        sharded.gathered,
+        sharded.gather,
         stage,
         sharded.grad_buffer,
     )
     peak = timeline.peak
-    items = _items_at_peak(state, timeline, sharded.gathered)
+    items = _items_at_peak(state, timeline, sharded.gather)
     allocated = sum(i.bytes for i in items)
     large_blocks = sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
     arch = scenario.hardware.gpu.architecture
@@ -431,18 +431,18 @@ def estimate(scenario: Scenario) -> Estimate:
     )
 
 
-def _items_at_peak(state: ModelState, timeline: Timeline, gathered: int) -> list[MemoryItem]:
+def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> list[MemoryItem]:
     """The named items live at the peak; they add up to the allocated bytes."""
     peak = timeline.peak
     items = [i for i in state.items if i.category in ("parameters", "overhead")]
-    if timeline.autocast_copies and gathered:
+    if timeline.autocast_copies and gather.active:
         items.append(
             MemoryItem(
-                "gathered parameter units (current + prefetched layer, 16-bit)",
+                "gathered parameter units (root, current and prefetched layers)",
                 "parameters",
                 timeline.autocast_copies,
-                "2 layers x 2 B per parameter",
-                "ZeRO-3 / FSDP FULL_SHARD all-gather with prefetch",
+                "units in the gathering dtype, with their all-gather buffers",
+                "engine.sharding.gather_buffers",
             )
         )
     elif timeline.autocast_copies:
@@ -456,16 +456,34 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gathered: int) -> list
             )
         )
     total_grads = state.category_bytes("gradients")
-    if peak.gradients:
-        grad_item = next(i for i in state.items if i.category == "gradients")
-        share = "all" if peak.gradients >= total_grads else f"{peak.gradients / total_grads:.0%}"
+    # FSDP's gradient buffers (a layer's unsharded gradients, the reduce-scatter input)
+    buffers = gather.grads + gather.reduce if peak.phase == "backward" else 0
+    reduce = min(buffers, peak.gradients)
+    produced = peak.gradients - reduce
+    grad_items = [i for i in state.items if i.category == "gradients"]
+    if produced >= total_grads:
+        items += grad_items
+        produced -= total_grads
+    if produced and grad_items:
+        first = grad_items[0]
+        share = f"{produced / total_grads:.0%}" if total_grads else "part"
         items.append(
             MemoryItem(
-                f"{grad_item.name}, {share} produced at the peak",
+                f"{first.name}, {share} produced at the peak",
                 "gradients",
-                peak.gradients,
-                grad_item.formula,
-                grad_item.source,
+                produced,
+                first.formula,
+                first.source,
+            )
+        )
+    if reduce:
+        items.append(
+            MemoryItem(
+                "a layer's unsharded gradients and reduce-scatter input",
+                "gradients",
+                reduce,
+                "largest layer x (gradient dtype + reduce dtype)",
+                "engine.sharding.gather_buffers (FSDP2 foreach_reduce)",
             )
         )
     items += [i for i in state.items if i.category == "optimizer_states"]

@@ -36,6 +36,7 @@ from engine.errors import EstimateError
 from engine.model_state import MemoryItem, ModelState
 from engine.params import model_tensors
 from engine.specs import ModelSpec, Scenario, TrainingSpec
+from engine.timeline import Gather
 
 P = "training.parallelism"
 
@@ -216,8 +217,8 @@ class Sharded:
     grad_share: Fraction
     #: the share of the optimizer's temporaries allocated on this GPU
     optimizer_share: Fraction
-    #: bytes of all-gathered parameter units live during forward and backward (stage 3)
-    gathered: int
+    #: all-gathered parameter units and communication buffers (ZeRO-3 / FSDP)
+    gather: Gather
     host: tuple[MemoryItem, ...]
     nvme: tuple[MemoryItem, ...]
     #: gradient buffers that live through the whole step (Megatron's ``main_grad``,
@@ -245,7 +246,10 @@ class _Part:
 def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
     """The model state as the chosen framework lays it out (see the module docstring)."""
     framework = training.parallelism.framework
-    stage_of = {"parameters": 3, "gradients": 2, "optimizer_states": 1, "overhead": 99}
+    # FSDP's SHARD_GRAD_OP shards the parameters at rest too (they are gathered from the
+    # forward to the backward); DeepSpeed's ZeRO-2 keeps them whole
+    params_from = 2 if framework == "pytorch" else 3
+    stage_of = {"parameters": params_from, "gradients": 2, "optimizer_states": 1, "overhead": 99}
     mixed = training.precision in MIXED and framework != "pytorch"
     parts: list[_Part] = []
     n = state.trainable_params
@@ -399,16 +403,51 @@ def shard(
     optimizer_share = Fraction(1, mesh.shard) if stage >= 1 else Fraction(1)
     if offload.optimizer != "none" or framework != "pytorch":
         optimizer_share = Fraction(0)  # on the host, or a fused multi-tensor kernel
-    gathered = 0
-    if stage >= 3:  # even on one rank: the gathered unit is a buffer of its own
-        # the current layer all-gathered in the compute dtype, and the next one prefetched
-        per_layer: dict[tuple[int, int], int] = {}
-        for g in model_tensors(model or scenario.model):
-            if g.layers:
-                span = g.layers[1] - g.layers[0]
-                per_layer[g.layers] = per_layer.get(g.layers, 0) + g.total // span
-        gathered = 2 * 2 * max(per_layer.values(), default=0)
+    gather = gather_buffers(state, training, model or scenario.model)
     new_state = replace(state, items=tuple(items))
-    return Sharded(
-        new_state, grad_share, optimizer_share, gathered, tuple(host), tuple(nvme), buffer
-    )
+    return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
+
+
+def gather_buffers(state: ModelState, training: TrainingSpec, model: ModelSpec) -> Gather:
+    """What the parameter gathering of ZeRO-3 / FSDP keeps on the GPU beyond the shards.
+
+    * **DeepSpeed ZeRO-3** (and its estimator's ``4 x largest layer``): the current and
+      the prefetched unit in 16 bits.
+    * **FSDP2** ``fully_shard`` per block and on the root, as a step traced with a fake
+      process group shows it (``tests/validation/dataset_multi.json``): the root unit
+      (embedding, final norm, LM head) stays gathered from its forward to the end of the
+      backward. In the forward the current layer's parameters, its flat all-gather output
+      (kept until the next layer waits for its own) and the next layer's all-gather in
+      flight are live. In the backward the current layer and the next one's all-gather
+      output are live; the layer's unsharded gradients are copied into a flat
+      reduce-scatter input in the reduce dtype (fp32 under ``MixedPrecisionPolicy(bf16,
+      fp32)``), kept until the next reduce-scatter. With ``reshard_after_forward=False``
+      (SHARD_GRAD_OP) every layer stays gathered from its forward to its backward.
+
+    The parameter dtype of the gathered units is 16-bit under mixed precision (FSDP's
+    ``param_dtype``), else the weights' own.
+    """
+    par = training.parallelism
+    stage = par.zero_stage
+    sharded_units = stage == 3 or (stage == 2 and par.framework == "pytorch")
+    if not sharded_units or par.framework == "megatron":
+        return Gather()
+    per_layer: dict[tuple[int, int], int] = {}
+    layer_params = 0
+    for g in model_tensors(model):
+        if g.layers:
+            span = g.layers[1] - g.layers[0]
+            per_layer[g.layers] = per_layer.get(g.layers, 0) + g.total // span
+            layer_params += g.total
+    largest = max(per_layer.values(), default=0)
+    if par.framework == "deepspeed":
+        return Gather(forward=2 * 2 * largest, backward=2 * 2 * largest)
+    fp32 = training.precision == "fp32"
+    pd = 4 if fp32 else 2
+    rd = 2 if training.precision == "bf16" else 4
+    root = pd * max(0, state.total_params - layer_params)
+    unit = pd * largest
+    reduce = rd * largest
+    if stage == 3:
+        return Gather(root + 3 * unit, root + 2 * unit, unit, reduce)
+    return Gather(root + 2 * unit, root, unit, reduce, unit=unit)

@@ -165,6 +165,25 @@ def _blocks(
 
 
 @dataclass(frozen=True, slots=True)
+class Gather:
+    """Bytes that ZeRO-3 / FSDP keep gathered beyond the shards (see
+    :func:`engine.sharding.gather_buffers`): parameters live throughout the forward and
+    the backward; in the backward a layer's unsharded gradients (``grads``) and, from the
+    first reduce-scatter on, its flat input (``reduce``); and ``unit`` -- under FSDP's
+    SHARD_GRAD_OP -- per layer, from the layer's forward to its backward."""
+
+    forward: int = 0
+    backward: int = 0
+    grads: int = 0
+    reduce: int = 0
+    unit: int = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.forward or self.backward or self.unit)
+
+
+@dataclass(frozen=True, slots=True)
 class Stage:
     """A pipeline stage: does it hold the embedding, the LM head and loss, and how many
     micro-batches' activations does it keep at once (see :func:`engine.estimate.inflight`).
@@ -182,7 +201,7 @@ def step_timeline(
     state: ModelState,
     grad_share: Fraction = Fraction(1),
     optimizer_share: Fraction = Fraction(1),
-    gathered: int = 0,
+    gather: Gather = Gather(),
     stage: Stage = Stage(),
     grad_buffer: int = 0,
 ) -> Timeline:
@@ -191,8 +210,8 @@ def step_timeline(
     With data-parallel sharding (:mod:`engine.sharding`) ``state`` is this rank's share,
     ``grad_share`` the share of each gradient kept as backward produces it (ZeRO-2/3
     reduce-scatter the rest away), ``optimizer_share`` the share of the optimizer's
-    temporaries, and ``gathered`` the all-gathered parameter units of ZeRO-3 live during
-    forward and backward. ``grad_buffer`` is gradient memory that lives through the whole
+    temporaries, and ``gather`` the all-gathered parameter units and communication
+    buffers of ZeRO-3 / FSDP. ``grad_buffer`` is gradient memory that lives through the whole
     step (Megatron's fp32 ``main_grad``, DeepSpeed's fp32 partition and reduce bucket).
     With ``offload.activations = "cpu"`` the inputs of checkpointed layers wait in host
     memory, not on the GPU.
@@ -227,14 +246,19 @@ def step_timeline(
     g_num, g_den = grad_share.numerator, grad_share.denominator
     waiting = 0  # activations of the other in-flight micro-batches (set after forward)
 
+    units_held = 0  # SHARD_GRAD_OP: layers gathered in forward, not yet through backward
+    reducing = 0  # the reduce-scatter input, once the first layer's gradients are reduced
+
     def add(phase: str, layer: int | None, label: str, p: int, g: int, o: int, a: int) -> None:
         if phase in ("forward", "backward"):
-            if gathered:
-                # ZeRO-3/FSDP gathers each unit in the compute dtype and frees it after use:
-                # those gathered units replace autocast's copies
-                p = params + gathered
             if g_den != 1 or g_num != 1:
                 g = g * g_num // g_den
+            if gather.active:
+                # ZeRO-3/FSDP gathers each unit in the compute dtype and frees it after use:
+                # the gathered units replace autocast's copies
+                forward = phase == "forward"
+                p = params + units_held + (gather.forward if forward else gather.backward)
+                g += 0 if forward else gather.grads + reducing
             a += waiting
         if phase != "optimizer":
             g += grad_buffer
@@ -284,6 +308,7 @@ def step_timeline(
         # checkpointing keeps only the layer's input; autocast's cache keeps the copies
         kept_act += ckpt_input if ckpt[i] else res.kept - c
         copies += c
+        units_held += gather.unit
     if not stage.last:  # the output goes to the next stage; its gradient comes back
         head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
         head_copies = 0
@@ -364,6 +389,8 @@ def step_timeline(
             copies -= c
         grads += res.param_grads
         grad_in = res.input_grad
+        units_held -= gather.unit
+        reducing = gather.reduce
     if trains_embeddings:
         dense_grad = model.vocab_size * h * (2 if training.precision == "bf16" else 4)
         tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's grad

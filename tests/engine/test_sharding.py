@@ -42,7 +42,8 @@ def scenario(
         # bf16-mixed AdamW: 4 B weights, 4 B gradients, 8 B states per parameter
         (0, 4 * N, 4 * N, 8 * N),
         (1, 4 * N, 4 * N, 8 * N // 8),
-        (2, 4 * N, 4 * N // 8, 8 * N // 8),
+        # PyTorch's ZeRO-2 is FSDP SHARD_GRAD_OP: the weights are sharded at rest too
+        (2, 4 * N // 8, 4 * N // 8, 8 * N // 8),
         (3, 4 * N // 8, 4 * N // 8, 8 * N // 8),
     ],
 )
@@ -65,16 +66,34 @@ def test_more_sharding_never_increases_the_per_gpu_peak() -> None:
     )
 
 
-def test_zero3_holds_two_gathered_layers_in_16_bit() -> None:
+def test_fsdp_full_shard_gathers_the_root_and_three_layer_units_in_16_bit() -> None:
     s = scenario(zero=3)
     sharded = shard(model_state(s.model, s.training), s, make_mesh(s))
     layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
-    assert sharded.gathered == 2 * 2 * layer
+    root = 2 * 128256 * 4096 + 4096  # embedding, LM head, final norm
+    unit = 2 * layer  # bf16 (MixedPrecisionPolicy param_dtype)
+    g = sharded.gather
+    # forward: the current layer, its flat all-gather output, the next one's in flight
+    assert g.forward == 2 * root + 3 * unit
+    # backward: the current layer and the next one's all-gather output; the layer's bf16
+    # gradients and their fp32 reduce-scatter input
+    assert (g.backward, g.grads, g.reduce) == (2 * root + 2 * unit, unit, 4 * layer)
+    deepspeed = dataclasses.replace(
+        s,
+        training=dataclasses.replace(
+            s.training, parallelism=ParallelismSpec(zero_stage=3, framework="deepspeed")
+        ),
+    )
+    ds = shard(model_state(s.model, s.training), deepspeed, make_mesh(deepspeed)).gather
+    assert ds.forward == ds.backward == 2 * 2 * layer  # DeepSpeed's "4 x largest layer"
 
 
 def test_optimizer_offload_moves_states_and_gradients_to_the_host() -> None:
     est = estimate(scenario(zero=2, offload=OffloadSpec(optimizer="cpu")))
-    assert est.breakdown["optimizer_states"] == 0 and est.breakdown["gradients"] == 0
+    assert est.breakdown["optimizer_states"] == 0
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    # only FSDP's per-layer buffers: bf16 unsharded gradients + the fp32 reduce-scatter input
+    assert est.breakdown["gradients"] <= (2 + 4) * layer
     assert est.host_bytes == 8 * N // 8 + 4 * N // 8
     nvme = estimate(scenario(zero=3, offload=OffloadSpec(optimizer="nvme", parameters="nvme")))
     assert nvme.nvme_bytes == 8 * N // 8 + 4 * N // 8

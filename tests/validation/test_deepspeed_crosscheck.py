@@ -61,7 +61,7 @@ def scenario(r: dict[str, Any]) -> Scenario:
 def gpu_model_states(s: Scenario) -> int:
     sharded = shard(model_state(s.model, s.training), s, make_mesh(s))
     kept = [i for i in sharded.state.items if "bucket" not in i.name]
-    return sum(i.bytes for i in kept) + sharded.gathered
+    return sum(i.bytes for i in kept) + sharded.gather.forward
 
 
 def record_id(r: dict[str, Any]) -> str:
