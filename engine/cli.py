@@ -4,6 +4,9 @@
 ``memfit estimate --model llama-3-8b --gpu h100-sxm-80gb --method lora ...`` prints a table;
 flags override any field of the scenario (``--set training.lora.alpha=64`` reaches the
 ones without a flag of their own); ``memfit presets models|gpus`` lists the presets.
+On more than one GPU the table adds the device mesh and one row per distinct rank group
+(pipeline stage), the worst marked; with offload, or the host RAM given, the host RAM per
+node and its verdict.
 Bad input prints one line naming the field and exits with status 2.
 """
 
@@ -19,14 +22,18 @@ from engine.errors import EstimateError
 from engine.estimate import GIB, Estimate, estimate
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
+from engine.report import mesh_text, peak_phase, shows_host, shows_ranks
 from engine.scenario_io import read_json, save_scenario, scenario_from_dict
 from engine.specs import (
+    ACTIVATION_OFFLOAD,
     ATTENTION_KERNELS,
     CHECKPOINTING,
+    FRAMEWORKS,
     METHODS,
     OFFLOAD_TARGETS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
+    PP_SCHEDULES,
     PRECISIONS,
 )
 
@@ -49,6 +56,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "gpus_per_node": (("hardware", "gpus_per_node"), int),
     "nodes": (("hardware", "nodes"), int),
     "memory_gib": (("hardware", "memory_gib"), float),
+    "host_memory_gib": (("hardware", "host_memory_gib"), float),
     "budget": (("hardware", "utilization_target"), float),
     "method": (("training", "method"), str),
     "precision": (("training", "precision"), str),
@@ -71,8 +79,14 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "cp": (("training", "parallelism", "cp"), int),
     "ep": (("training", "parallelism", "ep"), int),
     "zero": (("training", "parallelism", "zero_stage"), int),
+    "vpp": (("training", "parallelism", "vpp"), int),
+    "pp_schedule": (("training", "parallelism", "pp_schedule"), str),
+    "sequence_parallel": (("training", "parallelism", "sequence_parallel"), bool),
+    "framework": (("training", "parallelism", "framework"), str),
+    "hybrid_shard": (("training", "parallelism", "hybrid_shard"), bool),
     "offload_optimizer": (("training", "offload", "optimizer"), str),
     "offload_parameters": (("training", "offload", "parameters"), str),
+    "offload_activations": (("training", "offload", "activations"), str),
 }
 
 
@@ -171,6 +185,8 @@ def format_table(est: Estimate) -> str:
             f"             frozen weights: {est.bytes_per_frozen_param:.4g} B per parameter"
         )
     lines += ["", f"{'Per GPU, GiB (2^30 B)':<58}{'GiB':>10}"]
+    if len(est.rank_groups) > 1:
+        lines.append(f"(the worst rank group: {est.worst_group})")
     breakdown = est.breakdown
     for category, total in breakdown.items():
         items = [i for i in est.items if i.category == category]
@@ -192,10 +208,54 @@ def format_table(est: Estimate) -> str:
         + (" (a lower bound: parts of the step are not modelled yet)" if est.not_modelled else ""),
     ]
     lines += [f"warning: {w}" for w in est.warnings]
+    lines += _rank_lines(est) + _host_lines(est)
     if est.not_modelled:
         lines += ["", "Not yet modelled (counted as 0 above):"]
         lines += [f"  - {note}" for note in est.not_modelled]
     return "\n".join(lines)
+
+
+def _rank_lines(est: Estimate) -> list[str]:
+    """The mesh and one row per rank group, the worst marked; none on a single GPU."""
+    if not shows_ranks(est):
+        return []
+    width = max(len(g.group) for g in est.rank_groups) + 4
+    lines = [
+        "",
+        f"mesh: {mesh_text(est)}",
+        "",
+        "Per rank group, per GPU, GiB (2^30 B)",
+        f"{'  group':<{width}}{'allocated':>10}{'reserved':>10}{'device':>10}  "
+        f"{'peak':<10}{'host':>8}",
+    ]
+    for g in est.rank_groups:
+        mark = "* " if g.group == est.worst_group else "  "
+        lines.append(
+            f"{mark + g.group:<{width}}{_gib(g.allocated_bytes):>10}{_gib(g.reserved_bytes):>10}"
+            f"{_gib(g.device_bytes):>10}  {peak_phase(g):<10}{_gib(g.host_bytes):>8}"
+        )
+    lines.append("* the worst group: its device total is the headline and sets the verdict")
+    return lines
+
+
+def _host_lines(est: Estimate) -> list[str]:
+    """Host RAM per node against the given host RAM; none without offload or a figure."""
+    if not shows_host(est):
+        return []
+    n = est.scenario.hardware.gpus_per_node
+    per_gpu = est.host_node_bytes // n
+    given = f"{'host RAM per node (given)':<58}"
+    if est.host_capacity_bytes is None:
+        given += f"{'unknown':>10}   give it with --host-memory-gib N"
+    else:
+        given += f"{_gib(est.host_capacity_bytes):>10}"
+    return [
+        "",
+        f"{'host RAM per node (offload)':<58}{_gib(est.host_node_bytes):>10}"
+        f"   {n} GPU{'s' if n > 1 else ''} x {_gib(per_gpu)} GiB",
+        given,
+        f"host verdict: {est.host_verdict.upper()}",
+    ]
 
 
 def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
@@ -210,6 +270,9 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--nodes", type=int)
     m.add_argument("--memory-gib", type=float, help="device memory in GiB (2^30 B)")
     m.add_argument("--budget", type=float, metavar="FRACTION", help="utilization target, 0.85")
+    m.add_argument(
+        "--host-memory-gib", type=float, help="host RAM per node in GiB, to check offload"
+    )
     t = p.add_argument_group("training")
     t.add_argument("--method", choices=METHODS)
     t.add_argument("--precision", choices=PRECISIONS)
@@ -234,8 +297,19 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--cp", type=int)
     t.add_argument("--ep", type=int)
     t.add_argument("--zero", type=int, metavar="STAGE")
+    t.add_argument("--pp-schedule", choices=PP_SCHEDULES)
+    t.add_argument("--vpp", type=int, help="virtual stages per rank (interleaved-1f1b)")
+    t.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    t.add_argument("--framework", choices=FRAMEWORKS)
+    t.add_argument(
+        "--hybrid-shard",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="shard within a node, replicate across nodes (FSDP HYBRID_SHARD)",
+    )
     t.add_argument("--offload-optimizer", choices=OFFLOAD_TARGETS)
     t.add_argument("--offload-parameters", choices=OFFLOAD_TARGETS)
+    t.add_argument("--offload-activations", choices=ACTIVATION_OFFLOAD)
     p.add_argument(
         "--set",
         action="append",

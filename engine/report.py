@@ -1,7 +1,11 @@
 """The breakdown of an estimate as data: CSV, JSON and a Markdown table.
 
 All three carry the same rows -- every named item with its category, bytes (an exact
-integer), GiB (2^30 bytes) and formula -- and the totals.
+integer), GiB (2^30 bytes) and formula -- and the totals. Runs on more than one GPU also get
+one row per distinct rank group (category ``rank``: what each pipeline stage holds), and
+runs that offload to host memory, or that give the host RAM per node, get the ``host`` rows
+(host RAM per node and its verdict). Only the five breakdown categories sum to the device
+total; :func:`breakdown_rows` returns just those.
 
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
@@ -9,6 +13,8 @@ integer), GiB (2^30 bytes) and formula -- and the totals.
 >>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4"))))
 >>> to_csv(est).splitlines()[0]
 'category,item,bytes,gib,formula,source'
+>>> shows_ranks(est), shows_host(est)
+(False, False)
 """
 
 from __future__ import annotations
@@ -17,37 +23,107 @@ import csv
 import io
 import json
 
-from engine.estimate import GIB, Estimate
+from engine.estimate import GIB, Estimate, RankGroup
 
 COLUMNS = ("category", "item", "bytes", "gib", "formula", "source")
+Row = dict[str, str | int]
+
+#: the host verdict in words, for tables and the app
+HOST_VERDICT_WORDS = {"fits": "fits", "oom": "does not fit", "unknown": "unknown"}
 
 
-def rows(est: Estimate) -> list[dict[str, str | int]]:
-    """One row per item, then the totals (category ``total``)."""
-    out: list[dict[str, str | int]] = [
-        {
-            "category": i.category,
-            "item": i.name,
-            "bytes": i.bytes,
-            "gib": f"{i.bytes / GIB:.4f}",
-            "formula": i.formula,
-            "source": i.source,
-        }
-        for i in est.items
+def shows_ranks(est: Estimate) -> bool:
+    """Whether reports list the rank groups: more than one group, or more than one GPU."""
+    return len(est.rank_groups) > 1 or est.scenario.hardware.world_size > 1
+
+
+def shows_host(est: Estimate) -> bool:
+    """Whether reports give the host RAM per node: offload is on, or the RAM is given."""
+    return (
+        est.host_node_bytes > 0
+        or est.host_capacity_bytes is not None
+        or not est.scenario.training.offload.is_trivial
+    )
+
+
+def peak_phase(group: RankGroup) -> str:
+    """The phase of a group's peak; the start of the step holds what the optimizer left."""
+    return "optimizer" if group.peak_phase == "before" else group.peak_phase
+
+
+def host_need(est: Estimate) -> str:
+    """``412.30 GiB per node (8 GPUs x 51.54 GiB)``: the host RAM offload takes."""
+    n = est.scenario.hardware.gpus_per_node
+    per_gpu = est.host_node_bytes // n
+    return (
+        f"{est.host_node_bytes / GIB:,.2f} GiB per node "
+        f"({n} GPU{'s' if n > 1 else ''} x {per_gpu / GIB:,.2f} GiB)"
+    )
+
+
+def host_summary(est: Estimate) -> str:
+    """``412.30 GiB per node (8 GPUs x 51.54 GiB) of 512.00 GiB: fits`` (GiB = 2^30 B)."""
+    if est.host_capacity_bytes is None:
+        return host_need(est) + ": host RAM per node not given"
+    return (
+        f"{host_need(est)} of {est.host_capacity_bytes / GIB:,.2f} GiB: "
+        f"{HOST_VERDICT_WORDS[est.host_verdict]}"
+    )
+
+
+def _row(category: str, item: str, n_bytes: int, formula: str = "", source: str = "") -> Row:
+    return {
+        "category": category,
+        "item": item,
+        "bytes": n_bytes,
+        "gib": f"{n_bytes / GIB:.4f}",
+        "formula": formula,
+        "source": source,
+    }
+
+
+def breakdown_rows(est: Estimate) -> list[Row]:
+    """One row per item at the peak; they sum to the device total."""
+    return [_row(i.category, i.name, i.bytes, i.formula, i.source) for i in est.items]
+
+
+def total_rows(est: Estimate) -> list[Row]:
+    """allocated, reserved, device, capacity and budget (category ``total``)."""
+    return [
+        _row("total", name, getattr(est, f"{name}_bytes"))
+        for name in ("allocated", "reserved", "device", "capacity", "budget")
     ]
-    for name in ("allocated", "reserved", "device", "capacity", "budget"):
-        value = getattr(est, f"{name}_bytes")
-        out.append(
-            {
-                "category": "total",
-                "item": name,
-                "bytes": value,
-                "gib": f"{value / GIB:.4f}",
-                "formula": "",
-                "source": "",
-            }
-        )
+
+
+def rank_rows(est: Estimate) -> list[Row]:
+    """Per rank group: allocated, reserved, device and host bytes of one of its GPUs."""
+    if not shows_ranks(est):
+        return []
+    out: list[Row] = []
+    for g in est.rank_groups:
+        worst = "worst group: sets the verdict; " if g.group == est.worst_group else ""
+        out += [
+            _row("rank", f"{g.group}: allocated", g.allocated_bytes),
+            _row("rank", f"{g.group}: reserved", g.reserved_bytes),
+            _row("rank", f"{g.group}: device", g.device_bytes, f"{worst}peak at {peak_phase(g)}"),
+            _row("rank", f"{g.group}: host per GPU", g.host_bytes, "offloaded to host memory"),
+        ]
     return out
+
+
+def host_rows(est: Estimate) -> list[Row]:
+    """Host RAM per node, and the user's host RAM per node when given."""
+    if not shows_host(est):
+        return []
+    out = [_row("host", "host RAM per node", est.host_node_bytes, host_summary(est))]
+    if est.host_capacity_bytes is not None:
+        out.append(_row("host", "host RAM capacity per node", est.host_capacity_bytes))
+    return out
+
+
+def rows(est: Estimate) -> list[Row]:
+    """Items, totals, then the rank groups and host rows where they apply."""
+    return breakdown_rows(est) + total_rows(est) + rank_rows(est) + host_rows(est)
 
 
 def to_csv(est: Estimate) -> str:
@@ -62,6 +138,20 @@ def to_json(est: Estimate) -> str:
     return json.dumps(est.to_dict(), indent=2) + "\n"
 
 
+def mesh_text(est: Estimate) -> str:
+    """``world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 | ep 1 | ZeRO shard group 1``."""
+    m = est.mesh
+    if m is None:
+        return ""
+    par = est.scenario.training.parallelism
+    schedule = f" ({par.pp_schedule})" if m.pp > 1 else ""
+    return (
+        f"world {m.world} = tp {m.tp} x pp {m.pp} x cp {m.cp} x dp {m.dp} | "
+        f"vpp {m.vpp}{schedule} | ep {m.ep} | ZeRO shard group {m.shard}"
+        + (" (within a node)" if par.hybrid_shard else "")
+    )
+
+
 def to_markdown(est: Estimate) -> str:
     """A table to paste into an issue or a document."""
     s = est.scenario
@@ -73,12 +163,27 @@ def to_markdown(est: Estimate) -> str:
         "| category | item | GiB | formula |",
         "|---|---|---:|---|",
     ]
-    for r in rows(est):
-        if r["category"] == "total":
-            lines.append(f"| **{r['item']}** | | **{r['gib']}** | |")
-        else:
-            lines.append(f"| {r['category']} | {r['item']} | {r['gib']} | {r['formula']} |")
+    for r in breakdown_rows(est):
+        lines.append(f"| {r['category']} | {r['item']} | {r['gib']} | {r['formula']} |")
+    for r in total_rows(est):
+        lines.append(f"| **{r['item']}** | | **{r['gib']}** | |")
     lines += ["", f"Verdict: **{est.verdict}**. GiB = 2^30 bytes."]
     if est.not_modelled:
         lines.append("Not yet modelled: " + "; ".join(est.not_modelled) + ".")
+    if shows_ranks(est):
+        lines += [
+            "",
+            f"Mesh: {mesh_text(est)}.",
+            "",
+            "| rank group | allocated GiB | reserved GiB | device GiB | peak | host GiB per GPU |",
+            "|---|---:|---:|---:|---|---:|",
+        ]
+        for g in est.rank_groups:
+            name = f"**{g.group} (worst)**" if g.group == est.worst_group else g.group
+            lines.append(
+                f"| {name} | {g.allocated_bytes / GIB:.4f} | {g.reserved_bytes / GIB:.4f} | "
+                f"{g.device_bytes / GIB:.4f} | {peak_phase(g)} | {g.host_bytes / GIB:.4f} |"
+            )
+    if shows_host(est):
+        lines += ["", f"Host RAM: {host_summary(est)}."]
     return "\n".join(lines) + "\n"

@@ -1,11 +1,14 @@
-"""The memory breakdown chart: one stacked bar per estimate, what-if ghosts beside it.
+"""The memory breakdown chart: stacked bars of the current estimate, what-if ghosts beside.
 
 What is inside:
 
 * :class:`Ghost` -- a what-if estimate to draw beside the current one (frozen value);
 * :class:`BreakdownChart` -- a ``QWidget`` wrapping one pyqtgraph ``PlotWidget``, with a
-  verdict banner above the plot and a "not yet modelled" note below it. Its one entry point
-  is :meth:`BreakdownChart.set_estimates`;
+  verdict banner and a host-RAM badge above the plot and a "not yet modelled" note below
+  it. The current estimate gets one solid bar, or one per distinct rank group (pipeline
+  stage) with the worst outlined; each what-if a see-through bar. Host RAM per node, which
+  offload fills, is a badge rather than a bar: it is not GPU memory and has its own scale.
+  The one entry point is :meth:`BreakdownChart.set_estimates`;
 * :data:`CATEGORY_COLOURS`, :data:`CATEGORY_NAMES` -- the Okabe--Ito colour and the human
   name of each breakdown category, shared with anything that draws the same categories;
 * :func:`gib_text` -- bytes as the GiB (2^30 bytes) text the chart prints.
@@ -28,11 +31,11 @@ import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
 from PySide6.QtCore import QEvent, QPointF, Qt, Signal, Slot
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPalette
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.estimate import GIB, Estimate
-from engine.model_state import CATEGORIES
+from engine.model_state import CATEGORIES, MemoryItem
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour
 #: vision deficiencies. One colour per category, the same in every chart.
@@ -58,6 +61,14 @@ VERDICTS: dict[str, tuple[str, str, str]] = {
     "oom": ("Does not fit", "#B3261E", "#FFFFFF"),
 }
 
+#: Host verdict -> (badge words, border colour, background, text colour); ``None`` takes
+#: the palette's text colour. The colours match the GPU verdicts.
+HOST_VERDICTS: dict[str, tuple[str, str | None, str, str | None]] = {
+    "fits": ("fits", "#1B7A3A", "transparent", None),
+    "oom": ("does not fit", "#B3261E", "#B3261E", "#FFFFFF"),
+    "unknown": ("give the host RAM per node to check it", None, "transparent", None),
+}
+
 Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
 BAR_HALF_WIDTH = 0.32
 GHOST_ALPHA = 110
@@ -74,6 +85,50 @@ def gib_text(n_bytes: int) -> str:
     if abs(gib) >= 0.01:
         return f"{gib:.2f} GiB"
     return f"{gib:.2g} GiB"
+
+
+@dataclass(frozen=True, slots=True)
+class _Bar:
+    """One bar as drawn: its tick label and note, the items it stacks, its total."""
+
+    label: str
+    note: str
+    items: tuple[MemoryItem, ...]
+    device_bytes: int
+    ghost: Ghost | None = None  # None: the current scenario (one of its rank groups)
+    worst: bool = False
+    #: the tooltip's title; the label and note when empty
+    title: str = ""
+
+    def heights(self) -> list[int]:
+        return [sum(i.bytes for i in self.items if i.category == cat) for cat in CATEGORIES]
+
+
+def current_bars(est: Estimate) -> list[_Bar]:
+    """One bar per distinct rank group when ranks differ, else one bar, ``current``."""
+    if len(est.rank_groups) < 2:
+        return [_Bar("current", "", est.items, est.device_bytes)]
+    bars = []
+    for g in est.rank_groups:
+        # "pp stage 1, any tp rank": the stage under the bar, the whole name in its tooltip
+        worst = g.group == est.worst_group
+        note = "worst" if worst else ""
+        title = " · ".join(filter(None, (g.group, note)))
+        bars.append(
+            _Bar(g.group.split(", ")[0], note, g.items, g.device_bytes, worst=worst, title=title)
+        )
+    return bars
+
+
+def host_badge_text(est: Estimate) -> str:
+    """``Host RAM per node: 119.7 GiB of 256.0 GiB — fits``; ``""`` with nothing offloaded."""
+    if not est.host_node_bytes:
+        return ""
+    need = gib_text(est.host_node_bytes)
+    words = HOST_VERDICTS[est.host_verdict][0]
+    if est.host_capacity_bytes is None:
+        return f"Host RAM per node: {need} for offload — {words}"
+    return f"Host RAM per node: {need} of {gib_text(est.host_capacity_bytes)} — {words}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +185,17 @@ class BreakdownChart(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._foreground = QColor(Qt.GlobalColor.black)
+        self._muted = QColor(Qt.GlobalColor.gray)
         self._current: Estimate | None = None
         self._ghosts: tuple[Ghost, ...] = ()
-        # per bar (0 = current, 1.. = ghosts): category -> (y0, height) in GiB
+        # the current scenario's bars (one per rank group), then one per ghost
+        self._bars: list[_Bar] = []
+        # per bar: category -> (y0, height) in GiB
         self._segments: list[dict[str, tuple[float, float]]] = []
         self._tooltip = ""
         self._x_labels: list[str] = []
         self._verdict = ""
+        self._host_verdict = ""
         self._x_range = (-0.6, 1.4)
 
         self.verdict_label = QLabel()
@@ -148,6 +207,12 @@ class BreakdownChart(QWidget):
         font.setPointSizeF(font.pointSizeF() * 1.15)
         self.verdict_label.setFont(font)
         self.verdict_label.hide()
+
+        self.host_label = QLabel()
+        self.host_label.setObjectName("hostBadge")
+        self.host_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.host_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.host_label.hide()
 
         self.plot = pg.PlotWidget()
         self.plot.setAntialiasing(True)
@@ -167,6 +232,7 @@ class BreakdownChart(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)
         layout.addWidget(self.verdict_label)
+        layout.addWidget(self.host_label)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.note_label)
 
@@ -213,6 +279,13 @@ class BreakdownChart(QWidget):
             self.bars[cat] = bar
             self.ghost_bars[cat] = ghost
 
+        # the worst rank group's bar, outlined (drawn only when rank groups differ)
+        self.worst_outline = pg.BarGraphItem(
+            x0=empty, x1=empty, y0=empty, height=empty, brush=QBrush(Qt.BrushStyle.NoBrush)
+        )
+        self.worst_outline.setZValue(5)
+        item.addItem(self.worst_outline)
+
         label_opts = {"position": 0.99, "anchors": [(1, 1), (1, 1)]}
         self.capacity_line = pg.InfiniteLine(angle=0, label="", labelOpts=label_opts)
         self.budget_line = pg.InfiniteLine(angle=0, label="", labelOpts=label_opts)
@@ -246,28 +319,32 @@ class BreakdownChart(QWidget):
     # -- the entry point ----------------------------------------------------------------
 
     def set_estimates(self, current: Estimate, ghosts: Sequence[Ghost] = ()) -> None:
-        """Draw ``current`` at x = 0 and one see-through bar per ghost at x = 1, 2, …"""
+        """Draw ``current`` from x = 0 -- one bar, or one per rank group when the ranks
+        differ -- and one see-through bar per ghost after it."""
         ghosts = tuple(ghosts)
         if self._current is not None and current == self._current and ghosts == self._ghosts:
             return
         self._current = current
         self._ghosts = ghosts
-        estimates = [current, *(g.estimate for g in ghosts)]
+        solid = current_bars(current)
+        self._bars = solid + [
+            _Bar(g.label, g.note, g.estimate.items, g.estimate.device_bytes, ghost=g)
+            for g in ghosts
+        ]
 
         # cumulative stacks in GiB, categories in their fixed order from the bottom up
-        heights = np.array(
-            [[e.breakdown[cat] for cat in CATEGORIES] for e in estimates], dtype=np.float64
-        ) / float(GIB)
+        heights = np.array([b.heights() for b in self._bars], dtype=np.float64) / float(GIB)
         bottoms = np.cumsum(heights, axis=1) - heights
         self._segments = [
             {cat: (float(bottoms[i, j]), float(heights[i, j])) for j, cat in enumerate(CATEGORIES)}
-            for i in range(len(estimates))
+            for i in range(len(self._bars))
         ]
-        xs = np.arange(len(estimates), dtype=np.float64)
+        xs = np.arange(len(self._bars), dtype=np.float64)
+        n = len(solid)
         for j, cat in enumerate(CATEGORIES):
             for item, rows in (
-                (self.bars[cat], slice(0, 1)),
-                (self.ghost_bars[cat], slice(1, None)),
+                (self.bars[cat], slice(0, n)),
+                (self.ghost_bars[cat], slice(n, None)),
             ):
                 x = xs[rows]
                 h = heights[rows, j]
@@ -281,14 +358,23 @@ class BreakdownChart(QWidget):
                 item.setToolTip("")
         self._tooltip = ""
         self.plot.setToolTip("")
+        worst = [i for i, b in enumerate(self._bars) if b.worst]
+        pad = 0.03
+        self.worst_outline.setOpts(
+            x0=np.array([i - BAR_HALF_WIDTH - pad for i in worst], dtype=np.float64),
+            x1=np.array([i + BAR_HALF_WIDTH + pad for i in worst], dtype=np.float64),
+            y0=np.zeros(len(worst)),
+            height=np.array([self._bars[i].device_bytes / GIB for i in worst]),
+        )
 
-        # totals above the bars
-        for i, est in enumerate(estimates):
+        # totals above the bars, the worst rank group's in bold
+        for i, bar in enumerate(self._bars):
             text = self._total_text(i)
-            text.setText(gib_text(est.device_bytes))
-            text.setPos(float(i), est.device_bytes / GIB)
+            words = html.escape(gib_text(bar.device_bytes))
+            text.setHtml(f"<b>{words}</b>" if bar.worst else words)
+            text.setPos(float(i), bar.device_bytes / GIB)
             text.show()
-        for text in self._total_texts[len(estimates) :]:
+        for text in self._total_texts[len(self._bars) :]:
             text.hide()
 
         # capacity and budget lines
@@ -307,7 +393,7 @@ class BreakdownChart(QWidget):
         # axes; a lone bar keeps room on its right for the line labels
         top = max(capacity, float(np.max(heights.sum(axis=1)))) * 1.1
         self.plot_item.setYRange(0.0, top, padding=0.0)
-        self._x_range = (-0.6, max(len(estimates) - 0.4, 1.4))
+        self._x_range = (-0.6, max(len(self._bars) - 0.4, 1.4))
         self.plot_item.setXRange(*self._x_range, padding=0.0)
         self._update_ticks()
 
@@ -324,6 +410,7 @@ class BreakdownChart(QWidget):
                 " padding: 6px; border-radius: 4px; }"
             )
         self.verdict_label.show()
+        self._show_host(current)
         if current.not_modelled:
             self.note_label.setText(
                 f"Not yet modelled: {_short_not_modelled(current.not_modelled)} (counted as 0)"
@@ -336,13 +423,37 @@ class BreakdownChart(QWidget):
         else:
             self.note_label.hide()
 
-    @Slot()
-    def _current_note(self) -> str:
-        """When ranks differ (pipeline stages): which one the current bar shows."""
-        current = self._current
-        if current is None or len(current.rank_groups) < 2:
-            return ""
-        return f"{current.worst_group} (worst)"
+    def _show_host(self, current: Estimate) -> None:
+        """The host-RAM badge: shown when offload keeps anything in host memory."""
+        text = host_badge_text(current)
+        self.host_label.setText(text)
+        self.host_label.setVisible(bool(text))
+        if not text:
+            return
+        per_gpu = current.host_node_bytes // current.scenario.hardware.gpus_per_node
+        lines = [
+            f"<b>{html.escape(text)}</b>",
+            f"{current.scenario.hardware.gpus_per_node} GPUs per node × {gib_text(per_gpu)};"
+            " one GPU of the worst group keeps:",
+        ]
+        lines += [f"{html.escape(i.name)}: {gib_text(i.bytes)}" for i in current.host_items]
+        self.host_label.setToolTip("<br>".join(lines))
+        if current.host_verdict != self._host_verdict:  # restyle only on a change
+            self._host_verdict = current.host_verdict
+            self._style_host()
+
+    def _style_host(self) -> None:
+        if not self._host_verdict:
+            return
+        _words, border, background, text = HOST_VERDICTS[self._host_verdict]
+        foreground = self._foreground.name()
+        weight = "bold" if self._host_verdict == "oom" else "normal"
+        line = "solid" if border else "dashed"
+        self.host_label.setStyleSheet(
+            f"QLabel#hostBadge {{ border: 2px {line} {border or self._muted.name()};"
+            f" background: {background}; color: {text or foreground}; font-weight: {weight};"
+            " padding: 3px; border-radius: 4px; }"
+        )
 
     def _update_ticks(self) -> None:
         """Tick labels under the bars, wrapped and elided to the width of one bar's slot."""
@@ -351,11 +462,10 @@ class BreakdownChart(QWidget):
         view_width = self.plot_item.getViewBox().width()
         x0, x1 = self._x_range
         slot = view_width / (x1 - x0) * 0.9 if view_width > 0 else float("inf")
-        labels = [tick_lines("current", self._current_note(), slot, metrics)]
-        labels += [tick_lines(g.label, g.note, slot, metrics) for g in self._ghosts]
+        labels = [tick_lines(b.label, b.note, slot, metrics) for b in self._bars]
         self._x_labels = ["\n".join(lines) for lines in labels]
         axis.setTicks([list(enumerate(self._x_labels))])
-        height = max(2, max(len(lines) for lines in labels)) * metrics.lineSpacing() + 10
+        height = max([2, *(len(lines) for lines in labels)]) * metrics.lineSpacing() + 10
         if axis.height() != height:
             axis.setHeight(height)
 
@@ -366,12 +476,25 @@ class BreakdownChart(QWidget):
         return self.verdict_label.text()
 
     def x_labels(self) -> list[str]:
-        """The tick labels shown under the bars: ``current``, then each ghost's label over
-        its note (wrapped and elided to the bar's width)."""
+        """The tick labels shown under the bars: ``current`` (or each rank group), then
+        each ghost's label over its note (wrapped and elided to the bar's width)."""
         return list(self._x_labels)
 
+    def current_bar_count(self) -> int:
+        """How many bars the current estimate takes: 1, or one per rank group."""
+        return sum(b.ghost is None for b in self._bars)
+
+    def worst_bar(self) -> int | None:
+        """The index of the outlined worst rank group's bar; ``None`` when ranks agree."""
+        return next((i for i, b in enumerate(self._bars) if b.worst), None)
+
+    def host_text(self) -> str:
+        """The host-RAM badge's words, ``""`` when it is hidden."""
+        return self.host_label.text() if not self.host_label.isHidden() else ""
+
     def segments(self, bar_index: int) -> dict[str, tuple[float, float]]:
-        """Category -> ``(bottom, height)`` in GiB of bar ``bar_index`` (0 = current)."""
+        """Category -> ``(bottom, height)`` in GiB of bar ``bar_index`` (0 = the first
+        bar of the current estimate)."""
         return dict(self._segments[bar_index])
 
     def bar_at(self, x: float) -> int | None:
@@ -393,14 +516,11 @@ class BreakdownChart(QWidget):
     def tooltip_at(self, bar_index: int, y_gib: float) -> str:
         """Rich text listing the items of the segment under ``(bar_index, y_gib)``, or ``""``."""
         cat = self.category_at(bar_index, y_gib)
-        if cat is None or self._current is None:
+        if cat is None:
             return ""
-        if bar_index == 0:
-            est, title = self._current, " · ".join(filter(None, ("current", self._current_note())))
-        else:
-            ghost = self._ghosts[bar_index - 1]
-            est, title = ghost.estimate, " · ".join(filter(None, (ghost.label, ghost.note)))
-        items = [i for i in est.items if i.category == cat]
+        bar = self._bars[bar_index]
+        title = bar.title or " · ".join(filter(None, (bar.label, bar.note)))
+        items = [i for i in bar.items if i.category == cat]
         total = sum(i.bytes for i in items)
         lines = [
             f"<b>{html.escape(CATEGORY_NAMES[cat])}</b> ({html.escape(title)}): {gib_text(total)}"
@@ -412,8 +532,9 @@ class BreakdownChart(QWidget):
 
     def ghost_key(self, bar_index: int) -> str | None:
         """The key of the ghost drawn as bar ``bar_index``; ``None`` for the current bar."""
-        if 1 <= bar_index <= len(self._ghosts):
-            return self._ghosts[bar_index - 1].key
+        if 0 <= bar_index < len(self._bars):
+            ghost = self._bars[bar_index].ghost
+            return ghost.key if ghost is not None else None
         return None
 
     # -- mouse ----------------------------------------------------------------------------
@@ -442,7 +563,8 @@ class BreakdownChart(QWidget):
         if tip and index is not None and point is not None:
             cat = self.category_at(index, point.y())
             if cat is not None:
-                (self.bars if index == 0 else self.ghost_bars)[cat].setToolTip(tip)
+                solid = self._bars[index].ghost is None
+                (self.bars if solid else self.ghost_bars)[cat].setToolTip(tip)
 
     @Slot(object)
     def _on_mouse_clicked(self, event: MouseClickEvent) -> None:
@@ -473,6 +595,7 @@ class BreakdownChart(QWidget):
             0.4 * background.blueF() + 0.6 * foreground.blueF(),
         )
         self._foreground = foreground
+        self._muted = muted
         self.plot.setBackground(background)
         for name in ("left", "bottom"):
             axis = self.plot_item.getAxis(name)
@@ -490,6 +613,7 @@ class BreakdownChart(QWidget):
         for cat in CATEGORIES:
             self.bars[cat].setOpts(pen=separator)
             self.ghost_bars[cat].setOpts(pen=dashed)
+        self.worst_outline.setOpts(pen=pg.mkPen(foreground, width=3))
 
         label_fill = QColor(background)
         label_fill.setAlpha(200)
@@ -504,3 +628,4 @@ class BreakdownChart(QWidget):
             line.label.update()
 
         self.note_label.setStyleSheet(f"QLabel#notModelledNote {{ color: {muted.name()}; }}")
+        self._style_host()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from PySide6.QtCore import QSignalBlocker, Qt, Slot
 from PySide6.QtWidgets import (
@@ -91,13 +91,23 @@ class Row:
 
 
 class FormPanel(QGroupBox):
-    """A titled group of bound rows. Subclasses add rows in ``__init__``."""
+    """A titled group of bound rows. Subclasses add rows in ``__init__``.
+
+    An engine error names a field. It appears under that field's row; an error that names
+    a whole section (``training.parallelism``) appears under the row whose edit produced
+    the rejected scenario, else under the row :attr:`section_rows` names for the section.
+    """
+
+    #: section path -> the row that explains errors naming the whole section
+    section_rows: ClassVar[dict[str, str]] = {}
 
     def __init__(self, title: str, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__(title, parent)
         self.store = store
         self.rows: dict[str, Row] = {}
-        self._last_row: Row | None = None  # the row the user edited last
+        # the row the user edited last, and the scenario that edit handed to the store
+        self._last_row: Row | None = None
+        self._last_scenario: Scenario | None = None
         outer = QVBoxLayout(self)
         outer.setContentsMargins(8, 8, 8, 8)
         self.header = QVBoxLayout()
@@ -254,7 +264,7 @@ class FormPanel(QGroupBox):
             self.show_error(exc.field, str(exc), fallback=row)
             return
         self.clear_errors()
-        self._last_row = row
+        self._last_row, self._last_scenario = row, scenario
         self.store.edit(scenario, f"Change {row.label.rstrip(':')}")
 
     @Slot(object)
@@ -283,9 +293,18 @@ class FormPanel(QGroupBox):
         detail = message.split(": ", 1)[1] if message.startswith(field + ": ") else message
         row.error.setText(detail)
         row.error.show()
+        self.set_row_visible(row.path, True)  # never a hidden error
         return True
 
+    def set_row_visible(self, path: str, visible: bool) -> None:
+        """Show or hide the row of ``path`` with its label (options that need another)."""
+        box = self.rows[path].widget.parentWidget()
+        if box is not None:
+            self.form.setRowVisible(box, visible)
+
     def _row_for_prefix(self, field: str) -> Row | None:
+        if field in self.section_rows:
+            return self.rows[self.section_rows[field]]
         for path, row in self.rows.items():
             if field.startswith(path + ".") or path.startswith(field + "."):
                 return row
@@ -297,11 +316,24 @@ class FormPanel(QGroupBox):
             self.clear_errors()
             return
         field = message.split(": ", 1)[0]
-        last = self._last_row
+        # the last edited row explains the error only if its edit made the current scenario
+        last = self._last_row if self._last_scenario is self.store.scenario else None
         if field not in self.rows and last is not None and last.path.startswith(field + "."):
             self.show_error(last.path, message.replace(field + ": ", last.path + ": ", 1))
             return
         self.show_error(field, message)
+
+
+def section(form: QFormLayout, text: str) -> QLabel:
+    """A small bold heading across ``form``, to group the rows below it."""
+    label = QLabel(text)
+    label.setObjectName("formSection")
+    font = label.font()
+    font.setBold(True)
+    label.setFont(font)
+    label.setContentsMargins(0, 6, 0, 0)
+    form.addRow(label)
+    return label
 
 
 def heading(text: str) -> QLabel:

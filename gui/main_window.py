@@ -1,13 +1,12 @@
 """MemFit's main window, built in named steps (actions, menus, tool bar, status bar, settings).
 
-Layout: the left column holds the Model, Hardware and Training panels in a scroll area;
-the right side holds the what-if toggles, the breakdown chart and the item table. All of
-them read from and write to one :class:`~gui.store.ScenarioStore`.
+Layout: the left column holds the Model, Hardware, Training and Parallelism panels in a
+scroll area; the right side holds the what-if toggles, the breakdown chart and the item
+table. All of them read from and write to one :class:`~gui.store.ScenarioStore`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, QStandardPaths, Qt, Slot
@@ -39,7 +38,7 @@ from engine.scenario_io import load_scenario, save_scenario, write_text_atomic
 from engine.specs import Scenario
 from gui.chart import BreakdownChart, Ghost
 from gui.chart_export import chart_image, export_png, export_svg
-from gui.panels import HardwarePanel, ModelPanel, TrainingPanel
+from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
 from gui.store import ScenarioStore, default_scenario
 from gui.theme import apply_theme
 from gui.whatif_bar import WhatIfBar
@@ -91,10 +90,12 @@ class MainWindow(QMainWindow):
         self.model_panel = ModelPanel(self.store)
         self.hardware_panel = HardwarePanel(self.store)
         self.training_panel = TrainingPanel(self.store)
+        self.parallelism_panel = ParallelismPanel(self.store)
         column = QWidget()
         col = QVBoxLayout(column)
         col.setContentsMargins(6, 6, 6, 6)
-        for panel in (self.model_panel, self.hardware_panel, self.training_panel):
+        panels = (self.model_panel, self.hardware_panel, self.training_panel)
+        for panel in (*panels, self.parallelism_panel):
             col.addWidget(panel)
         col.addStretch(1)
         self.scroll = QScrollArea()
@@ -320,40 +321,22 @@ class MainWindow(QMainWindow):
     def on_estimate(self, est: Estimate) -> None:
         # the what-if bar, which hears the store first, has already redrawn the chart with
         # the new ghosts; this call is then a no-op
-        self.chart.set_estimates(est, self._bars(est, self._ghosts))
+        self.chart.set_estimates(est, self._ghosts)
         self.fill_table(est)
-        self.summary.setText(
+        summary = (
             f"{est.device_bytes / GIB:,.2f} of {est.capacity_bytes / GIB:,.2f} GiB per GPU"
             f" · {est.verdict}"
         )
+        if est.host_node_bytes:
+            summary += f" · host RAM {est.host_node_bytes / GIB:,.1f} GiB per node"
+            if est.host_capacity_bytes is not None:
+                summary += f" of {est.host_capacity_bytes / GIB:,.1f} · {est.host_verdict}"
+        self.summary.setText(summary)
 
     @Slot(list)
     def on_ghosts(self, ghosts: list[Ghost]) -> None:
         self._ghosts = ghosts
-        self.chart.set_estimates(self.store.estimate, self._bars(self.store.estimate, ghosts))
-
-    @staticmethod
-    def _bars(est: Estimate, ghosts: list[Ghost]) -> list[Ghost]:
-        """The other pipeline stages as bars beside the worst one, then the what-ifs."""
-        if len(est.rank_groups) < 2:
-            return ghosts
-        stages = [
-            Ghost(
-                f"rank:{r.group}",
-                r.group,
-                dataclasses.replace(
-                    est,
-                    items=r.items,
-                    allocated_bytes=r.allocated_bytes,
-                    reserved_bytes=r.reserved_bytes,
-                    device_bytes=r.device_bytes,
-                ),
-                f"{r.device_bytes / GIB:,.1f} GiB at {r.peak_phase}",
-            )
-            for r in est.rank_groups
-            if r.group != est.worst_group
-        ]
-        return stages + list(ghosts)
+        self.chart.set_estimates(self.store.estimate, ghosts)
 
     @Slot(str)
     def on_error(self, message: str) -> None:

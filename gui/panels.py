@@ -1,9 +1,10 @@
-"""The three input panels of the left column: model, hardware, training strategy."""
+"""The input panels of the left column: model, hardware, training strategy, and
+parallelism with offload."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from PySide6.QtCore import QSignalBlocker, Slot
 from PySide6.QtWidgets import (
@@ -22,13 +23,14 @@ from engine.estimate import GIB
 from engine.model_state import model_state
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
+from engine.sharding import make_mesh
 from engine.specs import (
     CHECKPOINTING,
     FREEZE_PARTS,
     OPTIMIZER_IMPLS,
     Scenario,
 )
-from gui.forms import FormPanel, Row, hardware_field, model_field, training_field
+from gui.forms import FormPanel, Row, hardware_field, model_field, section, training_field
 from gui.store import ScenarioStore
 
 SIZE_BUCKETS = (
@@ -251,6 +253,20 @@ class HardwarePanel(FormPanel):
             suffix=" GiB",
         )
         memory.setSpecialValueText("preset")
+        get_host, set_host = hardware_field("host_memory_gib")
+        host = self.add_double(
+            "hardware.host_memory_gib",
+            "Host RAM / node",
+            0.0,
+            float(1 << 20),
+            (lambda s: get_host(s) or 0.0, lambda s, v: set_host(s, v or None)),
+            "Host RAM of one node in GiB (2^30 bytes), to check what offload keeps there; "
+            "'not given' skips the check",
+            decimals=0,
+            suffix=" GiB",
+        )
+        host.setSpecialValueText("not given")
+        host.setSingleStep(64)
         self.add_double(
             "hardware.utilization_target",
             "Budget line",
@@ -395,43 +411,6 @@ class TrainingPanel(FormPanel):
             training_field("attention"),
         )
         self.add_combo(
-            "training.parallelism.zero_stage",
-            "ZeRO / FSDP",
-            [
-                ("none (DDP: every GPU holds everything)", 0),
-                ("ZeRO-1: optimizer states sharded", 1),
-                ("ZeRO-2 / FSDP SHARD_GRAD_OP: + gradients", 2),
-                ("ZeRO-3 / FSDP FULL_SHARD: + parameters", 3),
-            ],
-            training_field("parallelism.zero_stage"),
-            "Shard the model state over the data-parallel GPUs (Rajbhandari et al. 2020)",
-        )
-        for name, label in (
-            ("tp", "Tensor parallel"),
-            ("pp", "Pipeline parallel"),
-            ("cp", "Context parallel"),
-            ("ep", "Expert parallel"),
-        ):
-            self.add_spin(
-                f"training.parallelism.{name}",
-                label,
-                1,
-                65536,
-                training_field(f"parallelism.{name}"),
-                f"{label} size; tp x pp x cp must divide the GPU count",
-            )
-        for name, label in (
-            ("optimizer", "Offload optimizer"),
-            ("parameters", "Offload parameters"),
-        ):
-            self.add_combo(
-                f"training.offload.{name}",
-                label,
-                [("no", "none"), ("to CPU", "cpu"), ("to NVMe", "nvme")],
-                training_field(f"offload.{name}"),
-                "ZeRO-Offload / ZeRO-Infinity; parameters need ZeRO-3",
-            )
-        self.add_combo(
             "training.loss",
             "Loss",
             [
@@ -479,7 +458,7 @@ class TrainingPanel(FormPanel):
             == "every-k-layers",
         }
         for path, show in visible.items():
-            self.form.setRowVisible(self.rows[path].widget.parentWidget(), show)
+            self.set_row_visible(path, show)
 
 
 _FREEZE_CHOICES: tuple[tuple[str, ...], ...] = (
@@ -491,3 +470,172 @@ _FREEZE_CHOICES: tuple[tuple[str, ...], ...] = (
     ("embeddings", "lm_head"),
     tuple(p for p in FREEZE_PARTS if p != "embeddings"),
 )
+
+
+FRAMEWORK_CHOICES = (("PyTorch (DDP / FSDP)", "pytorch"), ("DeepSpeed", "deepspeed"),
+                     ("Megatron-LM", "megatron"))  # fmt: skip
+ZERO_CHOICES = (("none (DDP: every GPU holds all)", 0), ("ZeRO-1: optimizer states", 1),
+                ("ZeRO-2 / SHARD_GRAD_OP: + gradients", 2),
+                ("ZeRO-3 / FULL_SHARD: + parameters", 3))  # fmt: skip
+SCHEDULE_CHOICES = (("1F1B", "1f1b"), ("GPipe (all forwards first)", "gpipe"),
+                    ("interleaved 1F1B", "interleaved-1f1b"),
+                    ("zero bubble (ZB-H1)", "zero-bubble"))  # fmt: skip
+OFFLOAD_CHOICES = (("no", "none"), ("to CPU", "cpu"), ("to NVMe", "nvme"))
+INTERLEAVED = "interleaved-1f1b"
+
+
+def _schedule_field() -> tuple[Any, Any]:
+    """The pipeline schedule; choosing interleaved 1F1B gives it 2 virtual stages (it needs
+    at least 2) and leaving it goes back to 1, so that no single choice is invalid."""
+    get, _ = training_field("parallelism.pp_schedule")
+
+    def set_(s: Scenario, value: str) -> Scenario:
+        par = s.training.parallelism
+        vpp = max(par.vpp, 2) if value == INTERLEAVED else 1
+        par = dataclasses.replace(par, pp_schedule=value, vpp=vpp)
+        return dataclasses.replace(s, training=dataclasses.replace(s.training, parallelism=par))
+
+    return get, set_
+
+
+class ParallelismPanel(FormPanel):
+    """How the GPUs split the run (framework, data and model parallelism) and what leaves
+    the GPU (offload). Options that only matter with another setting (the schedule with
+    pp > 1, virtual stages with interleaved 1F1B, ...) appear with it."""
+
+    section_rows: ClassVar[dict[str, str]] = {"training.parallelism": "training.parallelism.tp"}
+
+    def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__("Parallelism and offload", store, parent)
+        self.mesh = QLabel()
+        self.mesh.setObjectName("meshSummary")
+        self.mesh.setWordWrap(True)
+        self.header.addWidget(self.mesh)
+        par = "training.parallelism."
+
+        def field(name: str) -> tuple[Any, Any]:
+            return training_field("parallelism." + name)
+
+        self.add_combo(
+            par + "framework",
+            "Framework",
+            FRAMEWORK_CHOICES,
+            field("framework"),
+            "How the framework lays out mixed-precision weights, gradients and master copies",
+        )
+        section(self.form, "Data parallel")
+        self.add_combo(
+            par + "zero_stage",
+            "ZeRO / FSDP",
+            ZERO_CHOICES,
+            field("zero_stage"),
+            "Shard the model state over the data-parallel GPUs (Rajbhandari et al. 2020)",
+        )
+        self.add_check(
+            par + "hybrid_shard",
+            "Hybrid shard",
+            field("hybrid_shard"),
+            "FSDP HYBRID_SHARD: shard within a node, replicate across nodes",
+        ).setText("shard within a node")
+        section(self.form, "Model parallel")
+        for name, label, tip in (
+            ("tp", "Tensor parallel", "tp x pp x cp must divide the GPU count"),
+            ("pp", "Pipeline parallel", "pp x virtual stages must divide the layers"),
+        ):
+            self.add_spin(par + name, label, 1, 65536, field(name), f"{label} size; {tip}")
+            if name == "tp":
+                self.add_check(
+                    par + "sequence_parallel",
+                    "Sequence parallel",
+                    field("sequence_parallel"),
+                    "Split the norm and dropout activations over the tensor-parallel ranks "
+                    "(Korthikanti et al. 2022)",
+                ).setText("split over tp ranks")
+        self.add_combo(
+            par + "pp_schedule",
+            "Schedule",
+            SCHEDULE_CHOICES,
+            _schedule_field(),
+            "Pipeline schedule: how many micro-batches each stage holds (Narayanan et al. 2021)",
+        )
+        self.add_spin(
+            par + "vpp",
+            "Virtual stages",
+            1,
+            1024,
+            field("vpp"),
+            "Model chunks per pipeline rank (interleaved 1F1B); pp x vpp must divide the layers",
+        )
+        self.add_spin(
+            par + "cp",
+            "Context parallel",
+            1,
+            65536,
+            field("cp"),
+            "Context parallel size: the sequence split in 2 x cp chunks (ring attention)",
+        )
+        self.add_spin(
+            par + "ep",
+            "Expert parallel",
+            1,
+            65536,
+            field("ep"),
+            "Expert parallel size (MoE models); must divide the experts and the data-parallel size",
+        )
+        self.add_double(
+            par + "expert_capacity_factor",
+            "Expert capacity",
+            1.0,
+            64.0,
+            field("expert_capacity_factor"),
+            "Tokens the busiest expert rank receives, relative to a balanced router (1.0)",
+            suffix=" x",
+        ).setSingleStep(0.25)
+        section(self.form, "Offload")
+        for name, label, tip in (
+            ("optimizer", "Optimizer", "ZeRO-Offload: optimizer states and gradients to host"),
+            ("parameters", "Parameters", "ZeRO-Infinity: parameter shards off the GPU; ZeRO-3"),
+        ):
+            self.add_combo(
+                f"training.offload.{name}",
+                label,
+                OFFLOAD_CHOICES,
+                training_field(f"offload.{name}"),
+                tip,
+            )
+        self.add_combo(
+            "training.offload.activations",
+            "Activations",
+            (("no", "none"), ("to CPU (checkpointed inputs)", "cpu")),
+            training_field("offload.activations"),
+            "Keep the inputs of checkpointed layers in pinned host memory; needs full or "
+            "every-k-layers checkpointing",
+        )
+        self.after_refresh(store.scenario)
+
+    def after_refresh(self, scenario: Scenario) -> None:
+        p = scenario.training.parallelism
+        visible = {
+            "training.parallelism.hybrid_shard": p.zero_stage > 0 or p.hybrid_shard,
+            "training.parallelism.sequence_parallel": p.tp > 1 or p.sequence_parallel,
+            "training.parallelism.pp_schedule": p.pp > 1 or p.pp_schedule != "1f1b",
+            "training.parallelism.vpp": p.pp_schedule == INTERLEAVED,
+            "training.parallelism.expert_capacity_factor": p.ep > 1
+            or p.expert_capacity_factor != 1.0,
+        }
+        for path, show in visible.items():
+            self.set_row_visible(path, show)
+        world = scenario.hardware.world_size
+        gpus = f"<b>{world:,} GPU{'s' if world > 1 else ''}</b>"
+        try:
+            m = make_mesh(scenario)
+        except EstimateError:
+            self.mesh.setText(f"{gpus}: this split does not work (see below)")
+            return
+        extra = [f"ep {m.ep}"] if m.ep > 1 else []
+        if p.zero_stage and m.shard > 1:
+            extra.append(f"ZeRO shards over {m.shard} GPUs")
+        self.mesh.setText(
+            f"{gpus} = tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {m.dp}"
+            + (f"<br>{' · '.join(extra)}" if extra else "")
+        )

@@ -44,6 +44,7 @@ from PySide6.QtGui import QColor, QFontInfo, QGuiApplication, QImage, QPalette
 from PySide6.QtWidgets import QLabel
 
 from engine.estimate import GIB, estimate
+from engine.model_state import CATEGORIES
 from engine.presets import gpu_names, load_gpu, load_model, model_names, resources_dir
 from engine.specs import HardwareSpec, Scenario, TrainingSpec
 from gui.app import make_app, version
@@ -223,7 +224,7 @@ def check_csv(window: MainWindow, path: Path) -> str:
     window.export_data(path)
     with path.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    items = [r for r in rows if r["category"] != "total"]
+    items = [r for r in rows if r["category"] in CATEGORIES]  # not totals, ranks or host
     totals = {r["item"]: int(r["bytes"]) for r in rows if r["category"] == "total"}
     item_sum = sum(int(r["bytes"]) for r in items)
     device = window.store.estimate.device_bytes

@@ -188,3 +188,190 @@ def test_console_script_has_no_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+PIPELINE = (
+    "estimate",
+    "--model",
+    "llama-3.1-70b",
+    "--gpu",
+    "h100-sxm-80gb",
+    "--gpus-per-node",
+    "8",
+    "--nodes",
+    "2",
+    "--method",
+    "full",
+    "--seq",
+    "4096",
+    "--grad-accum",
+    "8",
+    "--checkpointing",
+    "full",
+    "--tp",
+    "8",
+    "--pp",
+    "2",
+    "--zero",
+    "1",
+)
+OFFLOAD = (
+    "estimate",
+    "--model",
+    "llama-3-8b",
+    "--gpu",
+    "h100-sxm-80gb",
+    "--gpus-per-node",
+    "8",
+    "--method",
+    "full",
+    "--zero",
+    "3",
+    "--offload-optimizer",
+    "cpu",
+    "--offload-parameters",
+    "cpu",
+)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.2f}"
+
+
+def test_per_rank_table_marks_the_worst_group() -> None:
+    code, text = run(*PIPELINE, "--set", "training.parallelism.sequence_parallel=true")
+    assert code == 0
+    data = json.loads(run(*PIPELINE, "--sequence-parallel", "--json")[1])
+    assert "mesh: world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 (1f1b) | ep 1" in text
+    lines = text.splitlines()
+    assert "Per rank group, per GPU, GiB (2^30 B)" in lines
+    rows = {
+        line[2:].split("  ")[0]: line
+        for line in lines
+        if line[2:].startswith("pp stage") and line[:2] in ("* ", "  ")
+    }
+    assert len(data["ranks"]) == 2 and set(rows) == {r["group"] for r in data["ranks"]}
+    for rank in data["ranks"]:
+        line = rows[rank["group"]]
+        assert line.startswith("* ") == (rank["group"] == data["worst_group"])
+        numbers = line.split()[-5:]
+        assert numbers == [
+            gib(rank["allocated_bytes"]),
+            gib(rank["reserved_bytes"]),
+            gib(rank["device_bytes"]),
+            "optimizer" if rank["peak_phase"] == "before" else rank["peak_phase"],
+            gib(rank["host_bytes"]),
+        ]
+    assert f"(the worst rank group: {data['worst_group']})" in text
+    assert "host RAM" not in text  # no offload and no host figure
+
+
+def test_single_gpu_has_no_rank_table() -> None:
+    code, text = run("estimate", "--model", "gpt2", "--gpu", "l4")
+    assert code == 0
+    assert "mesh:" not in text and "Per rank group" not in text and "host RAM" not in text
+
+
+def test_one_node_of_eight_gets_the_table_and_host_ram() -> None:
+    code, text = run(*OFFLOAD, "--set", "hardware.host_memory_gib=512")
+    assert code == 0
+    data = json.loads(run(*OFFLOAD, "--host-memory-gib", "512", "--json")[1])
+    assert "mesh: world 8 = tp 1 x pp 1 x cp 1 x dp 8 | vpp 1 | ep 1 | ZeRO shard group 8" in text
+    assert any(line.startswith("* all ranks") for line in text.splitlines())
+    per_node = data["host"]["per_node_bytes"]
+    assert per_node == 8 * data["ranks"][0]["host_bytes"] > 0
+    assert f"host RAM per node (offload){gib(per_node):>41}   8 GPUs x" in text
+    assert f"host RAM per node (given){gib(512 * 2**30):>43}" in text
+    assert data["host"] == {
+        "per_node_bytes": per_node,
+        "capacity_bytes": 512 * 2**30,
+        "verdict": "fits",
+    }
+    assert text.rstrip().endswith("host verdict: FITS")
+
+
+@pytest.mark.parametrize(
+    ("args", "verdict"),
+    [
+        (["--host-memory-gib", "64"], "OOM"),
+        ([], "UNKNOWN"),
+    ],
+)
+def test_host_verdict_oom_and_unknown(args: list[str], verdict: str) -> None:
+    code, text = run(*OFFLOAD, *args)
+    assert code == 0 and f"host verdict: {verdict}" in text
+    if verdict == "UNKNOWN":
+        assert "give it with --host-memory-gib N" in text
+
+
+def test_host_ram_given_without_offload_is_shown() -> None:
+    code, text = run("estimate", "--model", "gpt2", "--gpu", "l4", "--host-memory-gib", "64")
+    assert code == 0 and "host verdict: FITS" in text
+
+
+def test_set_reaches_the_new_fields(tmp_path: Path) -> None:
+    saved = tmp_path / "s.memfit.json"
+    code, _text = run(
+        *PIPELINE,
+        "--set",
+        "training.parallelism.pp_schedule=gpipe",
+        "--set",
+        "hardware.host_memory_gib=512",
+        "--set",
+        "training.parallelism.sequence_parallel=true",
+        "--set",
+        "training.parallelism.framework=megatron",
+        "--set",
+        "training.offload.activations=cpu",
+        "--save",
+        str(saved),
+    )
+    assert code == 0
+    data = json.loads(saved.read_text())
+    par = data["training"]["parallelism"]
+    assert (par["pp_schedule"], par["sequence_parallel"], par["framework"]) == (
+        "gpipe",
+        True,
+        "megatron",
+    )
+    assert data["hardware"]["host_memory_gib"] == 512
+    assert data["training"]["offload"]["activations"] == "cpu"
+    # GPipe keeps all 8 micro-batches of the last stage: more than 1F1B's one
+    gpipe = json.loads(run(*PIPELINE, "--pp-schedule", "gpipe", "--json")[1])
+    one_f = json.loads(run(*PIPELINE, "--json")[1])
+    last = [r["breakdown"]["activations"] for r in (gpipe["ranks"][1], one_f["ranks"][1])]
+    assert last[0] > last[1]
+    code, text = run(*PIPELINE, "--pp-schedule", "interleaved-1f1b", "--vpp", "2")
+    assert code == 0 and "vpp 2 (interleaved-1f1b)" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--set", "training.parallelism.vpp=2"], "training.parallelism.vpp"),
+        (["--pp-schedule", "interleaved-1f1b", "--vpp", "3"], "training.parallelism.vpp"),
+        (["--set", "training.parallelism.pp_schedule=zigzag"], "training.parallelism.pp_schedule"),
+        (
+            ["--set", "training.parallelism.sequence_parallel=maybe"],
+            "training.parallelism.sequence_parallel",
+        ),
+        (["--set", "training.parallelism.framework=jax"], "training.parallelism.framework"),
+        (["--set", "hardware.host_memory_gib=0"], "hardware.host_memory_gib"),
+        (
+            ["--set", "training.parallelism.expert_capacity_factor=0.5"],
+            "training.parallelism.expert_capacity_factor",
+        ),
+        (
+            ["--offload-activations", "cpu", "--checkpointing", "none"],
+            "training.offload.activations",
+        ),
+        (["--zero", "0", "--hybrid-shard"], "training.parallelism.hybrid_shard"),
+        (["--nodes", "3"], "training.parallelism"),
+    ],
+)
+def test_bad_multi_gpu_values_are_one_line_and_exit_2(
+    args: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*PIPELINE, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"memfit: error: {field}:" in err

@@ -2,14 +2,16 @@
 
 import csv
 import io
+import itertools
 import json
 
 import pytest
 
-from engine.estimate import estimate
+from engine.estimate import Estimate, estimate
+from engine.model_state import CATEGORIES
 from engine.presets import load_gpu, load_model
-from engine.report import rows, to_csv, to_json, to_markdown
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from engine.report import rows, shows_host, shows_ranks, to_csv, to_json, to_markdown
+from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 from engine.whatif import WHATIFS, WHATIFS_BY_KEY, evaluate
 
 
@@ -79,3 +81,70 @@ def test_markdown_table() -> None:
     assert "| category | item | GiB | formula |" in text
     assert text.count("\n| ") == len(rows(est)) + 1  # header + one line per row
     assert "GiB = 2^30 bytes" in text
+
+
+def pipeline_offload() -> Estimate:
+    """Llama 3.1 70B, tp=8, pp=2 on 2 nodes x 8 A100 80GB, activations offloaded to CPU."""
+    return estimate(
+        Scenario(
+            load_model("llama-3.1-70b"),
+            HardwareSpec(load_gpu("a100-sxm-80gb"), gpus_per_node=8, nodes=2, host_memory_gib=8),
+            TrainingSpec(
+                method="full",
+                sequence_length=4096,
+                gradient_accumulation_steps=8,
+                activation_checkpointing="full",
+                parallelism=ParallelismSpec(tp=8, pp=2, zero_stage=1, sequence_parallel=True),
+                offload=OffloadSpec(activations="cpu"),
+            ),
+        )
+    )
+
+
+def test_csv_has_rank_groups_and_host_ram() -> None:
+    est = pipeline_offload()
+    parsed = list(csv.DictReader(io.StringIO(to_csv(est))))
+    breakdown = [r for r in parsed if r["category"] in CATEGORIES]
+    assert sum(int(r["bytes"]) for r in breakdown) == est.device_bytes
+    ranks = {r["item"]: r for r in parsed if r["category"] == "rank"}
+    assert len(ranks) == 4 * len(est.rank_groups) == 8
+    for g in est.rank_groups:
+        assert int(ranks[f"{g.group}: allocated"]["bytes"]) == g.allocated_bytes
+        assert int(ranks[f"{g.group}: reserved"]["bytes"]) == g.reserved_bytes
+        assert int(ranks[f"{g.group}: device"]["bytes"]) == g.device_bytes
+        assert int(ranks[f"{g.group}: host per GPU"]["bytes"]) == g.host_bytes
+        worst = ranks[f"{g.group}: device"]["formula"].startswith("worst group")
+        assert worst == (g.group == est.worst_group)
+    host = {r["item"]: r for r in parsed if r["category"] == "host"}
+    assert int(host["host RAM per node"]["bytes"]) == est.host_node_bytes > 0
+    assert int(host["host RAM capacity per node"]["bytes"]) == 8 * 2**30
+    assert est.host_verdict == "oom"
+    assert host["host RAM per node"]["formula"].endswith("of 8.00 GiB: does not fit")
+
+
+def test_single_gpu_reports_have_no_rank_or_host_rows() -> None:
+    est = estimate(scenario(method="lora"))
+    assert not shows_ranks(est) and not shows_host(est)
+    assert {r["category"] for r in rows(est)} <= {*CATEGORIES, "total"}
+    assert "Mesh:" not in to_markdown(est) and "Host RAM" not in to_markdown(est)
+
+
+def test_markdown_rank_table_and_host_line() -> None:
+    est = pipeline_offload()
+    text = to_markdown(est)
+    assert "Mesh: world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 (1f1b)" in text
+    assert (
+        "| rank group | allocated GiB | reserved GiB | device GiB | peak | host GiB per GPU |"
+        in text
+    )
+    for g in est.rank_groups:
+        name = f"**{g.group} (worst)**" if g.group == est.worst_group else g.group
+        assert f"| {name} | {g.allocated_bytes / 2**30:.4f} |" in text
+    per_gpu = est.host_node_bytes // 8
+    assert f"Host RAM: {est.host_node_bytes / 2**30:,.2f} GiB per node" in text
+    assert f"(8 GPUs x {per_gpu / 2**30:,.2f} GiB) of 8.00 GiB: does not fit." in text
+    # every table is followed by a blank line, so no sentence runs into one
+    lines = text.splitlines()
+    for above, below in itertools.pairwise(lines):
+        if above.startswith("|"):
+            assert below.startswith("|") or below == ""

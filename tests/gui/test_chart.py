@@ -18,7 +18,7 @@ from pytestqt.qtbot import QtBot
 from engine.estimate import Estimate, estimate
 from engine.model_state import CATEGORIES
 from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui import chart_export
 from gui.chart import CATEGORY_COLOURS, GIB, BreakdownChart, Ghost, gib_text, tick_lines
 from gui.chart_export import chart_image, export_png, export_svg
@@ -412,3 +412,117 @@ def test_png_export_to_a_missing_folder_names_the_file(
     path = tmp_path / "missing" / "chart.png"
     with pytest.raises(chart_export.ExportError, match=r"chart\.png"):
         export_png(chart, path)
+
+
+@cache
+def pipeline() -> Estimate:
+    """Llama 3.1 70B, tp=8, pp=4 on 4 nodes x 8 H100: four rank groups that differ."""
+    return estimate(
+        Scenario(
+            load_model("llama-3.1-70b"),
+            HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=4),
+            TrainingSpec(
+                method="full",
+                sequence_length=4096,
+                gradient_accumulation_steps=8,
+                activation_checkpointing="full",
+                parallelism=ParallelismSpec(tp=8, pp=4, zero_stage=1, sequence_parallel=True),
+            ),
+        )
+    )
+
+
+@cache
+def offloaded(host_memory_gib: float | None) -> Estimate:
+    return estimate(
+        Scenario(
+            load_model("llama-3-8b"),
+            HardwareSpec(
+                load_gpu("h100-sxm-80gb"), gpus_per_node=8, host_memory_gib=host_memory_gib
+            ),
+            TrainingSpec(
+                method="full",
+                parallelism=ParallelismSpec(zero_stage=3),
+                offload=OffloadSpec(optimizer="cpu", parameters="cpu"),
+            ),
+        )
+    )
+
+
+def test_one_solid_bar_per_rank_group_the_worst_outlined(chart: BreakdownChart) -> None:
+    e = pipeline()
+    groups = e.rank_groups
+    assert len(groups) == 4
+    worst = [g.group for g in groups].index(e.worst_group)
+    chart.set_estimates(e, ghosts())
+    assert chart.current_bar_count() == 4 and chart.worst_bar() == worst
+    for cat in CATEGORIES:  # every stage stacks its own items, solid
+        drawn = {x: h for x, _y0, h in stacks(chart.bars[cat])}
+        for i, g in enumerate(groups):
+            assert drawn.get(float(i), 0.0) == pytest.approx(g.category_bytes(cat) / GIB)
+    assert [x for x, _y0, _h in stacks(chart.ghost_bars["parameters"])] == [4.0, 5.0, 6.0]
+    # the outline frames the worst stage's whole bar
+    [(x, y0, h)] = stacks(chart.worst_outline)
+    assert (x, y0) == (worst, 0.0) and h == pytest.approx(groups[worst].device_bytes / GIB)
+    assert chart.worst_outline.opts["pen"].widthF() >= 2
+    labels = chart.x_labels()
+    assert [label.split("\n")[0] for label in labels[:4]] == [f"pp stage {i}" for i in range(4)]
+    assert [label.endswith("worst") for label in labels[:4]] == [i == worst for i in range(4)]
+    totals = sorted(
+        (t.pos().x(), t)
+        for t in chart.plot_item.items
+        if isinstance(t, pg.TextItem) and t.isVisible()
+    )
+    bold = ["font-weight:700" in t.textItem.toHtml() for _x, t in totals]
+    assert bold == [i == worst for i in range(len(totals))]
+    assert totals[worst][1].toPlainText() == gib_text(groups[worst].device_bytes)
+    # hovering a stage lists that stage's items under its whole name
+    other = (worst + 1) % 4
+    tip = chart.tooltip_at(other, 1.0)
+    assert groups[other].group in tip and "Parameters" in tip
+    assert chart.ghost_key(other) is None and chart.ghost_key(4) == "adamw-8bit"
+
+
+def test_no_outline_when_the_ranks_agree(chart: BreakdownChart) -> None:
+    chart.set_estimates(pipeline())
+    chart.set_estimates(fits(), ghosts())
+    assert stacks(chart.worst_outline) == [] and chart.worst_bar() is None
+    assert chart.current_bar_count() == 1 and chart.x_labels()[0] == "current"
+
+
+@pytest.mark.parametrize(
+    ("host_gib", "ending", "verdict"),
+    [
+        (256, "of 256.0 GiB — fits", "fits"),
+        (64, "of 64.0 GiB — does not fit", "oom"),
+        (None, "for offload — give the host RAM per node to check it", "unknown"),
+    ],
+)
+def test_host_ram_badge(
+    chart: BreakdownChart, host_gib: float | None, ending: str, verdict: str
+) -> None:
+    e = offloaded(host_gib)
+    assert e.host_verdict == verdict
+    chart.set_estimates(e)
+    per_gpu = sum(i.bytes for i in e.host_items)
+    assert chart.host_text() == f"Host RAM per node: {gib_text(8 * per_gpu)} {ending}"
+    assert chart.host_label.isVisible()
+    for item in e.host_items:
+        assert item.name in chart.host_label.toolTip()
+    # the badge is not a bar: the GPU axis still ends at 1.1 x capacity
+    _xr, (_y0, y1) = chart.plot_item.getViewBox().viewRange()
+    assert y1 == pytest.approx(e.capacity_bytes / GIB * 1.1)
+    style = chart.host_label.styleSheet()
+    assert ("background: #B3261E" in style) == (verdict == "oom")
+    chart.set_estimates(fits())
+    assert chart.host_text() == "" and not chart.host_label.isVisible()
+
+
+def test_host_badge_follows_the_palette(chart: BreakdownChart) -> None:
+    chart.set_estimates(offloaded(256))
+    dark = QPalette(chart.palette())
+    dark.setColor(QPalette.ColorRole.Base, QColor("#181818"))
+    dark.setColor(QPalette.ColorRole.Text, QColor("#e8eaed"))
+    chart.setPalette(dark)
+    assert "color: #e8eaed" in chart.host_label.styleSheet()
+    assert chart.worst_outline.opts["pen"].color().name() == "#e8eaed"

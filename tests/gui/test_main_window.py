@@ -16,7 +16,9 @@ from engine.params import count_parameters
 from engine.presets import load_gpu, load_model
 from engine.report import to_csv, to_markdown
 from engine.scenario_io import save_scenario
+from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 from engine.whatif import WHATIFS
+from gui.chart import gib_text
 from gui.main_window import MainWindow
 from gui.store import default_scenario
 
@@ -167,8 +169,6 @@ def test_every_toggle_adds_a_ghost_and_applies(window: MainWindow, whatif: str) 
 
 
 def test_compare_all_shows_which_change_fits(make_window) -> None:  # type: ignore[no-untyped-def]
-    from engine.specs import HardwareSpec, Scenario, TrainingSpec
-
     scenario = Scenario(
         load_model("llama-3-8b"), HardwareSpec(load_gpu("l40s")), TrainingSpec(method="full")
     )
@@ -344,7 +344,7 @@ def test_overhead_tooltip_lists_its_parts(window: MainWindow) -> None:
 
 
 def test_parallelism_controls_and_mesh_errors(window: MainWindow) -> None:
-    rows = window.training_panel.rows
+    rows = window.parallelism_panel.rows
     window.hardware_panel.rows["hardware.gpus_per_node"].widget.setValue(8)
     zero = rows["training.parallelism.zero_stage"].widget
     zero.setCurrentIndex(zero.findData(3))
@@ -361,10 +361,9 @@ def test_parallelism_controls_and_mesh_errors(window: MainWindow) -> None:
     assert window.store.estimate.host_bytes > 0
 
 
-def test_pipeline_stages_get_a_bar_each(make_window) -> None:  # type: ignore[no-untyped-def]
-    from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-
-    scenario = Scenario(
+def pipeline_scenario(**parallelism: object) -> Scenario:
+    """Llama 3.1 70B on 2 nodes x 8 H100, tp=8, pp=2, 8 micro-batches."""
+    return Scenario(
         load_model("llama-3.1-70b"),
         HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=2),
         TrainingSpec(
@@ -373,12 +372,147 @@ def test_pipeline_stages_get_a_bar_each(make_window) -> None:  # type: ignore[no
             sequence_length=4096,
             gradient_accumulation_steps=8,
             activation_checkpointing="full",
-            parallelism=ParallelismSpec(tp=8, pp=2, zero_stage=1),
+            parallelism=ParallelismSpec(**{"tp": 8, "pp": 2, "zero_stage": 1, **parallelism}),  # type: ignore[arg-type]
         ),
     )
-    window = make_window(scenario=scenario)
+
+
+def offload_scenario(host_memory_gib: float | None = 256) -> Scenario:
+    """Llama 3 8B on 8 H100, ZeRO-3 with the optimizer and parameters offloaded to CPU."""
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, host_memory_gib=host_memory_gib),
+        TrainingSpec(
+            method="full",
+            parallelism=ParallelismSpec(zero_stage=3),
+            offload=OffloadSpec(optimizer="cpu", parameters="cpu"),
+        ),
+    )
+
+
+def test_pipeline_stages_get_a_bar_each(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=pipeline_scenario(sequence_parallel=True))
+    est = window.store.estimate
     labels = window.chart.x_labels()
-    assert len(labels) == 2  # the worst stage as "current", the other stage beside it
-    worst = window.store.estimate.worst_group
-    assert labels[0].startswith("current") and worst.split(",")[0] in labels[0]
-    assert "pp stage" in labels[1]
+    assert len(est.rank_groups) == 2 and window.chart.current_bar_count() == 2
+    assert [label.split("\n")[0] for label in labels] == ["pp stage 0", "pp stage 1"]
+    worst = [g.group for g in est.rank_groups].index(est.worst_group)
+    assert window.chart.worst_bar() == worst
+    assert labels[worst].endswith("worst") and "worst" not in labels[1 - worst]
+    window.whatif.buttons["lora"].setChecked(True)  # what-ifs come after the stages
+    assert window.chart.current_bar_count() == 2 and window.chart.ghost_key(2) == "lora"
+    assert window.chart.x_labels()[2].startswith("LoRA")
+
+
+def test_parallelism_panel_edits_reach_the_store(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=pipeline_scenario())
+    panel = window.parallelism_panel
+    rows = panel.rows
+
+    def choose(path: str, value: object) -> None:
+        combo = rows[path].widget
+        combo.setCurrentIndex(combo.findData(value))
+
+    def par() -> ParallelismSpec:
+        return window.store.scenario.training.parallelism
+
+    choose("training.parallelism.framework", "megatron")
+    assert par().framework == "megatron"
+    rows["training.parallelism.sequence_parallel"].widget.setChecked(True)
+    assert par().sequence_parallel
+    rows["training.parallelism.hybrid_shard"].widget.setChecked(True)
+    assert par().hybrid_shard
+    choose("training.parallelism.pp_schedule", "gpipe")
+    assert par().pp_schedule == "gpipe"
+    assert not rows["training.parallelism.vpp"].widget.isVisibleTo(panel)
+    choose("training.parallelism.pp_schedule", "interleaved-1f1b")
+    assert (par().pp_schedule, par().vpp) == ("interleaved-1f1b", 2)  # needs 2: given
+    assert rows["training.parallelism.vpp"].widget.isVisibleTo(panel)
+    rows["training.parallelism.vpp"].widget.setValue(4)
+    assert par().vpp == 4 and window.store.estimate.mesh is not None
+    assert window.store.estimate.mesh.vpp == 4
+    choose("training.parallelism.pp_schedule", "1f1b")
+    assert (par().pp_schedule, par().vpp) == ("1f1b", 1)
+    assert window.store.error == ""
+    assert "16 GPUs</b> = tp 8 × pp 2 × cp 1 × dp 1" in panel.mesh.text()
+
+    capacity = rows["training.parallelism.expert_capacity_factor"].widget
+    assert not capacity.isVisibleTo(panel)  # a dense model with ep = 1
+    capacity.setValue(1.5)
+    assert par().expert_capacity_factor == 1.5
+    checkpointing = window.training_panel.rows["training.activation_checkpointing"].widget
+    checkpointing.setCurrentIndex(checkpointing.findData("full"))
+    choose("training.offload.activations", "cpu")
+    assert window.store.scenario.training.offload.activations == "cpu"
+    assert window.store.estimate.host_node_bytes > 0
+    assert window.store.estimate == estimate(window.store.scenario)
+
+
+def test_invalid_vpp_shows_an_inline_error_on_its_row(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=pipeline_scenario(pp_schedule="interleaved-1f1b", vpp=2))
+    vpp = window.parallelism_panel.rows["training.parallelism.vpp"]
+    before = window.store.estimate
+    vpp.widget.setValue(3)  # pp x vpp = 6 does not divide 80 layers
+    assert not vpp.error.isHidden()
+    assert vpp.error.text() == "pp x vpp = 6 must divide the 80 layers"
+    assert window.store.estimate is before and "training.parallelism.vpp" in window.store.error
+    vpp.widget.setValue(1)  # the interleaved schedule needs 2 or more: refused at once
+    assert "expected at least 2 for the interleaved schedule" in vpp.error.text()
+    assert window.store.scenario.training.parallelism.vpp == 3
+    vpp.widget.setValue(5)
+    assert vpp.error.isHidden() and window.store.error == ""
+    assert window.store.scenario.training.parallelism.vpp == 5
+    for path, row in window.parallelism_panel.rows.items():
+        assert row.error.isHidden(), path
+
+
+def test_a_split_broken_in_another_panel_is_explained_on_tp(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=pipeline_scenario())
+    panel = window.parallelism_panel
+    panel.rows["training.parallelism.framework"].widget.setCurrentIndex(1)  # edited last here
+    window.hardware_panel.rows["hardware.nodes"].widget.setValue(3)  # 24 GPUs, tp x pp = 16
+    tp = panel.rows["training.parallelism.tp"]
+    assert not tp.error.isHidden() and "must divide the 24 GPUs" in tp.error.text()
+    assert panel.rows["training.parallelism.framework"].error.isHidden()
+    assert "does not work" in panel.mesh.text()
+
+
+def test_activation_offload_needs_checkpointing(window: MainWindow) -> None:
+    row = window.parallelism_panel.rows["training.offload.activations"]
+    row.widget.setCurrentIndex(row.widget.findData("cpu"))  # checkpointing is "none"
+    assert not row.error.isHidden() and "needs activation_checkpointing full" in row.error.text()
+
+
+def test_host_ram_per_node_field(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=offload_scenario(host_memory_gib=None))
+    host = window.hardware_panel.rows["hardware.host_memory_gib"].widget
+    assert host.value() == 0 and host.text() == "not given"
+    est = window.store.estimate
+    assert est.host_verdict == "unknown"
+    assert "give the host RAM per node to check it" in window.chart.host_text()
+    host.setValue(512)
+    assert window.store.scenario.hardware.host_memory_gib == 512
+    assert window.store.estimate.host_capacity_bytes == 512 * 2**30
+    assert window.chart.host_text().endswith("of 512.0 GiB — fits")
+    host.setValue(100)
+    assert window.store.estimate.host_verdict == "oom"
+    assert window.chart.host_text().endswith("of 100.0 GiB — does not fit")
+    assert "#B3261E" in window.chart.host_label.styleSheet()
+    assert "does not fit" not in window.chart.verdict_text()  # the GPUs still fit
+    assert "host RAM" in window.summary.text() and window.summary.text().endswith("oom")
+    host.setValue(0)
+    assert window.store.scenario.hardware.host_memory_gib is None
+
+
+def test_host_ram_badge_has_the_engine_number(make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(scenario=offload_scenario())
+    est = window.store.estimate
+    per_gpu = sum(i.bytes for i in est.host_items)
+    assert per_gpu > 0 and est.host_node_bytes == 8 * per_gpu
+    text = window.chart.host_text()
+    assert text == f"Host RAM per node: {gib_text(8 * per_gpu)} of 256.0 GiB — fits"
+    assert window.chart.host_label.isVisible()
+    window.parallelism_panel.rows["training.offload.parameters"].widget.setCurrentIndex(0)
+    window.parallelism_panel.rows["training.offload.optimizer"].widget.setCurrentIndex(0)
+    assert window.store.estimate.host_node_bytes == 0
+    assert window.chart.host_text() == "" and window.chart.host_label.isHidden()
