@@ -9,7 +9,7 @@ from engine.errors import EstimateError
 from engine.estimate import estimate
 from engine.presets import gpu_names, model_names
 from engine.scenario_io import scenario_from_dict
-from engine.specs import METHODS, OPTIMIZERS, PRECISIONS
+from engine.specs import FRAMEWORKS, METHODS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS
 
 junk = st.one_of(
     st.none(),
@@ -44,6 +44,32 @@ training = st.fixed_dictionaries(
                 ),
             },
         ),
+        "activation_checkpointing": st.sampled_from(["none", "full", "selective"]),
+        "gradient_accumulation_steps": st.one_of(st.integers(0, 16), junk),
+        "parallelism": st.fixed_dictionaries(
+            {},
+            optional={
+                "tp": st.one_of(st.sampled_from([1, 2, 3, 4, 8]), junk),
+                "pp": st.one_of(st.sampled_from([1, 2, 3, 4]), junk),
+                "cp": st.one_of(st.sampled_from([1, 2, 4]), junk),
+                "ep": st.one_of(st.sampled_from([1, 2, 8]), junk),
+                "vpp": st.one_of(st.sampled_from([1, 2, 3]), junk),
+                "zero_stage": st.one_of(st.integers(-1, 4), junk),
+                "pp_schedule": st.one_of(st.sampled_from(PP_SCHEDULES), junk),
+                "framework": st.one_of(st.sampled_from(FRAMEWORKS), junk),
+                "sequence_parallel": st.one_of(st.booleans(), junk),
+                "hybrid_shard": st.one_of(st.booleans(), junk),
+                "expert_capacity_factor": st.one_of(st.floats(0, 100), junk),
+            },
+        ),
+        "offload": st.fixed_dictionaries(
+            {},
+            optional={
+                "optimizer": st.sampled_from(["none", "cpu", "nvme", "gpu"]),
+                "parameters": st.sampled_from(["none", "cpu", "nvme"]),
+                "activations": st.one_of(st.sampled_from(["none", "cpu"]), junk),
+            },
+        ),
         "freeze": st.fixed_dictionaries(
             {},
             optional={
@@ -61,16 +87,25 @@ scenarios = st.fixed_dictionaries(
         "model": st.one_of(st.sampled_from(model_names()).map(lambda n: {"preset": n}), junk),
         "hardware": st.fixed_dictionaries(
             {"gpu": st.one_of(st.sampled_from(gpu_names()), junk)},
-            optional={"memory_gib": st.one_of(st.floats(0, 1e5), junk)},
+            optional={
+                "memory_gib": st.one_of(st.floats(0, 1e5), junk),
+                "gpus_per_node": st.one_of(st.sampled_from([1, 2, 4, 8, 16]), junk),
+                "nodes": st.one_of(st.sampled_from([1, 2, 3]), junk),
+                "host_memory_gib": st.one_of(st.floats(0, 4096), junk),
+            },
         ),
         "training": training,
     }
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(scenarios)
 def test_estimate_or_a_named_error(data: dict[str, Any]) -> None:
+    check(data)
+
+
+def check(data: dict[str, Any]) -> None:
     try:
         est = estimate(scenario_from_dict(data))
     except EstimateError as exc:
@@ -78,4 +113,79 @@ def test_estimate_or_a_named_error(data: dict[str, Any]) -> None:
         return
     assert all(type(i.bytes) is int and i.bytes >= 0 for i in est.items)
     assert sum(est.breakdown.values()) == est.device_bytes
+    for group in est.rank_groups:  # every rank group adds up too, worst first in the headline
+        assert sum(i.bytes for i in group.items) == group.device_bytes <= est.device_bytes
+    assert est.host_node_bytes >= 0 and est.host_verdict in ("fits", "oom", "unknown")
     assert est.budget_bytes <= est.capacity_bytes
+
+
+def with_schedule(p: dict[str, Any]) -> dict[str, Any]:
+    """Interleaved 1F1B comes with 2 virtual stages, every other schedule with 1."""
+    rest = {k: v for k, v in p.items() if k != "schedule"}
+    return {**rest, "pp_schedule": p["schedule"][0], "vpp": p["schedule"][1]}
+
+
+parallel = st.fixed_dictionaries(
+    {
+        "tp": st.sampled_from([1, 2, 4, 8]),
+        "pp": st.sampled_from([1, 2, 4]),
+        "cp": st.sampled_from([1, 2]),
+        "ep": st.sampled_from([1, 1, 1, 2, 8]),
+        "zero_stage": st.integers(0, 3),
+        "framework": st.sampled_from(FRAMEWORKS),
+        "schedule": st.sampled_from(
+            [(s, 2 if s.startswith("interleaved") else 1) for s in PP_SCHEDULES]
+        ),
+        "sequence_parallel": st.booleans(),
+        "hybrid_shard": st.booleans(),
+        "expert_capacity_factor": st.sampled_from([1.0, 1.25, 2.0]),
+    }
+).map(with_schedule)
+cluster = st.fixed_dictionaries(
+    {
+        "memfit_scenario": st.just(1),
+        "model": st.sampled_from(model_names()).map(lambda n: {"preset": n}),
+        "hardware": st.fixed_dictionaries(
+            {
+                "gpu": st.sampled_from(gpu_names()),
+                "gpus_per_node": st.sampled_from([2, 4, 8]),
+                "nodes": st.sampled_from([1, 2, 4]),
+            },
+            optional={"host_memory_gib": st.floats(16, 4096)},
+        ),
+        "training": st.fixed_dictionaries(
+            {
+                "method": st.sampled_from(METHODS),
+                "precision": st.sampled_from(PRECISIONS),
+                "micro_batch_size": st.integers(1, 4),
+                "sequence_length": st.sampled_from([512, 1024, 4096]),
+                "gradient_accumulation_steps": st.integers(1, 8),
+                "activation_checkpointing": st.sampled_from(["none", "full", "selective"]),
+                "parallelism": parallel,
+                "offload": st.fixed_dictionaries(
+                    {
+                        "optimizer": st.sampled_from(["none", "cpu", "nvme"]),
+                        "parameters": st.sampled_from(["none", "cpu"]),
+                        "activations": st.sampled_from(["none", "cpu"]),
+                    }
+                ),
+            }
+        ),
+    }
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(cluster)
+def test_any_cluster_estimates_per_rank_or_names_the_field(data: dict[str, Any]) -> None:
+    """Every combination of the multi-GPU settings on real presets: a per-rank estimate
+    whose groups add up, or an error naming the field."""
+    check(data)
+    try:
+        est = estimate(scenario_from_dict(data))
+    except EstimateError:
+        return
+    mesh = est.mesh
+    assert mesh is not None and mesh.dp * mesh.tp * mesh.pp * mesh.cp == mesh.world
+    assert len(est.rank_groups) == mesh.pp
+    assert est.device_bytes == max(g.device_bytes for g in est.rank_groups)
