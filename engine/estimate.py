@@ -203,6 +203,16 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
             "expert-parallel load imbalance beyond expert_capacity_factor; the router's "
             "auxiliary-loss tensors"
         )
+    off = scenario.training.offload
+    if "nvme" in (off.optimizer, off.parameters):
+        notes.append(
+            "ZeRO-Infinity's pinned swap buffers in host memory (aio buffer_count x buffer_size)"
+        )
+    if p.tp > 1 and p.framework == "pytorch":
+        notes.append(
+            "DTensor returns a vocabulary-parallel embedding's gradient whole (V x h) on "
+            "every rank; counted here as Megatron's V/tp x h"
+        )
     if p.pp > 1 and p.pp_schedule == "zero-bubble":
         notes.append("zero-bubble schedules other than ZB-H1 (ZB-H2/ZB-V hold about twice)")
     return tuple(notes)
