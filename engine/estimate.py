@@ -23,7 +23,14 @@ from typing import Any
 from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
 from engine.params import model_tensors
-from engine.sharding import Mesh, Sharded, make_mesh, shard, tensor_parallel_shard
+from engine.sharding import (
+    Mesh,
+    Sharded,
+    make_mesh,
+    shard,
+    stage_layers,
+    tensor_parallel_shard,
+)
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather, Point, Stage, Timeline, make_ctx, step_timeline
 
@@ -363,15 +370,20 @@ def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:
             _rank(scenario, model, mesh, "all", Stage(), "all ranks" + (f" ({tp})" if tp else ""))
         ]
     par = scenario.training.parallelism
-    per = model.num_layers // mesh.pp
+    counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
     micro = scenario.training.gradient_accumulation_steps
     out = []
     for s in range(mesh.pp):
-        dense = min(per, max(0, model.first_dense_layers - s * per))
-        stage_model = dataclasses.replace(model, num_layers=per, first_dense_layers=dense)
+        # rank s runs virtual stages s, s + pp, s + 2 pp, ... (the interleaved layout)
+        chunks = [s + k * mesh.pp for k in range(mesh.vpp)]
+        sizes = [counts[c] for c in chunks]
+        dense = sum(
+            min(counts[c], max(0, model.first_dense_layers - sum(counts[:c]))) for c in chunks
+        )
+        stage_model = dataclasses.replace(model, num_layers=sum(sizes), first_dense_layers=dense)
         chunk = None
         if mesh.vpp > 1:
-            layers = per // mesh.vpp
+            layers = max(sizes)
             chunk = dataclasses.replace(
                 stage_model, num_layers=layers, first_dense_layers=min(dense, layers)
             )

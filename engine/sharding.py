@@ -106,10 +106,17 @@ def make_mesh(scenario: Scenario) -> Mesh:
         raise EstimateError(
             f"{P}.tp", f"got {p.tp}, expected a divisor or multiple of the {kv} key/value heads"
         )
-    if m.num_layers % (p.pp * p.vpp):
+    if p.pp_split == "even" and m.num_layers % (p.pp * p.vpp):
         raise EstimateError(
             f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
-            f"pp x vpp = {p.pp * p.vpp} must divide the {m.num_layers} layers",
+            f"pp x vpp = {p.pp * p.vpp} must divide the {m.num_layers} layers "
+            f"(or choose pp_split balanced)",
+        )
+    if p.pp * p.vpp > 1 and min(stage_layers(m.num_layers, p.pp * p.vpp, p.pp_split)) < 1:
+        raise EstimateError(
+            f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
+            f"pp x vpp = {p.pp * p.vpp} stages leave a stage without a layer "
+            f"({m.num_layers} layers)",
         )
     if p.vpp > 1 and p.pp == 1:
         raise EstimateError(f"{P}.vpp", f"got {p.vpp}, expected 1 without pipeline parallelism")
@@ -175,6 +182,31 @@ def make_mesh(scenario: Scenario) -> Mesh:
             "full or every-k-layers",
         )
     return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp, shard, p.vpp)
+
+
+def stage_layers(layers: int, stages: int, split: str = "even") -> list[int]:
+    """Transformer layers of each (virtual) pipeline stage, in order.
+
+    ``even`` gives every stage ``layers / stages``. ``balanced`` counts the embedding and
+    the LM head as one layer each, gives every stage ``(layers + 2) // stages`` of these
+    units and the remainder one each to the first stages; the first stage then holds one
+    layer less (the embedding) and the last one less (the head). This is how torchtitan
+    splits a model by default (``generate_llm_fqn_per_model_part``).
+    """
+    if stages == 1:
+        return [layers]
+    if split == "even":
+        return [layers // stages] * stages
+    base, extra = divmod(layers + 2, stages)
+    units = [base + (k < extra) for k in range(stages)]
+    units[0] -= 1
+    units[-1] -= 1
+    out, left = [], layers
+    for u in units:
+        take = max(0, min(u, left))
+        out.append(take)
+        left -= take
+    return out
 
 
 def tensor_parallel_shard(model: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
@@ -370,8 +402,15 @@ def shard(
             items.append(item)
 
     transient_grads = 0
+    # FSDP under pipeline parallelism (torch.distributed.pipelining, torchtitan) keeps each
+    # stage gathered for the whole step (reshard_after_forward=False) and its gradients
+    # unsharded until the last micro-batch's backward (no gradient sync before it)
+    pipelined_fsdp = framework == "pytorch" and stage >= 2 and mesh.pp > 1
     for part in framework_items(state, training):
         item = part.item
+        if pipelined_fsdp and item.category == "gradients":
+            item = replace(item, name=item.name + ", unsharded until the last micro-batch")
+            part = _Part(item, 99, persistent=True)
         if stage >= part.shard_from and mesh.shard > 1:
             expert_bytes = int(item.bytes * experts)
             dense = item.bytes - expert_bytes
@@ -394,7 +433,9 @@ def shard(
                 transient_grads += item.bytes
         place(item, target)
 
-    if offload.optimizer != "none" or (framework == "megatron" and training.precision in MIXED):
+    if pipelined_fsdp or (framework == "megatron" and training.precision in MIXED):
+        grad_share = Fraction(0)  # the gradients are a buffer that lives through the step
+    elif offload.optimizer != "none":
         grad_share = Fraction(0)  # nothing of the backward's gradients stays as .grad
     elif framework == "deepspeed" and stage >= 2:
         grad_share = Fraction(0)  # reduced through the bucket
@@ -403,12 +444,14 @@ def shard(
     optimizer_share = Fraction(1, mesh.shard) if stage >= 1 else Fraction(1)
     if offload.optimizer != "none" or framework != "pytorch":
         optimizer_share = Fraction(0)  # on the host, or a fused multi-tensor kernel
-    gather = gather_buffers(state, training, model or scenario.model)
+    gather = gather_buffers(state, training, model or scenario.model, mesh.pp)
     new_state = replace(state, items=tuple(items))
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
 
 
-def gather_buffers(state: ModelState, training: TrainingSpec, model: ModelSpec) -> Gather:
+def gather_buffers(
+    state: ModelState, training: TrainingSpec, model: ModelSpec, pp: int = 1
+) -> Gather:
     """What the parameter gathering of ZeRO-3 / FSDP keeps on the GPU beyond the shards.
 
     * **DeepSpeed ZeRO-3** (and its estimator's ``4 x largest layer``): the current and
@@ -422,7 +465,8 @@ def gather_buffers(state: ModelState, training: TrainingSpec, model: ModelSpec) 
       output are live; the layer's unsharded gradients are copied into a flat
       reduce-scatter input in the reduce dtype (fp32 under ``MixedPrecisionPolicy(bf16,
       fp32)``), kept until the next reduce-scatter. With ``reshard_after_forward=False``
-      (SHARD_GRAD_OP) every layer stays gathered from its forward to its backward.
+      (SHARD_GRAD_OP) every layer stays gathered from its forward to its backward. Under
+      pipeline parallelism the whole stage stays gathered through the step.
 
     The parameter dtype of the gathered units is 16-bit under mixed precision (FSDP's
     ``param_dtype``), else the weights' own.
@@ -447,6 +491,8 @@ def gather_buffers(state: ModelState, training: TrainingSpec, model: ModelSpec) 
     rd = 2 if training.precision == "bf16" else 4
     root = pd * max(0, state.total_params - layer_params)
     unit = pd * largest
+    if pp > 1:  # pipelined: the whole stage stays gathered (see shard)
+        return Gather(root + pd * layer_params, root + pd * layer_params)
     reduce = rd * largest
     if stage == 3:
         return Gather(root + 3 * unit, root + 2 * unit, unit, reduce)

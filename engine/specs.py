@@ -53,6 +53,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 ACTIVATION_OFFLOAD = ("none", "cpu")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+#: even: every (virtual) stage the same number of layers; balanced: the embedding and the
+#: LM head count as one layer each and the remainder goes to the first stages (torchtitan)
+PP_SPLITS = ("even", "balanced")
 #: pytorch: AMP over fp32 weights, DDP / FSDP / FSDP2 (fp32 shards, 16-bit gathered units);
 #: deepspeed: 16-bit module weights, fp32 master weights and gradient partition in ZeRO;
 #: megatron: 16-bit weights, an fp32 ``main_grad`` buffer, the distributed optimizer
@@ -428,8 +431,10 @@ class ParallelismSpec:
     the parameters (FSDP ``FULL_SHARD``, FSDP2 ``fully_shard``). ``hybrid_shard`` keeps the
     shards inside a node and replicates across nodes (FSDP ``HYBRID_SHARD``). ``vpp`` is the
     number of virtual pipeline stages per rank (interleaved 1F1B, Narayanan et al. 2021).
-    ``expert_capacity_factor`` is the share of tokens the busiest expert rank receives,
-    relative to a perfectly balanced router (1.0).
+    ``pp_split`` "balanced" lets the layers split unevenly, counting the embedding and the
+    LM head as a layer each (torchtitan's default split). ``expert_capacity_factor`` is the
+    share of tokens the busiest expert rank receives, relative to a perfectly balanced
+    router (1.0).
     """
 
     tp: int = 1
@@ -439,6 +444,7 @@ class ParallelismSpec:
     zero_stage: int = 0
     vpp: int = 1
     pp_schedule: str = "1f1b"
+    pp_split: str = "even"
     sequence_parallel: bool = False
     framework: str = "pytorch"
     hybrid_shard: bool = False
@@ -451,6 +457,7 @@ class ParallelismSpec:
         check_int(f + "zero_stage", self.zero_stage, 0, 3)
         check_int(f + "vpp", self.vpp, 1, 1024)
         check_choice(f + "pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        check_choice(f + "pp_split", self.pp_split, PP_SPLITS)
         check_bool(f + "sequence_parallel", self.sequence_parallel)
         check_choice(f + "framework", self.framework, FRAMEWORKS)
         check_bool(f + "hybrid_shard", self.hybrid_shard)

@@ -480,6 +480,8 @@ ZERO_CHOICES = (("none (DDP: every GPU holds all)", 0), ("ZeRO-1: optimizer stat
 SCHEDULE_CHOICES = (("1F1B", "1f1b"), ("GPipe (all forwards first)", "gpipe"),
                     ("interleaved 1F1B", "interleaved-1f1b"),
                     ("zero bubble (ZB-H1)", "zero-bubble"))  # fmt: skip
+SPLIT_CHOICES = (("even (pp x vpp divides the layers)", "even"),
+                 ("balanced (embedding and head as a layer)", "balanced"))  # fmt: skip
 OFFLOAD_CHOICES = (("no", "none"), ("to CPU", "cpu"), ("to NVMe", "nvme"))
 INTERLEAVED = "interleaved-1f1b"
 
@@ -558,6 +560,14 @@ class ParallelismPanel(FormPanel):
             _schedule_field(),
             "Pipeline schedule: how many micro-batches each stage holds (Narayanan et al. 2021)",
         )
+        self.add_combo(
+            par + "pp_split",
+            "Stage split",
+            SPLIT_CHOICES,
+            field("pp_split"),
+            "How the layers split over the pipeline stages; balanced allows an uneven split "
+            "(torchtitan's default)",
+        )
         self.add_spin(
             par + "vpp",
             "Virtual stages",
@@ -620,6 +630,7 @@ class ParallelismPanel(FormPanel):
             "training.parallelism.sequence_parallel": p.tp > 1 or p.sequence_parallel,
             "training.parallelism.pp_schedule": p.pp > 1 or p.pp_schedule != "1f1b",
             "training.parallelism.vpp": p.pp_schedule == INTERLEAVED,
+            "training.parallelism.pp_split": p.pp > 1 or p.pp_split != "even",
             "training.parallelism.expert_capacity_factor": p.ep > 1
             or p.expert_capacity_factor != 1.0,
         }

@@ -382,3 +382,54 @@ def test_megatron_optimizer_offload_keeps_the_main_grad_buffer_on_the_gpu() -> N
     assert est.breakdown["gradients"] == pytest.approx(4 * rank, rel=0.01)
     assert est.breakdown["optimizer_states"] == 0
     assert est.host_bytes == pytest.approx(12 * rank, rel=0.01)  # master, m, v
+
+
+@pytest.mark.parametrize(
+    ("layers", "stages", "expected"),
+    [
+        (32, 4, [8, 8, 8, 8]),  # even
+        # balanced: embedding and head count as a layer each, remainder to the first stages
+        (27, 4, [7, 7, 7, 6]),  # 29 units: 8, 7, 7, 7
+        (32, 8, [4, 5, 4, 4, 4, 4, 4, 3]),  # 34 units: 5, 5, 4, ...
+        (126, 8, [15] + [16] * 6 + [15]),  # Llama 3.1 405B on 8 stages
+        (126, 16, [7] + [8] * 14 + [7]),
+    ],
+)
+def test_stage_layers(layers: int, stages: int, expected: list[int]) -> None:
+    from engine.sharding import stage_layers
+
+    split = "even" if layers % stages == 0 and stages == 4 else "balanced"
+    assert stage_layers(layers, stages, split) == expected
+    assert sum(expected) == layers
+
+
+def test_balanced_split_estimates_uneven_pipelines() -> None:
+    s = run("llama-3.1-405b", gpus=8, nodes=8, tp=8, pp=8, zero_stage=1)
+    with pytest.raises(EstimateError, match="pp_split balanced"):
+        estimate(s)
+    balanced = dataclasses.replace(
+        s,
+        training=dataclasses.replace(
+            s.training,
+            parallelism=dataclasses.replace(s.training.parallelism, pp_split="balanced"),
+        ),
+    )
+    est = estimate(balanced)
+    assert len(est.rank_groups) == 8 and est.rank_groups[0].group.startswith("pp stage 0")
+    params = [r.category_bytes("parameters") for r in est.rank_groups]
+    # 15 layers + the embedding, 16 layers, ..., 15 layers + the head
+    assert params[1] == params[2] and params[0] != params[1]
+
+
+def test_fsdp_under_pipelining_keeps_the_stage_gathered_and_its_gradients_unsharded() -> None:
+    """torch.distributed.pipelining with FSDP (torchtitan): reshard_after_forward=False and
+    no gradient sync before the last micro-batch."""
+    s = run(gpus=8, pp=2, zero_stage=3, training={"gradient_accumulation_steps": 4})
+    mesh = make_mesh(s)
+    model = dataclasses.replace(s.model, num_layers=16)  # one stage
+    sharded = shard(model_state(model, s.training, "first"), s, mesh, model)
+    stage_params = sharded.state.total_params
+    grads = sum(i.bytes for i in sharded.state.items if i.category == "gradients")
+    assert grads == 4 * stage_params == sharded.grad_buffer  # fp32, whole, all step long
+    assert sharded.gather.forward == sharded.gather.backward == 2 * stage_params
+    assert sharded.state.category_bytes("optimizer_states") == -(-8 * stage_params // 4)

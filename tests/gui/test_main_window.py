@@ -433,6 +433,10 @@ def test_parallelism_panel_edits_reach_the_store(make_window) -> None:  # type: 
     assert window.store.estimate.mesh.vpp == 4
     choose("training.parallelism.pp_schedule", "1f1b")
     assert (par().pp_schedule, par().vpp) == ("1f1b", 1)
+    assert rows["training.parallelism.pp_split"].widget.isVisibleTo(panel)  # pp = 2
+    choose("training.parallelism.pp_split", "balanced")
+    assert par().pp_split == "balanced"
+    choose("training.parallelism.pp_split", "even")
     assert window.store.error == ""
     assert "16 GPUs</b> = tp 8 × pp 2 × cp 1 × dp 1" in panel.mesh.text()
 
@@ -454,7 +458,7 @@ def test_invalid_vpp_shows_an_inline_error_on_its_row(make_window) -> None:  # t
     before = window.store.estimate
     vpp.widget.setValue(3)  # pp x vpp = 6 does not divide 80 layers
     assert not vpp.error.isHidden()
-    assert vpp.error.text() == "pp x vpp = 6 must divide the 80 layers"
+    assert vpp.error.text().startswith("pp x vpp = 6 must divide the 80 layers")
     assert window.store.estimate is before and "training.parallelism.vpp" in window.store.error
     vpp.widget.setValue(1)  # the interleaved schedule needs 2 or more: refused at once
     assert "expected at least 2 for the interleaved schedule" in vpp.error.text()
