@@ -9,7 +9,7 @@ from engine.errors import EstimateError
 from engine.estimate import estimate
 from engine.presets import gpu_names, model_names
 from engine.scenario_io import scenario_from_dict
-from engine.specs import FRAMEWORKS, METHODS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS
+from engine.specs import FRAMEWORKS, METHODS, OPTIMIZERS, PP_SCHEDULES, PP_SPLITS, PRECISIONS
 
 junk = st.one_of(
     st.none(),
@@ -139,6 +139,7 @@ parallel = st.fixed_dictionaries(
         "sequence_parallel": st.booleans(),
         "hybrid_shard": st.booleans(),
         "expert_capacity_factor": st.sampled_from([1.0, 1.25, 2.0]),
+        "pp_split": st.sampled_from(PP_SPLITS),
     }
 ).map(with_schedule)
 cluster = st.fixed_dictionaries(
