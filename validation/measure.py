@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,18 +96,22 @@ def measure_case(case: dict[str, Any], sdpa_order: str = "") -> dict[str, Any]:
     }
 
 
-def _worker(args: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    case, order = args
+Measure = Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+def _worker(args: tuple[Measure, dict[str, Any], str]) -> dict[str, Any]:
+    measure, case, order = args
     try:
-        return measure_case(case, order)
+        return measure(case, order)
     except Exception:  # report and go on with the other cases
         return {"id": case["id"], "error": traceback.format_exc()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None, doc: str, out: Path) -> argparse.Namespace:
+    """The command line both runners share."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[], help="id substring (repeatable)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument(
         "--sdpa-order",
@@ -115,12 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         "picks on an H100 with the cuDNN its CUDA 13 wheels ship)",
     )
     parser.add_argument("--list", action="store_true", help="print the case ids and stop")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT))
-    from validation.cases import all_cases
 
-    cases = [c for c in all_cases() if not args.only or any(o in c["id"] for o in args.only)]
+def run_cases(
+    cases: list[dict[str, Any]],
+    measure: Measure,
+    args: argparse.Namespace,
+    tasks_per_worker: int,
+    label: Callable[[dict[str, Any]], str],
+) -> int:
+    """Measure ``cases`` in spawned worker processes (the fake CUDA hooks must load before
+    torch), print a line per case and write the records to ``args.out`` in case order."""
+    cases = [c for c in cases if not args.only or any(o in c["id"] for o in args.only)]
     if args.list:
         for c in cases:
             print(c["id"])
@@ -130,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     records: list[dict[str, Any]] = []
     failed = 0
-    with ctx.Pool(processes=max(1, args.jobs), maxtasksperchild=8) as pool:
-        work = [(c, args.sdpa_order) for c in cases]
+    with ctx.Pool(processes=max(1, args.jobs), maxtasksperchild=tasks_per_worker) as pool:
+        work = [(measure, c, args.sdpa_order) for c in cases]
         for rec in pool.imap(_worker, work):
             if "error" in rec:
                 failed += 1
@@ -141,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             m = rec["measured"]
             print(
                 f"{rec['env']['seconds']:6.1f}s  {m['peak_allocated_bytes'] / 2**30:8.3f} GiB  "
-                f"{m['peak_phase']:<9} {m['attention_kernel']:<18} {rec['id']}",
+                f"{m['peak_phase']:<9} {label(rec)}",
                 flush=True,
             )
     elapsed = time.perf_counter() - started
@@ -149,6 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(records, indent=1) + "\n")
     print(f"{len(records)} cases written to {args.out} in {elapsed:.0f} s; {failed} failed")
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__, DEFAULT_OUT)
+    sys.path.insert(0, str(ROOT))
+    from validation.cases import all_cases
+
+    def label(rec: dict[str, Any]) -> str:
+        return f"{rec['measured']['attention_kernel']:<18} {rec['id']}"
+
+    return run_cases(all_cases(), measure_case, args, 8, label)
 
 
 if __name__ == "__main__":

@@ -11,23 +11,13 @@ case's world size. The second training step is reported, as in ``dataset.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing
-import os
 import sys
 import time
-import traceback
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from validation.measure import PHASES, ROOT, _peak_phase, parse_args, run_cases
+
 DEFAULT_OUT = ROOT / "tests" / "validation" / "dataset_multi.json"
-PHASES = ("forward", "loss", "backward", "optimizer")
-
-
-def _peak_phase(phase: str) -> str:
-    return "forward" if phase == "loss" else phase
 
 
 def _notes(case: dict[str, Any]) -> list[str]:
@@ -129,54 +119,13 @@ def measure_case(case: dict[str, Any], sdpa_order: str = "") -> dict[str, Any]:
     }
 
 
-def _worker(args: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    case, order = args
-    try:
-        return measure_case(case, order)
-    except Exception:  # report and go on with the other cases
-        return {"id": case["id"], "error": traceback.format_exc()}
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", action="append", default=[], help="id substring (repeatable)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--sdpa-order", default="", help="as in validation.measure")
-    parser.add_argument("--list", action="store_true", help="print the case ids and stop")
-    args = parser.parse_args(argv)
-
+    # one case per worker: the fake process group is global state
+    args = parse_args(argv, __doc__, DEFAULT_OUT)
     sys.path.insert(0, str(ROOT))
     from validation.cases_multi import all_cases
 
-    cases = [c for c in all_cases() if not args.only or any(o in c["id"] for o in args.only)]
-    if args.list:
-        for c in cases:
-            print(c["id"])
-        return 0
-    order = {c["id"]: i for i, c in enumerate(cases)}
-    started = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")
-    records: list[dict[str, Any]] = []
-    failed = 0
-    with ctx.Pool(processes=max(1, args.jobs), maxtasksperchild=1) as pool:
-        for rec in pool.imap(_worker, [(c, args.sdpa_order) for c in cases]):
-            if "error" in rec:
-                failed += 1
-                print(f"FAILED {rec['id']}\n{rec['error']}", file=sys.stderr, flush=True)
-                continue
-            records.append(rec)
-            m = rec["measured"]
-            print(
-                f"{rec['env']['seconds']:6.1f}s  {m['peak_allocated_bytes'] / 2**30:8.3f} GiB  "
-                f"{m['peak_phase']:<9} {rec['id']}",
-                flush=True,
-            )
-    elapsed = time.perf_counter() - started
-    records.sort(key=lambda r: order[r["id"]])
-    args.out.write_text(json.dumps(records, indent=1) + "\n")
-    print(f"{len(records)} cases written to {args.out} in {elapsed:.0f} s; {failed} failed")
-    return 1 if failed else 0
+    return run_cases(all_cases(), measure_case, args, 1, lambda rec: rec["id"])
 
 
 if __name__ == "__main__":
