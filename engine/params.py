@@ -245,6 +245,16 @@ def layer_segments(model: ModelSpec, cuts: tuple[int, ...] = ()) -> list[tuple[i
     ]
 
 
+def largest_layer_params(model: ModelSpec) -> int:
+    """Parameters of the largest transformer block (the unit ZeRO-3 / FSDP gathers)."""
+    per_layer: dict[tuple[int, int], int] = {}
+    for g in model_tensors(model):
+        if g.layers:
+            span = g.layers[1] - g.layers[0]
+            per_layer[g.layers] = per_layer.get(g.layers, 0) + g.total // span
+    return max(per_layer.values(), default=0)
+
+
 @lru_cache(maxsize=512)
 def model_tensors(model: ModelSpec, cuts: tuple[int, ...] = ()) -> tuple[TensorGroup, ...]:
     """All parameter tensors of ``model`` as groups; block groups are split at ``cuts``.

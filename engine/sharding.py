@@ -34,7 +34,7 @@ from fractions import Fraction
 
 from engine.errors import EstimateError
 from engine.model_state import MemoryItem, ModelState
-from engine.params import model_tensors
+from engine.params import largest_layer_params, model_tensors
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather
 
@@ -476,14 +476,8 @@ def gather_buffers(
     sharded_units = stage == 3 or (stage == 2 and par.framework == "pytorch")
     if not sharded_units or par.framework == "megatron":
         return Gather()
-    per_layer: dict[tuple[int, int], int] = {}
-    layer_params = 0
-    for g in model_tensors(model):
-        if g.layers:
-            span = g.layers[1] - g.layers[0]
-            per_layer[g.layers] = per_layer.get(g.layers, 0) + g.total // span
-            layer_params += g.total
-    largest = max(per_layer.values(), default=0)
+    layer_params = sum(g.total for g in model_tensors(model) if g.layers)
+    largest = largest_layer_params(model)
     if par.framework == "deepspeed":
         return Gather(forward=2 * 2 * largest, backward=2 * 2 * largest)
     fp32 = training.precision == "fp32"
