@@ -63,6 +63,7 @@ from validation.step import (
     _quiet,
     _swappable_fake_params,
     _unpacked_inputs,
+    optimizer_impl,
     spec_from_scenario,
 )
 from validation.tracker import CATEGORIES, StorageTracker
@@ -564,29 +565,10 @@ def measure_multi(spec: MultiSpec, gpu: GpuProfile | None = None) -> MultiMeasur
                         del out
                     gc.collect()
                     tracker.set_phase("idle")
-                    pk = tracker.phase_peaks
-                    results.append(
-                        StepMeasurement(
-                            peak_rounded=tracker.peak.rounded,
-                            peak_raw=tracker.peak.raw,
-                            peak_phase=tracker.peak.phase,
-                            phase_peaks={k: v.rounded for k, v in pk.items() if k != "idle"},
-                            phase_peaks_raw={k: v.raw for k, v in pk.items() if k != "idle"},
-                            breakdown=dict(tracker.peak.breakdown),
-                            breakdown_raw=dict(tracker.peak.breakdown_raw),
-                            before_step=before,
-                            after_step=tracker.rounded,
-                        )
-                    )
+                    results.append(StepMeasurement.of(tracker, before))
                     tracker.adopt(v for st in opt.state.values() for v in st.values())
             hook.remove()
-            impl = (
-                "fused"
-                if opt.defaults.get("fused")
-                else "foreach"
-                if opt.defaults.get("foreach")
-                else "for-loop"
-            )
+            impl = optimizer_impl(opt)
             locals_ = [_local(p) for p in model.parameters()]
             m = MultiMeasurement(
                 first=results[0],

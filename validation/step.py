@@ -277,6 +277,29 @@ class StepMeasurement:
     before_step: int = 0
     after_step: int = 0
 
+    @classmethod
+    def of(cls, tracker: Any, before: int) -> StepMeasurement:
+        """What ``tracker`` recorded over one step that started with ``before`` bytes."""
+        peaks = {k: v for k, v in tracker.phase_peaks.items() if k != "idle"}
+        return cls(
+            peak_rounded=tracker.peak.rounded,
+            peak_raw=tracker.peak.raw,
+            peak_phase=tracker.peak.phase,
+            phase_peaks={k: v.rounded for k, v in peaks.items()},
+            phase_peaks_raw={k: v.raw for k, v in peaks.items()},
+            breakdown=dict(tracker.peak.breakdown),
+            breakdown_raw=dict(tracker.peak.breakdown_raw),
+            before_step=before,
+            after_step=tracker.rounded,
+        )
+
+
+def optimizer_impl(opt: Any) -> str:
+    """The implementation a torch optimizer was built with."""
+    if opt.defaults.get("fused"):
+        return "fused"
+    return "foreach" if opt.defaults.get("foreach") else "for-loop"
+
 
 @dataclass
 class Measurement:
@@ -467,32 +490,12 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
                     del out
                 gc.collect()
                 tracker.set_phase("idle")
-                phases = {k: v.rounded for k, v in tracker.phase_peaks.items() if k != "idle"}
-                phases_raw = {k: v.raw for k, v in tracker.phase_peaks.items() if k != "idle"}
-                results.append(
-                    StepMeasurement(
-                        peak_rounded=tracker.peak.rounded,
-                        peak_raw=tracker.peak.raw,
-                        peak_phase=tracker.peak.phase,
-                        phase_peaks=phases,
-                        phase_peaks_raw=phases_raw,
-                        breakdown=dict(tracker.peak.breakdown),
-                        breakdown_raw=dict(tracker.peak.breakdown_raw),
-                        before_step=before,
-                        after_step=tracker.rounded,
-                    )
-                )
+                results.append(StepMeasurement.of(tracker, before))
                 # optimizer states are created in the first step; count them from then on
                 tracker.adopt(v for s in opt.state.values() for v in s.values())
         hook.remove()
         params = list(model.parameters())
-        impl = (
-            "fused"
-            if opt.defaults.get("fused")
-            else "foreach"
-            if opt.defaults.get("foreach")
-            else "for-loop"
-        )
+        impl = optimizer_impl(opt)
         m = Measurement(
             first=results[0],
             second=results[1],
