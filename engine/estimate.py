@@ -32,7 +32,15 @@ from engine.sharding import (
     tensor_parallel_shard,
 )
 from engine.specs import ModelSpec, Scenario, TrainingSpec
-from engine.timeline import Gather, Point, Stage, Timeline, make_ctx, step_timeline
+from engine.timeline import (
+    Gather,
+    Point,
+    Stage,
+    Timeline,
+    checkpointed,
+    make_ctx,
+    step_timeline,
+)
 
 SCHEMA_VERSION = 1
 GIB = 1 << 30
@@ -353,11 +361,8 @@ def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stag
     if training.offload.activations != "cpu":
         return 0
     ctx = make_ctx(model, training)
-    mode, k = training.activation_checkpointing, training.checkpoint_every_k
-    layers = sum(
-        mode == "full" or (mode == "every-k-layers" and i % k == 0) for i in range(model.num_layers)
-    )
-    return layers * ctx.tokens * model.hidden_size * ctx.res // ctx.sp * stage.inflight
+    layers = sum(checkpointed(training, model.num_layers))
+    return layers * ctx.hidden_bytes(model.hidden_size) * stage.inflight
 
 
 def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:

@@ -82,6 +82,10 @@ class Ctx:
         """Bytes of the residual stream: fp32 weights make fp32 hidden states under AMP."""
         return 2 if self.mode == "half" else 4
 
+    def hidden_bytes(self, hidden_size: int) -> int:
+        """A hidden-size tensor between blocks (residual dtype; a sequence shard under SP)."""
+        return self.tokens * hidden_size * self.res // self.sp
+
     def trains(self, component: str) -> bool:
         return "all" in self.trainable or component in self.trainable
 

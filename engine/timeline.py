@@ -164,6 +164,14 @@ def _blocks(
     )
 
 
+def checkpointed(training: TrainingSpec, layers: int) -> list[bool]:
+    """Which layers keep only their input: full, every layer; every-k-layers, layers 0, k,
+    2k, ... (Chen et al. 2016's sqrt(n) schedule with k ~ sqrt(n)); selective, none (the
+    attention core is recomputed inside the layer instead)."""
+    mode, k = training.activation_checkpointing, training.checkpoint_every_k
+    return [mode == "full" or (mode == "every-k-layers" and i % k == 0) for i in range(layers)]
+
+
 @dataclass(frozen=True, slots=True)
 class Gather:
     """Bytes that ZeRO-3 / FSDP keep gathered beyond the shards (see
@@ -219,18 +227,13 @@ def step_timeline(
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
     # the hidden-size tensors between blocks: split over tp under sequence parallelism
-    hidden = tokens * h * ctx.res // ctx.sp
+    hidden = ctx.hidden_bytes(h)
     ckpt_input = 0 if training.offload.activations == "cpu" else hidden
     trains_embeddings = stage.first and (
         training.method == "full"
         or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
     )
-    mode, k = training.activation_checkpointing, training.checkpoint_every_k
-    # full: every layer; every-k-layers: layers 0, k, 2k, ... (Chen et al. 2016's sqrt(n)
-    # schedule with k ~ sqrt(n)); selective: none, but the attention core is recomputed
-    ckpt = [
-        mode == "full" or (mode == "every-k-layers" and i % k == 0) for i in range(model.num_layers)
-    ]
+    ckpt = checkpointed(training, model.num_layers)
     checkpointing = any(ckpt)
     # with checkpointing, HF makes the embedding output require grad (LoRA included)
     # a later pipeline stage receives activations that require grad
