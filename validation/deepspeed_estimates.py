@@ -71,36 +71,39 @@ def _default_buffer_factor(fn: Any) -> float:
     return float(inspect.signature(fn).parameters["additional_buffer_factor"].default)
 
 
+def _record(stage: int, model: str, total: int, largest: int, layout: tuple[int, int],
+            options: dict[str, Any], result: tuple[Any, ...]) -> dict[str, Any]:  # fmt: skip
+    """One fixture record: the estimator's inputs and what it returned."""
+    nodes, gpus = layout
+    cpu, gpu, *layer = result
+    return {
+        "stage": stage,
+        "model": model,
+        "total_params": total,
+        "largest_layer_params": largest,
+        "num_gpus_per_node": gpus,
+        "num_nodes": nodes,
+        "cpu_offload": options["cpu_offload"],
+        "cpu_offload_params": options.get("cpu_offload_params"),
+        "zero_init": options.get("zero_init"),
+        "additional_buffer_factor": options["additional_buffer_factor"],
+        "gpu_bytes": int(gpu),
+        "cpu_bytes": int(cpu),
+        "largest_layer_memory": int(layer[0]) if layer else None,
+    }
+
+
 def zero2_records(estimate: Any, factor: float) -> list[dict[str, Any]]:
     """One record per model, layout and ``cpu_offload`` from the ZeRO-2 estimator."""
     out = []
     for model, total, largest in MODELS:
         for nodes, gpus in LAYOUTS:
             for offload in ZERO2_OPTIONS:
-                cpu, gpu = estimate(
-                    total_params=total,
-                    num_gpus_per_node=gpus,
-                    num_nodes=nodes,
-                    cpu_offload=offload,
-                    additional_buffer_factor=factor,
+                options = {"cpu_offload": offload, "additional_buffer_factor": factor}
+                result = estimate(
+                    total_params=total, num_gpus_per_node=gpus, num_nodes=nodes, **options
                 )
-                out.append(
-                    {
-                        "stage": 2,
-                        "model": model,
-                        "total_params": total,
-                        "largest_layer_params": largest,
-                        "num_gpus_per_node": gpus,
-                        "num_nodes": nodes,
-                        "cpu_offload": offload,
-                        "cpu_offload_params": None,
-                        "zero_init": None,
-                        "additional_buffer_factor": factor,
-                        "gpu_bytes": int(gpu),
-                        "cpu_bytes": int(cpu),
-                        "largest_layer_memory": None,
-                    }
-                )
+                out.append(_record(2, model, total, largest, (nodes, gpus), options, result))
     return out
 
 
@@ -110,33 +113,20 @@ def zero3_records(estimate: Any, factor: float) -> list[dict[str, Any]]:
     for model, total, largest in MODELS:
         for nodes, gpus in LAYOUTS:
             for offload, offload_params, zero_init in ZERO3_OPTIONS:
-                cpu, gpu, layer = estimate(
+                options = {
+                    "cpu_offload": offload,
+                    "cpu_offload_params": offload_params,
+                    "zero_init": zero_init,
+                    "additional_buffer_factor": factor,
+                }
+                result = estimate(
                     total_params=total,
                     largest_layer_params=largest,
                     num_gpus_per_node=gpus,
                     num_nodes=nodes,
-                    cpu_offload=offload,
-                    cpu_offload_params=offload_params,
-                    zero_init=zero_init,
-                    additional_buffer_factor=factor,
+                    **options,
                 )
-                out.append(
-                    {
-                        "stage": 3,
-                        "model": model,
-                        "total_params": total,
-                        "largest_layer_params": largest,
-                        "num_gpus_per_node": gpus,
-                        "num_nodes": nodes,
-                        "cpu_offload": offload,
-                        "cpu_offload_params": offload_params,
-                        "zero_init": zero_init,
-                        "additional_buffer_factor": factor,
-                        "gpu_bytes": int(gpu),
-                        "cpu_bytes": int(cpu),
-                        "largest_layer_memory": int(layer),
-                    }
-                )
+                out.append(_record(3, model, total, largest, (nodes, gpus), options, result))
     return out
 
 
