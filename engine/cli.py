@@ -23,7 +23,8 @@ from engine.estimate import GIB, Estimate, estimate
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
 from engine.report import mesh_text, peak_phase, shows_host, shows_ranks
-from engine.scenario_io import read_json, save_scenario, scenario_from_dict
+from engine.files import read_json
+from engine.scenario_io import save_scenario, scenario_from_dict
 from engine.specs import (
     ACTIVATION_OFFLOAD,
     ATTENTION_KERNELS,

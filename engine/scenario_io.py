@@ -23,11 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from engine.errors import EstimateError
+from engine.files import read_json, write_text
 from engine.hf_config import model_from_hf_config
 from engine.presets import build_strict, load_gpu, load_model, preset_name_of
 from engine.specs import (
@@ -218,42 +217,12 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     }
 
 
-def read_json(path: str | os.PathLike[str], field: str = "scenario") -> Any:
-    """Parse a JSON file; any failure is an :class:`EstimateError` naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise EstimateError(field, f"cannot read {p.name}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise EstimateError(field, f"{p.name} is not UTF-8 text") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EstimateError(
-            field, f"{p.name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from exc
-
-
 def load_scenario(path: str | os.PathLike[str]) -> Scenario:
-    """Read a scenario file strictly."""
+    """Read a scenario file strictly (a regular file of at most 4 MiB, UTF-8 JSON)."""
     return scenario_from_dict(read_json(path))
 
 
 def save_scenario(scenario: Scenario, path: str | os.PathLike[str]) -> None:
-    """Write ``scenario`` atomically: a temporary file in the same folder, then a rename."""
-    write_text_atomic(Path(path), json.dumps(scenario_to_dict(scenario), indent=2) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``scenario`` as an editor saves: links followed, mode kept, atomic rename
+    (:func:`engine.files.write_text`)."""
+    write_text(path, json.dumps(scenario_to_dict(scenario), indent=2, ensure_ascii=False) + "\n")

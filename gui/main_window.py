@@ -34,7 +34,8 @@ from engine.errors import EstimateError
 from engine.estimate import GIB, Estimate
 from engine.presets import resources_dir
 from engine.report import to_csv, to_json, to_markdown
-from engine.scenario_io import load_scenario, save_scenario, write_text_atomic
+from engine.files import write_text
+from engine.scenario_io import load_scenario, save_scenario
 from engine.specs import Scenario
 from gui.chart import BreakdownChart, Ghost
 from gui.chart_export import chart_image, export_png, export_svg
@@ -458,7 +459,7 @@ class MainWindow(QMainWindow):
         writer = writers.get(path.suffix.lower())
         if writer is None:
             raise ValueError(f"unknown data format {path.suffix!r}; use .csv, .json or .md")
-        write_text_atomic(path, writer(self.store.estimate))
+        write_text(path, writer(self.store.estimate))
 
     @Slot()
     def export_chart_dialog(self) -> None:

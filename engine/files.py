@@ -1,0 +1,193 @@
+"""Reading and writing the user's files safely: bounded reads, editor-like saves.
+
+Everything MemFit reads from disk -- scenario files, Hugging Face ``config.json``, the
+autosave -- goes through :func:`read_text`; everything it writes -- scenarios, data
+exports, chart images -- through :func:`write_text` or :func:`write_bytes`.
+
+Reading:
+
+* only a regular file is read: a FIFO, a device (``/dev/zero``), a socket or a directory
+  is refused at once, without blocking (the file is opened ``O_NONBLOCK`` and checked with
+  ``fstat`` on the open descriptor, so a file swapped in between cannot slip through);
+* at most :data:`MAX_READ_BYTES` are read; a larger file is refused with its size named;
+* the text is UTF-8, with or without a byte-order mark.
+
+Writing is what an editor does on save:
+
+* a symbolic link is followed to its target, which is replaced (the link stays a link);
+* a target that exists and is not a regular file is refused;
+* the new file keeps the old file's permission bits; a new file gets the user's default
+  (``0o666`` minus the umask), never the ``0o600`` of a temporary file;
+* the bytes go to a temporary file beside the target, which is flushed to disk and renamed
+  over the target, so a crash leaves the old file or the new one, never half of one; the
+  temporary file is removed on any failure;
+* every error names the target.
+
+>>> import tempfile, pathlib
+>>> folder = pathlib.Path(tempfile.mkdtemp())
+>>> write_text(folder / "a.json", "{}").name
+'a.json'
+>>> read_text(folder / "a.json")
+'{}'
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.errors import EstimateError
+
+#: The largest file MemFit reads: a scenario or a ``config.json`` is a few KiB.
+MAX_READ_BYTES = 4 << 20
+
+PathLike = str | os.PathLike[str]
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class FileRefused(OSError):
+    """A file MemFit will not write; the message names the target and why."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bytes(path: PathLike, field: str = "scenario", limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; any problem is an
+    :class:`EstimateError` for ``field`` that names the file."""
+    name = Path(path).name or os.fspath(path)
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise EstimateError(field, f"cannot read {name}: {exc.strerror or exc}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise EstimateError(field, f"{name} is {_kind(info.st_mode)}, not a regular file")
+        if info.st_size > limit:
+            raise EstimateError(
+                field, f"{name} is {info.st_size:,} bytes; files over {limit:,} bytes are refused"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # it grew while being read
+            raise EstimateError(field, f"{name} is over {limit:,} bytes; refused")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise EstimateError(field, f"cannot read {name}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def read_text(path: PathLike, field: str = "scenario", limit: int = MAX_READ_BYTES) -> str:
+    """:func:`read_bytes` decoded as UTF-8; a leading byte-order mark is dropped."""
+    data = read_bytes(path, field, limit)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise EstimateError(
+            field, f"{Path(path).name} is not UTF-8 text (byte {exc.start:,})"
+        ) from exc
+
+
+def parse_json(text: str, field: str = "scenario", name: str = "the text") -> Any:
+    """``json.loads`` whose every failure is an :class:`EstimateError`: bad syntax, nesting
+    deeper than Python's recursion allows, integers over Python's digit limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EstimateError(
+            field, f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from exc
+    except RecursionError as exc:
+        raise EstimateError(field, f"{name} is nested too deeply to be a MemFit file") from exc
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise EstimateError(field, f"{name} is not valid JSON: {exc}") from exc
+
+
+def read_json(path: PathLike, field: str = "scenario") -> Any:
+    """The parsed JSON of the file ``path`` (see :func:`read_text` and :func:`parse_json`)."""
+    return parse_json(read_text(path, field), field, Path(path).name)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_target(path: PathLike) -> tuple[Path, int]:
+    """Where a save of ``path`` writes, with symbolic links followed, and the permission
+    bits the new file gets; a target that exists but is not a regular file is refused."""
+    target = Path(os.path.realpath(os.fspath(path)))
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        return target, 0o666 & ~_umask()
+    except OSError as exc:
+        raise FileRefused(exc.errno or errno.EIO, f"cannot write {target}: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise FileRefused(
+            errno.EINVAL, f"cannot write {target}: it is {_kind(info.st_mode)}, not a file"
+        )
+    return target, stat.S_IMODE(info.st_mode)
+
+
+def write_bytes(path: PathLike, data: bytes) -> Path:
+    """Save ``data`` to ``path`` as an editor would (see the module docstring); returns the
+    file written (the target of a symbolic link)."""
+    target, mode = save_target(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise FileRefused(
+            exc.errno or errno.EIO, f"cannot write {target}: {exc.strerror or exc}"
+        ) from exc
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), mode)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, FileRefused):
+            raise FileRefused(
+                exc.errno or errno.EIO, f"cannot write {target}: {exc.strerror or exc}"
+            ) from exc
+        raise
+    return target
+
+
+def write_text(path: PathLike, text: str) -> Path:
+    """:func:`write_bytes` of ``text`` in UTF-8."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FileRefused(
+            errno.EINVAL, f"cannot write {os.fspath(path)}: the text is not valid Unicode"
+        ) from exc
+    return write_bytes(path, data)
