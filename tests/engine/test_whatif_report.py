@@ -12,7 +12,7 @@ from engine.model_state import CATEGORIES
 from engine.presets import load_gpu, load_model
 from engine.report import rows, shows_host, shows_ranks, to_csv, to_json, to_markdown
 from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.whatif import WHATIFS, WHATIFS_BY_KEY, evaluate
+from engine.whatif import WHATIFS, WHATIFS_BY_KEY, WhatIfResult, assess, compute_text, evaluate
 
 
 def scenario(**training: object) -> Scenario:
@@ -30,7 +30,7 @@ def scenario(**training: object) -> Scenario:
         ("qlora", "method", "full", "qlora"),
         ("8bit-optimizer", "optimizer", "adamw", "adamw-8bit"),
         ("fused-optimizer", "optimizer_impl", "foreach", "fused"),
-        ("flash-attention", "attention", "sdpa", "flash"),
+        ("flash-attention", "attention", "eager", "flash"),
     ],
 )
 def test_each_whatif_changes_one_field(key: str, field: str, before: str, after: str) -> None:
@@ -59,6 +59,98 @@ def test_whatif_that_the_engine_rejects_is_none() -> None:
         TrainingSpec(method="full"),
     )
     assert evaluate(s, estimate(s), "lora") is None  # q_proj/v_proj do not exist there
+
+
+def on_gpus(gpus: int, **training: object) -> Scenario:
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=gpus),
+        TrainingSpec(**training),  # type: ignore[arg-type]
+    )
+
+
+def test_zero3_is_offered_only_with_something_to_shard() -> None:
+    zero3 = WHATIFS_BY_KEY["zero3"]
+    one = on_gpus(1, method="full")
+    assert zero3.apply(one) is None
+    assert "one GPU" in (zero3.unavailable(one) or "")
+    # 8 GPUs all taken by tensor parallelism: a data-parallel shard group of 1
+    all_tp = on_gpus(8, method="full", parallelism=ParallelismSpec(tp=8))
+    assert zero3.apply(all_tp) is None
+    assert "shard group is one GPU" in (zero3.unavailable(all_tp) or "")
+    eight = on_gpus(8, method="full")
+    variant = zero3.apply(eight)
+    assert variant is not None and variant.training.parallelism.zero_stage == 3
+    assert zero3.unavailable(eight) is None
+    result = evaluate(eight, estimate(eight), "zero3")
+    assert result is not None and result.saved_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("attention", "precision", "offered"),
+    [
+        ("flash", "bf16-mixed", False),
+        ("sdpa", "bf16-mixed", False),  # SDPA picks flash for 16-bit inputs
+        ("sdpa", "bf16", False),
+        ("sdpa", "fp32", False),  # flash kernels are 16-bit only
+        ("eager", "bf16-mixed", True),
+        ("mem-efficient", "fp16-mixed", True),
+    ],
+)
+def test_flash_attention_is_offered_only_when_the_kernel_is_not_flash(
+    attention: str, precision: str, offered: bool
+) -> None:
+    s = scenario(method="lora", attention=attention, precision=precision)
+    flash = WHATIFS_BY_KEY["flash-attention"]
+    assert (flash.apply(s) is not None) == offered
+    reason = flash.unavailable(s)
+    assert (reason is None) == offered
+    if not offered:
+        assert reason
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", "freeze"])
+def test_compute_note_agrees_with_the_factor(method: str) -> None:
+    s = scenario(method=method, precision="fp32", attention="eager")
+    current = estimate(s)
+    for whatif in WHATIFS:
+        result = assess(s, current, whatif.key)
+        if isinstance(result, str):
+            continue
+        assert result.compute_note.startswith(compute_text(result.compute_factor) + ":")
+        assert result.compute_note.count("% compute") <= 1
+        assert whatif.compute_note.startswith(compute_text(whatif.compute_factor) + ":")
+
+
+def test_qlora_costs_less_than_full_but_more_than_lora() -> None:
+    from_full = assess(scenario(method="full"), estimate(scenario(method="full")), "qlora")
+    from_lora = assess(scenario(method="lora"), estimate(scenario(method="lora")), "qlora")
+    assert isinstance(from_full, WhatIfResult) and isinstance(from_lora, WhatIfResult)
+    assert from_full.compute_factor < 1 < from_lora.compute_factor
+    assert from_full.compute_note.startswith("-9 % compute")
+    assert from_lora.compute_note.startswith("+30 % compute")
+    back = assess(scenario(method="qlora"), estimate(scenario(method="qlora")), "lora")
+    assert isinstance(back, WhatIfResult) and back.compute_factor < 1
+
+
+def test_every_unavailable_whatif_says_why() -> None:
+    s = scenario(
+        method="lora",
+        optimizer="sgd",
+        optimizer_impl="fused",
+        activation_checkpointing="full",
+        attention="flash",
+        offload=OffloadSpec(optimizer="cpu"),
+        parallelism=ParallelismSpec(zero_stage=1),
+    )
+    current = estimate(s)
+    for whatif in WHATIFS:
+        result = assess(s, current, whatif.key)
+        if whatif.key == "qlora":
+            assert isinstance(result, WhatIfResult)
+            continue
+        assert isinstance(result, str) and result, whatif.key
+        assert whatif.unavailable(s) == result or result.startswith("the changed scenario")
 
 
 def test_csv_rows_match_the_estimate() -> None:
