@@ -17,6 +17,13 @@ its starting level in forward and in backward, and the bytes of parameter gradie
 leaves behind. These are the terms the step timeline (:mod:`engine.timeline`) repeats
 layer by layer. Liveness is what PyTorch's caching allocator sees as *allocated* bytes.
 
+A block is either built at one concrete shape and played with :func:`simulate`, or built
+once with symbolic sizes -- each a :class:`Lin`, an exact linear form in the shape
+:data:`TERMS` (b s, b s^2, ...) -- and played with :func:`profile` into a :class:`Profile`
+that gives the same result at every shape. Which tensors are live when does not depend on
+the shape, only their sizes do, so the walk is the same; a peak is the largest of a few
+linear forms, kept as candidates and compared once the shape is known.
+
 >>> b = Block("toy", input_bytes=400)
 >>> b.op("linear", ["x"], [("y", 800)], saves=["x"], grads=["x"], weight_grad=64)
 >>> r = simulate(b, "y")
@@ -27,20 +34,124 @@ layer by layer. Liveness is what PyTorch's caching allocator sees as *allocated*
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
+from math import gcd
 from typing import Any
 
-import numpy as np
+#: The shape terms every tensor size of a block is linear in (see :class:`Lin`):
+#: ``tokens`` b s (per-token tensors); ``pairs`` b s^2 (attention scores and masks);
+#: ``padded`` b ceil32(s) (memory-efficient attention's padded log-sum-exp);
+#: ``routed`` the rows the busiest expert-parallel rank receives, ceil(b s k c);
+#: ``chunk`` the rows of a chunked loss, min(b s, chunk); ``one`` (weight-sized tensors).
+TERMS = ("tokens", "pairs", "padded", "routed", "chunk", "one")
+_ONE = len(TERMS) - 1
+
+Coef = int | Fraction
+
+
+class Lin:
+    """A byte count that is a linear form in the shape :data:`TERMS`, with exact rational
+    coefficients: the size of a tensor built for any batch and sequence length at once.
+
+    A block built with symbolic sizes (``Ctx(symbolic=True)``) is played once by the same
+    liveness walk as a concrete one; what it returns -- the bytes kept, every candidate
+    for the peak -- are linear forms, and evaluating them at a shape gives to the byte what
+    :func:`simulate` of the block built at that shape gives, wherever each tensor's size
+    really is its linear form (the one thing that is not linear in b and s, ``floor``, only
+    divides by a tensor-parallel size that the mesh makes divide the sequence).
+
+    >>> t = Lin.unit("tokens")
+    >>> size = 3 * t * 4 + 64
+    >>> size.evaluate((10, 0, 0, 0, 0, 1))
+    184
+    """
+
+    __slots__ = ("c",)
+
+    def __init__(self, c: tuple[Coef, ...]) -> None:
+        self.c = c
+
+    @staticmethod
+    def unit(term: str) -> Lin:
+        i = TERMS.index(term)
+        return Lin(tuple(int(j == i) for j in range(len(TERMS))))
+
+    def _coefs(self, other: Size) -> tuple[Coef, ...]:
+        if isinstance(other, Lin):
+            return other.c
+        return tuple(other if i == _ONE else 0 for i in range(len(TERMS)))
+
+    def __add__(self, other: Size) -> Lin:
+        return Lin(tuple(a + b for a, b in zip(self.c, self._coefs(other), strict=True)))
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Size) -> Lin:
+        return Lin(tuple(a - b for a, b in zip(self.c, self._coefs(other), strict=True)))
+
+    def __rsub__(self, other: Size) -> Lin:
+        return Lin(tuple(b - a for a, b in zip(self.c, self._coefs(other), strict=True)))
+
+    def __mul__(self, k: int) -> Lin:
+        if not isinstance(k, int):
+            raise TypeError("a size times a size is not a size")
+        return Lin(tuple(a * k for a in self.c))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, k: int) -> Lin:
+        """Exact division; the concrete ``//`` agrees wherever the division is exact."""
+        return Lin(tuple(a // k if a % k == 0 else Fraction(a, k) for a in self.c))
+
+    def __bool__(self) -> bool:
+        return any(self.c)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int | Lin):
+            return self.c == self._coefs(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.c)
+
+    def __repr__(self) -> str:
+        parts = [f"{a}*{t}" for a, t in zip(self.c, TERMS, strict=True) if a]
+        return "Lin(" + " + ".join(parts or ["0"]) + ")"
+
+    def evaluate(self, values: tuple[int, ...]) -> int:
+        total = sum(a * v for a, v in zip(self.c, values, strict=True))
+        if isinstance(total, Fraction):
+            if total.denominator != 1:
+                raise ValueError(f"{self!r} is not a whole number of bytes at {values}")
+            return total.numerator
+        return total
+
+
+Size = int | Lin
+
+
+def larger(a: Size, b: Size) -> Size:
+    """The larger of two sizes; for symbolic sizes, the one that is at least the other in
+    every term (a broadcast's operands: the full tensor and, say, a row statistic)."""
+    if not isinstance(a, Lin) and not isinstance(b, Lin):
+        return max(a, b)
+    ca, cb = Lin((0,) * len(TERMS))._coefs(a), Lin((0,) * len(TERMS))._coefs(b)
+    if all(x >= y for x, y in zip(ca, cb, strict=True)):
+        return a
+    if all(y >= x for x, y in zip(ca, cb, strict=True)):
+        return b
+    raise TypeError(f"neither of {a!r} and {b!r} is always the larger")
 
 
 @dataclass(frozen=True, slots=True)
 class Op:
     name: str
     inputs: tuple[str, ...]
-    outputs: tuple[tuple[str, int], ...]
+    outputs: tuple[tuple[str, Size], ...]
     saves: tuple[str, ...]
     grads: tuple[str, ...]
-    weight_grad: int
-    transient_backward: int
+    weight_grad: Size
+    transient_backward: Size
 
 
 @dataclass(slots=True)
@@ -48,11 +159,13 @@ class Block:
     """The ops of one module in forward order; ``"x"`` is the input, ``input_bytes`` its size."""
 
     name: str
-    input_bytes: int
+    input_bytes: Size
     ops: list[Op] = field(default_factory=list)
-    sizes: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, Size] = field(default_factory=dict)
     #: tensors that stay alive until the whole backward is over (the returned logits)
     held: set[str] = field(default_factory=set)
+    #: bytes of autocast's cached weight copies among the block's tensors
+    weight_copies: int = 0
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
@@ -61,11 +174,11 @@ class Block:
         self,
         name: str,
         inputs: list[str],
-        outputs: list[tuple[str, int]],
+        outputs: list[tuple[str, Size]],
         saves: list[str] | tuple[str, ...] = (),
         grads: list[str] | tuple[str, ...] = (),
-        weight_grad: int = 0,
-        transient_backward: int = 0,
+        weight_grad: Size = 0,
+        transient_backward: Size = 0,
     ) -> None:
         """Append an op. ``grads`` are the inputs that receive a gradient in backward;
         ``weight_grad`` the bytes of parameter gradient it accumulates into ``.grad``;
@@ -176,86 +289,115 @@ def _play(
 
 
 def simulate(block: Block, output: str, input_grad: bool = True) -> BlockResult:
-    """Play ``block`` forward and backward; ``output`` is the tensor handed on."""
-    w_grad = [op.weight_grad for op in block.ops]
-    extra = [op.transient_backward for op in block.ops]
+    """Play ``block`` (built at a concrete shape) forward and backward; ``output`` is the
+    tensor handed on."""
+    w_grad: list[Size] = [op.weight_grad for op in block.ops]
+    extra: list[Size] = [op.transient_backward for op in block.ops]
     kept, fwd, out, bwd, g_in, grads, held = _play(
         block, output, input_grad, block.sizes, w_grad, extra, 0
     )
-    return BlockResult(kept, max(fwd), out, max(bwd), g_in, grads, held)
+    k, o, g, p, h = (_int(v) for v in (kept, out, g_in, grads, held))
+    return BlockResult(k, max(map(_int, fwd)), o, max(map(_int, bwd)), g, p, h)
 
 
-def basis(batch: int, seq: int) -> tuple[int, int, int, int]:
-    """What every tensor size is linear in: b s (per token), b s^2 (attention scores),
-    b ceil32(s) (memory-efficient attention's padded log-sum-exp), and 1 (weights)."""
-    return (batch * seq, batch * seq * seq, batch * (-(-seq // 32) * 32), 1)
+def _int(value: Size) -> int:
+    if isinstance(value, Lin):
+        raise TypeError("a symbolic size where a concrete one was expected")
+    return value
 
 
-#: (batch, seq) points at which a block is built to find its size coefficients; their
-#: basis vectors are linearly independent
-SAMPLES = ((1, 40), (1, 64), (2, 100), (3, 7))
+def _vector(value: Size, den: int) -> tuple[int, ...]:
+    """``value`` x ``den`` as integer coefficients of :data:`TERMS`."""
+    coefs = value.c if isinstance(value, Lin) else Lin((0,) * len(TERMS))._coefs(value)
+    out = []
+    for a in coefs:
+        scaled = a * den
+        if isinstance(scaled, Fraction):
+            if scaled.denominator != 1:
+                raise ValueError("the common denominator does not clear a coefficient")
+            scaled = scaled.numerator
+        out.append(int(scaled))
+    return tuple(out)
+
+
+def _denominator(values: list[Size]) -> int:
+    den = 1
+    for v in values:
+        if isinstance(v, Lin):
+            for a in v.c:
+                if isinstance(a, Fraction):
+                    den = den * a.denominator // gcd(den, a.denominator)
+    return den
+
+
+def _frontier(vectors: list[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The candidates that can be the maximum somewhere: every term is non-negative, so a
+    candidate no larger than another in every coefficient never is (a Pareto frontier)."""
+    kept: list[tuple[int, ...]] = []
+    for v in sorted(set(vectors), key=sum, reverse=True):
+        if not any(all(k >= x for k, x in zip(w, v, strict=True)) for w in kept):
+            kept.append(v)
+    return tuple(kept)
+
+
+def _dot(v: tuple[int, ...], values: tuple[int, ...]) -> int:
+    return sum(a * x for a, x in zip(v, values, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """A block's results as linear functions of :func:`basis`: build once, evaluate fast."""
+    """A block's results as exact linear forms in :data:`TERMS`: build once, evaluate
+    anywhere. Coefficients are integers over the common denominator ``den``; ``forward``
+    and ``backward`` hold only the candidates for the peak that can be the maximum."""
 
-    kept: np.ndarray
-    output: np.ndarray
-    input_grad: np.ndarray
-    param_grads: np.ndarray
-    held: np.ndarray
-    forward: np.ndarray  # candidates x 4
-    backward: np.ndarray
+    kept: tuple[int, ...]
+    output: tuple[int, ...]
+    input_grad: tuple[int, ...]
+    param_grads: tuple[int, ...]
+    held: tuple[int, ...]
+    forward: tuple[tuple[int, ...], ...]
+    backward: tuple[tuple[int, ...], ...]
+    den: int = 1
 
-    def at(self, batch: int, seq: int) -> BlockResult:
-        v = np.array(basis(batch, seq), dtype=np.float64)
+    def at(self, values: tuple[int, ...]) -> BlockResult:
+        """The block at the shape whose :data:`TERMS` are ``values``
+        (:meth:`engine.layers.Ctx.terms`)."""
+        den = self.den
 
-        def val(a: np.ndarray) -> int:
-            return round(float(a @ v))
+        def val(v: tuple[int, ...]) -> int:
+            total = _dot(v, values)
+            if total % den:
+                raise ValueError(f"not a whole number of bytes at {values}")
+            return total // den
 
         return BlockResult(
             val(self.kept),
-            round(float((self.forward @ v).max())),
+            max(val(v) for v in self.forward),
             val(self.output),
-            round(float((self.backward @ v).max())),
+            max(val(v) for v in self.backward),
             val(self.input_grad),
             val(self.param_grads),
             val(self.held),
         )
 
 
-def profile(builds: list[tuple[Block, str]], input_grad: bool = True) -> Profile:
-    """Combine the same block built at each of :data:`SAMPLES` into a :class:`Profile`."""
-    first, output = builds[0]
-    names = list(first.sizes)
-    for block, out in builds[1:]:
-        if out != output or list(block.sizes) != names or len(block.ops) != len(first.ops):
-            raise ValueError(f"{first.name}: the block's ops depend on the shape")
-    samples = np.array([[float(b.sizes[n]) for b, _ in builds] for n in names])
-    size = dict(zip(names, samples, strict=True))
-    w_grad = [
-        np.array([float(b.ops[i].weight_grad) for b, _ in builds]) for i in range(len(first.ops))
-    ]
-    extra = [
-        np.array([float(b.ops[i].transient_backward) for b, _ in builds])
-        for i in range(len(first.ops))
-    ]
+def profile(block: Block, output: str, input_grad: bool = True) -> Profile:
+    """Play ``block``, built with symbolic sizes, into a :class:`Profile`."""
+    w_grad: list[Size] = [op.weight_grad for op in block.ops]
+    extra: list[Size] = [op.transient_backward for op in block.ops]
     kept, fwd, out, bwd, g_in, grads, held = _play(
-        first, output, input_grad, size, w_grad, extra, np.zeros(4)
+        block, output, input_grad, block.sizes, w_grad, extra, 0
     )
-    # sample values -> coefficients of the basis: solve A c = samples for every vector
-    inverse_t = np.linalg.inv(np.array([basis(b, s) for b, s in SAMPLES], dtype=np.float64)).T
-
-    def coef(a: Any) -> np.ndarray:
-        return np.asarray(a, dtype=np.float64) @ inverse_t
-
+    singles = [kept, out, g_in, grads, held]
+    den = _denominator([*singles, *fwd, *bwd])
+    k, o, g, p, h = (_vector(v, den) for v in singles)
     return Profile(
-        coef(kept),
-        coef(out),
-        coef(g_in),
-        coef(grads),
-        coef(held),
-        coef(np.array(fwd)),
-        coef(np.array(bwd)),
+        k,
+        o,
+        g,
+        p,
+        h,
+        _frontier([_vector(v, den) for v in fwd]),
+        _frontier([_vector(v, den) for v in bwd]),
+        den,
     )

@@ -20,12 +20,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.graph import Block
+from engine.graph import TERMS, Block, Lin, Size, larger
 from engine.specs import ModelSpec
 
 F32 = 4
 #: rows of logits a chunked cross-entropy materializes at a time
 CHUNK_ROWS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The shape quantities every tensor size of a block is made of (see
+    :data:`engine.graph.TERMS`): integers, or symbolic :class:`~engine.graph.Lin` forms."""
+
+    #: b s, the rows of every per-token tensor
+    tokens: Size
+    #: b s^2: the elements of one head's attention scores over the batch
+    pairs: Size
+    #: b ceil32(s): memory-efficient attention pads each row of its log-sum-exp to 32
+    padded: Size
+    #: rows the expert layers of this rank run: ``tokens x k``, or under expert
+    #: parallelism the busiest rank's share, ``ceil(tokens k capacity)``
+    routed: Size
+    #: rows of logits a chunked cross-entropy holds at once: ``min(tokens, CHUNK_ROWS)``
+    chunk: Size
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +85,34 @@ class Ctx:
     #: busiest rank receives ``capacity`` times the balanced share
     ep: int = 1
     capacity: float = 1.0
+    #: experts each token is routed to (MoE models)
+    topk: int = 0
+    #: build blocks with symbolic sizes (:class:`~engine.graph.Lin`) instead of at
+    #: ``batch`` x ``seq``: one build then serves every shape (:func:`engine.graph.profile`)
+    symbolic: bool = False
 
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+    def terms(self) -> tuple[int, ...]:
+        """The values of the shape terms (:data:`engine.graph.TERMS`) at this step."""
+        b, s = self.batch, self.seq
+        tokens = b * s
+        routed = tokens * self.topk
+        if self.ep > 1:
+            # the busiest rank receives ``capacity`` times the balanced share, whole rows
+            routed = -(-routed * round(self.capacity * 1000) // 1000)
+        return (tokens, b * s * s, b * (-(-s // 32) * 32), routed, min(tokens, CHUNK_ROWS), 1)
+
+    def shape(self) -> Shape:
+        """The sizes the blocks are built from: concrete, or symbolic for a profile."""
+        if self.symbolic:
+            terms = [Lin.unit(t) for t in TERMS[:5]]
+            if self.ep == 1:
+                terms[3] = terms[0] * self.topk
+            return Shape(*terms)
+        return Shape(*self.terms()[:5])
 
     @property
     def act(self) -> int:
@@ -98,17 +140,19 @@ class Ctx:
 class Net:
     """Builds a :class:`Block`, tracking each tensor's bytes per element and requires_grad."""
 
-    def __init__(self, name: str, ctx: Ctx, x_elems: int, x_dtype: int, x_grad: bool) -> None:
+    def __init__(self, name: str, ctx: Ctx, x_elems: Size, x_dtype: int, x_grad: bool) -> None:
         self.ctx = ctx
+        #: the sizes every tensor is made of (concrete, or symbolic for a profile)
+        self.s = ctx.shape()
         self.block = Block(name, x_elems * x_dtype)
         self.dtype = {"x": x_dtype}
-        self.elems = {"x": x_elems}
+        self.elems: dict[str, Size] = {"x": x_elems}
         self.rg = {"x": x_grad}
         self.n = 0
         #: sequence parallelism: gathered tensor -> the shard it was gathered from
         self.shard_of: dict[str, str] = {}
 
-    def new(self, prefix: str, elems: int, dtype: int, rg: bool) -> str:
+    def new(self, prefix: str, elems: Size, dtype: int, rg: bool) -> str:
         self.n += 1
         name = f"{prefix}{self.n}"
         self.dtype[name], self.elems[name], self.rg[name] = dtype, elems, rg
@@ -120,8 +164,8 @@ class Net:
         inputs: list[str],
         out: list[str],
         saves: list[str] | tuple[str, ...] = (),
-        weight_grad: int = 0,
-        transient: int = 0,
+        weight_grad: Size = 0,
+        transient: Size = 0,
     ) -> None:
         self.block.op(
             name,
@@ -147,17 +191,17 @@ class Net:
         x: str,
         save_in: bool = False,
         save_out: bool = False,
-        elems: int | None = None,
+        elems: Size | None = None,
         dtype: int | None = None,
     ) -> str:
         y = self.new(name, elems or self.elems[x], dtype or self.dtype[x], self.rg[x])
         self._op(name, [x], [y], saves=[x if save_in else "", y if save_out else ""])
         return y
 
-    def binary(self, name: str, a: str, b: str, saves: str = "", elems: int | None = None) -> str:
+    def binary(self, name: str, a: str, b: str, saves: str = "", elems: Size | None = None) -> str:
         """``saves``: "" (add), "both" (mul: each keeps the other), "a", "b"."""
         dtype = max(self.dtype[a], self.dtype[b])  # type promotion
-        e = elems or max(self.elems[a], self.elems[b])
+        e = elems or larger(self.elems[a], self.elems[b])  # broadcast
         y = self.new(name, e, dtype, self.rg[a] or self.rg[b])
         keep = []
         if saves == "both":
@@ -206,7 +250,7 @@ class Net:
         component: str,
         role: str | None,
         bias: bool = False,
-        tokens: int | None = None,
+        tokens: Size | None = None,
         weights: int = 1,
     ) -> str:
         """``nn.Linear`` (or GPT-2's ``Conv1D``), with autocast casts and a LoRA adapter.
@@ -216,12 +260,12 @@ class Net:
         casts, gradients, dequantization -- count every expert's matrix.
         """
         ctx = self.ctx
-        tokens = tokens if tokens is not None else ctx.tokens
+        tokens = tokens if tokens is not None else self.s.tokens
         trainable = ctx.trains(component)
         w_dtype = ctx.weight_bytes(component)
         xin = self.cast(x, 2) if ctx.mode == "amp" else x
         weight = ""
-        redo = 0
+        redo: Size = 0
         if ctx.quantized and not trainable and component not in ("embeddings", "lm_head"):
             # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight to the compute
             # dtype for the matmul, keeps only the 4-bit weight, and dequantizes again in
@@ -232,6 +276,7 @@ class Net:
         elif ctx.mode == "amp" and w_dtype == 4:
             # autocast's cast of an fp32 weight, cached for the forward, kept for backward
             weight = self.new("wcast", in_f * out_f * weights, 2, trainable)
+            self.block.weight_copies += 2 * in_f * out_f * weights
             self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
         y = self.new("lin", tokens * out_f, ctx.act, self.rg[xin] or trainable)
         saved_in = xin
@@ -239,7 +284,7 @@ class Net:
             saved_in = self.shard_of[x]
             redo += self.elems[x] * self.dtype[xin] if trainable else 0
         saves = [saved_in if trainable else "", weight if self.rg[xin] else ""]
-        w_grad = 0
+        w_grad: Size = 0
         if trainable and not weight:  # fp32 or pure 16-bit: the gradient lands directly
             w_grad = w_dtype * in_f * out_f * weights
         if bias and trainable:
@@ -255,7 +300,7 @@ class Net:
             y = self._lora(x, y, in_f, out_f, tokens)
         return y
 
-    def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: int) -> str:
+    def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:
         """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``; A, B fp32 (AMP)."""
         ctx, r = self.ctx, self.ctx.lora_rank
         adapter_dtype = 2 if ctx.mode == "half" else 4
@@ -328,25 +373,25 @@ class Net:
     def attention(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim)."""
         ctx = self.ctx
-        b, s = ctx.batch, ctx.seq
         kernel = self.kernel()
         if kernel == "eager":
             return self._eager(q, k, v, heads, kv_heads, head_dim)
         if ctx.mode == "amp":
             q, k, v = self.cast(q, 2), self.cast(k, 2), self.cast(v, 2)
+        tokens = self.s.tokens
         out = self.new(
-            "attn", b * s * heads * head_dim, self.dtype[q], self.rg[q] or self.rg[k] or self.rg[v]
+            "attn", tokens * heads * head_dim, self.dtype[q], self.rg[q] or self.rg[k] or self.rg[v]
         )
-        rows = b * heads * (s if kernel == "flash" else -(-s // 32) * 32)
+        rows = heads * (tokens if kernel == "flash" else self.s.padded)
         lse = self.new("lse", rows, F32, False)
         bias = ""
         if ctx.masked:
             # convert_boolean_attn_mask: zeros of the query dtype with -inf where masked,
             # (b, 1, s, s), kept by the kernel for its backward
-            bias = self.new("attn_bias", b * s * s, self.dtype[q], False)
+            bias = self.new("attn_bias", self.s.pairs, self.dtype[q], False)
             self._op("mask_to_bias", [], [bias])
         # backward: dq, dk, dv come from the graph; flash also accumulates dq in fp32
-        workspace = F32 * rows + (F32 * b * s * heads * head_dim if kernel == "flash" else 0)
+        workspace = F32 * rows + (F32 * tokens * heads * head_dim if kernel == "flash" else 0)
         ring = []
         if ctx.cp > 1:
             # ring attention (Liu et al. 2023; Megatron/TE context parallelism): while the
@@ -379,27 +424,27 @@ class Net:
     def _eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout."""
         ctx = self.ctx
-        b, s = ctx.batch, ctx.seq
+        pairs = self.s.pairs
         query_dtype = self.dtype[q]
         if kv_heads != heads:
             k = self.unary("repeat_kv", k, elems=self.elems[q])
             v = self.unary("repeat_kv", v, elems=self.elems[q])
         if ctx.mode == "amp":
             q, k = self.cast(q, 2), self.cast(k, 2)
-        scores = self.new("scores", b * heads * s * s, self.dtype[q], True)
+        scores = self.new("scores", heads * pairs, self.dtype[q], True)
         self._op("matmul_qk", [q, k], [scores], saves=[q, k])
         scaled = self.unary("scale", scores)
-        masked = self.new("masked", b * heads * s * s, max(self.dtype[scaled], self.ctx.res), True)
+        masked = self.new("masked", heads * pairs, max(self.dtype[scaled], self.ctx.res), True)
         self._op("add_mask", [scaled], [masked])
-        probs = self.new("softmax", b * heads * s * s, F32, True)
+        probs = self.new("softmax", heads * pairs, F32, True)
         self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
         probs = self.cast(probs, query_dtype)
         probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
-        out = self.new("attn", b * s * heads * head_dim, self.dtype[probs], True)
+        out = self.new("attn", self.s.tokens * heads * head_dim, self.dtype[probs], True)
         # selective recomputation rebuilds the scores and probabilities in backward
-        redo = (F32 + self.dtype[probs]) * b * heads * s * s if ctx.selective else 0
+        redo = (F32 + self.dtype[probs]) * heads * pairs if ctx.selective else 0
         self._op(
             "matmul_pv",
             [probs, v],
@@ -412,7 +457,7 @@ class Net:
 
 def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Block, str]:
     """A Llama/Mistral/Qwen2/Gemma/Phi-3/Mixtral decoder layer (pre-norm, RoPE, gated MLP)."""
-    h, tokens = m.hidden_size, ctx.tokens
+    h, tokens = m.hidden_size, ctx.shape().tokens
     net = Net("decoder_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     norm = net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm
     n1 = net.gather_seq(norm("x", h))
@@ -449,7 +494,7 @@ def _mla(net: Net, m: ModelSpec, x: str, norm: object) -> tuple[str, int]:
     key is shared by all heads and expanded; ``cat`` builds the full query and key of
     ``qk_nope + qk_rope`` per head. Returns the attention output and its width.
     """
-    tokens, h, heads = net.ctx.tokens, m.hidden_size, m.num_attention_heads
+    tokens, h, heads = net.s.tokens, m.hidden_size, m.num_attention_heads
     nope, rope, vdim = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     norm_fn = norm  # rms_norm or layer_norm of the layer
     if m.q_lora_rank:
@@ -488,7 +533,7 @@ def _gated_mlp(
     x: str,
     inter: int,
     component: str,
-    tokens: int,
+    tokens: Size,
     weights: int = 1,
     fused: bool | None = None,
 ) -> str:
@@ -517,18 +562,17 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
     adds up to the dense MLP of ``tokens * k`` tokens.
     """
     ctx, h = net.ctx, m.hidden_size
-    tokens, k, experts = ctx.tokens, m.num_experts_per_tok, m.local_experts
+    tokens, k, experts = net.s.tokens, m.num_experts_per_tok, m.local_experts
     logits = net.linear(x, h, m.num_experts, "router", None, False)
     probs = net.unary("router_softmax", net.cast(logits, F32), save_out=True)
     weights = net.unary("topk", probs, elems=tokens * k)
-    routed = tokens * k
     xs = net.cast(x, net.ctx.act) if ctx.mode != "amp" else x
-    gathered = net.unary("gather", xs, elems=routed * h)
+    gathered = net.unary("gather", xs, elems=tokens * k * h)
+    routed = net.s.routed
     if ctx.ep > 1:
         # expert parallelism (GShard, Lepikhin et al. 2020; Megatron's all-to-all token
         # dispatcher): the permuted tokens go to the ranks that hold their experts; the
-        # busiest rank receives ``capacity`` times the balanced share
-        routed = -(-routed * round(ctx.capacity * 1000) // 1000)
+        # busiest rank receives ``capacity`` times the balanced share (Shape.routed)
         gathered = net.unary("all_to_all", gathered, elems=routed * h)
     # transformers keeps the experts as 3-D parameters with gate and up fused
     # (``gate_up_proj``), run as grouped GEMMs on the tokens sorted by expert
@@ -548,7 +592,7 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
 
 def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     """GPT-2 / GPT-NeoX style block: LayerNorm, fused qkv with biases, plain MLP."""
-    h, tokens = m.hidden_size, ctx.tokens
+    h, tokens = m.hidden_size, ctx.shape().tokens
     net = Net("gpt2_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     q_out = m.num_attention_heads * m.head_dim
     n1 = net.gather_seq(net.layer_norm("x", h))
@@ -574,7 +618,7 @@ def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
 
 def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     """BERT encoder layer: post-norm, biases everywhere, bidirectional attention."""
-    h, tokens = m.hidden_size, ctx.tokens
+    h, tokens = m.hidden_size, ctx.shape().tokens
     net = Net("bert_layer", ctx, tokens * h, ctx.res, x_grad)
     q_out = m.num_attention_heads * m.head_dim
     q = net.linear("x", h, q_out, "attention", "q_proj", True)
@@ -602,7 +646,7 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
     adds the fp32 gradient of the log-probabilities. A chunked/fused cross-entropy (Liger,
     torchtune, Unsloth) never materializes them: only a chunk of rows at a time.
     """
-    h, tokens, vocab = m.hidden_size, ctx.tokens, m.vocab_size
+    h, tokens, vocab = m.hidden_size, ctx.shape().tokens, m.vocab_size
     net = Net("lm_head_loss", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     x = "x"
     if m.final_norm:
@@ -613,7 +657,7 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
             net.activation(net.linear(x, h, h, "lm_head", None, True), m.activation), h, "lm_head"
         )
     if chunked:
-        rows = CHUNK_ROWS
+        rows = net.s.chunk  # min(tokens, CHUNK_ROWS)
         logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
         return net.block, loss

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from engine.graph import SAMPLES, Block, BlockResult, Profile, profile
+from engine.graph import Block, BlockResult, Profile, profile, simulate
 from engine.layers import Ctx, bert_layer, decoder_layer, gpt2_layer, head_and_loss
 from engine.model_state import ModelState, lora_targets
 from engine.params import model_tensors
@@ -113,6 +113,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         cp=par.cp,
         ep=model.expert_shards,
         capacity=par.expert_capacity_factor if model.expert_shards > 1 else 1.0,
+        topk=model.num_experts_per_tok,
     )
 
 
@@ -126,19 +127,52 @@ def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -
     return decoder_layer(model, ctx, x_grad, kind == "moe")
 
 
+#: (batch, sequence length / sp) at which every new profile is checked against the block
+#: simulated directly: odd sizes, so that a size that is not the linear form the profile
+#: holds cannot agree by accident
+HELD_OUT = (3, 37)
+
+
 @lru_cache(maxsize=16384)
 def _profile(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
-) -> tuple[Profile, int]:
-    """A block as a function of batch and sequence length (built at :data:`SAMPLES`), and
-    the bytes of the autocast weight copies it makes."""
-    builds = [
-        _build(model, dataclasses.replace(ctx, batch=b, seq=s), kind, x_grad, chunked)
-        for b, s in SAMPLES
-    ]
-    block = builds[0][0]
-    copies = sum(n for t, n in block.sizes.items() if t.startswith("wcast"))
-    return profile(builds, input_grad=x_grad or kind == "head"), copies
+) -> tuple[Profile | None, int]:
+    """A block for every batch and sequence length: built once with symbolic sizes
+    (:func:`engine.graph.profile`), checked against a direct simulation at
+    :data:`HELD_OUT`, and the bytes of the autocast weight copies it makes. ``None`` when
+    the block's sizes are not linear forms of the shape terms: every shape of it is then
+    simulated directly (:func:`_direct`)."""
+    b, s = HELD_OUT
+    held_out = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
+    block, _ = _build(model, held_out, kind, x_grad, chunked)
+    try:
+        symbolic = _build(model, dataclasses.replace(ctx, symbolic=True), kind, x_grad, chunked)
+        prof = profile(*symbolic, x_grad or kind == "head")
+        exact = prof.at(held_out.terms()) == _direct(model, held_out, kind, x_grad, chunked)
+    except (TypeError, ValueError):  # a size that no linear form of the terms holds
+        exact = False
+    return (prof if exact else None), block.weight_copies
+
+
+@lru_cache(maxsize=4096)
+def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> BlockResult:
+    """The block built at ``ctx``'s own batch and sequence length, and simulated."""
+    return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad or kind == "head")
+
+
+def block_result(
+    model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
+) -> tuple[BlockResult, int]:
+    """One block of the step at ``ctx``'s shape, from its profile where the profile holds,
+    else simulated directly; and the bytes of its autocast weight copies."""
+    key = dataclasses.replace(ctx, batch=1, seq=1)
+    prof, copies = _profile(model, key, kind, x_grad, chunked)
+    if prof is not None:
+        try:
+            return prof.at(ctx.terms()), copies
+        except ValueError:  # not a whole number of bytes here: outside the exact domain
+            pass
+    return _direct(model, ctx, kind, x_grad, chunked), copies
 
 
 def _blocks(
@@ -149,11 +183,8 @@ def _blocks(
     tuple[BlockResult, int],
     tuple[BlockResult, int],
 ]:
-    shapeless = dataclasses.replace(ctx, batch=1, seq=1)
-
     def at(kind: str, x_grad: bool) -> tuple[BlockResult, int]:
-        prof, copies = _profile(model, shapeless, kind, x_grad, chunked)
-        return prof.at(ctx.batch, ctx.seq), copies
+        return block_result(model, ctx, kind, x_grad, chunked)
 
     first_kind = "moe" if model.is_moe and model.first_dense_layers == 0 else "dense"
     return (
