@@ -14,10 +14,10 @@ from engine.presets import load_model, model_names
 from engine.sharding import tensor_parallel_shard
 from engine.specs import (
     ATTENTION_KERNELS,
+    PRECISIONS,
     LoraSpec,
     ModelSpec,
     ParallelismSpec,
-    PRECISIONS,
     TrainingSpec,
 )
 from engine.timeline import _direct, _profile, block_result, make_ctx
