@@ -50,7 +50,9 @@ def _activation(name: str) -> str:
     name = name.lower()
     if name in ("silu", "swish", "swiglu"):
         return "silu"
-    if "tanh" in name or name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
+    if name == "gelu_new":  # NewGELUActivation, written in Python ops
+        return "gelu_new"
+    if "tanh" in name or name in ("gelu_fast", "gelu_pytorch_tanh"):
         return "gelu_tanh"
     if name.startswith("gelu"):
         return "gelu"

@@ -456,7 +456,19 @@ class Net:
 
 
 def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Block, str]:
-    """A Llama/Mistral/Qwen2/Gemma/Phi-3/Mixtral decoder layer (pre-norm, RoPE, gated MLP)."""
+    """A decoder layer of any family, as transformers writes it, from the spec's fields:
+
+    * a pre-norm (``norm``: RMSNorm or LayerNorm) before attention and before the MLP;
+    * attention with separate or fused (``fused_qkv``: GPT-2, GPT-NeoX, Falcon, Phi-3)
+      q/k/v projections, grouped key/value heads, rotary positions or none here (learned
+      positions are added to the embedding), or multi-head latent attention (``is_mla``);
+    * a gated, plain or mixture-of-experts MLP (``mlp``, ``moe``);
+    * the two branches in sequence, or in parallel on the layer input
+      (``parallel_attention``: GPT-NeoX, Falcon), with a shared norm when the layer has one
+      (``norms_per_layer`` 1, Falcon-7B);
+    * dropout on each branch's output where the config asks for it (``hidden_dropout``,
+      GPT-2's ``resid_pdrop``).
+    """
     h, tokens = m.hidden_size, ctx.shape().tokens
     net = Net("decoder_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     norm = net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm
@@ -477,12 +489,20 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         if m.position_embedding == "rotary":
             q, k = _rope(net, q), _rope(net, k)
         attn = net.attention(q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim)
-    o = net.scatter_seq(net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias))
+    o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
+    o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
+
+    def mlp(x: str) -> str:
+        y = _moe(net, m, x) if moe else _gated_mlp(net, m, x, m.intermediate_size, "mlp", tokens)
+        return net.dropout(net.scatter_seq(y), m.hidden_dropout)
+
+    if m.parallel_attention:
+        n2 = net.gather_seq(norm("x", h)) if m.norms_per_layer > 1 else n1
+        y = mlp(n2)
+        return net.block, net.binary("residual", net.binary("residual", "x", o), y)
     r1 = net.binary("residual", "x", o)
-    n2 = net.gather_seq(norm(r1, h))
-    y = _moe(net, m, n2) if moe else _gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens)
-    out = net.binary("residual", r1, net.scatter_seq(y))
-    return net.block, out
+    y = mlp(net.gather_seq(norm(r1, h)))
+    return net.block, net.binary("residual", r1, y)
 
 
 def _mla(net: Net, m: ModelSpec, x: str, norm: object) -> tuple[str, int]:
@@ -540,8 +560,7 @@ def _gated_mlp(
     h = m.hidden_size
     if m.mlp == "plain":
         up = net.linear(x, h, inter, component, "up_proj", m.mlp_bias, tokens, weights)
-        kind = "gelu_new" if m.family == "gpt2" else m.activation
-        act = net.activation(up, kind)
+        act = net.activation(up, m.activation)
         return net.linear(act, inter, h, component, "down_proj", m.mlp_bias, tokens, weights)
     if m.fused_gate_up if fused is None else fused:
         gu = net.linear(x, h, 2 * inter, component, "gate_up", m.mlp_bias, tokens, weights)
@@ -588,32 +607,6 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
         inter = m.shared_expert_intermediate_size or m.moe_intermediate_size * m.num_shared_experts
         out = net.binary("add", out, _gated_mlp(net, m, x, inter, "mlp", tokens))
     return out
-
-
-def gpt2_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
-    """GPT-2 / GPT-NeoX style block: LayerNorm, fused qkv with biases, plain MLP."""
-    h, tokens = m.hidden_size, ctx.shape().tokens
-    net = Net("gpt2_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
-    q_out = m.num_attention_heads * m.head_dim
-    n1 = net.gather_seq(net.layer_norm("x", h))
-    qkv = net.linear(n1, h, 3 * q_out, "attention", "qkv", m.attention_bias)
-    q = net.unary("split_q", qkv, elems=tokens * q_out)
-    k = net.unary("split_k", qkv, elems=tokens * q_out)
-    v = net.unary("split_v", qkv, elems=tokens * q_out)
-    if m.position_embedding == "rotary":
-        q, k = _rope(net, q), _rope(net, k)
-    attn = net.attention(q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim)
-    o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
-    o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
-    if m.parallel_attention:
-        n2 = net.gather_seq(net.layer_norm("x", h)) if m.norms_per_layer > 1 else n1
-        mlp = net.scatter_seq(_gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens))
-        out = net.binary("residual", net.binary("residual", "x", o), mlp)
-        return net.block, out
-    r1 = net.binary("residual", "x", o)
-    n2 = net.gather_seq(net.layer_norm(r1, h))
-    mlp = net.scatter_seq(_gated_mlp(net, m, n2, m.intermediate_size, "mlp", tokens))
-    return net.block, net.binary("residual", r1, net.dropout(mlp, m.hidden_dropout))
 
 
 def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:

@@ -27,7 +27,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 from engine.graph import Block, BlockResult, Profile, profile, simulate
-from engine.layers import Ctx, bert_layer, decoder_layer, gpt2_layer, head_and_loss
+from engine.layers import Ctx, bert_layer, decoder_layer, head_and_loss
 from engine.model_state import ModelState, lora_targets
 from engine.params import model_tensors
 from engine.specs import ModelSpec, TrainingSpec
@@ -122,8 +122,6 @@ def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -
         return head_and_loss(model, ctx, True, chunked)
     if model.architecture == "encoder":
         return bert_layer(model, ctx, x_grad)
-    if model.family in ("gpt2", "gpt_neox", "falcon"):
-        return gpt2_layer(model, ctx, x_grad)
     return decoder_layer(model, ctx, x_grad, kind == "moe")
 
 

@@ -8,7 +8,7 @@ import pytest
 from engine.errors import EstimateError
 from engine.estimate import estimate, inflight
 from engine.graph import simulate
-from engine.layers import decoder_layer, gpt2_layer
+from engine.layers import decoder_layer
 from engine.model_state import model_state
 from engine.overhead import MIB, NCCL_COMMUNICATOR_MIB, NCCL_P2P_MIB
 from engine.presets import load_gpu, load_model
@@ -99,7 +99,7 @@ def test_layer_activations_follow_korthikanti_table_2(t: int, sp: bool, per_sbh:
     (with flash attention, so without the paper's 5 a s / h score terms)."""
     s, h = 2048, 4096
     ctx = full_ctx(seq=s, mode="half", frozen_bytes=2, sp=t if sp else 1)
-    kept = simulate(*gpt2_layer(tensor_parallel_shard(GPT, t), ctx, True)).kept
+    kept = simulate(*decoder_layer(tensor_parallel_shard(GPT, t), ctx, True, False)).kept
     # beyond the paper: LayerNorm statistics and flash attention's log-sum-exp (fp32 rows)
     small = (2 * 2 * 4 * s // (t if sp else 1) + 4 * s * 32 // t) / (s * h)
     assert kept / (s * h) == pytest.approx(per_sbh + small, abs=1e-9)
@@ -113,7 +113,7 @@ def test_eager_attention_keeps_the_scores_in_fp32() -> None:
     model = dataclasses.replace(GPT, attention_dropout=0.1)
     for t in (1, 4):
         ctx = full_ctx(seq=s, mode="half", frozen_bytes=2, attention="eager", attention_dropout=0.1)
-        kept = simulate(*gpt2_layer(tensor_parallel_shard(model, t), ctx, True)).kept
+        kept = simulate(*decoder_layer(tensor_parallel_shard(model, t), ctx, True, False)).kept
         hidden = 34 if t == 1 else 10 + 24 / t
         stats = 2 * 2 * 4 * s / (s * h)
         assert kept / (s * h) == pytest.approx(hidden + 7 * a * s / (h * t) + stats, abs=1e-9)
