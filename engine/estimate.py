@@ -334,7 +334,7 @@ def _rank(
                 "NCCL communicator buffers",
                 "overhead",
                 nccl,
-                ", ".join(f"{name} ({n} ranks)" for name, n in comms.items()),
+                ", ".join(f"{c.name} ({c.ranks} ranks)" for c in comms),
                 "engine.overhead.nccl_bytes",
             )
         )

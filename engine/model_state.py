@@ -47,6 +47,10 @@ from engine.specs import ModelSpec, TrainingSpec
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
 
+#: :attr:`MemoryItem.role` values: the trainable weights in their storage dtype, frozen
+#: weights, the 4-bit base of QLoRA, the gradients of the trainable weights
+ROLES = ("trainable-weights", "frozen-weights", "quantized-weights", "gradients")
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 #: bitsandbytes keeps 8-bit state only for tensors with at least this many elements
@@ -95,6 +99,9 @@ class MemoryItem:
     bytes: int
     formula: str = ""
     source: str = ""
+    #: what the bytes are, for code that treats kinds of memory differently (the name is
+    #: for people): one of :data:`ROLES`, or "" for anything else
+    role: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +132,11 @@ class ModelState:
     def bytes_per_param(self) -> float:
         """Model-state bytes over all parameters of the base model (adapters included)."""
         return self.total_bytes / self.total_params if self.total_params else 0.0
+
+
+def weights_label(method: str) -> str:
+    """What the trainable weights are called in the breakdown."""
+    return "adapter weights" if method in ("lora", "qlora") else "trainable weights"
 
 
 def trainable_dtype(precision: str) -> str:
@@ -247,10 +259,9 @@ def _is_trainable_part(g: TensorGroup, model: ModelSpec, training: TrainingSpec)
     return spec.last_layers > 0 and g.layers is not None and g.layers[0] >= first
 
 
-def _quantizable(g: TensorGroup) -> bool:
+def quantizable(g: TensorGroup) -> bool:
     """bitsandbytes replaces every ``nn.Linear`` but the output layer with ``Linear4bit``."""
-    is_weight = g.module.endswith(".weight") and len(g.shape) == 2
-    return is_weight and g.component not in ("embeddings", "lm_head")
+    return g.matrix and g.component not in ("embeddings", "lm_head")
 
 
 def _on_stage(g: TensorGroup, model: ModelSpec, stage: str) -> bool:
@@ -284,7 +295,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
     for g in base:
         if method == "full" or (method == "freeze" and _is_trainable_part(g, model, training)):
             trainable.append(g)
-        elif method == "qlora" and _quantizable(g):
+        elif method == "qlora" and quantizable(g):
             quantized.append(g)
         else:
             frozen.append(g)
@@ -307,7 +318,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
         )
 
     items: list[MemoryItem] = []
-    label = "adapter weights" if method in ("lora", "qlora") else "trainable weights"
+    label = weights_label(method)
     items.append(
         MemoryItem(
             f"{label} ({t_dtype})",
@@ -315,6 +326,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
             n_trainable * t_bytes,
             f"{n_trainable:,} x {t_bytes} B",
             "PyTorch AMP keeps fp32 weights; ZeRO section 3.1",
+            role="trainable-weights",
         )
     )
     frozen_bytes = n_frozen * f_bytes
@@ -326,6 +338,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
                 frozen_bytes,
                 f"{n_frozen:,} x {f_bytes} B",
                 "frozen weights need no master copy",
+                role="frozen-weights",
             )
         )
     if quantized:
@@ -340,6 +353,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
                 q_bytes,
                 f"{n_quant:,} x 4 bit + absmax per {q.block_size}",
                 "Dettmers et al. 2023 (QLoRA), section 3",
+                role="quantized-weights",
             )
         )
     items.append(
@@ -349,6 +363,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
             n_trainable * t_bytes,
             f"{n_trainable:,} x {t_bytes} B",
             "one gradient per trainable weight, in its dtype",
+            role="gradients",
         )
     )
     opt_bytes = 0
@@ -388,7 +403,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
             )
         )
     if precision == "fp8-mixed":
-        linears = sum(g.count for g in base if _quantizable(g))
+        linears = sum(g.count for g in base if quantizable(g))
         per = (3 * FP8_AMAX_HISTORY + 3 * 2) * 4
         items.append(
             MemoryItem(

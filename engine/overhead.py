@@ -20,6 +20,7 @@ floor estimate comes out of these terms plus the transient peaks of :mod:`engine
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 MIB = 1 << 20
@@ -53,7 +54,17 @@ DEFAULT_NCCL_COMMUNICATOR_MIB = 640
 NCCL_P2P_MIB = 256
 
 
-def nccl_bytes(communicators: dict[str, int], architecture: str) -> int:
+@dataclass(frozen=True, slots=True)
+class Communicator:
+    """One NCCL communicator a rank belongs to: its process group and how many ranks it
+    spans; ``point_to_point`` for a pipeline send/receive pair."""
+
+    name: str
+    ranks: int
+    point_to_point: bool = False
+
+
+def nccl_bytes(communicators: Iterable[Communicator], architecture: str) -> int:
     """GPU memory NCCL takes for the communicators of one rank (outside PyTorch's pool:
     it counts towards nvidia-smi, not ``max_memory_reserved``).
 
@@ -71,9 +82,9 @@ def nccl_bytes(communicators: dict[str, int], architecture: str) -> int:
     """
     collective = NCCL_COMMUNICATOR_MIB.get(architecture, DEFAULT_NCCL_COMMUNICATOR_MIB)
     total = 0
-    for name, size in communicators.items():
-        if size > 1:
-            total += (NCCL_P2P_MIB if name.startswith("pipeline") else collective) * MIB
+    for comm in communicators:
+        if comm.ranks > 1:
+            total += (NCCL_P2P_MIB if comm.point_to_point else collective) * MIB
     return total
 
 

@@ -60,6 +60,9 @@ class TensorGroup:
     count: int
     linear: str | None = None
     layers: tuple[int, int] | None = None
+    #: the weight of an ``nn.Linear`` (a matmul's weight matrix, whether LoRA can target
+    #: it or not: routers and the LM head too): what bitsandbytes quantizes
+    matrix: bool = False
 
     @property
     def numel(self) -> int:
@@ -120,7 +123,7 @@ def _linear(
     bias: bool,
 ) -> list[TensorGroup]:
     """``nn.Linear(in_f, out_f)``: weight ``out_f x in_f`` and an optional bias ``out_f``."""
-    groups = [TensorGroup(component, module + ".weight", (out_f, in_f), count, role, layers)]
+    groups = [TensorGroup(component, module + ".weight", (out_f, in_f), count, role, layers, True)]
     if bias:
         groups.append(TensorGroup(component, module + ".bias", (out_f,), count, None, layers))
     return groups
@@ -290,7 +293,7 @@ def model_tensors(model: ModelSpec, cuts: tuple[int, ...] = ()) -> tuple[TensorG
         g += _linear("lm_head", "lm_head.transform.dense", h, h, 1, None, None, True)
         g += _norm(m, "lm_head", "lm_head.transform.LayerNorm", h, 1, None)
     if not m.tie_word_embeddings:
-        g.append(TensorGroup("lm_head", "lm_head.weight", (m.vocab_size, h), 1))
+        g.append(TensorGroup("lm_head", "lm_head.weight", (m.vocab_size, h), 1, matrix=True))
     if m.lm_head_bias:
         g.append(TensorGroup("lm_head", "lm_head.bias", (m.vocab_size,), 1))
     return tuple(g)

@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from engine.errors import EstimateError
-from engine.model_state import MemoryItem, ModelState
+from engine.model_state import MemoryItem, ModelState, weights_label
+from engine.overhead import Communicator
 from engine.params import largest_layer_params, model_tensors
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather
@@ -65,17 +66,19 @@ class Mesh:
         dp x cp / ep times."""
         return self.dp * self.cp // self.ep
 
-    def communicators(self) -> dict[str, int]:
-        """The NCCL communicators one rank belongs to, by group, with the group size."""
+    def communicators(self) -> tuple[Communicator, ...]:
+        """The NCCL communicators one rank belongs to: one per process group of more than
+        one rank, and a send and a receive pair under pipeline parallelism."""
         groups = {"data parallel": self.dp, "tensor parallel": self.tp, "context": self.cp}
         groups["expert parallel"] = self.ep
         if self.shard not in (1, self.dp, self.dp * self.cp):
             groups["shard (within a node)"] = self.shard
-        out = {name: n for name, n in groups.items() if n > 1}
+        out = [Communicator(name, n) for name, n in groups.items() if n > 1]
         if self.pp > 1:  # PyTorch makes one communicator per send/receive pair
-            out["pipeline send"] = 2
-            out["pipeline receive"] = 2
-        return out
+            out += [
+                Communicator(f"pipeline {d}", 2, point_to_point=True) for d in ("send", "receive")
+            ]
+        return tuple(out)
 
 
 def _gcd(a: int, b: int) -> int:
@@ -286,13 +289,18 @@ def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
     parts: list[_Part] = []
     n = state.trainable_params
     for item in state.items:
-        fp32_weights = item.category == "parameters" and item.name.endswith("(fp32)")
-        if mixed and fp32_weights and item.bytes == 4 * n:
-            label = item.name.removesuffix(" (fp32)")
+        # under mixed precision the trainable weights are fp32 (model_state.trainable_dtype)
+        if mixed and item.role == "trainable-weights":
+            label = weights_label(training.method)
             parts.append(
                 _Part(
                     MemoryItem(
-                        f"{label} (16-bit)", "parameters", 2 * n, f"{n:,} x 2 B", _SRC[framework]
+                        f"{label} (16-bit)",
+                        "parameters",
+                        2 * n,
+                        f"{n:,} x 2 B",
+                        _SRC[framework],
+                        role="trainable-weights",
                     ),
                     3,
                 )
