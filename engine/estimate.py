@@ -278,7 +278,7 @@ def _rank(
     """One rank group: ``model`` is what the rank holds, ``chunk`` (interleaved pipeline)
     the virtual stage its activations are played with."""
     training = scenario.training
-    sharded = shard(model_state(model, training, part), scenario, mesh, model)
+    sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
     state = sharded.state
     timeline = step_timeline(
         chunk or model,
@@ -482,12 +482,18 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
                 "torch.amp autocast weight cache",
             )
         )
-    total_grads = state.category_bytes("gradients")
+    # buffers that live through the step are always there, whole
+    grad_buffers = [i for i in state.items if i.role == "gradient-buffer"]
+    items += grad_buffers
+    grad_items = [
+        i for i in state.items if i.category == "gradients" and i.role != "gradient-buffer"
+    ]
+    total_grads = sum(i.bytes for i in grad_items)
     # FSDP's gradient buffers (a layer's unsharded gradients, the reduce-scatter input)
     buffers = gather.grads + gather.reduce if peak.phase == "backward" else 0
-    reduce = min(buffers, peak.gradients)
-    produced = peak.gradients - reduce
-    grad_items = [i for i in state.items if i.category == "gradients"]
+    in_flight = peak.gradients - sum(i.bytes for i in grad_buffers)
+    reduce = min(buffers, in_flight)
+    produced = in_flight - reduce
     if produced >= total_grads:
         items += grad_items
         produced -= total_grads

@@ -48,8 +48,10 @@ from engine.specs import ModelSpec, TrainingSpec
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
 
 #: :attr:`MemoryItem.role` values: the trainable weights in their storage dtype, frozen
-#: weights, the 4-bit base of QLoRA, the gradients of the trainable weights
-ROLES = ("trainable-weights", "frozen-weights", "quantized-weights", "gradients")
+#: weights, the 4-bit base of QLoRA, the gradients of the trainable weights as backward
+#: produces them, and gradient memory that lives through the whole step (a framework's
+#: buffer: Megatron's ``main_grad``, DeepSpeed's partitions and reduce bucket)
+ROLES = ("trainable-weights", "frozen-weights", "quantized-weights", "gradients", "gradient-buffer")
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -149,6 +151,16 @@ def frozen_dtype(precision: str) -> str:
     return {"fp32": "fp32", "fp16-mixed": "fp16"}.get(precision, "bf16")
 
 
+def storage_bytes(training: TrainingSpec) -> tuple[int, int]:
+    """Bytes per element of the trainable and of the frozen (not quantized) weights; QLoRA
+    keeps its unquantized frozen tensors in its compute dtype."""
+    frozen = training.qlora.compute_dtype if training.method == "qlora" else None
+    return (
+        DTYPE_BYTES[trainable_dtype(training.precision)],
+        DTYPE_BYTES[frozen or frozen_dtype(training.precision)],
+    )
+
+
 def optimizer_state(optimizer: str, shape: tuple[int, ...], param_bytes: int) -> tuple[int, str]:
     """Bytes of optimizer state for one trainable tensor of ``shape``, and the formula.
 
@@ -239,12 +251,12 @@ def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup
         if g.linear in roles:
             out_f, in_f = g.shape
             base = g.module.removesuffix(".weight")
-            out.append(
-                TensorGroup(g.component, base + ".lora_A", (r, in_f), g.count, None, g.layers)
-            )
-            out.append(
-                TensorGroup(g.component, base + ".lora_B", (out_f, r), g.count, None, g.layers)
-            )
+            for name, shape in ((".lora_A", (r, in_f)), (".lora_B", (out_f, r))):
+                out.append(
+                    TensorGroup(
+                        g.component, base + name, shape, g.count, layers=g.layers, adapter=True
+                    )
+                )
     return tuple(out)
 
 
@@ -276,6 +288,39 @@ def _on_stage(g: TensorGroup, model: ModelSpec, stage: str) -> bool:
     return stage == "last"
 
 
+@dataclass(frozen=True, slots=True)
+class TensorSplit:
+    """The tensors of a model (or of one pipeline stage) by how they are stored: trained
+    (LoRA adapters included), frozen in the compute dtype, or quantized to 4 bits."""
+
+    trainable: tuple[TensorGroup, ...]
+    frozen: tuple[TensorGroup, ...]
+    quantized: tuple[TensorGroup, ...]
+
+
+@lru_cache(maxsize=4096)
+def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") -> TensorSplit:
+    """Which tensors train, which stay frozen and which QLoRA quantizes (see
+    :func:`model_state`); the same split decides what ZeRO-3/FSDP gathers."""
+    method = training.method
+    cuts = (model.num_layers - training.freeze.last_layers,) if method == "freeze" else ()
+    trainable: list[TensorGroup] = []
+    frozen: list[TensorGroup] = []
+    quantized: list[TensorGroup] = []
+    for g in model_tensors(model, cuts):
+        if not _on_stage(g, model, stage):
+            continue
+        if method == "full" or (method == "freeze" and _is_trainable_part(g, model, training)):
+            trainable.append(g)
+        elif method == "qlora" and quantizable(g):
+            quantized.append(g)
+        else:
+            frozen.append(g)
+    if method in ("lora", "qlora"):
+        trainable.extend(lora_adapters(model, training))
+    return TensorSplit(tuple(trainable), tuple(frozen), tuple(quantized))
+
+
 @lru_cache(maxsize=4096)
 def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") -> ModelState:
     """Parameters, gradients and optimizer states for ``model`` trained as ``training``.
@@ -285,29 +330,17 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
     """
     precision, method, opt = training.precision, training.method, training.optimizer
     t_dtype, f_dtype = trainable_dtype(precision), frozen_dtype(precision)
-    t_bytes, f_bytes = DTYPE_BYTES[t_dtype], DTYPE_BYTES[f_dtype]
-    cuts = (model.num_layers - training.freeze.last_layers,) if method == "freeze" else ()
-    base = tuple(g for g in model_tensors(model, cuts) if _on_stage(g, model, stage))
-
-    trainable: list[TensorGroup] = []
-    frozen: list[TensorGroup] = []
-    quantized: list[TensorGroup] = []
-    for g in base:
-        if method == "full" or (method == "freeze" and _is_trainable_part(g, model, training)):
-            trainable.append(g)
-        elif method == "qlora" and quantizable(g):
-            quantized.append(g)
-        else:
-            frozen.append(g)
+    if method == "qlora":
+        f_dtype = training.qlora.compute_dtype
+    t_bytes, f_bytes = storage_bytes(training)
+    split = split_tensors(model, training, stage)
+    trainable, frozen, quantized = split.trainable, split.frozen, split.quantized
+    base = (*frozen, *quantized, *(g for g in trainable if not g.adapter))
     warnings: list[str] = []
     if method in ("lora", "qlora"):
-        trainable.extend(lora_adapters(model, training))
         missed = lora_targets(model, training.lora.targets)[1]
         if missed:
             warnings.append(f"LoRA target {', '.join(missed)} matches no layer of {model.name}")
-    if method == "qlora":
-        f_dtype = training.qlora.compute_dtype
-        f_bytes = DTYPE_BYTES[f_dtype]
 
     n_trainable = sum(g.total for g in trainable)
     n_frozen = sum(g.total for g in frozen)

@@ -63,6 +63,8 @@ class TensorGroup:
     #: the weight of an ``nn.Linear`` (a matmul's weight matrix, whether LoRA can target
     #: it or not: routers and the LM head too): what bitsandbytes quantizes
     matrix: bool = False
+    #: a LoRA adapter (``lora_A``/``lora_B``), not a tensor of the base model
+    adapter: bool = False
 
     @property
     def numel(self) -> int:

@@ -33,9 +33,16 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from engine.errors import EstimateError
-from engine.model_state import MemoryItem, ModelState, weights_label
+from engine.model_state import (
+    MemoryItem,
+    ModelState,
+    nf4_bytes,
+    split_tensors,
+    storage_bytes,
+    weights_label,
+)
 from engine.overhead import Communicator
-from engine.params import largest_layer_params, model_tensors
+from engine.params import TensorGroup, model_tensors
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather
 
@@ -381,11 +388,16 @@ def _expert_share(model: ModelSpec, training: TrainingSpec) -> Fraction:
 
 
 def shard(
-    state: ModelState, scenario: Scenario, mesh: Mesh, model: ModelSpec | None = None
+    state: ModelState,
+    scenario: Scenario,
+    mesh: Mesh,
+    model: ModelSpec | None = None,
+    part: str = "all",
 ) -> Sharded:
     """Divide ``state`` over the data-parallel ranks and move what offload moves.
 
-    ``model`` is this rank's model (tensor/expert shard); the routed experts' share of
+    ``model`` is this rank's model (tensor/expert shard) and ``part`` the pipeline stage's
+    share of it (:func:`engine.model_state.model_state`); the routed experts' share of
     each sharded item is divided over the expert data-parallel group (``dp / ep``), the
     rest over the shard group."""
     training = scenario.training
@@ -409,24 +421,23 @@ def shard(
         else:
             items.append(item)
 
-    transient_grads = 0
     # FSDP under pipeline parallelism (torch.distributed.pipelining, torchtitan) keeps each
     # stage gathered for the whole step (reshard_after_forward=False) and its gradients
     # unsharded until the last micro-batch's backward (no gradient sync before it)
     pipelined_fsdp = framework == "pytorch" and stage >= 2 and mesh.pp > 1
-    for part in framework_items(state, training):
-        item = part.item
+    for laid in framework_items(state, training):
+        item = laid.item
         if pipelined_fsdp and item.category == "gradients":
             item = replace(item, name=item.name + ", unsharded until the last micro-batch")
-            part = _Part(item, 99, persistent=True)
-        if stage >= part.shard_from and mesh.shard > 1:
+            laid = _Part(item, 99, persistent=True)
+        if stage >= laid.shard_from and mesh.shard > 1:
             expert_bytes = int(item.bytes * experts)
             dense = item.bytes - expert_bytes
             size = _ceil_div(dense, mesh.shard) + _ceil_div(expert_bytes, expert_group)
             group = f"dp {mesh.shard}" + (f", experts over {expert_group}" if experts else "")
             item = replace(item, bytes=size, formula=f"{item.formula} / {group} (ZeRO-{stage})")
         target = "none"
-        if part.pinned_to_gpu:
+        if laid.pinned_to_gpu:
             pass
         elif item.category == "optimizer_states":
             target = offload.optimizer
@@ -434,11 +445,9 @@ def shard(
             target = "cpu"  # the optimizer step runs on the host: gradients go there
         elif item.category == "parameters":
             target = offload.parameters
-        if item.category == "gradients" and target == "none":
-            if part.persistent:
-                buffer += item.bytes
-            else:
-                transient_grads += item.bytes
+        if item.category == "gradients" and target == "none" and laid.persistent:
+            buffer += item.bytes
+            item = replace(item, role="gradient-buffer")
         place(item, target)
 
     if pipelined_fsdp or (framework == "megatron" and training.precision in MIXED):
@@ -452,13 +461,63 @@ def shard(
     optimizer_share = Fraction(1, mesh.shard) if stage >= 1 else Fraction(1)
     if offload.optimizer != "none" or framework != "pytorch":
         optimizer_share = Fraction(0)  # on the host, or a fused multi-tensor kernel
-    gather = gather_buffers(state, training, model or scenario.model, mesh.pp)
+    gather = gather_buffers(training, model or scenario.model, part, mesh.pp)
     new_state = replace(state, items=tuple(items))
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
 
 
+@dataclass(frozen=True, slots=True)
+class Units:
+    """What ZeRO-3 / FSDP gathers, in bytes as gathered: the root unit (everything
+    outside the blocks), the largest block and all blocks; and the trainable elements of
+    the largest block, whose gradients pass through the reduce-scatter."""
+
+    root: int
+    largest: int
+    layers: int
+    trainable: int
+
+
+def gathered_units(model: ModelSpec, training: TrainingSpec, part: str, dtype: int | None) -> Units:
+    """The units of :func:`gather_buffers`, tensor by tensor in the dtype they are gathered
+    in: floating-point weights (trained or frozen, adapters with their layer) in the
+    gathering ``dtype`` (FSDP's ``param_dtype``; ``None``: each in its storage dtype),
+    QLoRA's 4-bit base as stored -- FSDP all-gathers the packed codes and block constants
+    as they are (``bnb_4bit_quant_storage``), it never widens them to 16 bits."""
+    split = split_tensors(model, training, part)
+    q = training.qlora
+    trained_bytes, frozen_bytes = storage_bytes(training)
+    root = 0
+    per_layer: dict[int, int] = {}
+    trainable: dict[int, int] = {}
+
+    def add(g: TensorGroup, nbytes: int, trained: bool) -> None:
+        nonlocal root
+        if g.layers is None:
+            root += nbytes
+            return
+        span = g.layers[1] - g.layers[0]
+        for layer in range(*g.layers):
+            per_layer[layer] = per_layer.get(layer, 0) + nbytes // span
+            if trained:
+                trainable[layer] = trainable.get(layer, 0) + g.total // span
+
+    for g in split.trainable:
+        add(g, (dtype or trained_bytes) * g.total, True)
+    for g in split.frozen:
+        add(g, (dtype or frozen_bytes) * g.total, False)
+    for g in split.quantized:
+        add(g, nf4_bytes(g.numel, q.block_size, q.double_quant) * g.count, False)
+    return Units(
+        root,
+        max(per_layer.values(), default=0),
+        sum(per_layer.values()),
+        max(trainable.values(), default=0),
+    )
+
+
 def gather_buffers(
-    state: ModelState, training: TrainingSpec, model: ModelSpec, pp: int = 1
+    training: TrainingSpec, model: ModelSpec, part: str = "all", pp: int = 1
 ) -> Gather:
     """What the parameter gathering of ZeRO-3 / FSDP keeps on the GPU beyond the shards.
 
@@ -472,30 +531,34 @@ def gather_buffers(
       flight are live. In the backward the current layer and the next one's all-gather
       output are live; the layer's unsharded gradients are copied into a flat
       reduce-scatter input in the reduce dtype (fp32 under ``MixedPrecisionPolicy(bf16,
-      fp32)``), kept until the next reduce-scatter. With ``reshard_after_forward=False``
-      (SHARD_GRAD_OP) every layer stays gathered from its forward to its backward. Under
-      pipeline parallelism the whole stage stays gathered through the step.
+      fp32)``), kept until the next reduce-scatter -- only the gradients of the tensors
+      that train (a LoRA layer reduces its adapters alone). With
+      ``reshard_after_forward=False`` (SHARD_GRAD_OP) every layer stays gathered from its
+      forward to its backward, beside its shard. Under pipeline parallelism the whole stage
+      stays gathered through the step.
 
-    The parameter dtype of the gathered units is 16-bit under mixed precision (FSDP's
-    ``param_dtype``), else the weights' own.
+    The gathered units hold each tensor as :func:`gathered_units` says: 16-bit under
+    mixed precision (FSDP's ``param_dtype``), else in its own storage dtype, and a 4-bit
+    base as stored.
     """
     par = training.parallelism
     stage = par.zero_stage
     sharded_units = stage == 3 or (stage == 2 and par.framework == "pytorch")
     if not sharded_units or par.framework == "megatron":
         return Gather()
-    layer_params = sum(g.total for g in model_tensors(model) if g.layers)
-    largest = largest_layer_params(model)
     if par.framework == "deepspeed":
-        return Gather(forward=2 * 2 * largest, backward=2 * 2 * largest)
-    fp32 = training.precision == "fp32"
-    pd = 4 if fp32 else 2
-    rd = 2 if training.precision == "bf16" else 4
-    root = pd * max(0, state.total_params - layer_params)
-    unit = pd * largest
+        unit = gathered_units(model, training, part, 2).largest
+        return Gather(forward=2 * unit, backward=2 * unit)
+    mixed = training.precision in MIXED
+    units = gathered_units(model, training, part, 2 if mixed else None)
+    root, unit = units.root, units.largest
     if pp > 1:  # pipelined: the whole stage stays gathered (see shard)
-        return Gather(root + pd * layer_params, root + pd * layer_params)
-    reduce = rd * largest
+        return Gather(root + units.layers, root + units.layers)
+    # the unsharded gradients come in the gathered dtype, the reduce-scatter in fp32 but
+    # under pure bf16
+    grad_bytes = 2 if mixed else storage_bytes(training)[0]
+    reduce_bytes = 2 if training.precision == "bf16" else 4
+    grads, reduce = grad_bytes * units.trainable, reduce_bytes * units.trainable
     if stage == 3:
-        return Gather(root + 3 * unit, root + 2 * unit, unit, reduce)
-    return Gather(root + 2 * unit, root, unit, reduce, unit=unit)
+        return Gather(root + 3 * unit, root + 2 * unit, grads, reduce)
+    return Gather(root + 2 * unit, root, grads, reduce, unit=unit)

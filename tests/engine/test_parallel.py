@@ -427,7 +427,7 @@ def test_fsdp_under_pipelining_keeps_the_stage_gathered_and_its_gradients_unshar
     s = run(gpus=8, pp=2, zero_stage=3, training={"gradient_accumulation_steps": 4})
     mesh = make_mesh(s)
     model = dataclasses.replace(s.model, num_layers=16)  # one stage
-    sharded = shard(model_state(model, s.training, "first"), s, mesh, model)
+    sharded = shard(model_state(model, s.training, "first"), s, mesh, model, "first")
     stage_params = sharded.state.total_params
     grads = sum(i.bytes for i in sharded.state.items if i.category == "gradients")
     assert grads == 4 * stage_params == sharded.grad_buffer  # fp32, whole, all step long
