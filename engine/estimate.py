@@ -266,34 +266,60 @@ class _Rank:
     sharded: Sharded
 
 
-def _rank(
+#: a rank's share of the model state and its step (:func:`_play`)
+Played = tuple[Sharded, Timeline]
+
+
+def _play(
     scenario: Scenario,
     model: ModelSpec,
     mesh: Mesh,
     part: str,
     stage: Stage,
-    group: str,
     chunk: ModelSpec | None = None,
-) -> _Rank:
-    """One rank group: ``model`` is what the rank holds, ``chunk`` (interleaved pipeline)
-    the virtual stage its activations are played with."""
+) -> Played:
+    """This rank's share of the model state and its step: ``model`` is what the rank
+    holds, ``chunk`` (interleaved pipeline) the virtual stage its activations are played
+    with."""
     training = scenario.training
     sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
-    state = sharded.state
     timeline = step_timeline(
         chunk or model,
         training,
-        state,
+        sharded.state,
         sharded.grad_share,
         sharded.optimizer_share,
         sharded.gather,
         stage,
         sharded.grad_buffer,
     )
+    return sharded, timeline
+
+
+def _large_blocks(model: ModelSpec) -> int:
+    """Parameter tensors over 1 MiB in 16 bits: each is a block of its own in the caching
+    allocator, rounded up to 2 MiB."""
+    return sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
+
+
+def _rank(
+    scenario: Scenario,
+    model: ModelSpec,
+    mesh: Mesh,
+    played: Played,
+    stage: Stage,
+    group: str,
+    chunk: ModelSpec | None = None,
+) -> _Rank:
+    """One rank group from its :func:`_play`: the items at the peak, the overheads that
+    lift allocated to reserved and device bytes, and what offload keeps on the host."""
+    training = scenario.training
+    sharded, timeline = played
+    state = sharded.state
     peak = timeline.peak
     items = _items_at_peak(state, timeline, sharded.gather)
     allocated = sum(i.bytes for i in items)
-    large_blocks = sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
+    large_blocks = _large_blocks(model)
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations)
     comms = mesh.communicators()
@@ -371,32 +397,42 @@ def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:
     if mesh.ep > 1:
         tp = "any tp/ep rank" if mesh.tp > 1 else "any ep rank"
     if mesh.pp == 1:
-        return [
-            _rank(scenario, model, mesh, "all", Stage(), "all ranks" + (f" ({tp})" if tp else ""))
-        ]
+        played = _play(scenario, model, mesh, "all", Stage())
+        name = "all ranks" + (f" ({tp})" if tp else "")
+        return [_rank(scenario, model, mesh, played, Stage(), name)]
     par = scenario.training.parallelism
     counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
+    starts = [sum(counts[:c]) for c in range(len(counts))]
     micro = scenario.training.gradient_accumulation_steps
+    # stages of the same shape are played once; their schedule positions differ only in
+    # the micro-batches in flight (Timeline.in_flight), and equal ranks are built once
+    plays: dict[tuple[int, int, int, str], tuple[ModelSpec, ModelSpec | None, Played]] = {}
+    ranks: dict[tuple[int, int, int, str, int], _Rank] = {}
     out = []
     for s in range(mesh.pp):
         # rank s runs virtual stages s, s + pp, s + 2 pp, ... (the interleaved layout)
         chunks = [s + k * mesh.pp for k in range(mesh.vpp)]
         sizes = [counts[c] for c in chunks]
-        dense = sum(
-            min(counts[c], max(0, model.first_dense_layers - sum(counts[:c]))) for c in chunks
-        )
-        stage_model = dataclasses.replace(model, num_layers=sum(sizes), first_dense_layers=dense)
-        chunk = None
-        if mesh.vpp > 1:
-            layers = max(sizes)
-            chunk = dataclasses.replace(
-                stage_model, num_layers=layers, first_dense_layers=min(dense, layers)
-            )
+        dense = sum(min(counts[c], max(0, model.first_dense_layers - starts[c])) for c in chunks)
         part = "first" if s == 0 else "last" if s == mesh.pp - 1 else "middle"
+        key = (sum(sizes), dense, max(sizes) if mesh.vpp > 1 else 0, part)
+        if key not in plays:
+            stage_model = dataclasses.replace(model, num_layers=key[0], first_dense_layers=dense)
+            chunk = None
+            if mesh.vpp > 1:
+                chunk = dataclasses.replace(
+                    stage_model, num_layers=key[2], first_dense_layers=min(dense, key[2])
+                )
+            one = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=1)
+            plays[key] = (stage_model, chunk, _play(scenario, stage_model, mesh, part, one, chunk))
+        stage_model, chunk, (sharded, timeline) = plays[key]
         held = inflight(par.pp_schedule, mesh.pp, s, micro, mesh.vpp)
-        stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=held)
         name = f"pp stage {s}" + (f", {tp}" if tp else "")
-        out.append(_rank(scenario, stage_model, mesh, part, stage, name, chunk))
+        if (*key, held) not in ranks:
+            stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=held)
+            played = (sharded, timeline.in_flight(held - 1))
+            ranks[(*key, held)] = _rank(scenario, stage_model, mesh, played, stage, "", chunk)
+        out.append(dataclasses.replace(ranks[(*key, held)], group=name))
     return out
 
 

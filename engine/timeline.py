@@ -61,6 +61,36 @@ class Timeline:
     autocast_copies: int
     logits: int
     optimizer_temp: int
+    #: the model-state parameters, the optimizer's temporaries, and what each further
+    #: micro-batch in flight (a pipeline stage's earlier ones) adds to every forward and
+    #: backward point: what one micro-batch keeps at the end of its forward
+    params: int = 0
+    temp: int = 0
+    per_microbatch: int = 0
+
+    def in_flight(self, extra: int) -> Timeline:
+        """The same step with ``extra`` more micro-batches in flight: a pipeline stage's
+        timeline for every schedule position from one play of it."""
+        if extra == 0:
+            return self
+        add = extra * self.per_microbatch
+        points = tuple(
+            dataclasses.replace(p, activations=p.activations + add)
+            if p.phase in ("forward", "backward")
+            else p
+            for p in self.points
+        )
+        peak = max(points, key=lambda p: p.total)
+        return Timeline(
+            points,
+            peak,
+            peak.parameters - self.params,
+            self.logits,
+            self.temp if peak.phase == "optimizer" else 0,
+            self.params,
+            self.temp,
+            self.per_microbatch,
+        )
 
 
 def _mode(training: TrainingSpec) -> str:
@@ -358,7 +388,8 @@ def step_timeline(
     # 1F1B: while this micro-batch runs, the stage still keeps what the earlier in-flight
     # micro-batches saved, plus a receive buffer for the next input from the previous stage
     recv = 0 if stage.first else embed_out
-    waiting = (stage.inflight - 1) * (kept_act + held) + recv
+    per_microbatch = kept_act + held
+    waiting = (stage.inflight - 1) * per_microbatch + recv
     if waiting:
         points[:] = [
             dataclasses.replace(p, activations=p.activations + waiting)
@@ -449,6 +480,9 @@ def step_timeline(
         peak.parameters - params,
         held,
         temp if peak.phase == "optimizer" else 0,
+        params,
+        temp,
+        per_microbatch,
     )
 
 
