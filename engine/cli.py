@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
-from engine.errors import EstimateError
+from engine.errors import EstimateError, shown
 from engine.estimate import GIB, Estimate, estimate
+from engine.files import read_json
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
 from engine.report import mesh_text, peak_phase, shows_host, shows_ranks
-from engine.files import read_json
 from engine.scenario_io import save_scenario, scenario_from_dict
 from engine.specs import (
     ACTIVATION_OFFLOAD,
@@ -45,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error on one line."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, printable(f"{self.prog}: error: {message}") + "\n")
 
 
 def _csv(text: str) -> list[str]:
@@ -99,7 +100,7 @@ def _set_path(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
             child = node[key] = {}
         if not isinstance(child, dict):
             raise EstimateError(
-                ".".join(path), f"cannot set inside {key!r}, which is not an object"
+                ".".join(path), f"cannot set inside {shown(key)}, which is not an object"
             )
         node = child
     node[path[-1]] = value
@@ -108,16 +109,18 @@ def _set_path(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
 def _parse_set(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise EstimateError(
-            "--set", f"got {text!r}, expected FIELD=VALUE (e.g. training.lora.alpha=64)"
+            "--set", f"got {shown(text)}, expected FIELD=VALUE (e.g. training.lora.alpha=64)"
         )
     path, raw = text.split("=", 1)
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw  # a bare word is a string
+    except (RecursionError, ValueError) as exc:  # too deep; an integer over 4,300 digits
+        raise EstimateError(f"--set {shown(path)[1:-1]}", "the value is not valid JSON") from exc
     parts = [p for p in path.strip().split(".") if p]
     if not parts:
-        raise EstimateError("--set", f"got {text!r}, expected FIELD=VALUE")
+        raise EstimateError("--set", f"got {shown(text)}, expected FIELD=VALUE")
     return parts, value
 
 
@@ -389,22 +392,32 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.save:
             save_scenario(scenario, args.save)
     except EstimateError as exc:
-        print(f"memfit: error: {exc}", file=sys.stderr)
+        print(printable(f"memfit: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
     except OSError as exc:
-        print(f"memfit: error: {exc.filename or 'file'}: {exc.strerror or exc}", file=sys.stderr)
+        where = exc.filename or "file"
+        print(printable(f"memfit: error: {where}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.json:
             json.dump(result.to_dict(), out, indent=2)
             out.write("\n")
         else:
-            print(format_table(result), file=out)
+            print(printable(format_table(result)), file=out)
     except BrokenPipeError:
         return 0
     return 0
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but the line break, and anything that is not
+    valid Unicode, shown as an escape: nothing a file holds can drive the terminal."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 if __name__ == "__main__":  # pragma: no cover

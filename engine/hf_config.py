@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.errors import EstimateError
+from engine.errors import EstimateError, check_bool, check_finite, check_text, shown
 from engine.specs import ModelSpec
 
 Config = Mapping[str, Any]
@@ -39,15 +39,34 @@ def _get(cfg: Config, *keys: str, default: Any = None, required: bool = False) -
     return default
 
 
-def _int(cfg: Config, *keys: str, default: int | None = None) -> int:
+def _field(cfg: Config, keys: tuple[str, ...]) -> str:
+    """The field an error names: the key the config used, else the first one read."""
+    return "model." + next((k for k in keys if cfg.get(k) is not None), keys[0])
+
+
+def _int(cfg: Config, *keys: str, default: int | None = None, lo: int = 0) -> int:
+    """An integer of at least ``lo``; a string, a bool or a float is an error."""
     value = _get(cfg, *keys, default=default, required=default is None)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise EstimateError(f"model.{keys[0]}", f"got {value!r}, expected an integer")
+        raise EstimateError(_field(cfg, keys), f"got {shown(value)}, expected an integer")
+    if value < lo:
+        raise EstimateError(_field(cfg, keys), f"got {shown(value)}, expected at least {lo}")
     return value
 
 
-def _activation(name: str) -> str:
-    name = name.lower()
+def _bool(cfg: Config, key: str, default: bool) -> bool:
+    """``true`` or ``false``; the string "false" is not false, so it is an error."""
+    value = _get(cfg, key, default=default)
+    return check_bool(f"model.{key}", value)
+
+
+def _float(cfg: Config, *keys: str, default: float) -> float:
+    value = _get(cfg, *keys, default=default)
+    return check_finite(_field(cfg, keys), value)
+
+
+def _activation(cfg: Config, *keys: str, default: str) -> str:
+    name = check_text(_field(cfg, keys), _get(cfg, *keys, default=default)).lower()
     if name in ("silu", "swish", "swiglu"):
         return "silu"
     if name == "gelu_new":  # NewGELUActivation, written in Python ops
@@ -60,12 +79,14 @@ def _activation(name: str) -> str:
         return "relu2"
     if name == "relu":
         return "relu"
-    raise EstimateError("model.hidden_act", f"got {name!r}, expected silu, gelu or relu variants")
+    raise EstimateError(
+        _field(cfg, keys), f"got {shown(name)}, expected silu, gelu or relu variants"
+    )
 
 
 def _common(cfg: Config, name: str) -> dict[str, Any]:
-    heads = _int(cfg, "num_attention_heads")
-    hidden = _int(cfg, "hidden_size")
+    heads = _int(cfg, "num_attention_heads", lo=1)
+    hidden = _int(cfg, "hidden_size", lo=1)
     return {
         "name": name,
         "num_layers": _int(cfg, "num_hidden_layers"),
@@ -76,15 +97,15 @@ def _common(cfg: Config, name: str) -> dict[str, Any]:
         "intermediate_size": _int(cfg, "intermediate_size"),
         "vocab_size": _int(cfg, "vocab_size"),
         "max_position_embeddings": _int(cfg, "max_position_embeddings", default=4096),
-        "tie_word_embeddings": bool(_get(cfg, "tie_word_embeddings", default=False)),
-        "activation": _activation(_get(cfg, "hidden_act", "hidden_activation", default="silu")),
-        "attention_bias": bool(_get(cfg, "attention_bias", default=False)),
-        "attention_out_bias": bool(_get(cfg, "attention_bias", default=False)),
-        "mlp_bias": bool(_get(cfg, "mlp_bias", default=False)),
-        "attention_dropout": float(_get(cfg, "attention_dropout", default=0.0)),
+        "tie_word_embeddings": _bool(cfg, "tie_word_embeddings", False),
+        "activation": _activation(cfg, "hidden_act", "hidden_activation", default="silu"),
+        "attention_bias": _bool(cfg, "attention_bias", False),
+        "attention_out_bias": _bool(cfg, "attention_bias", False),
+        "mlp_bias": _bool(cfg, "mlp_bias", False),
+        "attention_dropout": _float(cfg, "attention_dropout", default=0.0),
         # Qwen2/3 configs carry a sliding_window that is off unless use_sliding_window
-        "sliding_window": int(_get(cfg, "sliding_window", default=0) or 0)
-        if cfg.get("use_sliding_window", True)
+        "sliding_window": _int(cfg, "sliding_window", default=0)
+        if _bool(cfg, "use_sliding_window", True)
         else 0,
     }
 
@@ -96,9 +117,9 @@ def _llama_like(cfg: Config, name: str) -> dict[str, Any]:
     if mt in ("qwen2", "qwen2_moe"):  # q/k/v carry biases, o_proj does not
         spec["attention_bias"] = True
         spec["attention_out_bias"] = False
-        spec["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+        spec["tie_word_embeddings"] = _bool(cfg, "tie_word_embeddings", False)
     if mt in ("gemma", "gemma2", "gemma3_text", "gemma3"):
-        spec["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+        spec["tie_word_embeddings"] = _bool(cfg, "tie_word_embeddings", True)
         spec["activation"] = "gelu_tanh"
         if mt != "gemma":
             spec["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
@@ -133,7 +154,7 @@ def _llama_like(cfg: Config, name: str) -> dict[str, Any]:
         spec["num_shared_experts"] = _int(cfg, "n_shared_experts", default=0)
         spec["first_dense_layers"] = _int(cfg, "first_k_dense_replace", default=0)
         spec["router_bias"] = cfg.get("topk_method") == "noaux_tc"
-        spec["q_lora_rank"] = int(cfg.get("q_lora_rank") or 0)
+        spec["q_lora_rank"] = _int(cfg, "q_lora_rank", default=0)
         spec["kv_lora_rank"] = _int(cfg, "kv_lora_rank")
         spec["qk_rope_head_dim"] = _int(cfg, "qk_rope_head_dim")
         spec["qk_nope_head_dim"] = _int(cfg, "qk_nope_head_dim")
@@ -143,8 +164,8 @@ def _llama_like(cfg: Config, name: str) -> dict[str, Any]:
 
 
 def _gpt2(cfg: Config, name: str) -> dict[str, Any]:
-    hidden = _int(cfg, "n_embd", "hidden_size")
-    heads = _int(cfg, "n_head", "num_attention_heads")
+    hidden = _int(cfg, "n_embd", "hidden_size", lo=1)
+    heads = _int(cfg, "n_head", "num_attention_heads", lo=1)
     return {
         "name": name,
         "family": "gpt2",
@@ -157,22 +178,22 @@ def _gpt2(cfg: Config, name: str) -> dict[str, Any]:
         "vocab_size": _int(cfg, "vocab_size"),
         "max_position_embeddings": _int(cfg, "n_positions", "max_position_embeddings"),
         "mlp": "plain",
-        "activation": _activation(_get(cfg, "activation_function", default="gelu_new")),
+        "activation": _activation(cfg, "activation_function", default="gelu_new"),
         "norm": "layernorm",
         "attention_bias": True,
         "attention_out_bias": True,
         "mlp_bias": True,
         "position_embedding": "learned",
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "tie_word_embeddings": _bool(cfg, "tie_word_embeddings", True),
         "fused_qkv": True,
-        "attention_dropout": float(_get(cfg, "attn_pdrop", default=0.1)),
-        "hidden_dropout": float(_get(cfg, "resid_pdrop", default=0.1)),
+        "attention_dropout": _float(cfg, "attn_pdrop", default=0.1),
+        "hidden_dropout": _float(cfg, "resid_pdrop", default=0.1),
     }
 
 
 def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
     spec = _common(cfg, name)
-    bias = bool(cfg.get("attention_bias", True))
+    bias = _bool(cfg, "attention_bias", True)
     spec.update(
         family="gpt_neox",
         mlp="plain",
@@ -181,22 +202,22 @@ def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
         attention_out_bias=bias,
         mlp_bias=True,
         fused_qkv=True,
-        parallel_attention=bool(cfg.get("use_parallel_residual", True)),
-        activation=_activation(_get(cfg, "hidden_act", default="gelu")),
+        parallel_attention=_bool(cfg, "use_parallel_residual", True),
+        activation=_activation(cfg, "hidden_act", default="gelu"),
     )
     return spec
 
 
 def _falcon(cfg: Config, name: str) -> dict[str, Any]:
-    hidden = _int(cfg, "hidden_size", "n_embed")
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    new_arch = bool(cfg.get("new_decoder_architecture", False))
+    hidden = _int(cfg, "hidden_size", "n_embed", lo=1)
+    heads = _int(cfg, "num_attention_heads", "n_head", lo=1)
+    new_arch = _bool(cfg, "new_decoder_architecture", False)
     if new_arch:
         kv = _int(cfg, "num_kv_heads", "n_head_kv", default=heads)
     else:
-        kv = 1 if cfg.get("multi_query", True) else heads
-    bias = bool(cfg.get("bias", False))
-    parallel = bool(cfg.get("parallel_attn", True))
+        kv = 1 if _bool(cfg, "multi_query", True) else heads
+    bias = _bool(cfg, "bias", False)
+    parallel = _bool(cfg, "parallel_attn", True)
     return {
         "name": name,
         "family": "falcon",
@@ -215,8 +236,8 @@ def _falcon(cfg: Config, name: str) -> dict[str, Any]:
         "attention_bias": bias,
         "attention_out_bias": bias,
         "mlp_bias": bias,
-        "position_embedding": "alibi" if cfg.get("alibi") else "rotary",
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "position_embedding": "alibi" if _bool(cfg, "alibi", False) else "rotary",
+        "tie_word_embeddings": _bool(cfg, "tie_word_embeddings", True),
         "fused_qkv": True,
         "parallel_attention": parallel,
     }
@@ -228,7 +249,7 @@ def _bert(cfg: Config, name: str) -> dict[str, Any]:
         family=cfg.get("model_type", "bert"),
         architecture="encoder",
         mlp="plain",
-        activation=_activation(_get(cfg, "hidden_act", default="gelu")),
+        activation=_activation(cfg, "hidden_act", default="gelu"),
         norm="layernorm",
         final_norm=False,
         attention_bias=True,
@@ -237,12 +258,12 @@ def _bert(cfg: Config, name: str) -> dict[str, Any]:
         position_embedding="learned",
         type_vocab_size=_int(cfg, "type_vocab_size", default=2),
         embedding_norm=True,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        tie_word_embeddings=_bool(cfg, "tie_word_embeddings", True),
         pooler=True,
         lm_head_transform=True,
         lm_head_bias=True,
-        attention_dropout=float(_get(cfg, "attention_probs_dropout_prob", default=0.1)),
-        hidden_dropout=float(_get(cfg, "hidden_dropout_prob", default=0.1)),
+        attention_dropout=_float(cfg, "attention_probs_dropout_prob", default=0.1),
+        hidden_dropout=_float(cfg, "hidden_dropout_prob", default=0.1),
         sliding_window=0,
     )
     return spec
@@ -265,12 +286,17 @@ def model_from_hf_config(cfg: Config, name: str | None = None) -> ModelSpec:
     """
     if not isinstance(cfg, Mapping):
         raise EstimateError("model", f"expected a JSON object, got {type(cfg).__name__}")
-    if isinstance(cfg.get("text_config"), Mapping):
+    if cfg.get("text_config") is not None:
+        if not isinstance(cfg["text_config"], Mapping):
+            raise EstimateError(
+                "model.text_config", f"got {shown(cfg['text_config'])}, expected an object"
+            )
         inner = dict(cfg["text_config"])
         inner.setdefault("model_type", cfg.get("model_type", "llama"))
         cfg = inner
-    model_type = str(cfg.get("model_type", "llama"))
-    label = name or str(cfg.get("_name_or_path") or model_type)
+    model_type = check_text("model.model_type", cfg.get("model_type", "llama"))
+    path = cfg.get("_name_or_path")
+    label = name or (check_text("model._name_or_path", path) if path else model_type)
     reader = _READERS.get(model_type, _llama_like)
     fields = reader(cfg, label)
     fields.setdefault("source", "Hugging Face config.json")

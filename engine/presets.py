@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.errors import EstimateError
+from engine.errors import EstimateError, shown
 from engine.specs import GpuSpec, ModelSpec
 
 T = TypeVar("T", ModelSpec, GpuSpec)
@@ -71,8 +71,8 @@ def gpu_names() -> tuple[str, ...]:
 def _load(kind: str, cls: type[T], name: str, field: str) -> T:
     names = _names(kind)
     if name not in names:
-        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-        raise EstimateError(field, f"unknown preset {name!r}; choose one of {shown}")
+        listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        raise EstimateError(field, f"unknown preset {shown(name)}; choose one of {listed}")
     path = resources_dir() / kind / f"{name}.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

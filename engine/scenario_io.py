@@ -25,11 +25,12 @@ import json
 import os
 from typing import Any
 
-from engine.errors import EstimateError
+from engine.errors import EstimateError, check_float, check_text, shown
 from engine.files import read_json, write_text
 from engine.hf_config import model_from_hf_config
 from engine.presets import build_strict, load_gpu, load_model, preset_name_of
 from engine.specs import (
+    MEMORY_GIB,
     FreezeSpec,
     GpuSpec,
     HardwareSpec,
@@ -63,6 +64,12 @@ _SUBSECTIONS: dict[str, type[Any]] = {
 _TUPLE_FIELDS = {("lora", "targets"), ("freeze", "trainable")}
 
 
+def _key(key: Any) -> str:
+    """An unknown key as an error names it: printable and short."""
+    text = shown(key)
+    return text[1:-1] if text.startswith("'") and text.endswith("'") else text
+
+
 def custom_gpu(memory_gib: float) -> GpuSpec:
     """A device with no preset: only its memory is known."""
     return GpuSpec(
@@ -86,46 +93,39 @@ def custom_gpu(memory_gib: float) -> GpuSpec:
 def model_from_dict(data: Any) -> ModelSpec:
     """The ``model`` section in any of its three forms."""
     if isinstance(data, str):
-        return load_model(data)
+        return load_model(check_text("model", data))
     if not isinstance(data, dict):
-        raise EstimateError("model", f"expected a preset name or an object, got {data!r}")
+        raise EstimateError("model", f"expected a preset name or an object, got {shown(data)}")
     if "preset" in data:
-        extra = sorted(set(data) - {"preset"})
+        extra = sorted(map(str, set(data) - {"preset"}))
         if extra:
-            raise EstimateError(f"model.{extra[0]}", "unknown key beside 'preset'")
-        if not isinstance(data["preset"], str):
-            raise EstimateError("model.preset", f"got {data['preset']!r}, expected a name")
-        return load_model(data["preset"])
+            raise EstimateError(f"model.{_key(extra[0])}", "unknown key beside 'preset'")
+        return load_model(check_text("model.preset", data["preset"]))
     if "spec" in data:
-        extra = sorted(set(data) - {"spec"})
+        extra = sorted(map(str, set(data) - {"spec"}))
         if extra:
-            raise EstimateError(f"model.{extra[0]}", "unknown key beside 'spec'")
+            raise EstimateError(f"model.{_key(extra[0])}", "unknown key beside 'spec'")
         return build_strict(ModelSpec, data["spec"], "model.spec")
-    return model_from_hf_config(
-        data, name=data.get("name") if isinstance(data.get("name"), str) else None
-    )
+    name = data.get("name")
+    return model_from_hf_config(data, name=None if name is None else check_text("model.name", name))
 
 
 def hardware_from_dict(data: Any) -> HardwareSpec:
     if not isinstance(data, dict):
-        raise EstimateError("hardware", f"expected an object, got {data!r}")
+        raise EstimateError("hardware", f"expected an object, got {shown(data)}")
     for key in data:
         if key not in _HARDWARE_KEYS:
             raise EstimateError(
-                f"hardware.{key}", f"unknown key; expected {', '.join(_HARDWARE_KEYS)}"
+                f"hardware.{_key(key)}", f"unknown key; expected {', '.join(_HARDWARE_KEYS)}"
             )
     memory = data.get("memory_gib")
-    gpu_name = data.get("gpu", "custom")
+    gpu_name = check_text("hardware.gpu", data.get("gpu", "custom"))
     if gpu_name == "custom":
         if memory is None:
             raise EstimateError("hardware.gpu", "missing; give a GPU preset or memory_gib")
-        if isinstance(memory, bool) or not isinstance(memory, int | float):
-            raise EstimateError("hardware.memory_gib", f"got {memory!r}, expected a number")
-        gpu = custom_gpu(float(memory))
-    elif isinstance(gpu_name, str):
-        gpu = load_gpu(gpu_name)
+        gpu = custom_gpu(check_float("hardware.memory_gib", memory, *MEMORY_GIB))
     else:
-        raise EstimateError("hardware.gpu", f"got {gpu_name!r}, expected a preset name")
+        gpu = load_gpu(gpu_name)
     kwargs = {k: v for k, v in data.items() if k != "gpu"}
     return HardwareSpec(gpu=gpu, **kwargs)
 
@@ -134,21 +134,21 @@ def training_from_dict(data: Any) -> TrainingSpec:
     if data is None:
         return TrainingSpec()
     if not isinstance(data, dict):
-        raise EstimateError("training", f"expected an object, got {data!r}")
+        raise EstimateError("training", f"expected an object, got {shown(data)}")
     names = {f.name for f in dataclasses.fields(TrainingSpec)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            raise EstimateError(f"training.{key}", "unknown key")
+            raise EstimateError(f"training.{_key(key)}", "unknown key")
         if key in _SUBSECTIONS:
             if not isinstance(value, dict):
-                raise EstimateError(f"training.{key}", f"expected an object, got {value!r}")
+                raise EstimateError(f"training.{key}", f"expected an object, got {shown(value)}")
             sub = dict(value)
             for section, field in _TUPLE_FIELDS:
                 if section == key and field in sub:
                     if not isinstance(sub[field], list | tuple):
                         raise EstimateError(
-                            f"training.{key}.{field}", f"got {sub[field]!r}, expected a list"
+                            f"training.{key}.{field}", f"got {shown(sub[field])}, expected a list"
                         )
                     sub[field] = tuple(sub[field])
             kwargs[key] = build_strict(_SUBSECTIONS[key], sub, f"training.{key}")
@@ -162,14 +162,17 @@ def scenario_from_dict(data: Any) -> Scenario:
     if not isinstance(data, dict):
         raise EstimateError("scenario", f"expected a JSON object, got {type(data).__name__}")
     version = data.get("memfit_scenario")
-    if version != SCENARIO_VERSION:
-        raise EstimateError("memfit_scenario", f"got {version!r}, expected {SCENARIO_VERSION}")
+    # strictly the integer 1: ``true == 1`` in Python, but true is not a version
+    if type(version) is not int or version != SCENARIO_VERSION:
+        raise EstimateError("memfit_scenario", f"got {shown(version)}, expected {SCENARIO_VERSION}")
     for key in data:
         if key not in _TOP_KEYS:
-            raise EstimateError(key, f"unknown key; expected {', '.join(_TOP_KEYS)}")
+            raise EstimateError(_key(key), f"unknown key; expected {', '.join(_TOP_KEYS)}")
     for key in ("model", "hardware"):
         if key not in data:
             raise EstimateError(key, "missing (required)")
+    if "name" in data:
+        check_text("name", data["name"])
     return Scenario(
         model=model_from_dict(data["model"]),
         hardware=hardware_from_dict(data["hardware"]),

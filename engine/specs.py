@@ -20,20 +20,29 @@ engine.errors.EstimateError: training.micro_batch_size: got 0, expected an integ
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.errors import (
     EstimateError,
     check_bool,
     check_choice,
+    check_finite,
     check_float,
     check_int,
     check_str,
+    check_text,
+    shown,
 )
 
 MAX_DIM = 1 << 24  # 16,777,216: larger than any real hidden size, vocabulary or context
 MAX_LAYERS = 4096
 MAX_EXPERTS = 4096
+#: the device memory a scenario may give (GiB, 2^30 bytes)
+MEMORY_GIB = (1.0, 16384.0)
 
 ARCHITECTURES = ("decoder", "encoder")
 MLP_KINDS = ("gated", "plain")
@@ -64,6 +73,8 @@ PP_SPLITS = ("even", "balanced")
 #: megatron: 16-bit weights, an fp32 ``main_grad`` buffer, the distributed optimizer
 FRAMEWORKS = ("pytorch", "deepspeed", "megatron")
 QUANT_TYPES = ("nf4", "fp4")
+#: bitsandbytes' supported 4-bit block sizes (elements per absmax)
+QUANT_BLOCKS = (32, 64, 128, 256)
 COMPUTE_DTYPES = ("bf16", "fp16")
 
 #: LoRA target names. Each names a role, not a Python attribute: on models whose
@@ -86,6 +97,51 @@ LORA_TARGETS = (
 )
 #: Parts that ``method="freeze"`` can leave trainable.
 FREEZE_PARTS = ("embeddings", "attention", "mlp", "norms", "router", "lm_head")
+
+
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The dataclass fields of ``cls`` with their declared types, read once per class."""
+    if cls not in _FIELD_TYPES:
+        hints = typing.get_type_hints(cls)
+        _FIELD_TYPES[cls] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return _FIELD_TYPES[cls]
+
+
+def _check_type(name: str, value: Any, kind: Any) -> None:
+    """``value`` is of the field's declared ``kind``, strictly: a bool is not an int, a
+    string is never a number or a bool, a float is finite, text is text."""
+    if isinstance(kind, types.UnionType):  # ``X | None``
+        if value is None and type(None) in kind.__args__:
+            return
+        kind = next(k for k in kind.__args__ if k is not type(None))
+    if kind is bool:
+        check_bool(name, value)
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise EstimateError(name, f"got {shown(value)}, expected an integer")
+    elif kind is float:
+        check_finite(name, value)
+    elif kind is str:
+        check_text(name, value, empty=True)
+    elif typing.get_origin(kind) is tuple:
+        if not isinstance(value, tuple):
+            raise EstimateError(name, f"got {shown(value)}, expected a list")
+        for item in value:
+            check_text(name, item)
+    elif isinstance(kind, type) and not isinstance(value, kind):
+        raise EstimateError(name, f"got {shown(value)}, expected a {kind.__name__}")
+
+
+def check_fields(spec: Any, prefix: str) -> None:
+    """Every field of the dataclass ``spec`` holds a value of its declared type (see
+    :func:`_check_type`); each class then checks its ranges. This is the one boundary all
+    input crosses -- scenario files, Hugging Face configs, CLI flags, the app's fields --
+    so nothing of the wrong type reaches the engine."""
+    for name, kind in _field_types(type(spec)):
+        _check_type(prefix + name, getattr(spec, name), kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +214,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         f = "model."
+        check_fields(self, f)
         check_str(f + "name", self.name)
         check_choice(f + "architecture", self.architecture, ARCHITECTURES)
         check_int(f + "num_layers", self.num_layers, 1, MAX_LAYERS)
@@ -203,8 +260,6 @@ class ModelSpec:
         check_float(f + "hidden_dropout", self.hidden_dropout, 0.0, 0.99)
         check_str(f + "display_name", self.display_name or self.name)
         check_str(f + "family", self.family)
-        if not isinstance(self.source, str):
-            raise EstimateError(f + "source", f"got {self.source!r}, expected a string")
         self._check_moe(f)
         self._check_mla(f)
         check_int(f + "expert_shards", self.expert_shards, 1, MAX_EXPERTS)
@@ -297,6 +352,7 @@ class GpuSpec:
 
     def __post_init__(self) -> None:
         f = "gpu."
+        check_fields(self, f)
         check_str(f + "name", self.name)
         check_str(f + "display_name", self.display_name)
         check_choice(f + "vendor", self.vendor, self.VENDORS)
@@ -335,11 +391,12 @@ class HardwareSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSpec):
-            raise EstimateError("hardware.gpu", f"got {self.gpu!r}, expected a GPU preset")
+            raise EstimateError("hardware.gpu", f"got {shown(self.gpu)}, expected a GPU preset")
+        check_fields(self, "hardware.")
         check_int("hardware.gpus_per_node", self.gpus_per_node, 1, 64)
         check_int("hardware.nodes", self.nodes, 1, 100_000)
         if self.memory_gib is not None:
-            check_float("hardware.memory_gib", self.memory_gib, 1.0, 16384.0)
+            check_float("hardware.memory_gib", self.memory_gib, *MEMORY_GIB)
         check_float("hardware.utilization_target", self.utilization_target, 0.1, 1.0)
         if self.host_memory_gib is not None:
             check_float("hardware.host_memory_gib", self.host_memory_gib, 1.0, 1 << 20)
@@ -379,13 +436,14 @@ class LoraSpec:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        check_fields(self, "training.lora.")
         check_int("training.lora.rank", self.rank, 1, 65536)
         check_float("training.lora.alpha", self.alpha, 0.0, 1e6)
         check_float("training.lora.dropout", self.dropout, 0.0, 0.99)
-        if not isinstance(self.targets, tuple) or not self.targets:
+        if not self.targets:
             raise EstimateError(
                 "training.lora.targets",
-                f"got {self.targets!r}, expected a non-empty list of {', '.join(LORA_TARGETS)}",
+                f"got an empty list, expected a non-empty list of {', '.join(LORA_TARGETS)}",
             )
         for target in self.targets:
             check_choice("training.lora.targets", target, LORA_TARGETS)
@@ -401,8 +459,14 @@ class QuantSpec:
     compute_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
+        check_fields(self, "training.qlora.")
         check_choice("training.qlora.quant_type", self.quant_type, QUANT_TYPES)
-        check_choice("training.qlora.block_size", str(self.block_size), ("32", "64", "128", "256"))
+        if self.block_size not in QUANT_BLOCKS:
+            raise EstimateError(
+                "training.qlora.block_size",
+                f"got {shown(self.block_size)}, expected one of "
+                f"{', '.join(map(str, QUANT_BLOCKS))}",
+            )
         check_bool("training.qlora.double_quant", self.double_quant)
         check_choice("training.qlora.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
 
@@ -415,10 +479,7 @@ class FreezeSpec:
     last_layers: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.trainable, tuple):
-            raise EstimateError(
-                "training.freeze.trainable", f"got {self.trainable!r}, expected a list"
-            )
+        check_fields(self, "training.freeze.")
         for part in self.trainable:
             check_choice("training.freeze.trainable", part, FREEZE_PARTS)
         check_int("training.freeze.last_layers", self.last_layers, 0, MAX_LAYERS)
@@ -455,6 +516,7 @@ class ParallelismSpec:
 
     def __post_init__(self) -> None:
         f = "training.parallelism."
+        check_fields(self, f)
         for name in ("tp", "pp", "cp", "ep"):
             check_int(f + name, getattr(self, name), 1, 65536)
         check_int(f + "zero_stage", self.zero_stage, 0, 3)
@@ -490,6 +552,7 @@ class OffloadSpec:
     activations: str = "none"
 
     def __post_init__(self) -> None:
+        check_fields(self, "training.offload.")
         check_choice("training.offload.optimizer", self.optimizer, OFFLOAD_TARGETS)
         check_choice("training.offload.parameters", self.parameters, OFFLOAD_TARGETS)
         check_choice("training.offload.activations", self.activations, ACTIVATION_OFFLOAD)
@@ -521,6 +584,16 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         t = "training."
+        for name, kind in (
+            ("lora", LoraSpec),
+            ("qlora", QuantSpec),
+            ("freeze", FreezeSpec),
+            ("parallelism", ParallelismSpec),
+            ("offload", OffloadSpec),
+        ):
+            if not isinstance(getattr(self, name), kind):
+                raise EstimateError(t + name, "expected an object (a section of its own)")
+        check_fields(self, t)
         check_choice(t + "method", self.method, METHODS)
         check_choice(t + "precision", self.precision, PRECISIONS)
         check_choice(t + "optimizer", self.optimizer, OPTIMIZERS)
@@ -532,15 +605,6 @@ class TrainingSpec:
         check_int(t + "checkpoint_every_k", self.checkpoint_every_k, 1, MAX_LAYERS)
         check_choice(t + "attention", self.attention, ATTENTION_KERNELS)
         check_choice(t + "loss", self.loss, LOSSES)
-        for name, kind in (
-            ("lora", LoraSpec),
-            ("qlora", QuantSpec),
-            ("freeze", FreezeSpec),
-            ("parallelism", ParallelismSpec),
-            ("offload", OffloadSpec),
-        ):
-            if not isinstance(getattr(self, name), kind):
-                raise EstimateError(t + name, f"expected a {name} section")
 
 
 @dataclass(frozen=True, slots=True)
