@@ -47,7 +47,7 @@ def test_a_file_over_the_limit_is_refused_with_its_size(tmp_path: Path) -> None:
 
 
 def test_a_missing_file_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(EstimateError, match="nope.json"):
+    with pytest.raises(EstimateError, match=r"nope\.json"):
         read_text(tmp_path / "nope.json", "model")
 
 
