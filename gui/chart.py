@@ -8,7 +8,10 @@ What is inside:
   it. The current estimate gets one solid bar, or one per distinct rank group (pipeline
   stage) with the worst outlined; each what-if a see-through bar. Host RAM per node, which
   offload fills, is a badge rather than a bar: it is not GPU memory and has its own scale.
-  The one entry point is :meth:`BreakdownChart.set_estimates`;
+  :meth:`BreakdownChart.set_estimates` is the one way to give it estimates;
+  :meth:`BreakdownChart.set_stale` says the current scenario has no valid estimate (the
+  bars turn grey and the banner says why, with the engine's message) and
+  :meth:`BreakdownChart.clear` drops the bars (a new document);
 * :data:`CATEGORY_COLOURS`, :data:`CATEGORY_NAMES` -- the Okabe--Ito colour and the human
   name of each breakdown category, shared with anything that draws the same categories;
 * :func:`gib_text` -- bytes as the GiB (2^30 bytes) text the chart prints.
@@ -69,12 +72,23 @@ HOST_VERDICTS: dict[str, tuple[str, str | None, str, str | None]] = {
     "unknown": ("give the host RAM per node to check it", None, "transparent", None),
 }
 
+#: The banner of a stale chart: (background, text colour); grey, no verdict colour.
+STALE_BANNER = ("#5F6368", "#FFFFFF")
+#: the alpha of a stale chart's grey bars (solid, ghost)
+STALE_ALPHA = (120, 55)
+
 Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
 BAR_HALF_WIDTH = 0.32
 GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
 #: How many "not yet modelled" entries the short note names before "…".
 NOTE_NAMES = 3
+
+
+def rich_text(text: str) -> str:
+    """Plain ``text`` as escaped rich text, for a tooltip: Qt would render a tooltip that
+    looks like HTML (a file or model name ``<img src=...>``) as HTML."""
+    return "<qt>" + html.escape(text).replace("\n", "<br>") + "</qt>"
 
 
 def gib_text(n_bytes: int) -> str:
@@ -175,9 +189,12 @@ def tick_lines(label: str, note: str, width: float, metrics: QFontMetrics) -> li
 class BreakdownChart(QWidget):
     """Stacked bars of per-GPU memory by category: the current estimate and its ghosts.
 
-    Contract: :meth:`set_estimates` is the one entry point; the chart reads the estimates
-    and never modifies them. Double-clicking a ghost bar emits :attr:`ghostActivated` with
-    the ghost's key; the chart does not apply anything itself.
+    Contract: :meth:`set_estimates` is the one way to give it estimates; the chart reads
+    them and never modifies them. :meth:`set_stale` with a reason marks what it shows as
+    out of date -- grey bars, a grey banner with the reason, no verdict -- until
+    ``set_stale(None)``; :meth:`clear` drops the bars. Double-clicking a ghost bar emits
+    :attr:`ghostActivated` with the ghost's key (never while stale); the chart does not
+    apply anything itself.
     """
 
     ghostActivated = Signal(str)
@@ -197,9 +214,13 @@ class BreakdownChart(QWidget):
         self._verdict = ""
         self._host_verdict = ""
         self._x_range = (-0.6, 1.4)
+        self._stale: str | None = None
+        self._coloured_stale: bool | None = None  # what the bar colours show
 
         self.verdict_label = QLabel()
         self.verdict_label.setObjectName("verdictBanner")
+        self.verdict_label.setTextFormat(Qt.TextFormat.PlainText)  # holds engine messages
+        self.verdict_label.setWordWrap(True)
         self.verdict_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.verdict_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         font = QFont(self.verdict_label.font())
@@ -210,6 +231,7 @@ class BreakdownChart(QWidget):
 
         self.host_label = QLabel()
         self.host_label.setObjectName("hostBadge")
+        self.host_label.setTextFormat(Qt.TextFormat.PlainText)
         self.host_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.host_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.host_label.hide()
@@ -221,6 +243,7 @@ class BreakdownChart(QWidget):
 
         self.note_label = QLabel()
         self.note_label.setObjectName("notModelledNote")
+        self.note_label.setTextFormat(Qt.TextFormat.PlainText)
         self.note_label.setWordWrap(True)
         self.note_label.hide()
 
@@ -311,7 +334,7 @@ class BreakdownChart(QWidget):
         while len(self._total_texts) <= index:
             text = pg.TextItem(anchor=(0.5, 1.0))
             text.setZValue(10)
-            text.setColor(self._foreground)
+            text.setColor(self._muted if self._stale else self._foreground)
             self.plot_item.addItem(text, ignoreBounds=True)
             self._total_texts.append(text)
         return self._total_texts[index]
@@ -326,14 +349,47 @@ class BreakdownChart(QWidget):
             return
         self._current = current
         self._ghosts = ghosts
-        solid = current_bars(current)
+        self._draw()
+
+    def set_stale(self, reason: str | None) -> None:
+        """Mark the chart out of date because of ``reason`` (the engine's message about the
+        current scenario), or current again with ``None``. A stale chart keeps its bars in
+        grey, or shows none after :meth:`clear`; its banner says why and gives no verdict."""
+        reason = reason or None
+        if reason == self._stale:
+            return
+        self._stale = reason
+        self._update_ticks()
+        self._restyle()
+
+    def clear(self) -> None:
+        """Drop the estimates: no bars until the next :meth:`set_estimates`."""
+        if self._current is None and not self._bars:
+            return
+        self._current = None
+        self._ghosts = ()
+        self._draw()
+
+    def is_stale(self) -> bool:
+        return self._stale is not None
+
+    def stale_reason(self) -> str:
+        """Why the chart is out of date; ``""`` when it is current."""
+        return self._stale or ""
+
+    def _draw(self) -> None:
+        current = self._current
+        ghosts = self._ghosts
+        solid = current_bars(current) if current is not None else []
         self._bars = solid + [
             _Bar(g.label, g.note, g.estimate.items, g.estimate.device_bytes, ghost=g)
             for g in ghosts
         ]
 
         # cumulative stacks in GiB, categories in their fixed order from the bottom up
-        heights = np.array([b.heights() for b in self._bars], dtype=np.float64) / float(GIB)
+        heights = np.array(
+            [b.heights() for b in self._bars] or np.zeros((0, len(CATEGORIES))), dtype=np.float64
+        ) / float(GIB)
         bottoms = np.cumsum(heights, axis=1) - heights
         self._segments = [
             {cat: (float(bottoms[i, j]), float(heights[i, j])) for j, cat in enumerate(CATEGORIES)}
@@ -377,38 +433,60 @@ class BreakdownChart(QWidget):
         for text in self._total_texts[len(self._bars) :]:
             text.hide()
 
-        # capacity and budget lines
-        hardware = current.scenario.hardware
-        capacity = current.capacity_bytes / GIB
-        budget = current.budget_bytes / GIB
-        self.capacity_line.setPos(capacity)
-        self.capacity_line.label.setFormat(
-            f"{hardware.gpu.display_name} capacity {gib_text(current.capacity_bytes)}"
-        )
-        self.budget_line.setPos(budget)
-        self.budget_line.label.setFormat(
-            f"budget {hardware.utilization_target * 100:g} % · {gib_text(current.budget_bytes)}"
-        )
-
-        # axes; a lone bar keeps room on its right for the line labels
-        top = max(capacity, float(np.max(heights.sum(axis=1)))) * 1.1
+        # capacity and budget lines; axes (a lone bar keeps room on its right for the labels)
+        tallest = float(np.max(heights.sum(axis=1))) if len(self._bars) else 0.0
+        if current is not None:
+            hardware = current.scenario.hardware
+            capacity = current.capacity_bytes / GIB
+            self.capacity_line.setPos(capacity)
+            self.capacity_line.label.setFormat(
+                f"{hardware.gpu.display_name} capacity {gib_text(current.capacity_bytes)}"
+            )
+            self.budget_line.setPos(current.budget_bytes / GIB)
+            self.budget_line.label.setFormat(
+                f"budget {hardware.utilization_target * 100:g} % · {gib_text(current.budget_bytes)}"
+            )
+        else:
+            capacity = 0.0
+        for line in (self.capacity_line, self.budget_line):
+            line.setVisible(current is not None)
+        top = max(capacity, tallest) * 1.1 or 1.0
         self.plot_item.setYRange(0.0, top, padding=0.0)
         self._x_range = (-0.6, max(len(self._bars) - 0.4, 1.4))
         self.plot_item.setXRange(*self._x_range, padding=0.0)
         self._update_ticks()
+        self._restyle()
 
-        # verdict banner and the not-modelled note
+    def _restyle(self) -> None:
+        """Banner, badge, note and colours for the estimate shown, current or stale."""
+        current = self._current
+        stale = self._stale is not None
+        self._apply_bar_colours()
+        if stale:
+            if current is not None:
+                words = (
+                    f"Out of date: {self._stale}\n"
+                    "The grey bars are the last valid estimate, not this scenario's."
+                )
+            else:
+                words = f"No estimate: {self._stale}"
+            self.verdict_label.setText(words)
+            self._style_banner("stale", *STALE_BANNER)
+            self.verdict_label.show()
+            self.host_label.hide()
+            self.note_label.hide()
+            return
+        if current is None:
+            self.verdict_label.hide()
+            self.host_label.hide()
+            self.note_label.hide()
+            return
         words, background, foreground = VERDICTS[current.verdict]
         self.verdict_label.setText(
             f"{words} · {gib_text(current.device_bytes)} per GPU of "
             f"{gib_text(current.capacity_bytes)}"
         )
-        if current.verdict != self._verdict:  # restyling re-polishes: only on a change
-            self._verdict = current.verdict
-            self.verdict_label.setStyleSheet(
-                f"QLabel#verdictBanner {{ background: {background}; color: {foreground};"
-                " padding: 6px; border-radius: 4px; }"
-            )
+        self._style_banner(current.verdict, background, foreground)
         self.verdict_label.show()
         self._show_host(current)
         if current.not_modelled:
@@ -416,12 +494,49 @@ class BreakdownChart(QWidget):
                 f"Not yet modelled: {_short_not_modelled(current.not_modelled)} (counted as 0)"
             )
             self.note_label.setToolTip(
-                "Not yet modelled (counted as 0):\n"
-                + "\n".join(f"• {note}" for note in current.not_modelled)
+                rich_text(
+                    "Not yet modelled (counted as 0):\n"
+                    + "\n".join(f"• {note}" for note in current.not_modelled)
+                )
             )
             self.note_label.show()
         else:
             self.note_label.hide()
+
+    def _style_banner(self, key: str, background: str, foreground: str) -> None:
+        if key != self._verdict:  # restyling re-polishes: only on a change
+            self._verdict = key
+            self.verdict_label.setStyleSheet(
+                f"QLabel#verdictBanner {{ background: {background}; color: {foreground};"
+                " padding: 6px; border-radius: 4px; }"
+            )
+
+    def _apply_bar_colours(self, force: bool = False) -> None:
+        """Category colours, or one grey for everything while stale."""
+        stale = self._stale is not None
+        if stale == self._coloured_stale and not force:
+            return
+        self._coloured_stale = stale
+        solid_alpha, ghost_alpha = STALE_ALPHA
+        for cat in CATEGORIES:
+            colour = QColor(self._muted if stale else CATEGORY_COLOURS[cat])
+            if stale:
+                colour.setAlpha(solid_alpha)
+            ghost = QColor(colour)
+            ghost.setAlpha(ghost_alpha if stale else GHOST_ALPHA)
+            self.bars[cat].setOpts(brush=colour)
+            self.ghost_bars[cat].setOpts(brush=ghost)
+        text = self._muted if stale else self._foreground
+        for item in self._total_texts:
+            item.setColor(text)
+        capacity = self._muted if stale else QColor(CAPACITY_COLOUR)
+        self.capacity_line.setPen(pg.mkPen(capacity, width=2))
+        self.capacity_line.label.setColor(capacity)
+        self.budget_line.setPen(pg.mkPen(text, width=1.5, style=Qt.PenStyle.DashLine))
+        self.budget_line.label.setColor(text)
+        self.worst_outline.setOpts(pen=pg.mkPen(text, width=3))
+        for line in (self.capacity_line, self.budget_line):
+            line.label.update()
 
     def _show_host(self, current: Estimate) -> None:
         """The host-RAM badge: shown when offload keeps anything in host memory."""
@@ -462,7 +577,15 @@ class BreakdownChart(QWidget):
         view_width = self.plot_item.getViewBox().width()
         x0, x1 = self._x_range
         slot = view_width / (x1 - x0) * 0.9 if view_width > 0 else float("inf")
-        labels = [tick_lines(b.label, b.note, slot, metrics) for b in self._bars]
+        labels = [
+            tick_lines(
+                "last valid" if self._stale and b.label == "current" else b.label,
+                b.note,
+                slot,
+                metrics,
+            )
+            for b in self._bars
+        ]
         self._x_labels = ["\n".join(lines) for lines in labels]
         axis.setTicks([list(enumerate(self._x_labels))])
         height = max([2, *(len(lines) for lines in labels)]) * metrics.lineSpacing() + 10
@@ -568,7 +691,7 @@ class BreakdownChart(QWidget):
 
     @Slot(object)
     def _on_mouse_clicked(self, event: MouseClickEvent) -> None:
-        if not event.double() or event.button() != Qt.MouseButton.LeftButton:
+        if not event.double() or event.button() != Qt.MouseButton.LeftButton or self._stale:
             return
         point = self._view_point(event.scenePos())
         index = None if point is None else self.bar_at(point.x())
@@ -605,27 +728,17 @@ class BreakdownChart(QWidget):
         self.legend.setLabelTextColor(foreground)
         for _sample, label in self.legend.items:
             label.setText(label.text)  # a legend label re-renders only when its text is set
-        for text in self._total_texts:
-            text.setColor(foreground)
-
         separator = pg.mkPen(background, width=1)
         dashed = pg.mkPen(foreground, width=1.2, style=Qt.PenStyle.DashLine)
         for cat in CATEGORIES:
             self.bars[cat].setOpts(pen=separator)
             self.ghost_bars[cat].setOpts(pen=dashed)
-        self.worst_outline.setOpts(pen=pg.mkPen(foreground, width=3))
 
         label_fill = QColor(background)
         label_fill.setAlpha(200)
-        self.capacity_line.setPen(pg.mkPen(CAPACITY_COLOUR, width=2))
-        self.budget_line.setPen(pg.mkPen(foreground, width=1.5, style=Qt.PenStyle.DashLine))
-        for line, colour in (
-            (self.capacity_line, QColor(CAPACITY_COLOUR)),
-            (self.budget_line, foreground),
-        ):
-            line.label.setColor(colour)
+        for line in (self.capacity_line, self.budget_line):
             line.label.fill = pg.mkBrush(label_fill)
-            line.label.update()
+        self._apply_bar_colours(force=True)  # lines, totals and bars, current or stale
 
         self.note_label.setStyleSheet(f"QLabel#notModelledNote {{ color: {muted.name()}; }}")
         self._style_host()

@@ -2,11 +2,14 @@
 
 * :func:`chart_image` -- the whole chart (verdict banner, plot, note) as a ``QImage``, at
   ``scale`` times its logical size; used for PNG export and for "Copy chart";
-* :func:`export_png` -- :func:`chart_image` written to a PNG file;
-* :func:`export_svg` -- the plot as SVG through pyqtgraph's ``SVGExporter``, or the whole
-  widget painted into Qt's ``QSvgGenerator`` where that exporter fails.
+* :func:`png_bytes`, :func:`svg_bytes` -- the chart encoded in memory;
+* :func:`export_png`, :func:`export_svg` -- those bytes saved as an editor saves
+  (:func:`engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
+  refused, the file's mode is kept, the write is atomic).
 
-Each function restores whatever it changes (the widget's size) before it returns.
+The SVG is the plot through pyqtgraph's ``SVGExporter``, or the whole widget painted into
+Qt's ``QSvgGenerator`` where that exporter fails. Each function restores whatever it
+changes (the widget's size) before it returns.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from __future__ import annotations
 import os
 
 from pyqtgraph.exporters import SVGExporter
-from PySide6.QtCore import QByteArray, QPoint, QRect, QSize
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPoint, QRect, QSize
 from PySide6.QtGui import QImage, QImageWriter, QPainter
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QApplication
 
+from engine.files import write_bytes
 from gui.chart import BreakdownChart
 
 PathLike = str | os.PathLike[str]
@@ -62,42 +66,65 @@ def chart_image(chart: BreakdownChart, scale: int = 1, *, size: QSize | None = N
             chart.resize(old)
 
 
+def png_bytes(chart: BreakdownChart, scale: int = 1, *, size: QSize | None = None) -> bytes:
+    """The whole chart as PNG data, ``scale`` x its logical size in pixels."""
+    image = chart_image(chart, scale, size=size)
+    buffer = QBuffer()
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    writer = QImageWriter(buffer, QByteArray(b"png"))
+    if not writer.write(image):
+        raise ExportError(f"could not encode the chart as PNG: {writer.errorString()}")
+    return bytes(buffer.data().data())
+
+
 def export_png(
     chart: BreakdownChart, path: PathLike, scale: int = 1, *, size: QSize | None = None
 ) -> None:
     """Write the whole chart to ``path`` as PNG, ``scale`` x its logical size in pixels."""
-    image = chart_image(chart, scale, size=size)
-    writer = QImageWriter(os.fspath(path), QByteArray(b"png"))
-    if not writer.write(image):
-        raise ExportError(
-            f"could not write the PNG file {os.fspath(path)!r}: {writer.errorString()}"
-        )
+    _write(path, png_bytes(chart, scale, size=size), "PNG")
 
 
-def export_svg(chart: BreakdownChart, path: PathLike) -> None:
-    """Write the plot to ``path`` as SVG (vector text and shapes).
+def svg_bytes(chart: BreakdownChart) -> bytes:
+    """The plot as SVG (vector text and shapes).
 
     pyqtgraph's ``SVGExporter`` on the plot item comes first; should it raise, the whole
     widget is painted into a ``QSvgGenerator`` instead.
     """
-    file_name = os.fspath(path)
     _resized(chart, None)
     try:
-        SVGExporter(chart.plot_item).export(fileName=file_name)
+        data = SVGExporter(chart.plot_item).export(toBytes=True)
+        if not isinstance(data, bytes):
+            raise TypeError(f"the SVG exporter gave {type(data).__name__}, not bytes")
+        return data
     except Exception:  # the exporter depends on Qt internals; Qt's own generator is the fallback
-        _export_svg_with_qt(chart, file_name)
+        return _svg_with_qt(chart)
 
 
-def _export_svg_with_qt(chart: BreakdownChart, file_name: str) -> None:
+def export_svg(chart: BreakdownChart, path: PathLike) -> None:
+    """Write the plot to ``path`` as SVG (see :func:`svg_bytes`)."""
+    _write(path, svg_bytes(chart), "SVG")
+
+
+def _write(path: PathLike, data: bytes, kind: str) -> None:
+    try:
+        write_bytes(path, data)
+    except OSError as exc:
+        raise ExportError(f"could not write the {kind} file {os.fspath(path)!r}: {exc}") from exc
+
+
+def _svg_with_qt(chart: BreakdownChart) -> bytes:
+    buffer = QBuffer()
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     generator = QSvgGenerator()
-    generator.setFileName(file_name)
+    generator.setOutputDevice(buffer)
     generator.setSize(chart.size())
     generator.setViewBox(QRect(0, 0, chart.width(), chart.height()))
     generator.setTitle("MemFit memory breakdown")
     painter = QPainter()
     if not painter.begin(generator):
-        raise ExportError(f"could not write the SVG file {file_name!r}")
+        raise ExportError("could not paint the chart as SVG")
     try:
         chart.render(painter, QPoint())
     finally:
         painter.end()
+    return bytes(buffer.data().data())

@@ -2,9 +2,19 @@
 
 Each row binds one scenario field (its dotted path, e.g. ``training.micro_batch_size``) to
 a widget: user edits build a new scenario and hand it to the store; store changes update
-the widgets under :class:`QSignalBlocker`, so programmatic updates never re-enter. When the
-engine rejects an edit, the message appears in red under the field it names, the widget
-keeps the user's value so it can be corrected, and the last valid scenario stays current.
+the widgets under :class:`QSignalBlocker`, so programmatic updates never re-enter.
+
+Every row shows the scenario's value: a combo gets an item for a value it has no choice
+for (a custom GPU, trainable parts from a file), a spin box widens its range and a
+decimal box its decimals to hold the value. Two kinds of rejected input exist:
+
+* the spec rejects the value itself (KV heads = 5 with 32 heads): nothing is stored, the
+  widget keeps the user's value with the message in red under it -- a *pending* value,
+  which Undo discards first (:meth:`FormPanel.discard_pending`);
+* the scenario is stored but the estimate rejects it (tp = 3 on 8 GPUs): the message
+  appears under the field it names, and the chart says its bars are out of date.
+
+Messages are plain text: they carry file and model names.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from PySide6.QtCore import QSignalBlocker, Qt, Slot
+from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -78,6 +88,25 @@ def hardware_field(name: str) -> tuple[Getter, Setter]:
     return get, set_
 
 
+def describe(value: Any) -> str:
+    """The text of a combo item made for a value the combo has no choice for."""
+    if isinstance(value, tuple | list):
+        return ", ".join(str(v) for v in value) or "(none)"
+    return str(value)
+
+
+def decimals_of(value: float, at_least: int, at_most: int = 6) -> int:
+    """The decimals that show ``value`` exactly (up to ``at_most``), and ``at_least``."""
+    for decimals in range(at_least, at_most + 1):
+        if abs(round(value, decimals) - value) < 10 ** -(at_most + 3):
+            return decimals
+    return at_most
+
+
+#: the largest value a QSpinBox holds (a C int)
+SPIN_MAX = 2**31 - 1
+
+
 @dataclasses.dataclass
 class Row:
     path: str
@@ -101,10 +130,15 @@ class FormPanel(QGroupBox):
     #: section path -> the row that explains errors naming the whole section
     section_rows: ClassVar[dict[str, str]] = {}
 
+    #: a rejected value appeared in a row or went away (see :meth:`pending`)
+    pendingChanged = Signal()
+
     def __init__(self, title: str, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__(title, parent)
         self.store = store
         self.rows: dict[str, Row] = {}
+        # rows whose widget holds a value the spec rejected (nothing was stored)
+        self._pending: dict[str, Row] = {}
         # the row the user edited last, and the scenario that edit handed to the store
         self._last_row: Row | None = None
         self._last_scenario: Scenario | None = None
@@ -116,8 +150,8 @@ class FormPanel(QGroupBox):
         self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
         outer.addLayout(self.form)
+        # errors change only with the scenario: refresh shows the store's error too
         store.scenarioChanged.connect(self.refresh)
-        store.errorChanged.connect(self._show_store_error)
 
     # -- building rows -------------------------------------------------------------------
     def _add(
@@ -136,6 +170,7 @@ class FormPanel(QGroupBox):
         widget.setMinimumWidth(90)
         error = QLabel()
         error.setObjectName("fieldError")
+        error.setTextFormat(Qt.TextFormat.PlainText)
         error.setWordWrap(True)
         error.setStyleSheet("color: #d1242f; font-size: 11px;")
         error.hide()
@@ -172,6 +207,15 @@ class FormPanel(QGroupBox):
         w.setKeyboardTracking(False)
         if suffix:
             w.setSuffix(suffix)
+
+        def write(value: int) -> None:
+            # a file may hold more than the usual range: widen it rather than clamp
+            if value > w.maximum():
+                w.setMaximum(min(value, SPIN_MAX))
+            if value < w.minimum():
+                w.setMinimum(max(value, -SPIN_MAX))
+            w.setValue(max(-SPIN_MAX, min(value, SPIN_MAX)))
+
         row = self._add(
             path,
             label,
@@ -179,7 +223,7 @@ class FormPanel(QGroupBox):
             field[0],
             field[1],
             w.value,
-            w.setValue,
+            write,
             tip or f"{label}: {lo:,} to {hi:,}",
         )
         w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
@@ -204,14 +248,26 @@ class FormPanel(QGroupBox):
         if suffix:
             w.setSuffix(suffix)
         get, set_ = field
+
+        def write(value: float) -> None:
+            w.setDecimals(decimals_of(value, decimals))
+            if value > w.maximum():
+                w.setMaximum(value)
+            if value < w.minimum():
+                w.setMinimum(value)
+            w.setValue(value)
+
+        def read() -> float:
+            return round(w.value(), w.decimals())
+
         row = self._add(
             path,
             label,
             w,
-            lambda s: get(s) * scale,
+            lambda s: round(get(s) * scale, 9),
             lambda s, v: set_(s, v / scale),
-            w.value,
-            w.setValue,
+            read,
+            write,
             tip or f"{label}: {lo:g} to {hi:g}",
         )
         w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
@@ -228,10 +284,21 @@ class FormPanel(QGroupBox):
         w = QComboBox()
         for text, value in choices:
             w.addItem(text, value)
+        fixed = w.count()
 
         def write(value: Any) -> None:
-            index = w.findData(value)
-            if index >= 0:
+            # the items after the fixed choices show a value of the scenario that none of
+            # them is (a custom GPU, trainable parts from a file); only the current one stays
+            with QSignalBlocker(w):
+                index = w.findData(value)
+                if 0 <= index < fixed:
+                    while w.count() > fixed:
+                        w.removeItem(w.count() - 1)
+                else:
+                    while w.count() > fixed:
+                        w.removeItem(w.count() - 1)
+                    w.addItem(describe(value), value)
+                    index = fixed
                 w.setCurrentIndex(index)
 
         row = self._add(
@@ -257,26 +324,56 @@ class FormPanel(QGroupBox):
 
     # -- binding -------------------------------------------------------------------------
     def commit(self, row: Row, value: Any) -> None:
-        """A user edit of ``row``: build the new scenario and hand it to the store."""
+        """A user edit of ``row``: build the new scenario and hand it to the store.
+
+        A value the spec rejects stays in the widget with its message, pending; nothing is
+        stored."""
         try:
             scenario = row.set(self.store.scenario, value)
         except EstimateError as exc:
-            self.show_error(exc.field, str(exc), fallback=row)
+            # under the edited row, which holds the rejected value, whichever field it names
+            self._show_on(row, exc.field, str(exc))
+            self._pending[row.path] = row
+            self.pendingChanged.emit()
             return
-        self.clear_errors()
         self._last_row, self._last_scenario = row, scenario
-        self.store.edit(scenario, f"Change {row.label.rstrip(':')}")
+        if not self.store.edit(scenario, f"Change {row.label.rstrip(':')}"):
+            # the value is the scenario's own (or maps to it): drop what was pending
+            self.refresh(self.store.scenario)
+
+    def pending(self) -> list[str]:
+        """The labels of the rows whose widget holds a value the spec rejected."""
+        return [row.label for row in self._pending.values()]
+
+    def is_pending(self, path: str) -> bool:
+        """Whether the row of ``path`` holds a value the spec rejected."""
+        return path in self._pending
+
+    def discard_pending(self) -> bool:
+        """Put every row holding a rejected value back to the scenario's value and clear
+        its message; ``True`` if there was one."""
+        if not self._pending:
+            return False
+        self.refresh(self.store.scenario)
+        return True
 
     @Slot(object)
     def refresh(self, scenario: Scenario) -> None:
-        """Update every widget from ``scenario`` without emitting edits."""
+        """Update every widget from ``scenario`` without emitting edits, then show what
+        the engine says about it."""
         for row in self.rows.values():
             value = row.get(scenario)
             if row.read() != value:
                 with QSignalBlocker(row.widget):
                     row.write(value)
         self.clear_errors()
+        had_pending = bool(self._pending)
+        self._pending.clear()
         self.after_refresh(scenario)
+        if scenario is self.store.scenario:
+            self.show_store_error(self.store.error)
+        if had_pending:
+            self.pendingChanged.emit()
 
     def after_refresh(self, scenario: Scenario) -> None:
         """Hook for panels with derived labels (the parameter count)."""
@@ -290,11 +387,14 @@ class FormPanel(QGroupBox):
         row = self.rows.get(field) or self._row_for_prefix(field) or fallback
         if row is None:
             return False
+        self._show_on(row, field, message)
+        return True
+
+    def _show_on(self, row: Row, field: str, message: str) -> None:
         detail = message.split(": ", 1)[1] if message.startswith(field + ": ") else message
         row.error.setText(detail)
         row.error.show()
         self.set_row_visible(row.path, True)  # never a hidden error
-        return True
 
     def set_row_visible(self, path: str, visible: bool) -> None:
         """Show or hide the row of ``path`` with its label (options that need another)."""
@@ -310,10 +410,9 @@ class FormPanel(QGroupBox):
                 return row
         return None
 
-    @Slot(str)
-    def _show_store_error(self, message: str) -> None:
+    def show_store_error(self, message: str) -> None:
+        """Show the engine's message about the current scenario under the row it names."""
         if not message:
-            self.clear_errors()
             return
         field = message.split(": ", 1)[0]
         # the last edited row explains the error only if its edit made the current scenario

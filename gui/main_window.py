@@ -1,20 +1,34 @@
 """MemFit's main window, built in named steps (actions, menus, tool bar, status bar, settings).
 
 Layout: the left column holds the Model, Hardware, Training and Parallelism panels in a
-scroll area; the right side holds the what-if toggles, the breakdown chart and the item
-table. All of them read from and write to one :class:`~gui.store.ScenarioStore`.
+scroll area; the right side holds a notice bar (what could not be restored at start-up),
+the what-if toggles, the breakdown chart and the item table. All of them read from and
+write to one :class:`~gui.store.ScenarioStore`.
+
+The window always starts: a scenario the estimate rejects, a broken recovery file or
+settings file give a working window and a notice (:mod:`gui.session`). It never loses
+edits: closing asks Save / Discard / Cancel, and the recovery file is written a moment
+after every change and on close, with the document's path and modified state. Text from
+files and the engine is shown as plain text.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, QStandardPaths, Qt, Slot
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
     QFileDialog,
+    QFrame,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
     QMainWindow,
@@ -26,23 +40,38 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QToolBar,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from engine.errors import EstimateError
 from engine.estimate import GIB, Estimate
+from engine.files import write_text
 from engine.presets import resources_dir
 from engine.report import to_csv, to_json, to_markdown
-from engine.files import write_text
 from engine.scenario_io import load_scenario, save_scenario
 from engine.specs import Scenario
-from gui.chart import BreakdownChart, Ghost
+from gui.chart import BreakdownChart, Ghost, rich_text
 from gui.chart_export import chart_image, export_png, export_svg
+from gui.forms import FormPanel
 from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
+from gui.session import (
+    MemorySettings,
+    Session,
+    Settings,
+    autosave_location,
+    autosave_text,
+    open_settings,
+    read_session,
+    settings_location,
+    settings_problem,
+)
 from gui.store import ScenarioStore, default_scenario
 from gui.theme import apply_theme
 from gui.whatif_bar import WhatIfBar
+
+__all__ = ["MainWindow", "app_icon", "autosave_location", "message_box"]
 
 APP_NAME = "MemFit"
 MAX_RECENT = 8
@@ -50,28 +79,113 @@ SCENARIO_FILTER = "MemFit scenario (*.memfit.json);;JSON (*.json)"
 CHART_FILTERS = {"PNG image (*.png)": ("png", 1), "PNG image, 2x (*.png)": ("png", 2),
                  "SVG drawing (*.svg)": ("svg", 1)}  # fmt: skip
 DATA_FILTERS = {"CSV (*.csv)": "csv", "JSON (*.json)": "json", "Markdown table (*.md)": "md"}
+#: the recovery file is written this long after the last change (and on close)
+AUTOSAVE_DELAY_MS = 500
+#: what a close, New or Open does with unsaved changes
+SAVED, DISCARDED, CANCELLED = "saved", "discarded", "cancelled"
+
+Button = QMessageBox.StandardButton
 
 
 def app_icon() -> QIcon:
     return QIcon(str(resources_dir() / "icons" / "memfit.svg"))
 
 
-def autosave_location() -> Path:
-    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
-    return Path(base or Path.home() / ".memfit") / "last.memfit.json"
+def message_box(
+    parent: QWidget | None,
+    icon: QMessageBox.Icon,
+    text: str,
+    buttons: QMessageBox.StandardButton = Button.Ok,
+    default: QMessageBox.StandardButton = Button.NoButton,
+) -> QMessageBox.StandardButton:
+    """A modal message whose ``text`` is shown as plain text (it names files and carries
+    the engine's messages); returns the button chosen."""
+    box = QMessageBox(icon, APP_NAME, text, buttons, parent)
+    box.setTextFormat(Qt.TextFormat.PlainText)
+    if default != Button.NoButton:
+        box.setDefaultButton(default)
+    return Button(box.exec())
+
+
+class NoticeBar(QFrame):
+    """A non-modal notice above the chart: what could not be restored or written, in plain
+    text, until the user closes it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("noticeBar")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setStyleSheet(
+            "QFrame#noticeBar { background: palette(alternate-base);"
+            " border: 1px solid #F0B400; border-radius: 4px; }"
+        )
+        self.label = QLabel()
+        self.label.setTextFormat(Qt.TextFormat.PlainText)
+        self.label.setWordWrap(True)
+        close = QToolButton()
+        close.setText("✕")
+        close.setAutoRaise(True)
+        close.setToolTip("Dismiss")
+        close.setAccessibleName("Dismiss the notice")
+        close.clicked.connect(self.dismiss)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 4, 4, 4)
+        layout.addWidget(self.label, 1)
+        layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self._messages: list[str] = []
+        self.hide()
+
+    def add(self, text: str) -> None:
+        if text in self._messages:
+            return
+        self._messages.append(text)
+        self.label.setText("\n".join(self._messages))
+        self.show()
+
+    def messages(self) -> list[str]:
+        return list(self._messages)
+
+    @Slot()
+    def dismiss(self) -> None:
+        self._messages.clear()
+        self.label.clear()
+        self.hide()
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 class MainWindow(QMainWindow):
     def __init__(
         self,
-        settings: QSettings | None = None,
+        settings: Settings | None = None,
         autosave: Path | None = None,
         scenario: Scenario | None = None,
+        *,
+        settings_path: Path | None = None,
     ) -> None:
+        """``settings`` or the settings file ``settings_path`` (checked before it is
+        opened); ``scenario`` to start with, else the last session's from ``autosave``."""
         super().__init__()
-        self.settings = settings or QSettings()
+        notes: list[str] = []
+        if settings is None:
+            settings, problem = open_settings(settings_path or settings_location())
+            if problem:
+                notes.append(problem)
+        self.settings: Settings = settings
         self.autosave_path = autosave or autosave_location()
-        self.store = ScenarioStore(scenario or self._restore_scenario(), self)
+        self._autosave_failed = False
+        if scenario is not None:
+            session = Session(scenario)
+        else:
+            session = read_session(self.autosave_path) or Session(default_scenario())
+        if session.message:
+            notes.append(session.message)
+        self.store = ScenarioStore(
+            session.scenario, self, path=session.path, modified=session.modified
+        )
         self._ghosts: list[Ghost] = []
         self._theme = "system"
         self.setWindowIcon(app_icon())
@@ -82,9 +196,24 @@ class MainWindow(QMainWindow):
         self.create_tool_bars()
         self.create_status_bar()
         self.connect_store()
-        self.read_settings()
-        self.on_estimate(self.store.estimate)
+        notes += self.read_settings()
+        for panel in self.panels:
+            panel.refresh(self.store.scenario)  # shows the store's error, if any
+        self.sync_view()
         self.update_title()
+        self.update_undo_action()
+        self._autosave_timer = QTimer(self)
+        self._autosave_timer.setSingleShot(True)
+        self._autosave_timer.setInterval(AUTOSAVE_DELAY_MS)
+        self._autosave_timer.timeout.connect(self.write_autosave)
+        for signal in (
+            self.store.scenarioChanged,
+            self.store.modifiedChanged,
+            self.store.pathChanged,
+        ):
+            signal.connect(self._autosave_timer.start)
+        for note in notes:
+            self.notify(note)
 
     # -- construction --------------------------------------------------------------------
     def create_widgets(self) -> None:
@@ -92,6 +221,12 @@ class MainWindow(QMainWindow):
         self.hardware_panel = HardwarePanel(self.store)
         self.training_panel = TrainingPanel(self.store)
         self.parallelism_panel = ParallelismPanel(self.store)
+        self.panels: tuple[FormPanel, ...] = (
+            self.model_panel,
+            self.hardware_panel,
+            self.training_panel,
+            self.parallelism_panel,
+        )
         column = QWidget()
         col = QVBoxLayout(column)
         col.setContentsMargins(6, 6, 6, 6)
@@ -117,18 +252,14 @@ class MainWindow(QMainWindow):
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
-        self.error_label = QLabel()
-        self.error_label.setObjectName("scenarioError")
-        self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("color: #d1242f;")
-        self.error_label.hide()
+        self.notice = NoticeBar()
 
         right = QSplitter(Qt.Orientation.Vertical)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(6, 6, 6, 0)
+        top_layout.addWidget(self.notice)
         top_layout.addWidget(self.whatif)
-        top_layout.addWidget(self.error_label)
         top_layout.addWidget(self.chart, 1)
         right.addWidget(top)
         right.addWidget(self.table)
@@ -195,9 +326,8 @@ class MainWindow(QMainWindow):
             "Copy the chart to the clipboard as an image",
         )
         self.quit_act = self._action("&Quit", self.close, keys.Quit, "Quit MemFit")
-        self.undo_act = self.store.undo_stack.createUndoAction(self, "&Undo")
-        self.undo_act.setShortcut(QKeySequence(keys.Undo))
-        self.undo_act.setIcon(self.style().standardIcon(sp.SP_ArrowBack))
+        # Undo first discards a value a field holds that the spec rejected, then undoes
+        self.undo_act = self._action("&Undo", self.undo, keys.Undo, "", sp.SP_ArrowBack)
         self.redo_act = self.store.undo_stack.createRedoAction(self, "&Redo")
         self.redo_act.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence(keys.Redo)])
         self.redo_act.setIcon(self.style().standardIcon(sp.SP_ArrowForward))
@@ -255,74 +385,156 @@ class MainWindow(QMainWindow):
 
     def create_status_bar(self) -> None:
         self.summary = QLabel()
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)
         self.statusBar().addPermanentWidget(self.summary)
         self.statusBar().showMessage("Ready", 2000)
 
     def connect_store(self) -> None:
+        self.store.documentReset.connect(self.on_document_reset)
         self.store.estimateChanged.connect(self.on_estimate)
         self.store.errorChanged.connect(self.on_error)
         self.store.modifiedChanged.connect(self.update_title)
         self.store.pathChanged.connect(self.update_title)
+        stack = self.store.undo_stack
+        stack.canUndoChanged.connect(self.update_undo_action)
+        stack.undoTextChanged.connect(self.update_undo_action)
+        for panel in self.panels:
+            panel.pendingChanged.connect(self.update_undo_action)
         self.whatif.ghostsChanged.connect(self.on_ghosts)
         self.chart.ghostActivated.connect(self.whatif.apply)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self.on_system_scheme)
 
     # -- settings ------------------------------------------------------------------------
-    def read_settings(self) -> None:
-        geometry = self.settings.value("window/geometry", QByteArray())
-        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
-            self.restoreGeometry(geometry)
-        else:
+    def read_settings(self) -> list[str]:
+        """Apply the saved preferences; returns a note naming those that could not be."""
+        bad: list[str] = []
+        geometry = self._setting("window/geometry", bad, QByteArray)
+        if not (isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)):
             self.resize(1280, 800)
-        state = self.settings.value("window/splitter", QByteArray())
-        if isinstance(state, QByteArray) and not state.isEmpty():
-            self.splitter.restoreState(state)
-        self.table_act.setChecked(self.settings.value("view/table", True, type=bool))
-        theme = str(self.settings.value("view/theme", "system"))
+        state = self._setting("window/splitter", bad, QByteArray)
+        if isinstance(state, QByteArray) and not self.splitter.restoreState(state):
+            bad.append("window/splitter")
+        table = self._setting("view/table", bad, bool)
+        self.table_act.setChecked(table if isinstance(table, bool) else True)
+        theme = self._setting("view/theme", bad, str)
+        if theme is not None and theme not in self.theme_acts:
+            bad.append("view/theme")
         self.set_theme(theme if theme in self.theme_acts else "system", save=False)
+        self._recent_ok = True
+        self.recent_files()
+        if not self._recent_ok:
+            bad.append("document/recent")
         self.update_recent_menu()
+        if not bad:
+            return []
+        return [f"some settings could not be restored and start afresh: {', '.join(bad)}"]
+
+    def _setting(self, key: str, bad: list[str], kind: type) -> Any:
+        """The setting ``key`` if it is a ``kind`` (``None`` when absent); a value of the
+        wrong type is named in ``bad`` and read as ``None``."""
+        try:
+            value = self.settings.value(key, None)
+        except Exception:  # a value QSettings cannot convert: start without it
+            bad.append(key)
+            return None
+        if value is None:
+            return None
+        if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"  # an ini file holds booleans as words
+        if kind is QByteArray and isinstance(value, QByteArray):
+            return value if not value.isEmpty() else None
+        if isinstance(value, kind) and kind is not QByteArray:
+            return value
+        bad.append(key)
+        return None
+
+    def _put_setting(self, key: str, value: object) -> None:
+        """Set a preference, unless the settings file has become something that cannot be
+        written (a FIFO, a link to a device): then the settings stay in memory."""
+        if isinstance(self.settings, QSettings):
+            problem = settings_problem(Path(self.settings.fileName()))
+            if problem:
+                kept = {k: self.settings.value(k) for k in ("document/recent", "view/theme")}
+                self.settings = MemorySettings({k: v for k, v in kept.items() if v is not None})
+                self.notify(f"settings are kept for this session only: {problem}")
+        self.settings.setValue(key, value)
 
     def write_settings(self) -> None:
-        self.settings.setValue("window/geometry", self.saveGeometry())
-        self.settings.setValue("window/splitter", self.splitter.saveState())
-        self.settings.setValue("view/table", self.table_act.isChecked())
-        path = self.store.path
-        self.settings.setValue("document/path", str(path) if path else "")
+        self._put_setting("window/geometry", self.saveGeometry())
+        self._put_setting("window/splitter", self.splitter.saveState())
+        self._put_setting("view/table", self.table_act.isChecked())
+        if isinstance(self.settings, QSettings) and settings_problem(
+            Path(self.settings.fileName())
+        ):
+            return
         self.settings.sync()
 
-    def _restore_scenario(self) -> Scenario:
-        """The scenario of the last session (autosaved on close), else the default."""
-        try:
-            return load_scenario(self.autosave_path)
-        except (EstimateError, OSError):
-            return default_scenario()
-
     def recent_files(self) -> list[str]:
-        value = self.settings.value("document/recent", [])
+        try:
+            value = self.settings.value("document/recent", [])
+        except Exception:
+            value = []
         if isinstance(value, str):
             value = [value]
-        return [str(v) for v in value or []]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            self._recent_ok = False
+            value = (
+                [v for v in value if isinstance(v, str) and v] if isinstance(value, list) else []
+            )
+        return value[:MAX_RECENT]
 
     def add_recent(self, path: Path) -> None:
         files = [str(path)] + [f for f in self.recent_files() if f != str(path)]
-        self.settings.setValue("document/recent", files[:MAX_RECENT])
+        self._put_setting("document/recent", files[:MAX_RECENT])
         self.update_recent_menu()
 
     def update_recent_menu(self) -> None:
         self.recent_menu.clear()
         files = self.recent_files()
         for i, name in enumerate(files, 1):
-            act = self.recent_menu.addAction(f"&{i} {Path(name).name}")
+            act = self.recent_menu.addAction(f"&{i} {Path(name).name.replace('&', '&&')}")
             act.setStatusTip(name)
-            act.triggered.connect(lambda _c=False, n=name: self.open_path(Path(n)))
+            act.triggered.connect(lambda _c=False, n=name: self.open_recent(Path(n)))
         self.recent_menu.setEnabled(bool(files))
 
+    # -- notices -------------------------------------------------------------------------
+    def notify(self, text: str) -> None:
+        """Say ``text`` without blocking: in the notice bar and the status bar."""
+        sentence = _sentence(text)
+        self.notice.add(sentence)
+        self.statusBar().showMessage(sentence, 15000)
+
     # -- reacting to the store -----------------------------------------------------------
+    @Slot()
+    def on_document_reset(self) -> None:
+        """A new document replaces the current one: its results go."""
+        self.chart.clear()
+        self.table.setRowCount(0)
+
     @Slot(object)
-    def on_estimate(self, est: Estimate) -> None:
+    def on_estimate(self, _est: Estimate | None) -> None:
+        self.sync_view()
+
+    @Slot(str)
+    def on_error(self, _message: str) -> None:
+        self.sync_view()
+
+    def sync_view(self) -> None:
+        """Chart, table and summary from the store: the current estimate, or -- when the
+        engine rejects the scenario -- marked out of date with the engine's message."""
+        est = self.store.estimate
+        if est is None:
+            self.chart.set_stale(self.store.error)
+            self.table.setEnabled(False)
+            self.table.setToolTip("Out of date: the current scenario has no valid estimate")
+            self.summary.setText("No current estimate: the scenario is invalid")
+            return
         # the what-if bar, which hears the store first, has already redrawn the chart with
         # the new ghosts; this call is then a no-op
         self.chart.set_estimates(est, self._ghosts)
+        self.chart.set_stale(None)
+        self.table.setEnabled(True)
+        self.table.setToolTip("")
         self.fill_table(est)
         summary = (
             f"{est.device_bytes / GIB:,.2f} of {est.capacity_bytes / GIB:,.2f} GiB per GPU"
@@ -337,14 +549,8 @@ class MainWindow(QMainWindow):
     @Slot(list)
     def on_ghosts(self, ghosts: list[Ghost]) -> None:
         self._ghosts = ghosts
-        self.chart.set_estimates(self.store.estimate, ghosts)
-
-    @Slot(str)
-    def on_error(self, message: str) -> None:
-        self.error_label.setText(
-            f"{message}\nThe chart shows the last valid scenario." if message else ""
-        )
-        self.error_label.setVisible(bool(message))
+        if self.store.estimate is not None:
+            self.chart.set_estimates(self.store.estimate, ghosts)
 
     def fill_table(self, est: Estimate) -> None:
         """One row per item; cells are reused, only their texts change."""
@@ -361,8 +567,9 @@ class MainWindow(QMainWindow):
                     self.table.setItem(row, col, cell)
                 if cell.text() != text:
                     cell.setText(text)
-                if cell.toolTip() != item.source:
-                    cell.setToolTip(item.source)
+                tip = rich_text(item.source) if item.source else ""
+                if cell.toolTip() != tip:
+                    cell.setToolTip(tip)
 
     @Slot()
     def update_title(self, *_: object) -> None:
@@ -371,22 +578,58 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"{name}[*] — {APP_NAME}")
         self.setWindowModified(self.store.modified)
 
+    # -- undo ----------------------------------------------------------------------------
+    def pending_rows(self) -> list[str]:
+        """The fields holding a value the spec rejected (not stored)."""
+        return [label for panel in self.panels for label in panel.pending()]
+
+    @Slot()
+    def undo(self) -> None:
+        """Discard the rejected values the fields hold, if any; else undo the last edit."""
+        discarded = [panel.discard_pending() for panel in self.panels]
+        if any(discarded):
+            self.statusBar().showMessage("Discarded the rejected value", 3000)
+            return
+        self.store.undo_stack.undo()
+
+    @Slot()
+    def update_undo_action(self, *_: object) -> None:
+        pending = self.pending_rows()
+        stack = self.store.undo_stack
+        if pending:
+            text = f"&Undo Rejected {pending[0]}"
+            tip = f"Put {pending[0]} back to the scenario's value"
+        elif stack.canUndo():
+            text = f"&Undo {stack.undoText()}"
+            tip = f"Undo {stack.undoText()}"
+        else:
+            text, tip = "&Undo", "Nothing to undo"
+        self.undo_act.setText(text)
+        self.undo_act.setToolTip(tip.replace("&", ""))
+        self.undo_act.setStatusTip(tip.replace("&", ""))
+        self.undo_act.setEnabled(bool(pending) or stack.canUndo())
+
     # -- documents -----------------------------------------------------------------------
+    def ask_to_save(self) -> str:
+        """With unsaved changes, ask Save / Discard / Cancel: :data:`SAVED` (or nothing to
+        save), :data:`DISCARDED` or :data:`CANCELLED`."""
+        if not self.store.modified:
+            return SAVED
+        name = self.store.path.name if self.store.path else "the untitled scenario"
+        answer = message_box(
+            self,
+            QMessageBox.Icon.Warning,
+            f"Save the changes to {name}?",
+            Button.Save | Button.Discard | Button.Cancel,
+            Button.Save,
+        )
+        if answer == Button.Save:
+            return SAVED if self.save() else CANCELLED
+        return DISCARDED if answer == Button.Discard else CANCELLED
+
     def maybe_save(self) -> bool:
         """``True`` when it is fine to replace the current document."""
-        if not self.store.modified:
-            return True
-        answer = QMessageBox.warning(
-            self,
-            APP_NAME,
-            "The scenario has unsaved changes. Save them?",
-            QMessageBox.StandardButton.Save
-            | QMessageBox.StandardButton.Discard
-            | QMessageBox.StandardButton.Cancel,
-        )
-        if answer == QMessageBox.StandardButton.Save:
-            return self.save()
-        return answer == QMessageBox.StandardButton.Discard
+        return self.ask_to_save() != CANCELLED
 
     @Slot()
     def new_scenario(self) -> None:
@@ -404,16 +647,25 @@ class MainWindow(QMainWindow):
         if name:
             self.open_path(Path(name))
 
+    def open_recent(self, path: Path) -> bool:
+        return self.maybe_save() and self.open_path(path)
+
     def open_path(self, path: Path) -> bool:
-        """Open a scenario file; a malformed one shows a message naming the problem."""
+        """Open a scenario file (the caller has asked about unsaved changes); a malformed
+        one shows a message naming the problem and changes nothing."""
         try:
             scenario = load_scenario(path)
-        except EstimateError as exc:
-            QMessageBox.warning(self, APP_NAME, f"Could not open {path.name}:\n{exc}")
+        except (EstimateError, OSError) as exc:
+            message_box(self, QMessageBox.Icon.Warning, f"Could not open {path.name}:\n{exc}")
             return False
         self.store.reset(scenario, path)
         self.add_recent(path)
-        self.statusBar().showMessage(f"Opened {path.name}", 3000)
+        if self.store.error:
+            self.statusBar().showMessage(
+                f"Opened {path.name}; its estimate is rejected: {self.store.error}", 8000
+            )
+        else:
+            self.statusBar().showMessage(f"Opened {path.name}", 3000)
         return True
 
     @Slot()
@@ -434,7 +686,7 @@ class MainWindow(QMainWindow):
         try:
             save_scenario(self.store.scenario, path)
         except OSError as exc:
-            QMessageBox.warning(self, APP_NAME, f"Could not save {path.name}:\n{exc}")
+            message_box(self, QMessageBox.Icon.Warning, f"Could not save {path.name}:\n{exc}")
             return False
         self.store.mark_saved(path)
         self.add_recent(path)
@@ -459,6 +711,8 @@ class MainWindow(QMainWindow):
         writer = writers.get(path.suffix.lower())
         if writer is None:
             raise ValueError(f"unknown data format {path.suffix!r}; use .csv, .json or .md")
+        if self.store.estimate is None:
+            raise ValueError(f"the scenario has no valid estimate to export: {self.store.error}")
         write_text(path, writer(self.store.estimate))
 
     @Slot()
@@ -492,11 +746,11 @@ class MainWindow(QMainWindow):
             path = path.with_suffix("." + DATA_FILTERS.get(chosen, "csv"))
         self._guarded(lambda: self.export_data(path), f"Exported {path.name}")
 
-    def _guarded(self, work: object, done: str) -> None:
+    def _guarded(self, work: Callable[[], object], done: str) -> None:
         try:
-            work()  # type: ignore[operator]
+            work()
         except (OSError, ValueError) as exc:
-            QMessageBox.warning(self, APP_NAME, f"Export failed:\n{exc}")
+            message_box(self, QMessageBox.Icon.Warning, f"Export failed:\n{exc}")
             return
         self.statusBar().showMessage(done, 3000)
 
@@ -525,7 +779,7 @@ class MainWindow(QMainWindow):
         if isinstance(app, QApplication):
             apply_theme(app, key)
         if save:
-            self.settings.setValue("view/theme", key)
+            self._put_setting("view/theme", key)
 
     @Slot(Qt.ColorScheme)
     def on_system_scheme(self, _scheme: Qt.ColorScheme) -> None:
@@ -545,12 +799,41 @@ class MainWindow(QMainWindow):
             "which change makes it fit?</p><p>Sizes in GiB (2<sup>30</sup> bytes).</p>",
         )
 
+    # -- recovery ------------------------------------------------------------------------
+    @Slot()
+    def write_autosave(self, discarded: bool = False) -> bool:
+        """Write the recovery file: the working scenario, its path and modified state; or,
+        after a close that discarded the changes, the document as saved. ``False`` (and a
+        notice, once) when it cannot be written."""
+        self._autosave_timer.stop()
+        store = self.store
+        if discarded:
+            text = autosave_text(store.saved_scenario, store.path, False)
+        else:
+            text = autosave_text(store.scenario, store.path, store.modified)
+        try:
+            self.autosave_path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(self.autosave_path, text)
+        except OSError as exc:
+            if discarded:  # never bring back what the user discarded
+                with contextlib.suppress(OSError):
+                    if stat.S_ISREG(os.lstat(self.autosave_path).st_mode):
+                        self.autosave_path.unlink()
+            if not self._autosave_failed:
+                self._autosave_failed = True
+                self.notify(
+                    f"could not write the recovery file ({exc}); unsaved changes will not "
+                    "survive a crash"
+                )
+            return False
+        return True
+
     # -- closing -------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        choice = self.ask_to_save()
+        if choice == CANCELLED:
+            event.ignore()
+            return
         self.write_settings()
-        try:  # the working scenario reopens on the next start, saved or not
-            self.autosave_path.parent.mkdir(parents=True, exist_ok=True)
-            save_scenario(self.store.scenario, self.autosave_path)
-        except OSError:
-            pass
+        self.write_autosave(discarded=choice == DISCARDED)
         event.accept()

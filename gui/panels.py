@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from PySide6.QtCore import QSignalBlocker, Slot
+from PySide6.QtCore import QSignalBlocker, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -27,7 +27,9 @@ from engine.sharding import make_mesh
 from engine.specs import (
     CHECKPOINTING,
     FREEZE_PARTS,
+    LORA_TARGETS,
     OPTIMIZER_IMPLS,
+    GpuSpec,
     Scenario,
 )
 from gui.forms import FormPanel, Row, hardware_field, model_field, section, training_field
@@ -56,7 +58,14 @@ OPTIMIZER_CHOICES = (("AdamW", "adamw"), ("AdamW 8-bit", "adamw-8bit"),
                      ("Paged AdamW 8-bit", "paged-adamw-8bit"), ("SGD", "sgd"),
                      ("SGD + momentum", "sgd-momentum"), ("Adafactor", "adafactor"),
                      ("Lion", "lion"))  # fmt: skip
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: LoRA targets of multi-head latent attention (DeepSeek-V2/V3), shown for such models
+MLA_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
+TARGETS = tuple(t for t in LORA_TARGETS if t != "all-linear")
+
+
+def gpu_text(gpu: GpuSpec) -> str:
+    """``NVIDIA H100 SXM 80GB  (79.6 GiB)``: a GPU combo item."""
+    return f"{gpu.display_name}  ({gpu.memory_bytes / GIB:.1f} GiB)"
 
 
 def human_count(n: int) -> str:
@@ -90,6 +99,7 @@ class ModelPanel(FormPanel):
         filters.addWidget(self.family, 1)
         filters.addWidget(self.size, 1)
         self.preset = QComboBox()
+        self._extra_item = False  # item 0 shows the current model, which no preset item does
         self.preset.setMaxVisibleItems(20)
         self.preset.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.preset.setToolTip("Model preset; the fields below start from it")
@@ -173,6 +183,7 @@ class ModelPanel(FormPanel):
         lo, hi = self.size.currentData()
         with QSignalBlocker(self.preset):
             self.preset.clear()
+            self._extra_item = False
             for name, m in self._presets:
                 text = f"{name} {m.label} {m.family}".lower()
                 if family and m.family != family:
@@ -184,27 +195,48 @@ class ModelPanel(FormPanel):
                 self.preset.addItem("No preset matches the filters", None)
         self._select_current()
 
+    def current_preset_text(self) -> str:
+        """What the preset combo should show for the current model."""
+        model = self.store.scenario.model
+        name = preset_name_of(model)
+        if name:
+            return f"{model.label}  ({human_count(self._sizes[name])})"
+        return f"{model.label} (edited)"
+
     def _select_current(self) -> None:
+        """Show the current model in the preset combo: its preset's item, else an extra
+        first item for it (an edited model, or a preset the filters leave out)."""
         name = preset_name_of(self.store.scenario.model)
         with QSignalBlocker(self.preset):
+            if self._extra_item:
+                self.preset.removeItem(0)
+                self._extra_item = False
             index = self.preset.findData(name) if name else -1
-            if index < 0 and not name:
-                label = f"{self.store.scenario.model.label} (edited)"
-                index = self.preset.findText(label)
-                if index < 0:
-                    self.preset.insertItem(0, label, None)
-                    index = 0
-            self.preset.setCurrentIndex(max(index, 0))
+            if index < 0:
+                self.preset.insertItem(0, self.current_preset_text(), name)
+                self._extra_item = True
+                index = 0
+            self.preset.setCurrentIndex(index)
+
+    def preset_shows_current(self) -> bool:
+        """Whether the preset combo shows the current model (and not another one)."""
+        name = preset_name_of(self.store.scenario.model)
+        return (
+            self.preset.currentData() == name
+            and self.preset.currentText() == self.current_preset_text()
+        )
 
     @Slot(int)
     def _choose_preset(self, index: int) -> None:
         name = self.preset.itemData(index)
-        if not name:
+        if not name:  # the edited model, or "No preset matches"
+            self._select_current()
             return
         model = load_model(name)
-        self.store.edit(
+        if not self.store.edit(
             dataclasses.replace(self.store.scenario, model=model), f"Choose model {model.label}"
-        )
+        ):
+            self._select_current()
 
     def after_refresh(self, scenario: Scenario) -> None:
         try:
@@ -226,15 +258,19 @@ class HardwarePanel(FormPanel):
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Hardware", store, parent)
         gpus = [load_gpu(n) for n in gpu_names()]
-        choices = [(f"{g.display_name}  ({g.memory_bytes / GIB:.1f} GiB)", g.name) for g in gpus]
+        choices = [(gpu_text(g), g.name) for g in gpus]
+        self._gpu_presets = len(choices)
         get_hw, set_hw = hardware_field("gpu")
-        if store.scenario.hardware.gpu.name == "custom":
-            choices.insert(0, ("Custom GPU", "custom"))
+
+        def set_gpu(s: Scenario, name: str) -> Scenario:
+            # the item of a GPU without a preset is there only while it is current
+            return s if name == get_hw(s).name else set_hw(s, load_gpu(name))
+
         self.add_combo(
             "hardware.gpu",
             "GPU",
             choices,
-            (lambda s: get_hw(s).name, lambda s, name: set_hw(s, load_gpu(name))),
+            (lambda s: get_hw(s).name, set_gpu),
             "GPU preset; memory as nvidia-smi (or the vendor's tool) reports it",
         )
         self.add_spin(
@@ -278,10 +314,30 @@ class HardwarePanel(FormPanel):
             scale=100.0,
             suffix=" %",
         )
+        self.after_refresh(store.scenario)
+
+    def after_refresh(self, scenario: Scenario) -> None:
+        # a GPU without a preset has an item of its own: its name follows its memory
+        combo = self.rows["hardware.gpu"].widget
+        assert isinstance(combo, QComboBox)
+        index = combo.currentIndex()
+        if index >= self._gpu_presets:
+            combo.setItemText(index, gpu_text(scenario.hardware.gpu))
+
+
+def canonical_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """LoRA targets in the engine's order without repeats; ``all-linear`` covers all."""
+    if "all-linear" in targets:
+        return ("all-linear",)
+    return tuple(t for t in TARGETS if t in targets)
 
 
 class TargetsWidget(QWidget):
-    """LoRA targets as checkboxes; ``all-linear`` overrides the others."""
+    """LoRA targets as checkboxes, one per target the engine knows; ``all-linear``
+    overrides the others. The latent-attention targets show for such models (or when a
+    scenario holds them). Emits :attr:`changed` on a user's toggle."""
+
+    changed = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -290,16 +346,32 @@ class TargetsWidget(QWidget):
         grid.setHorizontalSpacing(6)
         grid.setVerticalSpacing(0)
         self.boxes: dict[str, QCheckBox] = {}
-        for i, name in enumerate((*TARGETS, "all-linear")):
+        plain = [t for t in TARGETS if t not in MLA_TARGETS]
+        latent = [t for t in TARGETS if t in MLA_TARGETS]
+        for i, name in enumerate((*plain, "all-linear", *latent)):
             box = QCheckBox(name.removesuffix("_proj"))
             box.setToolTip(name)
             self.boxes[name] = box
             grid.addWidget(box, i // 4, i % 4)
+            box.toggled.connect(self._user_toggled)
         self.boxes["all-linear"].toggled.connect(self._enable_parts)
+        self.show_latent(False)
+
+    @Slot()
+    def _user_toggled(self) -> None:
+        if not self.signalsBlocked():
+            self.changed.emit()
 
     def _enable_parts(self, everything: bool) -> None:
         for name in TARGETS:
             self.boxes[name].setEnabled(not everything)
+
+    def show_latent(self, show: bool) -> None:
+        """Show the latent-attention targets (always those checked)."""
+        for name in MLA_TARGETS:
+            box = self.boxes.get(name)
+            if box is not None:
+                box.setVisible(show or box.isChecked())
 
     def value(self) -> tuple[str, ...]:
         if self.boxes["all-linear"].isChecked():
@@ -307,9 +379,11 @@ class TargetsWidget(QWidget):
         return tuple(n for n in TARGETS if self.boxes[n].isChecked())
 
     def set_value(self, targets: tuple[str, ...]) -> None:
-        for name, box in self.boxes.items():
-            box.setChecked(name in targets)
-        self._enable_parts("all-linear" in targets)
+        """Check the boxes of ``targets`` (without emitting :attr:`changed`)."""
+        with QSignalBlocker(self):
+            for name, box in self.boxes.items():
+                box.setChecked(name in targets)
+            self._enable_parts("all-linear" in targets)
 
 
 class TrainingPanel(FormPanel):
@@ -331,8 +405,7 @@ class TrainingPanel(FormPanel):
         )
         self.targets = TargetsWidget()
         row = self._add_targets()
-        for box in self.targets.boxes.values():
-            box.toggled.connect(lambda _v, r=row: self.commit(r, self.targets.value()))
+        self.targets.changed.connect(lambda r=row: self.commit(r, self.targets.value()))
         self.add_check(
             "training.qlora.double_quant",
             "Double quant",
@@ -343,7 +416,7 @@ class TrainingPanel(FormPanel):
             "training.freeze.trainable",
             "Trainable parts",
             [(", ".join(p), p) for p in _FREEZE_CHOICES],
-            training_field("freeze.trainable"),
+            _freeze_trainable_field(),
         )
         self.add_spin(
             "training.freeze.last_layers",
@@ -428,21 +501,12 @@ class TrainingPanel(FormPanel):
             "training.lora.targets",
             "LoRA targets",
             self.targets,
-            get,
+            lambda s: canonical_targets(get(s)),
             set_,
             self.targets.value,
-            self._write_targets,
+            lambda value: self.targets.set_value(tuple(value)),
             "Linear layers that get adapters; all-linear wraps every one but the output layer",
         )
-
-    def _write_targets(self, value: Any) -> None:
-        for box in self.targets.boxes.values():
-            box.blockSignals(True)
-        try:
-            self.targets.set_value(tuple(value))
-        finally:
-            for box in self.targets.boxes.values():
-                box.blockSignals(False)
 
     def after_refresh(self, scenario: Scenario) -> None:
         method = scenario.training.method
@@ -459,16 +523,30 @@ class TrainingPanel(FormPanel):
         }
         for path, show in visible.items():
             self.set_row_visible(path, show)
+        self.targets.show_latent(scenario.model.is_mla)
 
 
-_FREEZE_CHOICES: tuple[tuple[str, ...], ...] = (
-    ("lm_head",),
-    ("lm_head", "norms"),
-    ("attention",),
-    ("mlp",),
-    ("attention", "mlp"),
-    ("embeddings", "lm_head"),
-    tuple(p for p in FREEZE_PARTS if p != "embeddings"),
+def canonical_parts(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """Trainable parts in the engine's order without repeats."""
+    return tuple(p for p in FREEZE_PARTS if p in parts)
+
+
+def _freeze_trainable_field() -> tuple[Any, Any]:
+    get, set_ = training_field("freeze.trainable")
+    return (lambda s: canonical_parts(get(s))), set_
+
+
+_FREEZE_CHOICES: tuple[tuple[str, ...], ...] = tuple(
+    canonical_parts(parts)
+    for parts in (
+        ("lm_head",),
+        ("lm_head", "norms"),
+        ("attention",),
+        ("mlp",),
+        ("attention", "mlp"),
+        ("embeddings", "lm_head"),
+        tuple(p for p in FREEZE_PARTS if p != "embeddings"),
+    )
 )
 
 

@@ -44,6 +44,7 @@ from PySide6.QtGui import QColor, QFontInfo, QGuiApplication, QImage, QPalette
 from PySide6.QtWidgets import QLabel
 
 from engine.estimate import GIB, estimate
+from engine.files import write_text
 from engine.model_state import CATEGORIES
 from engine.presets import gpu_names, load_gpu, load_model, model_names, resources_dir
 from engine.specs import HardwareSpec, Scenario, TrainingSpec
@@ -174,6 +175,8 @@ def build_window(private: Path, windows: list[MainWindow]) -> str:
 def check_estimate(window: MainWindow, scenario: Scenario) -> str:
     expected = estimate(scenario)
     shown = window.store.estimate
+    if shown is None:
+        raise CheckFailed(f"the window has no estimate: {window.store.error}")
     if shown.device_bytes != expected.device_bytes or expected.device_bytes <= 0:
         raise CheckFailed(
             f"the window shows {shown.device_bytes:,} device bytes, "
@@ -227,7 +230,10 @@ def check_csv(window: MainWindow, path: Path) -> str:
     items = [r for r in rows if r["category"] in CATEGORIES]  # not totals, ranks or host
     totals = {r["item"]: int(r["bytes"]) for r in rows if r["category"] == "total"}
     item_sum = sum(int(r["bytes"]) for r in items)
-    device = window.store.estimate.device_bytes
+    shown = window.store.estimate
+    if shown is None:
+        raise CheckFailed(f"the window has no estimate: {window.store.error}")
+    device = shown.device_bytes
     if item_sum != device or totals.get("device") != device:
         raise CheckFailed(
             f"{path.name}: the items sum to {item_sum:,} bytes and the device total reads "
@@ -343,4 +349,4 @@ def write_report(out_dir: Path, lines: Sequence[str]) -> None:
     """``lines`` into ``out_dir/selftest.txt``, where that folder can be written."""
     # the reason of a failure is already on stderr; a missing report is no new failure
     with contextlib.suppress(OSError):
-        (out_dir / REPORT_NAME).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        write_text(out_dir / REPORT_NAME, "\n".join(lines) + "\n")

@@ -1,9 +1,14 @@
 """The one source of truth of the app: the current scenario, its estimate, and undo.
 
 Panels call :meth:`ScenarioStore.edit` with a new frozen :class:`~engine.specs.Scenario`;
-the store pushes an undo command, estimates once, and emits ``scenarioChanged`` and
-``estimateChanged`` -- only when something really changed. A scenario the engine rejects
-keeps the last valid estimate on screen and emits ``errorChanged`` with the message.
+the store pushes an undo command, estimates once, and emits -- only when something really
+changed -- ``scenarioChanged``, then ``errorChanged``, then ``estimateChanged``.
+
+The store holds any scenario, including one the engine rejects: then :attr:`estimate` is
+``None`` and :attr:`error` holds the engine's message, so nobody can show another
+scenario's estimate as this one's. A document is the scenario plus its file (``path``)
+and whether it differs from that file (``modified``); both survive a restart through the
+recovery file (:mod:`gui.session`).
 """
 
 from __future__ import annotations
@@ -44,19 +49,38 @@ class ScenarioStore(QObject):
     """Holds the current scenario; emits on real change; undoable edits."""
 
     scenarioChanged = Signal(object)  # Scenario
-    estimateChanged = Signal(object)  # Estimate
+    estimateChanged = Signal(object)  # Estimate, or None when the engine rejects the scenario
     errorChanged = Signal(str)  # "" when the current scenario estimates fine
     pathChanged = Signal(str)  # "" for an unsaved document
     modifiedChanged = Signal(bool)
+    #: a new document is about to replace the current one (New, Open): whatever shows the
+    #: old document's results drops them
+    documentReset = Signal()
 
-    def __init__(self, scenario: Scenario | None = None, parent: QObject | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario | None = None,
+        parent: QObject | None = None,
+        *,
+        path: Path | None = None,
+        modified: bool = False,
+    ) -> None:
         super().__init__(parent)
         self._scenario = scenario or default_scenario()
-        self._estimate = estimate(self._scenario)
-        self._error = ""
-        self._path: Path | None = None
+        self._estimate, self._error = self._estimated(self._scenario)
+        self._path = path
         self.undo_stack = QUndoStack(self)
         self.undo_stack.cleanChanged.connect(self._clean_changed)
+        self._saved: Scenario | None = None if modified else self._scenario
+        if modified:
+            self.undo_stack.resetClean()
+
+    @staticmethod
+    def _estimated(scenario: Scenario) -> tuple[Estimate | None, str]:
+        try:
+            return estimate(scenario), ""
+        except EstimateError as exc:
+            return None, str(exc)
 
     @Slot(bool)
     def _clean_changed(self, clean: bool) -> None:
@@ -68,12 +92,13 @@ class ScenarioStore(QObject):
         return self._scenario
 
     @property
-    def estimate(self) -> Estimate:
-        """The estimate of the last scenario the engine accepted."""
+    def estimate(self) -> Estimate | None:
+        """The estimate of the current scenario; ``None`` when the engine rejects it."""
         return self._estimate
 
     @property
     def error(self) -> str:
+        """The engine's message about the current scenario; ``""`` when it estimates."""
         return self._error
 
     @property
@@ -84,6 +109,12 @@ class ScenarioStore(QObject):
     def modified(self) -> bool:
         return not self.undo_stack.isClean()
 
+    @property
+    def saved_scenario(self) -> Scenario | None:
+        """The scenario as it was last opened, started or saved; ``None`` when unknown (a
+        document recovered with unsaved changes)."""
+        return self._saved
+
     # -- writing -------------------------------------------------------------------------
     def edit(self, scenario: Scenario, text: str = "Edit") -> bool:
         """Make ``scenario`` current as an undoable step; ``False`` if nothing changed."""
@@ -92,36 +123,35 @@ class ScenarioStore(QObject):
         self.undo_stack.push(_SetScenario(self, self._scenario, scenario, text))
         return True
 
-    def reset(self, scenario: Scenario, path: Path | None = None) -> None:
-        """Start a new document (New, Open): no undo history, not modified."""
+    def reset(self, scenario: Scenario, path: Path | None = None, modified: bool = False) -> None:
+        """Start a new document (New, Open, a recovered session): no undo history; not
+        modified unless ``modified`` (unsaved changes recovered from the last session)."""
+        self.documentReset.emit()
         self.undo_stack.clear()
         self._path = path
         self._apply(scenario, force=True)
-        self.undo_stack.setClean()
+        self._saved = None if modified else scenario
+        if modified:
+            self.undo_stack.resetClean()
+        else:
+            self.undo_stack.setClean()
         self.pathChanged.emit(str(path) if path else "")
 
     def mark_saved(self, path: Path) -> None:
         self._path = path
+        self._saved = self._scenario
         self.undo_stack.setClean()
         self.pathChanged.emit(str(path))
 
     def _apply(self, scenario: Scenario, force: bool = False) -> None:
         if scenario == self._scenario and not force:
             return
-        self._scenario = scenario
-        try:
-            result = estimate(scenario)
-        except EstimateError as exc:
-            # the panels follow the scenario first, then hear what is wrong with it
-            self.scenarioChanged.emit(scenario)
-            self._set_error(str(exc))
-            return
-        self._set_error("")
-        self._estimate = result
+        result, error = self._estimated(scenario)
+        old_estimate, old_error = self._estimate, self._error
+        # every reader sees the new state, whichever signal reaches it first
+        self._scenario, self._estimate, self._error = scenario, result, error
         self.scenarioChanged.emit(scenario)
-        self.estimateChanged.emit(result)
-
-    def _set_error(self, message: str) -> None:
-        if message != self._error:
-            self._error = message
-            self.errorChanged.emit(message)
+        if error != old_error:
+            self.errorChanged.emit(error)
+        if force or result is not None or old_estimate is not None:  # not None again
+            self.estimateChanged.emit(result)

@@ -1,4 +1,9 @@
-"""The row of what-if toggles: each checked one adds a ghost bar with that change alone."""
+"""The row of what-if toggles: each checked one adds a ghost bar with that change alone.
+
+A toggle that does not apply is disabled, and its tooltip says why (the engine's
+:func:`~engine.whatif.assess`); with no valid estimate of the current scenario every toggle
+is disabled and no ghost is drawn.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,8 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QToolButton, QWidget
 
 from engine.estimate import GIB, Estimate
 from engine.specs import Scenario
-from engine.whatif import WHATIFS, WhatIfResult, evaluate
-from gui.chart import Ghost
+from engine.whatif import WHATIFS, WhatIfResult, assess, compute_text
+from gui.chart import Ghost, rich_text
 from gui.store import ScenarioStore
 
 #: toggles per row of the what-if bar, so that it fits a 1280-pixel window
@@ -19,8 +24,7 @@ def saving_note(result: WhatIfResult) -> str:
     """``fits · -12.3 GiB · +33 % compute`` for a tick label."""
     gib = result.saved_bytes / GIB
     memory = "no change" if abs(gib) < 0.005 else f"{-gib:+.2f} GiB"
-    factor = result.whatif.compute_factor
-    compute = "same compute" if factor == 1.0 else f"{100 * (factor - 1):+.0f} % compute"
+    compute = compute_text(result.compute_factor)
     verdict = {"fits": "fits", "tight": "tight", "oom": "does not fit"}[result.estimate.verdict]
     return f"{verdict} · {memory} · {compute}"
 
@@ -69,20 +73,28 @@ class WhatIfBar(QWidget):
     @Slot()
     def update_ghosts(self, *_: object) -> None:
         scenario: Scenario = self.store.scenario
-        current: Estimate = self.store.estimate
+        current: Estimate | None = self.store.estimate
         self.results.clear()
-        for whatif in WHATIFS:
-            result = evaluate(scenario, current, whatif.key)
-            button = self.buttons[whatif.key]
-            if result is None:
+        if current is None:  # nothing to compare with: the chart says why
+            for whatif in WHATIFS:
+                button = self.buttons[whatif.key]
                 button.setEnabled(False)
                 button.setToolTip(
-                    f"{whatif.label}: already part of this scenario, or not possible for it"
+                    rich_text(f"{whatif.label}: not available while the scenario is invalid")
                 )
+            return
+        for whatif in WHATIFS:
+            result = assess(scenario, current, whatif.key)
+            button = self.buttons[whatif.key]
+            if isinstance(result, str):
+                button.setEnabled(False)
+                button.setToolTip(rich_text(f"{whatif.label}: not offered — {result}"))
                 continue
             button.setEnabled(True)
             self.results[whatif.key] = result
-            button.setToolTip(f"{whatif.label}: {saving_note(result)}\n{whatif.compute_note}")
+            button.setToolTip(
+                rich_text(f"{whatif.label}: {saving_note(result)}\n{result.compute_note}")
+            )
         ghosts = [
             Ghost(
                 key,

@@ -334,7 +334,7 @@ def test_svg_falls_back_to_qt_generator(
         def __init__(self, item: object) -> None:
             pass
 
-        def export(self, fileName: str) -> None:  # pyqtgraph's keyword
+        def export(self, **kwargs: object) -> None:
             raise RuntimeError("exporter broken")
 
     monkeypatch.setattr(chart_export, "SVGExporter", Broken)

@@ -30,13 +30,15 @@ def test_undo_and_redo(qtbot) -> None:  # type: ignore[no-untyped-def]
     assert store.scenario == changed
 
 
-def test_rejected_scenario_keeps_the_last_estimate(qtbot) -> None:  # type: ignore[no-untyped-def]
+def test_a_rejected_scenario_has_no_estimate(qtbot) -> None:  # type: ignore[no-untyped-def]
     store = ScenarioStore(default_scenario())
-    good = store.estimate
     bad = dataclasses.replace(default_scenario(), model=load_model("deepseek-v3"))
+    estimates: list[object] = []
+    store.estimateChanged.connect(estimates.append)
     with qtbot.waitSignal(store.errorChanged) as blocker:
         store.edit(bad)
     assert blocker.args[0].startswith("training.lora.targets:")
-    assert store.estimate is good
+    assert store.scenario == bad and store.estimate is None and estimates == [None]
     store.undo_stack.undo()
-    assert store.error == ""
+    assert store.error == "" and store.estimate is not None
+    assert estimates[-1] is store.estimate

@@ -1,0 +1,511 @@
+"""A monkey test of the real main window: random user actions through its real widgets.
+
+:class:`Monkey` drives a :class:`~gui.main_window.MainWindow` with seeded random actions,
+each the way a user does it:
+
+* spin boxes: select the text, type a value -- in range, out of range, or junk -- and
+  press Enter; or press Up / Down;
+* combos (the fields, the preset picker and its filters): Up, Down, Home, End or PageDown
+  on the focused combo; the preset search box: type a word;
+* check boxes (fields and LoRA targets) and the what-if toggles: Space;
+* undo and redo, New, Open (valid files, files the estimate rejects, malformed files, a
+  FIFO, a folder, a file too big, a missing one), Open Recent, Save, Compare all / Clear
+  what-ifs, and double-clicking a ghost bar to apply it.
+
+File dialogs are stubbed (``QFileDialog``'s static methods return a file the monkey
+chose) and message boxes are answered at random (:class:`MessageBoxes`). Exceptions are
+counted through ``sys.excepthook`` (Qt slots report there) and around each action. After
+every action the monkey checks that every visible form row shows the scenario's value --
+or holds a rejected value and shows its error --, that the model preset combo shows the
+current model, and that the chart is stale exactly when the store has an error (and, when
+it is not, shows the store's estimate).
+
+``benchmarks/monkey.py`` runs it for thousands of actions and prints the figures;
+``tests/gui/test_monkey.py`` runs a few hundred and wants no exception and no mismatch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QApplication,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QMessageBox,
+    QSpinBox,
+    QWidget,
+)
+
+from engine.presets import model_names
+from engine.scenario_io import save_scenario
+from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from gui.forms import FormPanel, Row
+from gui.store import default_scenario
+
+Button = QMessageBox.StandardButton
+#: the buttons a message box may offer, in the order an answer is looked for
+ANSWERS = (Button.Save, Button.Discard, Button.Cancel, Button.Ok)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """A message box as it was shown."""
+
+    text: str
+    text_format: Qt.TextFormat
+    icon: QMessageBox.Icon
+    buttons: tuple[QMessageBox.StandardButton, ...]
+
+
+class MessageBoxes:
+    """Answers ``QMessageBox.exec`` without showing anything: the answers queued with
+    :meth:`queue` first, then a random one of those offered (with ``rng``), else Discard
+    when offered, else OK. Every box is recorded in :attr:`shown`."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng
+        self.shown: list[Shown] = []
+        self._queued: list[QMessageBox.StandardButton] = []
+
+    def queue(self, *answers: QMessageBox.StandardButton) -> None:
+        self._queued.extend(answers)
+
+    def answer(self, box: QMessageBox) -> int:
+        buttons = box.standardButtons()
+        offered = tuple(b for b in ANSWERS if buttons & b)
+        self.shown.append(Shown(box.text(), box.textFormat(), box.icon(), offered))
+        if self._queued:
+            choice = self._queued.pop(0)
+        elif self.rng is not None and offered:
+            choice = self.rng.choice(offered)
+        elif Button.Discard in offered:
+            choice = Button.Discard
+        else:
+            choice = offered[0] if offered else Button.Ok
+        return int(choice.value)
+
+    def exec_function(self) -> Callable[[QMessageBox], int]:
+        """A function to stand in for ``QMessageBox.exec`` (a method binds the box)."""
+
+        def exec_(box: QMessageBox) -> int:
+            return self.answer(box)
+
+        return exec_
+
+    def texts(self) -> list[str]:
+        return [box.text for box in self.shown]
+
+
+@dataclass
+class MonkeyReport:
+    """What a run did and found."""
+
+    actions: int = 0
+    seconds: float = 0.0
+    kinds: Counter[str] = field(default_factory=Counter)
+    exceptions: list[str] = field(default_factory=list)
+    field_mismatches: list[str] = field(default_factory=list)
+    stale_mismatches: list[str] = field(default_factory=list)
+    message_boxes: int = 0
+
+    def summary(self) -> str:
+        rate = self.actions / self.seconds if self.seconds > 0 else float("inf")
+        return (
+            f"actions {self.actions:,} in {self.seconds:.1f} s ({rate:,.0f} actions/s); "
+            f"exceptions {len(self.exceptions)}; field mismatches "
+            f"{len(self.field_mismatches)}; stale mismatches {len(self.stale_mismatches)}"
+        )
+
+
+JUNK = ("", "abc", "-", "--3", "1e5", "12,,4", "0x10", "½", "9" * 30, " ", "-0", "3.5.1")
+
+
+def scenario_files(folder: Path) -> list[Path]:
+    """The files the monkey opens, written into ``folder``: valid scenarios, scenarios the
+    estimate rejects, values no combo lists, malformed files, a FIFO, a folder, a file too
+    big and a missing one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+
+    def scenario(name: str, s: Scenario) -> None:
+        save_scenario(s, folder / name)
+        files.append(folder / name)
+
+    def text(name: str, body: str | dict[str, Any]) -> None:
+        path = folder / name
+        path.write_text(body if isinstance(body, str) else json.dumps(body), encoding="utf-8")
+        files.append(path)
+
+    base = default_scenario()
+    scenario("default.memfit.json", base)
+    scenario(
+        "bad-mesh.memfit.json",
+        Scenario(
+            base.model,
+            HardwareSpec(base.hardware.gpu, gpus_per_node=8),
+            TrainingSpec(method="full", parallelism=ParallelismSpec(tp=3)),
+        ),
+    )
+    hardware = {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nodes": 2}
+    text(
+        "pipeline.memfit.json",
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": "llama-3.1-70b"},
+            "hardware": hardware,
+            "training": {
+                "method": "full",
+                "micro_batch_size": 1,
+                "gradient_accumulation_steps": 8,
+                "activation_checkpointing": "full",
+                "parallelism": {"tp": 8, "pp": 2, "zero_stage": 1},
+            },
+        },
+    )
+    text(
+        "custom-gpu.memfit.json",
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": "qwen2.5-7b"},
+            "hardware": {"gpu": "custom", "memory_gib": 20.5, "utilization_target": 0.855},
+            "training": {
+                "method": "freeze",
+                "freeze": {"trainable": ["norms", "embeddings"], "last_layers": 2},
+                "lora": {"rank": 8, "alpha": 16.25, "targets": ["v_proj", "q_proj", "q_proj"]},
+            },
+        },
+    )
+    text(
+        "hf-config.memfit.json",
+        {
+            "memfit_scenario": 1,
+            "model": {
+                "model_type": "llama",
+                "name": "<b>tiny</b> llama",
+                "num_hidden_layers": 6000,
+                "hidden_size": 512,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "intermediate_size": 1376,
+                "vocab_size": 32000,
+            },
+            "hardware": {"gpu": "l4"},
+            "training": {"method": "lora", "lora": {"targets": ["all-linear", "q_proj"]}},
+        },
+    )
+    text(
+        "mla.memfit.json",
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": "deepseek-v3"},
+            "hardware": {"gpu": "h200-sxm-141gb", "gpus_per_node": 8, "nodes": 4},
+            "training": {"method": "lora", "lora": {"targets": ["kv_a_proj"]}},
+        },
+    )
+    text("<img src=x onerror=alert(1)>.memfit.json", '{"memfit_scenario": 1, "model": 5}')
+    text("malformed.memfit.json", "{oops")
+    text(
+        "wrong-field.memfit.json",
+        '{"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": 5}}',
+    )
+    text("not-a-scenario.json", '{"hello": "world"}')
+    big = folder / "huge.memfit.json"
+    big.write_bytes(b" " * (5 << 20))
+    files.append(big)
+    folder_path = folder / "a-folder.memfit.json"
+    folder_path.mkdir(exist_ok=True)
+    files.append(folder_path)
+    if hasattr(os, "mkfifo"):
+        fifo = folder / "fifo.memfit.json"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        files.append(fifo)
+    files.append(folder / "missing.memfit.json")
+    return files
+
+
+class Monkey:
+    """Random real-widget actions on ``window``; see the module docstring."""
+
+    def __init__(self, window: Any, seed: int, folder: Path) -> None:
+        self.window = window
+        self.rng = random.Random(seed)
+        self.folder = folder
+        self.files = scenario_files(folder / "files")
+        self.boxes = MessageBoxes(self.rng)
+        self.report = MonkeyReport()
+        self._saves = 0
+        self.actions: list[tuple[str, int, Callable[[], None]]] = [
+            ("spin", 30, self.spin),
+            ("combo", 20, self.combo),
+            ("check", 8, self.check),
+            ("whatif", 8, self.whatif),
+            ("search", 3, self.search),
+            ("undo", 8, self.undo),
+            ("redo", 4, self.redo),
+            ("new", 1, self.new),
+            ("open", 5, self.open),
+            ("recent", 1, self.recent),
+            ("save", 3, self.save),
+            ("ghost", 4, self.ghost),
+            ("compare", 1, self.compare),
+        ]
+
+    # -- running -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Stub the file dialogs and message boxes and count exceptions, then restore."""
+        old_hook = sys.excepthook
+        old_exec = QMessageBox.exec
+        old_open = QFileDialog.getOpenFileName
+        old_save = QFileDialog.getSaveFileName
+
+        def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            self.report.exceptions.append("".join(traceback.format_exception(kind, exc, tb)))
+
+        sys.excepthook = hook
+        QMessageBox.exec = self.boxes.exec_function()  # type: ignore[method-assign]
+        QFileDialog.getOpenFileName = staticmethod(self._open_name)  # type: ignore[method-assign]
+        QFileDialog.getSaveFileName = staticmethod(self._save_name)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            sys.excepthook = old_hook
+            QMessageBox.exec = old_exec  # type: ignore[method-assign]
+            QFileDialog.getOpenFileName = old_open  # type: ignore[method-assign]
+            QFileDialog.getSaveFileName = old_save  # type: ignore[method-assign]
+
+    def run(self, n: int) -> MonkeyReport:
+        """``n`` random actions, each followed by the checks."""
+        names = [name for name, _w, _a in self.actions]
+        weights = [w for _n, w, _a in self.actions]
+        work = {name: action for name, _w, action in self.actions}
+        started = time.perf_counter()
+        with self.installed():
+            for _ in range(n):
+                name = self.rng.choices(names, weights)[0]
+                try:
+                    work[name]()
+                    QApplication.processEvents()
+                except Exception:
+                    self.report.exceptions.append(f"{name}: {traceback.format_exc()}")
+                self.report.actions += 1
+                self.report.kinds[name] += 1
+                self.verify(name)
+        self.report.seconds = time.perf_counter() - started
+        self.report.message_boxes = len(self.boxes.shown)
+        return self.report
+
+    # -- checks --------------------------------------------------------------------------
+    def verify(self, after: str) -> None:
+        """The checks of the module docstring; mismatches go into the report."""
+        w = self.window
+        scenario = w.store.scenario
+        where = f"#{self.report.actions} after {after}"
+        for panel in w.panels:
+            for row in panel.rows.values():
+                if not row.widget.isVisibleTo(panel):
+                    continue
+                shown, value = row.read(), row.get(scenario)
+                if agree(row, shown, value):
+                    continue
+                if panel.is_pending(row.path) and not row.error.isHidden():
+                    continue
+                self.report.field_mismatches.append(
+                    f"{where}: {row.path} shows {shown!r}, the scenario holds {value!r}"
+                )
+        if not w.model_panel.preset_shows_current():
+            self.report.field_mismatches.append(
+                f"{where}: the preset combo shows {w.model_panel.preset.currentText()!r} for "
+                f"{w.model_panel.current_preset_text()!r}"
+            )
+        stale, error = w.chart.is_stale(), w.store.error
+        if stale != bool(error):
+            self.report.stale_mismatches.append(
+                f"{where}: chart stale {stale}, store error {error!r}"
+            )
+        elif not stale and w.chart._current != w.store.estimate:
+            self.report.stale_mismatches.append(f"{where}: the chart shows another estimate")
+
+    # -- actions -------------------------------------------------------------------------
+    def _rows(self, kind: type[QWidget] | tuple[type[QWidget], ...]) -> list[tuple[FormPanel, Row]]:
+        return [
+            (panel, row)
+            for panel in self.window.panels
+            for row in panel.rows.values()
+            if isinstance(row.widget, kind)
+            and row.widget.isVisibleTo(panel)
+            and row.widget.isEnabled()
+        ]
+
+    def spin(self) -> None:
+        rows = self._rows((QSpinBox, QDoubleSpinBox))
+        if not rows:
+            return
+        _panel, row = self.rng.choice(rows)
+        box = row.widget
+        assert isinstance(box, QAbstractSpinBox)
+        roll = self.rng.random()
+        if roll < 0.1:
+            key = self.rng.choice((Qt.Key.Key_Up, Qt.Key.Key_Down, Qt.Key.Key_PageUp))
+            QTest.keyClick(box, key)
+            return
+        box.selectAll()
+        QTest.keyClicks(box, self._number(box, roll))
+        QTest.keyClick(box, Qt.Key.Key_Return)
+
+    def _number(self, box: QAbstractSpinBox, roll: float) -> str:
+        assert isinstance(box, QSpinBox | QDoubleSpinBox)
+        lo, hi, now = box.minimum(), box.maximum(), box.value()
+        if roll < 0.45:  # near the current value: the edits users make
+            value: float = self.rng.choice((now + 1, now - 1, now * 2, now / 2, now + 8))
+        elif roll < 0.7:  # anywhere in range, log-uniform
+            value = math.exp(self.rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 2))))
+        elif roll < 0.85:  # out of range
+            value = self.rng.choice((hi + 1, hi * 10, lo - 1, -5))
+        else:
+            return self.rng.choice(JUNK)
+        if isinstance(box, QSpinBox):
+            return str(round(value))
+        return f"{value:.{box.decimals()}f}"
+
+    def combo(self) -> None:
+        combos: list[QComboBox] = [r.widget for _p, r in self._rows(QComboBox)]  # type: ignore[misc]
+        model = self.window.model_panel
+        combos += [model.preset, model.preset, model.family, model.size]
+        combo = self.rng.choice(combos)
+        key = self.rng.choice(
+            (Qt.Key.Key_Down, Qt.Key.Key_Up, Qt.Key.Key_Home, Qt.Key.Key_End, Qt.Key.Key_PageDown)
+        )
+        QTest.keyClick(combo, key)
+
+    def check(self) -> None:
+        boxes: list[QWidget] = [r.widget for _p, r in self._rows(QCheckBox)]
+        targets = self.window.training_panel.targets
+        if targets.isVisibleTo(self.window.training_panel):
+            boxes += [b for b in targets.boxes.values() if b.isVisibleTo(targets) and b.isEnabled()]
+        if boxes:
+            QTest.keyClick(self.rng.choice(boxes), Qt.Key.Key_Space)
+
+    def whatif(self) -> None:
+        buttons = [b for b in self.window.whatif.buttons.values() if b.isEnabled()]
+        if buttons:
+            QTest.keyClick(self.rng.choice(buttons), Qt.Key.Key_Space)
+
+    def search(self) -> None:
+        words = ["", "llama", "8b", "qwen", "mixtral", "zzz", "gemma 2", "deepseek"]
+        words += self.rng.sample(model_names(), 2)
+        search = self.window.model_panel.search
+        search.selectAll()
+        QTest.keyClick(search, Qt.Key.Key_Delete)
+        QTest.keyClicks(search, self.rng.choice(words))
+
+    def undo(self) -> None:
+        self.window.undo_act.trigger()
+
+    def redo(self) -> None:
+        self.window.redo_act.trigger()
+
+    def new(self) -> None:
+        self.window.new_act.trigger()
+
+    def open(self) -> None:
+        self.window.open_act.trigger()
+
+    def recent(self) -> None:
+        actions = self.window.recent_menu.actions()
+        if actions:
+            self.rng.choice(actions).trigger()
+
+    def save(self) -> None:
+        self.window.save_act.trigger()
+
+    def compare(self) -> None:
+        act = self.rng.choice((self.window.compare_all_act, self.window.clear_whatifs_act))
+        act.trigger()
+
+    def ghost(self) -> None:
+        """Double-click the middle of a ghost bar, as a user applies it."""
+        chart = self.window.chart
+        ghosts = [i for i in range(len(chart._bars)) if chart.ghost_key(i) is not None]
+        if not ghosts:
+            return
+        index = self.rng.choice(ghosts)
+        bottom, height = 0.0, 0.0
+        for y0, h in chart.segments(index).values():
+            if h > 0:
+                bottom, height = y0, h
+                break
+        if height <= 0:
+            return
+        view = chart.plot_item.getViewBox()
+        scene = view.mapViewToScene(QPointF(float(index), bottom + height / 2))
+        pos: QPoint = chart.plot.mapFromScene(scene)
+        QTest.mouseDClick(chart.plot.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+
+    # -- stubbed dialogs -----------------------------------------------------------------
+    def _open_name(self, *_args: object, **_kwargs: object) -> tuple[str, str]:
+        if self.rng.random() < 0.1:
+            return "", ""  # cancelled
+        return str(self.rng.choice(self.files)), ""
+
+    def _save_name(self, *_args: object, **_kwargs: object) -> tuple[str, str]:
+        roll = self.rng.random()
+        if roll < 0.1:
+            return "", ""
+        if roll < 0.15:
+            return str(self.folder / "no-such-folder" / "x.memfit.json"), ""
+        if roll < 0.2 and hasattr(os, "mkfifo"):
+            return str(self.folder / "files" / "fifo.memfit.json"), ""
+        self._saves += 1
+        return str(self.folder / f"saved-{self._saves % 5}.memfit.json"), ""
+
+
+def agree(row: Row, shown: Any, value: Any) -> bool:
+    """Whether a row's widget value ``shown`` is the scenario's ``value`` (a decimal box to
+    its decimals)."""
+    if isinstance(row.widget, QDoubleSpinBox) and isinstance(value, int | float):
+        return abs(float(shown) - float(value)) <= 0.5 * 10 ** -row.widget.decimals() + 1e-9
+    return bool(shown == value)
+
+
+def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1280, 800)) -> Any:
+    """A fresh main window (settings and recovery file in ``folder``), ``actions`` random
+    actions on it; returns the :class:`MonkeyReport`."""
+    from PySide6.QtCore import QSettings
+
+    from gui.main_window import MainWindow
+
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
+    window = MainWindow(settings=settings, autosave=folder / "last.memfit.json")
+    window.resize(*size)
+    window.show()
+    QApplication.processEvents()
+    monkey = Monkey(window, seed, folder)
+    try:
+        return monkey.run(actions)
+    finally:
+        with monkey.installed():
+            window.close()
+        window.deleteLater()
+        QApplication.processEvents()
