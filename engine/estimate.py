@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from engine.model_state import CATEGORIES, MemoryItem, ModelState, model_state
+from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
 from engine.params import model_tensors
 from engine.sharding import (
@@ -519,11 +519,9 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
             )
         )
     # buffers that live through the step are always there, whole
-    grad_buffers = [i for i in state.items if i.role == "gradient-buffer"]
+    grad_buffers = [i for i in state.items if i.role in BUFFERS]
     items += grad_buffers
-    grad_items = [
-        i for i in state.items if i.category == "gradients" and i.role != "gradient-buffer"
-    ]
+    grad_items = [i for i in state.items if i.category == "gradients" and i.role not in BUFFERS]
     total_grads = sum(i.bytes for i in grad_items)
     # FSDP's gradient buffers (a layer's unsharded gradients, the reduce-scatter input)
     buffers = gather.grads + gather.reduce if peak.phase == "backward" else 0

@@ -51,7 +51,18 @@ CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "ove
 #: weights, the 4-bit base of QLoRA, the gradients of the trainable weights as backward
 #: produces them, and gradient memory that lives through the whole step (a framework's
 #: buffer: Megatron's ``main_grad``, DeepSpeed's partitions and reduce bucket)
-ROLES = ("trainable-weights", "frozen-weights", "quantized-weights", "gradients", "gradient-buffer")
+ROLES = (
+    "trainable-weights",
+    "frozen-weights",
+    "quantized-weights",
+    "gradients",
+    "gradient-buffer",
+    "reduce-bucket",
+)
+#: the roles of gradient memory that lives through the whole step; ``reduce-bucket`` is
+#: DeepSpeed's contiguous reduce buffer of ZeRO-2/3, ``min(reduce_bucket_size, n)``
+#: elements whatever the number of GPUs
+BUFFERS = ("gradient-buffer", "reduce-bucket")
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 

@@ -34,6 +34,7 @@ from fractions import Fraction
 
 from engine.errors import EstimateError
 from engine.model_state import (
+    BUFFERS,
     MemoryItem,
     ModelState,
     nf4_bytes,
@@ -360,6 +361,7 @@ def _deepspeed_gradients(n: int, training: TrainingSpec) -> list[_Part]:
             2 * bucket,
             f"min(reduce_bucket_size {DS_REDUCE_BUCKET:,}, {n:,}) x 2 B",
             "DeepSpeed ZeRO contiguous_gradients (ipg buffer)",
+            role="reduce-bucket",
         )
         parts.append(_Part(item, 99, persistent=True, pinned_to_gpu=True))
         if stage == 2 and not offloaded:
@@ -447,7 +449,7 @@ def shard(
             target = offload.parameters
         if item.category == "gradients" and target == "none" and laid.persistent:
             buffer += item.bytes
-            item = replace(item, role="gradient-buffer")
+            item = replace(item, role=item.role if item.role in BUFFERS else "gradient-buffer")
         place(item, target)
 
     if pipelined_fsdp or (framework == "megatron" and training.precision in MIXED):

@@ -1,0 +1,260 @@
+"""What must hold for every scenario, as checks that the property tests and
+``benchmarks/properties.py`` share.
+
+:data:`scenarios` draws scenario dicts over every preset, GPU and training setting
+(parallel layouts included); a draw the engine rejects must raise
+:class:`~engine.errors.EstimateError` naming a field, nothing else. For one that
+estimates, :func:`check_all` runs every invariant and returns the names of those it
+checked (each raises ``AssertionError`` with the numbers when it fails):
+
+* ``totals`` -- bytes are integers, never negative; allocated <= reserved <= device; the
+  items add up to their categories and the categories to the device total, per rank group
+  too; the timeline never goes below zero;
+* ``shapes`` -- a larger micro-batch or a longer sequence never lowers the allocated peak;
+* ``checkpointing`` -- more checkpointing (none -> every-k -> full, none -> selective)
+  never raises the highest activations of the step, except by the first layer's input
+  gradient, which checkpointing makes a frozen embedding's output require
+  (``enable_input_require_grads``): a few hidden-size tensors (:func:`input_grad_bound`);
+* ``sharding`` -- a higher ZeRO stage never raises the model state a rank keeps (weights,
+  gradients and optimizer states at rest), DeepSpeed's reduce bucket aside: ZeRO-2/3
+  allocate it at ``min(reduce_bucket_size, n)`` elements however few GPUs share the
+  rest, so on one GPU, or for a small model, it outweighs what the stage saves;
+* ``profiles`` -- every block of the step, from its profile, equals the block simulated
+  directly at the step's shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hypothesis import strategies as st
+
+from engine.errors import EstimateError
+from engine.estimate import Estimate, estimate
+from engine.model_state import CATEGORIES, model_state
+from engine.presets import gpu_names, load_model, model_names
+from engine.scenario_io import scenario_from_dict
+from engine.sharding import make_mesh, shard, tensor_parallel_shard
+from engine.specs import (
+    ATTENTION_KERNELS,
+    FRAMEWORKS,
+    METHODS,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PP_SCHEDULES,
+    PRECISIONS,
+    Scenario,
+)
+from engine.timeline import _direct, block_result, make_ctx
+
+
+def _with_schedule(p: dict[str, Any]) -> dict[str, Any]:
+    rest = {k: v for k, v in p.items() if k != "schedule"}
+    return {**rest, "pp_schedule": p["schedule"][0], "vpp": p["schedule"][1]}
+
+
+parallel = st.one_of(
+    st.just({}),
+    st.fixed_dictionaries(
+        {
+            "tp": st.sampled_from([1, 1, 2, 4, 8]),
+            "pp": st.sampled_from([1, 1, 2, 4]),
+            "cp": st.sampled_from([1, 1, 2]),
+            "ep": st.sampled_from([1, 1, 2, 8]),
+            "zero_stage": st.integers(0, 3),
+            "framework": st.sampled_from(FRAMEWORKS),
+            "schedule": st.sampled_from(
+                [(s, 2 if s.startswith("interleaved") else 1) for s in PP_SCHEDULES]
+            ),
+            "sequence_parallel": st.booleans(),
+            "expert_capacity_factor": st.sampled_from([1.0, 1.25]),
+            "pp_split": st.sampled_from(["even", "balanced"]),
+        }
+    ).map(_with_schedule),
+)
+scenarios = st.fixed_dictionaries(
+    {
+        "memfit_scenario": st.just(1),
+        "model": st.sampled_from(model_names()).map(lambda n: {"preset": n}),
+        "hardware": st.fixed_dictionaries(
+            {
+                "gpu": st.sampled_from(gpu_names()),
+                "gpus_per_node": st.sampled_from([1, 1, 2, 8]),
+                "nodes": st.sampled_from([1, 1, 2]),
+            }
+        ),
+        "training": st.fixed_dictionaries(
+            {
+                "method": st.sampled_from(METHODS),
+                "precision": st.sampled_from(PRECISIONS),
+                "optimizer": st.sampled_from(OPTIMIZERS),
+                "optimizer_impl": st.sampled_from(OPTIMIZER_IMPLS),
+                "micro_batch_size": st.integers(1, 8),
+                "sequence_length": st.sampled_from([1, 7, 64, 512, 1000, 2048, 8192]),
+                "gradient_accumulation_steps": st.integers(1, 8),
+                "activation_checkpointing": st.sampled_from(
+                    ["none", "selective", "full", "every-k-layers"]
+                ),
+                "checkpoint_every_k": st.integers(1, 4),
+                "attention": st.sampled_from(ATTENTION_KERNELS),
+                "loss": st.sampled_from(["standard", "chunked"]),
+                "lora": st.fixed_dictionaries(
+                    {
+                        "rank": st.sampled_from([1, 8, 64]),
+                        "targets": st.sampled_from([["q_proj", "v_proj"], ["all-linear"]]),
+                        "dropout": st.sampled_from([0.0, 0.05]),
+                    }
+                ),
+                "freeze": st.fixed_dictionaries(
+                    {"trainable": st.sampled_from([["lm_head"], ["norms", "mlp"]])}
+                ),
+                "parallelism": parallel,
+            }
+        ),
+    }
+)
+
+
+def build(data: dict[str, Any]) -> tuple[Scenario, Estimate] | None:
+    """The scenario and its estimate, or ``None`` when the engine refuses it (with an
+    :class:`EstimateError` naming a field: anything else propagates)."""
+    try:
+        scenario = scenario_from_dict(data)
+        return scenario, estimate(scenario)
+    except EstimateError as exc:
+        assert exc.field and str(exc).startswith(exc.field + ": "), str(exc)
+        return None
+
+
+def _training(scenario: Scenario, **changes: Any) -> Scenario:
+    return dataclasses.replace(scenario, training=dataclasses.replace(scenario.training, **changes))
+
+
+def _estimate(scenario: Scenario) -> Estimate | None:
+    try:
+        return estimate(scenario)
+    except EstimateError:  # the change itself is not possible for this scenario
+        return None
+
+
+def check_totals(est: Estimate) -> None:
+    assert est.allocated_bytes <= est.reserved_bytes <= est.device_bytes
+    assert all(type(i.bytes) is int and i.bytes >= 0 for i in est.items), est.items
+    breakdown = est.breakdown
+    assert set(breakdown) == set(CATEGORIES)
+    assert sum(breakdown.values()) == est.device_bytes
+    for group in est.rank_groups:
+        assert group.allocated_bytes <= group.reserved_bytes <= group.device_bytes
+        assert all(i.bytes >= 0 for i in group.items)
+        assert sum(i.bytes for i in group.items) == group.device_bytes <= est.device_bytes
+        assert group.host_bytes >= 0 and group.nvme_bytes >= 0
+    for p in est.timeline:
+        assert min(p.parameters, p.gradients, p.optimizer_states, p.activations) >= 0, p
+    assert est.host_bytes >= 0 and est.host_node_bytes >= 0
+
+
+def check_shapes(scenario: Scenario, est: Estimate) -> None:
+    t = scenario.training
+    bigger = _estimate(_training(scenario, micro_batch_size=t.micro_batch_size + 1))
+    if bigger is not None:
+        assert bigger.allocated_bytes >= est.allocated_bytes, "micro-batch + 1"
+    if t.sequence_length * 2 <= scenario.model.max_position_embeddings * 64:
+        longer = _estimate(_training(scenario, sequence_length=t.sequence_length * 2))
+        if longer is not None:
+            assert longer.allocated_bytes >= est.allocated_bytes, "sequence x 2"
+
+
+def _peak_activations(est: Estimate) -> int:
+    return max((p.activations for p in est.timeline), default=0)
+
+
+def input_grad_bound(scenario: Scenario) -> int:
+    """What checkpointing may add over no checkpointing: with a frozen embedding it makes
+    the first layer compute an input gradient it otherwise skips -- at most eight
+    fp32 hidden-size tensors of one micro-batch per rank (the gradients of the layer's
+    inputs and their sums)."""
+    t = scenario.training
+    if t.method == "full" or (t.method == "freeze" and "embeddings" in t.freeze.trainable):
+        return 0
+    tokens = t.micro_batch_size * t.sequence_length
+    return 8 * 4 * tokens * scenario.model.hidden_size
+
+
+def check_checkpointing(scenario: Scenario, est: Estimate) -> None:
+    levels: dict[str, int] = {}
+    for mode in ("none", "selective", "every-k-layers", "full"):
+        if mode == scenario.training.activation_checkpointing:
+            levels[mode] = _peak_activations(est)
+            continue
+        offload = scenario.training.offload
+        if mode in ("none", "selective") and offload.activations != "none":
+            offload = dataclasses.replace(offload, activations="none")
+        other = _estimate(_training(scenario, activation_checkpointing=mode, offload=offload))
+        if other is not None:
+            levels[mode] = _peak_activations(other)
+    slack = input_grad_bound(scenario)
+    for less, more in (
+        ("none", "every-k-layers"),
+        ("every-k-layers", "full"),
+        ("none", "selective"),
+    ):
+        if less in levels and more in levels:
+            assert levels[more] <= levels[less] + slack, (less, more, levels, slack)
+
+
+def _rank_state(scenario: Scenario) -> int | None:
+    try:
+        mesh = make_mesh(scenario)
+    except EstimateError:
+        return None
+    model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
+    part = "all" if mesh.pp == 1 else "first"
+    state = shard(model_state(model, scenario.training, part), scenario, mesh, model, part).state
+    return sum(
+        i.bytes for i in state.items if i.category != "overhead" and i.role != "reduce-bucket"
+    )
+
+
+def check_sharding(scenario: Scenario) -> None:
+    par = scenario.training.parallelism
+    states = []
+    for zero in range(4):
+        changed = dataclasses.replace(par, zero_stage=zero)
+        state = _rank_state(_training(scenario, parallelism=changed))
+        if state is not None:
+            states.append((zero, state))
+    values = [s for _, s in states]
+    assert values == sorted(values, reverse=True), states
+
+
+def check_profiles(scenario: Scenario) -> None:
+    mesh = make_mesh(scenario)
+    model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
+    ctx = make_ctx(model, scenario.training)
+    chunked = scenario.training.loss == "chunked"
+    for kind in ["dense", "head"] + (["moe"] if model.is_moe else []):
+        for x_grad in (True, False):
+            got = block_result(model, ctx, kind, x_grad, chunked)[0]
+            assert got == _direct(model, ctx, kind, x_grad, chunked), (kind, x_grad)
+
+
+def check_all(data: dict[str, Any], deep: bool = True) -> list[str]:
+    """Every invariant for the scenario ``data``; the names of those checked."""
+    built = build(data)
+    if built is None:
+        return []
+    scenario, est = built
+    check_totals(est)
+    done = ["totals", "profiles"]
+    check_profiles(scenario)
+    if deep:
+        check_shapes(scenario, est)
+        check_checkpointing(scenario, est)
+        check_sharding(scenario)
+        done += ["shapes", "checkpointing", "sharding"]
+    return done
+
+
+def model_label(data: dict[str, Any]) -> str:
+    return load_model(data["model"]["preset"]).label
