@@ -16,6 +16,7 @@ import argparse
 import json
 import re
 import sys
+from importlib import metadata
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
@@ -322,8 +323,17 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def version() -> str:
+    """MemFit's version, from the installed package's metadata (``pyproject.toml``)."""
+    try:
+        return metadata.version("memfit")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memfit", description="How much GPU memory will this training run take?")
+    parser.add_argument("--version", action="version", version=f"MemFit {version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate the memory of a training step")
     _add_estimate_flags(est)

@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,14 @@ def test_console_script_has_no_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_version_is_printed() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "--version"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0
+    assert re.fullmatch(r"MemFit \d+\.\d+\.\d+\S*\n", proc.stdout), proc.stdout
 
 
 PIPELINE = (
