@@ -172,14 +172,14 @@ def _profile(
     simulated directly (:func:`_direct`)."""
     b, s = HELD_OUT
     held_out = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
-    block, _ = _build(model, held_out, kind, x_grad, chunked)
     try:
-        symbolic = _build(model, dataclasses.replace(ctx, symbolic=True), kind, x_grad, chunked)
-        prof = profile(*symbolic, x_grad or kind == "head")
-        exact = prof.at(held_out.terms()) == _direct(model, held_out, kind, x_grad, chunked)
+        block, out = _build(model, dataclasses.replace(ctx, symbolic=True), kind, x_grad, chunked)
+        prof = profile(block, out, x_grad or kind == "head")
+        if prof.at(held_out.terms()) == _direct(model, held_out, kind, x_grad, chunked):
+            return prof, block.weight_copies
     except (TypeError, ValueError):  # a size that no linear form of the terms holds
-        exact = False
-    return (prof if exact else None), block.weight_copies
+        pass
+    return None, _build(model, held_out, kind, x_grad, chunked)[0].weight_copies
 
 
 @lru_cache(maxsize=4096)
