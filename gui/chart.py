@@ -263,6 +263,7 @@ class BreakdownChart(QWidget):
         scene.sigMouseMoved.connect(self._on_mouse_moved)
         scene.sigMouseClicked.connect(self._on_mouse_clicked)
         self.apply_palette()
+        self._draw()  # the empty state, until estimates come
 
     # -- construction -------------------------------------------------------------------
 
@@ -318,6 +319,12 @@ class BreakdownChart(QWidget):
             item.addItem(line, ignoreBounds=True)
 
         self._total_texts: list[pg.TextItem] = []
+
+        # what an empty plot says (a scenario with no valid estimate yet)
+        self.empty_text = pg.TextItem("", anchor=(0.5, 0.5))
+        self.empty_text.setZValue(30)
+        item.addItem(self.empty_text, ignoreBounds=True)
+        self.empty_text.hide()
 
         # The legend sits in its own row under the x axis, so it never covers a bar.
         self.legend = pg.LegendItem(colCount=len(CATEGORIES), frame=False, labelTextSize="9pt")
@@ -435,6 +442,9 @@ class BreakdownChart(QWidget):
 
         # capacity and budget lines; axes (a lone bar keeps room on its right for the labels)
         tallest = float(np.max(heights.sum(axis=1))) if len(self._bars) else 0.0
+        for line in (self.capacity_line, self.budget_line):
+            # first: a hidden line's label ignores a new text (pyqtgraph's InfLineLabel)
+            line.setVisible(current is not None)
         if current is not None:
             hardware = current.scenario.hardware
             capacity = current.capacity_bytes / GIB
@@ -448,8 +458,11 @@ class BreakdownChart(QWidget):
             )
         else:
             capacity = 0.0
-        for line in (self.capacity_line, self.budget_line):
-            line.setVisible(current is not None)
+        # an empty plot has no scale to read: no numbers on its axis, no grid
+        self.plot_item.getAxis("left").setStyle(showValues=bool(self._bars))
+        self.plot_item.showGrid(x=False, y=bool(self._bars), alpha=0.3)
+        self.empty_text.setPos(0.4, 0.5)  # the middle of the empty x and y ranges
+        self.empty_text.setVisible(not self._bars)
         top = max(capacity, tallest) * 1.1 or 1.0
         self.plot_item.setYRange(0.0, top, padding=0.0)
         self._x_range = (-0.6, max(len(self._bars) - 0.4, 1.4))
@@ -470,6 +483,7 @@ class BreakdownChart(QWidget):
                 )
             else:
                 words = f"No estimate: {self._stale}"
+                self.empty_text.setText("Nothing to show until the scenario is valid")
             self.verdict_label.setText(words)
             self._style_banner("stale", *STALE_BANNER)
             self.verdict_label.show()
@@ -477,6 +491,7 @@ class BreakdownChart(QWidget):
             self.note_label.hide()
             return
         if current is None:
+            self.empty_text.setText("")
             self.verdict_label.hide()
             self.host_label.hide()
             self.note_label.hide()
@@ -537,6 +552,7 @@ class BreakdownChart(QWidget):
         self.worst_outline.setOpts(pen=pg.mkPen(text, width=3))
         for line in (self.capacity_line, self.budget_line):
             line.label.update()
+        self.empty_text.setColor(self._muted)
 
     def _show_host(self, current: Estimate) -> None:
         """The host-RAM badge: shown when offload keeps anything in host memory."""
@@ -577,10 +593,11 @@ class BreakdownChart(QWidget):
         view_width = self.plot_item.getViewBox().width()
         x0, x1 = self._x_range
         slot = view_width / (x1 - x0) * 0.9 if view_width > 0 else float("inf")
+        # a stale chart names its bar for what it is and gives no ghost verdict
         labels = [
             tick_lines(
                 "last valid" if self._stale and b.label == "current" else b.label,
-                b.note,
+                "" if self._stale and b.ghost is not None else b.note,
                 slot,
                 metrics,
             )

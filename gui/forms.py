@@ -363,7 +363,9 @@ class FormPanel(QGroupBox):
         the engine says about it."""
         for row in self.rows.values():
             value = row.get(scenario)
-            if row.read() != value:
+            # a combo is written even when it shows the value: it drops an item made for
+            # a value the scenario no longer holds
+            if row.read() != value or isinstance(row.widget, QComboBox):
                 with QSignalBlocker(row.widget):
                     row.write(value)
         self.clear_errors()

@@ -58,6 +58,7 @@ from PySide6.QtWidgets import (
 from engine.presets import model_names
 from engine.scenario_io import save_scenario
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from gui.chart import VERDICTS, gib_text
 from gui.forms import FormPanel, Row
 from gui.store import default_scenario
 
@@ -201,7 +202,7 @@ def scenario_files(folder: Path) -> list[Path]:
             "model": {
                 "model_type": "llama",
                 "name": "<b>tiny</b> llama",
-                "num_hidden_layers": 6000,
+                "num_hidden_layers": 6,
                 "hidden_size": 512,
                 "num_attention_heads": 8,
                 "num_key_value_heads": 2,
@@ -303,6 +304,8 @@ class Monkey:
         with self.installed():
             for _ in range(n):
                 name = self.rng.choices(names, weights)[0]
+                if self.window.store.error and self.rng.random() < 0.25:
+                    name = "undo"  # users fix what the engine rejects, often by undoing
                 try:
                     work[name]()
                     QApplication.processEvents()
@@ -343,8 +346,17 @@ class Monkey:
             self.report.stale_mismatches.append(
                 f"{where}: chart stale {stale}, store error {error!r}"
             )
-        elif not stale and w.chart._current != w.store.estimate:
-            self.report.stale_mismatches.append(f"{where}: the chart shows another estimate")
+        elif not stale:
+            est, chart = w.store.estimate, w.chart
+            words = VERDICTS[est.verdict][0] if est is not None else "?"
+            if chart._current != est:
+                self.report.stale_mismatches.append(f"{where}: the chart shows another estimate")
+            elif not chart.verdict_text().startswith(words):
+                self.report.stale_mismatches.append(
+                    f"{where}: the banner says {chart.verdict_text()!r} for {est.verdict}"
+                )
+            elif gib_text(est.capacity_bytes) not in chart.capacity_line.label.toPlainText():
+                self.report.stale_mismatches.append(f"{where}: the capacity line is not labelled")
 
     # -- actions -------------------------------------------------------------------------
     def _rows(self, kind: type[QWidget] | tuple[type[QWidget], ...]) -> list[tuple[FormPanel, Row]]:
@@ -376,7 +388,7 @@ class Monkey:
     def _number(self, box: QAbstractSpinBox, roll: float) -> str:
         assert isinstance(box, QSpinBox | QDoubleSpinBox)
         lo, hi, now = box.minimum(), box.maximum(), box.value()
-        if roll < 0.45:  # near the current value: the edits users make
+        if roll < 0.55:  # near the current value: the edits users make
             value: float = self.rng.choice((now + 1, now - 1, now * 2, now / 2, now + 8))
         elif roll < 0.7:  # anywhere in range, log-uniform
             value = math.exp(self.rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 2))))
@@ -460,7 +472,11 @@ class Monkey:
         view = chart.plot_item.getViewBox()
         scene = view.mapViewToScene(QPointF(float(index), bottom + height / 2))
         pos: QPoint = chart.plot.mapFromScene(scene)
-        QTest.mouseDClick(chart.plot.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+        # press and release, double-click, release: pyqtgraph reports clicks on release
+        viewport, left = chart.plot.viewport(), Qt.MouseButton.LeftButton
+        QTest.mouseClick(viewport, left, pos=pos)
+        QTest.mouseDClick(viewport, left, pos=pos)
+        QTest.mouseRelease(viewport, left, pos=pos)
 
     # -- stubbed dialogs -----------------------------------------------------------------
     def _open_name(self, *_args: object, **_kwargs: object) -> tuple[str, str]:

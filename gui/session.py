@@ -33,6 +33,7 @@ from typing import Any
 
 from PySide6.QtCore import QSettings, QStandardPaths
 
+from engine.errors import EstimateError
 from engine.files import read_json
 from engine.scenario_io import load_scenario, scenario_from_dict, scenario_to_dict
 from engine.specs import Scenario
@@ -92,7 +93,8 @@ def read_session(autosave: Path) -> Session | None:
         data = read_json(autosave, field="recovery file")
     except Exception as exc:  # unreadable, a FIFO, too big, not JSON: start afresh
         _set_aside(autosave)
-        return _fresh(f"could not restore the last session: {exc}")
+        reason = exc.detail if isinstance(exc, EstimateError) else _reason(exc)
+        return _fresh(f"could not restore the last session: {reason}")
     try:
         return _session(data)
     except Exception as exc:  # the engine refuses what it holds; its checks grow stricter

@@ -57,6 +57,9 @@ class WhatIfBar(QWidget):
             button.setStyleSheet(
                 "QToolButton:checked { background: palette(highlight);"
                 " color: palette(highlighted-text); border-radius: 3px; padding: 2px 4px; }"
+                # checked but off while the scenario is invalid: no active-looking colour
+                " QToolButton:checked:disabled { background: palette(midlight);"
+                " color: palette(mid); }"
             )
             button.setAccessibleName(f"What if: {whatif.label}")
             button.toggled.connect(self.update_ghosts)

@@ -1,14 +1,20 @@
-"""GUI test setup: no message box ever blocks a test.
+"""GUI test setup: no message box ever blocks a test; a ``window`` to drive.
 
 Every ``QMessageBox.exec`` is answered by :class:`~gui.monkey.MessageBoxes`: with the
 answers a test queues, else Discard (when offered) or OK. What each box said, and in which
 text format, is recorded for the test to check.
 """
 
-import pytest
-from PySide6.QtWidgets import QMessageBox
+from pathlib import Path
 
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QMessageBox
+from pytestqt.qtbot import QtBot
+
+from gui.main_window import MainWindow
 from gui.monkey import MessageBoxes
+from gui.store import default_scenario
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +22,15 @@ def message_boxes(monkeypatch: pytest.MonkeyPatch) -> MessageBoxes:
     boxes = MessageBoxes()
     monkeypatch.setattr(QMessageBox, "exec", boxes.exec_function())
     return boxes
+
+
+@pytest.fixture
+def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    """The main window on the default scenario, shown at 1280x800, its settings and
+    recovery file in ``tmp_path``."""
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(settings=settings, autosave=tmp_path / "a.json", scenario=default_scenario())
+    qtbot.addWidget(w)
+    w.resize(1280, 800)
+    w.show()
+    return w

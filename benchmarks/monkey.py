@@ -1,0 +1,60 @@
+"""A monkey test of the app: N seeded random real-widget actions on the main window.
+
+Spin boxes get typed values (in range, out of range, junk) and Enter, combos and check
+boxes their keys, plus the what-if toggles, undo/redo, New, Open (valid and invalid files),
+Save and ghost apply; file dialogs are stubbed and message boxes answered at random
+(:mod:`gui.monkey`). After every action it checks that every visible field shows the
+scenario's value (or a rejected value with its error) and that the chart is stale exactly
+when the scenario has no valid estimate.
+
+Run: ``QT_QPA_PLATFORM=offscreen python benchmarks/monkey.py [ACTIONS] [--seed N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("actions", nargs="?", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--show", type=int, default=5, help="problems to print of each kind")
+    args = parser.parse_args()
+
+    from gui.app import make_app
+    from gui.monkey import run_monkey
+
+    make_app()
+    with tempfile.TemporaryDirectory(prefix="memfit-monkey-") as folder:
+        report = run_monkey(args.actions, args.seed, Path(folder))
+    rate = report.actions / report.seconds if report.seconds else float("inf")
+    print(f"MemFit monkey (seed {args.seed}, offscreen, 1280x800)")
+    print(f"  actions:           {report.actions:,}")
+    print(f"  actions/s:         {rate:,.1f}  ({report.seconds:.1f} s)")
+    print(f"  exceptions:        {len(report.exceptions)}")
+    print(f"  field mismatches:  {len(report.field_mismatches)}")
+    print(f"  stale mismatches:  {len(report.stale_mismatches)}")
+    print(f"  message boxes:     {report.message_boxes:,}")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(report.kinds.items(), key=lambda kv: -kv[1]))
+    print(f"  by kind:           {kinds}")
+    for title, problems in (
+        ("exception", report.exceptions),
+        ("field mismatch", report.field_mismatches),
+        ("stale mismatch", report.stale_mismatches),
+    ):
+        for problem in problems[: args.show]:
+            print(f"--- {title}:\n{problem}")
+    problems = report.exceptions or report.field_mismatches or report.stale_mismatches
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

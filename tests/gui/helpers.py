@@ -1,0 +1,52 @@
+"""Scenarios and window helpers shared by the GUI tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QAbstractSpinBox
+
+from engine.presets import load_gpu, load_model
+from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from gui.main_window import MainWindow
+
+
+def bad_mesh() -> Scenario:
+    """Tensor parallel 3 on 8 GPUs: the spec accepts it, the estimate does not."""
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8),
+        TrainingSpec(method="full", parallelism=ParallelismSpec(tp=3)),
+    )
+
+
+def ini(tmp_path: Path) -> QSettings:
+    return QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+
+
+def type_into(spin: QAbstractSpinBox, text: str) -> None:
+    """Select the spin box's text, type ``text`` and press Enter, as a user does."""
+    spin.selectAll()
+    QTest.keyClicks(spin, text)
+    QTest.keyClick(spin, Qt.Key.Key_Return)
+
+
+def field_mismatches(window: MainWindow) -> list[str]:
+    """Visible rows whose widget does not show the scenario's value (and holds no
+    rejected value with its error)."""
+    from gui.monkey import agree
+
+    out = []
+    for panel in window.panels:
+        for row in panel.rows.values():
+            if not row.widget.isVisibleTo(panel):
+                continue
+            shown, value = row.read(), row.get(window.store.scenario)
+            if agree(row, shown, value):
+                continue
+            if panel.is_pending(row.path) and not row.error.isHidden():
+                continue
+            out.append(f"{row.path}: {shown!r} != {value!r}")
+    return out

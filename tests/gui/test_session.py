@@ -1,0 +1,386 @@
+"""The app always starts, and never loses or resurrects edits.
+
+A scenario the estimate rejects, a broken recovery file or settings file give a working
+window with the default scenario and a notice; the document's path and modified state
+survive a restart, a crash (``kill -9``) included; closing asks Save / Discard / Cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+from pytestqt.qtbot import QtBot
+
+from engine.scenario_io import load_scenario, save_scenario, scenario_to_dict
+from gui.main_window import MainWindow
+from gui.monkey import MessageBoxes
+from gui.session import MemorySettings, read_session
+from gui.store import ScenarioStore, default_scenario
+from tests.gui.helpers import bad_mesh, ini
+
+Button = QMessageBox.StandardButton
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def start(qtbot: QtBot, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """``start(**kwargs)``: a shown main window with its settings and recovery file in
+    ``tmp_path`` (unless given)."""
+
+    def make(**kwargs: object) -> MainWindow:
+        kwargs.setdefault("autosave", tmp_path / "last.memfit.json")
+        if "settings_path" not in kwargs:
+            kwargs.setdefault("settings", ini(tmp_path))
+        window = MainWindow(**kwargs)  # type: ignore[arg-type]
+        qtbot.addWidget(window)
+        window.resize(1280, 800)
+        window.show()
+        return window
+
+    return make
+
+
+# -- a scenario the estimate rejects ---------------------------------------------------
+
+
+def test_the_store_holds_a_scenario_the_estimate_rejects(qtbot: QtBot) -> None:
+    store = ScenarioStore(bad_mesh())
+    assert store.scenario == bad_mesh()
+    assert store.estimate is None
+    assert store.error.startswith("training.parallelism")
+
+
+def test_a_rejected_scenario_left_open_at_close_starts_again(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "bad-mesh.memfit.json"
+    save_scenario(bad_mesh(), path)
+    window = start(scenario=default_scenario())
+    assert window.open_path(path)
+    window.close()
+    again = start()
+    assert again.store.scenario == bad_mesh() and again.store.path == path
+    assert not again.store.modified and again.store.estimate is None
+    assert again.chart.is_stale() and again.chart.current_bar_count() == 0
+    assert again.chart.verdict_text().startswith("No estimate: training.parallelism")
+    tp = again.parallelism_panel.rows["training.parallelism.tp"]
+    assert not tp.error.isHidden() and "must divide" in tp.error.text()
+
+
+def test_a_rejected_scenario_in_the_old_autosave_format_starts(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    save_scenario(bad_mesh(), tmp_path / "last.memfit.json")  # a plain scenario file
+    window = start()
+    assert window.store.scenario == bad_mesh()
+    assert window.store.modified and window.store.path is None  # never lost unsaved
+    assert window.chart.is_stale()
+    assert any("recovered" in m.lower() for m in window.notice.messages())
+
+
+# -- broken recovery files ---------------------------------------------------------------
+
+
+def wrapper(**fields: object) -> str:
+    data = {
+        "memfit_autosave": 1,
+        "path": None,
+        "modified": False,
+        "scenario": scenario_to_dict(default_scenario()),
+    }
+    data.update(fields)
+    return json.dumps(data)
+
+
+BROKEN = {
+    "not JSON": b"{oops",
+    "not UTF-8": b"\xff\xfe\x00junk",
+    "empty": b"",
+    "too big": b" " * (5 << 20),
+    "a list": b"[1, 2, 3]",
+    "modified of the wrong type": wrapper(modified="yes").encode(),
+    "path of the wrong type": wrapper(path=12).encode(),
+    "a newer version": wrapper(memfit_autosave=2).encode(),
+    "an unknown scenario key": wrapper(
+        scenario={**scenario_to_dict(default_scenario()), "colour": "red"}
+    ).encode(),
+    "a scenario of the wrong shape": wrapper(scenario=[1]).encode(),
+    "an unknown preset": wrapper(
+        scenario={**scenario_to_dict(default_scenario()), "model": {"preset": "no-such"}}
+    ).encode(),
+}
+
+
+@pytest.mark.parametrize("content", BROKEN.values(), ids=BROKEN.keys())
+def test_a_broken_recovery_file_starts_with_the_default_and_says_so(
+    start, tmp_path: Path, content: bytes
+) -> None:  # type: ignore[no-untyped-def]
+    autosave = tmp_path / "last.memfit.json"
+    autosave.write_bytes(content)
+    window = start()
+    assert window.store.scenario == default_scenario() and not window.store.modified
+    assert window.store.estimate is not None and not window.chart.is_stale()
+    notices = window.notice.messages()
+    assert len(notices) == 1 and notices[0].startswith("Could not restore the last session")
+    assert window.notice.isVisible()
+    assert window.statusBar().currentMessage() == notices[0]
+    # what it held is kept beside it, not overwritten by the next autosave
+    assert (tmp_path / "last.memfit.json.unreadable").read_bytes() == content
+
+
+def test_a_recovery_folder_in_place_of_the_file(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "last.memfit.json").mkdir()
+    window = start()
+    assert window.store.scenario == default_scenario()
+    assert "directory" in window.notice.messages()[0]
+    assert not window.write_autosave()  # refused, and said once
+    assert not window.write_autosave()
+    assert sum("write the recovery file" in m for m in window.notice.messages()) == 1
+
+
+def test_the_document_file_gone_since_a_discarded_close(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "gone.memfit.json"
+    (tmp_path / "last.memfit.json").write_text(wrapper(path=str(missing), scenario=None))
+    window = start()
+    assert window.store.scenario == default_scenario() and window.store.path is None
+    assert "gone.memfit.json" in window.notice.messages()[0]
+
+
+FIFO_START = """
+import os, sys
+from pathlib import Path
+from gui.app import make_app
+make_app()
+from gui.main_window import MainWindow
+folder = Path(sys.argv[1])
+os.mkfifo(folder / "last.memfit.json")
+os.mkfifo(folder / "MemFit.conf")
+window = MainWindow(settings_path=folder / "MemFit.conf", autosave=folder / "last.memfit.json")
+window.show()
+print("notices:", " | ".join(window.notice.messages()), flush=True)
+print("settings:", type(window.settings).__name__, flush=True)
+window.add_recent(folder / "x.memfit.json")
+window.close()
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifos_in_place_of_the_recovery_and_settings_files_do_not_block(tmp_path: Path) -> None:
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", FIFO_START, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "settings: MemorySettings" in proc.stdout
+    assert "MemFit.conf is a FIFO" in proc.stdout and "kept for this session only" in proc.stdout
+    assert "Could not restore the last session" in proc.stdout and "FIFO" in proc.stdout
+    assert "closed" in proc.stdout
+    # nothing replaced the FIFOs: the settings stayed in memory, the recovery was refused
+    assert (tmp_path / "MemFit.conf").is_fifo() and (tmp_path / "last.memfit.json").is_fifo()
+
+
+# -- broken settings -------------------------------------------------------------------
+
+
+def test_settings_of_the_wrong_type_start_afresh(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "settings.ini").write_text(
+        "[window]\ngeometry=12\nsplitter=@ByteArray(junk)\n"
+        "[view]\ntable=banana\ntheme=purple\n[document]\nrecent=@Invalid()\n"
+    )
+    window = start()
+    assert window.size().width() == 1280  # the default size
+    assert window.table_act.isChecked() and window.theme_acts["system"].isChecked()
+    (note,) = window.notice.messages()
+    for key in ("window/geometry", "window/splitter", "view/table", "view/theme"):
+        assert key in note
+
+
+def test_an_oversized_settings_file_is_not_read_or_written(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "MemFit.conf"
+    path.write_bytes(b"[view]\n" + b"#" * (2 << 20))
+    window = start(settings_path=path)
+    assert isinstance(window.settings, MemorySettings)
+    assert "too big" in window.notice.messages()[0]
+    window.set_theme("system")
+    window.close()
+    assert path.stat().st_size == 7 + (2 << 20)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_settings_linked_to_a_device_stay_in_memory(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "MemFit.conf"
+    path.symlink_to("/dev/null")
+    window = start(settings_path=path)
+    assert isinstance(window.settings, MemorySettings)
+    assert "not a regular file" in window.notice.messages()[0]
+    window.add_recent(tmp_path / "a.memfit.json")
+    assert window.recent_files() == [str(tmp_path / "a.memfit.json")]
+    window.close()
+    assert path.is_symlink()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_settings_file_that_becomes_a_fifo_is_left_alone(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    window = start()
+    path = Path(window.settings.fileName())
+    os.mkfifo(path)  # no settings were written yet: QSettings has nothing to flush
+    window.add_recent(tmp_path / "a.memfit.json")
+    window.add_recent(tmp_path / "b.memfit.json")
+    assert isinstance(window.settings, MemorySettings)
+    assert sum("session only" in m for m in window.notice.messages()) == 1  # said once
+    assert window.recent_files()[0] == str(tmp_path / "b.memfit.json")
+    window.close()
+    assert path.is_fifo()
+
+
+# -- the document keeps its identity -----------------------------------------------------
+
+
+def recovered_modified(autosave: Path) -> bool:
+    return autosave.exists() and '"modified": true' in autosave.read_text()
+
+
+def test_closing_asks_save_discard_cancel(
+    start, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.memfit.json"
+    save_scenario(default_scenario(), path)
+    window = start(scenario=default_scenario())
+    assert window.open_path(path)
+    window.training_panel.rows["training.micro_batch_size"].widget.setValue(7)
+    message_boxes.queue(Button.Cancel)
+    assert not window.close() and window.isVisible()
+    asked = message_boxes.shown[-1]
+    assert asked.buttons == (Button.Save, Button.Discard, Button.Cancel)
+    assert "run.memfit.json" in asked.text
+    message_boxes.queue(Button.Save)
+    assert window.close()
+    assert load_scenario(path).training.micro_batch_size == 7
+
+
+def test_a_restart_keeps_the_path_and_the_unsaved_changes(
+    start, tmp_path: Path, qtbot: QtBot, message_boxes: MessageBoxes, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.memfit.json"
+    save_scenario(default_scenario(), path)
+    first = start(scenario=default_scenario())
+    assert first.open_path(path)
+    first.training_panel.rows["training.sequence_length"].widget.setValue(1024)
+    edited = first.store.scenario
+    autosave = tmp_path / "last.memfit.json"
+    # the recovery file follows every change a moment later (debounced)
+    qtbot.waitUntil(lambda: recovered_modified(autosave), timeout=5000)
+    data = json.loads(autosave.read_text())
+    assert data["path"] == str(path) and data["memfit_autosave"] == 1
+    # the first window is gone without closing (as after a crash): the next start recovers
+    second = start()
+    assert second.store.scenario == edited and second.store.path == path
+    assert second.store.modified and second.isWindowModified()
+    assert "run.memfit.json" in second.windowTitle()
+    assert "Recovered unsaved changes to run.memfit.json." in second.notice.messages()
+    # Open asks first, instead of replacing the recovered edits silently
+    other = tmp_path / "other.memfit.json"
+    save_scenario(bad_mesh(), other)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(other), ""))
+    message_boxes.queue(Button.Cancel)
+    second.open_act.trigger()
+    assert message_boxes.shown[-1].text == "Save the changes to run.memfit.json?"
+    assert second.store.scenario == edited
+    first.store.undo_stack.clear()  # nothing for the first window's teardown to ask about
+    first.store.undo_stack.setClean()
+
+
+def test_a_discarded_close_does_not_bring_the_edits_back(
+    start, tmp_path: Path, qtbot: QtBot, message_boxes: MessageBoxes
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.memfit.json"
+    save_scenario(default_scenario(), path)
+    window = start(scenario=default_scenario())
+    assert window.open_path(path)
+    window.training_panel.rows["training.micro_batch_size"].widget.setValue(9)
+    autosave = tmp_path / "last.memfit.json"
+    qtbot.waitUntil(lambda: recovered_modified(autosave), timeout=5000)
+    message_boxes.queue(Button.Discard)
+    assert window.close()
+    again = start()
+    assert again.store.scenario == default_scenario() and again.store.path == path
+    assert not again.store.modified and again.notice.messages() == []
+
+
+def test_a_discarded_untitled_document_starts_afresh(
+    start, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:  # type: ignore[no-untyped-def]
+    window = start(scenario=default_scenario())
+    window.training_panel.rows["training.micro_batch_size"].widget.setValue(9)
+    window.write_autosave()
+    message_boxes.queue(Button.Discard)
+    assert window.close()
+    session = read_session(tmp_path / "last.memfit.json")
+    assert session is not None and session.scenario == default_scenario()
+    assert not session.modified and session.path is None
+
+
+KILLED = """
+import os, signal, sys, time
+from pathlib import Path
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+from gui.app import make_app
+app = make_app()
+from gui.main_window import MainWindow
+folder = Path(sys.argv[1])
+window = MainWindow(settings=QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat),
+                    autosave=folder / "last.memfit.json")
+window.show()
+window.training_panel.rows["training.micro_batch_size"].widget.setValue(3)
+window.model_panel.rows["model.num_layers"].widget.setValue(20)
+recovery = folder / "last.memfit.json"
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    app.processEvents()
+    if recovery.exists() and '"num_layers": 20' in recovery.read_text():
+        break
+    time.sleep(0.02)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
+def test_edits_survive_kill_9(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    window = start()
+    t, m = window.store.scenario.training, window.store.scenario.model
+    assert (t.micro_batch_size, m.num_layers) == (3, 20)
+    assert window.store.modified and window.store.path is None
+    assert window.notice.messages() == ["Recovered unsaved changes to the untitled scenario."]
+
+
+def test_geometry_is_still_restored(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    window = start(scenario=default_scenario())
+    window.resize(1100, 700)
+    window.close()
+    geometry = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat).value(
+        "window/geometry"
+    )
+    assert isinstance(geometry, QByteArray) and not geometry.isEmpty()
+    again = start(scenario=default_scenario())
+    assert again.notice.messages() == []
