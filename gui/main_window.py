@@ -211,7 +211,7 @@ class MainWindow(QMainWindow):
             self.store.modifiedChanged,
             self.store.pathChanged,
         ):
-            signal.connect(self._autosave_timer.start)
+            signal.connect(self.schedule_autosave)
         for note in notes:
             self.notify(note)
 
@@ -800,6 +800,11 @@ class MainWindow(QMainWindow):
         )
 
     # -- recovery ------------------------------------------------------------------------
+    @Slot()
+    def schedule_autosave(self, *_: object) -> None:
+        """Write the recovery file a moment after the last of a burst of changes."""
+        self._autosave_timer.start(AUTOSAVE_DELAY_MS)
+
     @Slot()
     def write_autosave(self, discarded: bool = False) -> bool:
         """Write the recovery file: the working scenario, its path and modified state; or,

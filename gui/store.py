@@ -13,6 +13,7 @@ recovery file (:mod:`gui.session`).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -81,6 +82,9 @@ class ScenarioStore(QObject):
             return estimate(scenario), ""
         except EstimateError as exc:
             return None, str(exc)
+        except Exception as exc:  # a bug in the engine: say so, report it, keep running
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            return None, f"scenario: the estimate failed ({type(exc).__name__}: {exc})"
 
     @Slot(bool)
     def _clean_changed(self, clean: bool) -> None:

@@ -43,7 +43,8 @@ def test_a_rejected_edit_marks_the_chart_and_everything_else_stale(window: MainW
     chart = window.chart
     assert chart.is_stale() and chart.stale_reason() == window.store.error
     banner = chart.verdict_text()
-    assert banner.startswith("Out of date: training.parallelism") and "must divide" in banner
+    assert banner.startswith(f"Out of date: {window.store.error}\n")
+    assert window.store.error.startswith("training.parallelism")
     for verdict in ("Fits", "Tight", "Does not fit"):
         assert verdict not in banner
     # the last bars stay, in grey, named for what they are

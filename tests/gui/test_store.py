@@ -42,3 +42,19 @@ def test_a_rejected_scenario_has_no_estimate(qtbot) -> None:  # type: ignore[no-
     store.undo_stack.undo()
     assert store.error == "" and store.estimate is not None
     assert estimates[-1] is store.estimate
+
+
+def test_an_engine_failure_is_an_error_not_a_crash(qtbot, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    from gui import store as store_module
+
+    def broken(_scenario: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    reported: list[BaseException] = []
+    monkeypatch.setattr(store_module, "estimate", broken)
+    monkeypatch.setattr(sys, "excepthook", lambda kind, exc, tb: reported.append(exc))
+    store = ScenarioStore(default_scenario())
+    assert store.estimate is None and "ZeroDivisionError" in store.error
+    assert len(reported) == 1  # reported where uncaught errors go, not swallowed
