@@ -16,8 +16,8 @@ import argparse
 import json
 import re
 import sys
-from importlib import metadata
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any, NoReturn, TextIO
 
 from engine.errors import EstimateError, shown
