@@ -255,15 +255,36 @@ def inflight(schedule: str, pp: int, stage: int, micro: int, vpp: int = 1) -> in
 
 @dataclass(frozen=True, slots=True)
 class _Rank:
-    """One distinct rank group's result."""
+    """One distinct rank group's result (stages of one shape and position share it)."""
 
-    group: str
     items: tuple[MemoryItem, ...]
     allocated: int
     reserved: int
     device: int
     timeline: Timeline
     sharded: Sharded
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(i.bytes for i in self.sharded.host)
+
+    @property
+    def nvme_bytes(self) -> int:
+        return sum(i.bytes for i in self.sharded.nvme)
+
+    def group(self, name: str) -> RankGroup:
+        peak = self.timeline.peak
+        return RankGroup(
+            name,
+            self.allocated,
+            self.reserved,
+            self.device,
+            peak.phase,
+            peak.layer,
+            self.items,
+            self.host_bytes,
+            self.nvme_bytes,
+        )
 
 
 #: a rank's share of the model state and its step (:func:`_play`)
@@ -308,7 +329,6 @@ def _rank(
     mesh: Mesh,
     played: Played,
     stage: Stage,
-    group: str,
     chunk: ModelSpec | None = None,
 ) -> _Rank:
     """One rank group from its :func:`_play`: the items at the peak, the overheads that
@@ -379,7 +399,7 @@ def _rank(
             )
         )
     sharded = dataclasses.replace(sharded, host=tuple(host))
-    return _Rank(group, tuple(items), allocated, reserved, device, timeline, sharded)
+    return _Rank(tuple(items), allocated, reserved, device, timeline, sharded)
 
 
 def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stage) -> int:
@@ -391,15 +411,15 @@ def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stag
     return layers * ctx.hidden_bytes(model.hidden_size) * stage.inflight
 
 
-def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:
-    """Every distinct pipeline stage (one group when pp = 1)."""
+def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[tuple[str, _Rank]]:
+    """Every pipeline stage by name (one group when pp = 1); stages alike share a result."""
     tp = "any tp rank" if mesh.tp > 1 else ""
     if mesh.ep > 1:
         tp = "any tp/ep rank" if mesh.tp > 1 else "any ep rank"
     if mesh.pp == 1:
         played = _play(scenario, model, mesh, "all", Stage())
         name = "all ranks" + (f" ({tp})" if tp else "")
-        return [_rank(scenario, model, mesh, played, Stage(), name)]
+        return [(name, _rank(scenario, model, mesh, played, Stage()))]
     par = scenario.training.parallelism
     counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
     starts = [sum(counts[:c]) for c in range(len(counts))]
@@ -431,8 +451,8 @@ def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[_Rank]:
         if (*key, held) not in ranks:
             stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=held)
             played = (sharded, timeline.in_flight(held - 1))
-            ranks[(*key, held)] = _rank(scenario, stage_model, mesh, played, stage, "", chunk)
-        out.append(dataclasses.replace(ranks[(*key, held)], group=name))
+            ranks[(*key, held)] = _rank(scenario, stage_model, mesh, played, stage, chunk)
+        out.append((name, ranks[(*key, held)]))
     return out
 
 
@@ -447,8 +467,9 @@ def estimate(scenario: Scenario) -> Estimate:
     mesh = make_mesh(scenario)
     whole = model_state(scenario.model, training)
     model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
-    ranks = _stages(scenario, model, mesh)
-    worst = max(ranks, key=lambda r: r.device)
+    stages = _stages(scenario, model, mesh)
+    worst_name, worst = max(stages, key=lambda nr: nr[1].device)
+    distinct = {id(r): r for _, r in stages}.values()
     peak = worst.timeline.peak
     state, sharded = worst.sharded.state, worst.sharded
     return Estimate(
@@ -463,12 +484,11 @@ def estimate(scenario: Scenario) -> Estimate:
         peak_layer=peak.layer,
         total_params=whole.total_params,
         trainable_params=whole.trainable_params,
-        host_bytes=sum(i.bytes for i in sharded.host),
-        nvme_bytes=sum(i.bytes for i in sharded.nvme),
+        host_bytes=worst.host_bytes,
+        nvme_bytes=worst.nvme_bytes,
         host_items=sharded.host + sharded.nvme,
         mesh=mesh,
-        host_node_bytes=scenario.hardware.gpus_per_node
-        * max(sum(i.bytes for i in r.sharded.host) for r in ranks),
+        host_node_bytes=scenario.hardware.gpus_per_node * max(r.host_bytes for r in distinct),
         host_capacity_bytes=scenario.hardware.host_capacity_bytes,
         bytes_per_trainable_param=state.bytes_per_trainable_param,
         bytes_per_frozen_param=state.bytes_per_frozen_param,
@@ -476,21 +496,8 @@ def estimate(scenario: Scenario) -> Estimate:
         not_modelled=not_modelled(scenario),
         warnings=state.warnings,
         timeline=worst.timeline.points,
-        rank_groups=tuple(
-            RankGroup(
-                r.group,
-                r.allocated,
-                r.reserved,
-                r.device,
-                r.timeline.peak.phase,
-                r.timeline.peak.layer,
-                r.items,
-                sum(i.bytes for i in r.sharded.host),
-                sum(i.bytes for i in r.sharded.nvme),
-            )
-            for r in ranks
-        ),
-        worst_group=worst.group,
+        rank_groups=tuple(rank.group(name) for name, rank in stages),
+        worst_group=worst_name,
     )
 
 

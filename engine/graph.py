@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd
+from operator import mul
 from typing import Any
 
 #: The shape terms every tensor size of a block is linear in (see :class:`Lin`):
@@ -341,7 +342,7 @@ def _frontier(vectors: list[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
 
 
 def _dot(v: tuple[int, ...], values: tuple[int, ...]) -> int:
-    return sum(a * x for a, x in zip(v, values, strict=True))
+    return sum(map(mul, v, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,23 +359,28 @@ class Profile:
     forward: tuple[tuple[int, ...], ...]
     backward: tuple[tuple[int, ...], ...]
     den: int = 1
+    #: the indices of the :data:`TERMS` the block has (its vectors hold only these)
+    terms: tuple[int, ...] = tuple(range(len(TERMS)))
 
     def at(self, values: tuple[int, ...]) -> BlockResult:
         """The block at the shape whose :data:`TERMS` are ``values``
         (:meth:`engine.layers.Ctx.terms`)."""
         den = self.den
+        mine = tuple(values[i] for i in self.terms)
 
         def val(v: tuple[int, ...]) -> int:
-            total = _dot(v, values)
+            total = _dot(v, mine)
+            if den == 1:
+                return total
             if total % den:
                 raise ValueError(f"not a whole number of bytes at {values}")
             return total // den
 
         return BlockResult(
             val(self.kept),
-            max(val(v) for v in self.forward),
+            max(map(val, self.forward)),
             val(self.output),
-            max(val(v) for v in self.backward),
+            max(map(val, self.backward)),
             val(self.input_grad),
             val(self.param_grads),
             val(self.held),
@@ -391,13 +397,22 @@ def profile(block: Block, output: str, input_grad: bool = True) -> Profile:
     singles = [kept, out, g_in, grads, held]
     den = _denominator([*singles, *fwd, *bwd])
     k, o, g, p, h = (_vector(v, den) for v in singles)
+    forward = _frontier([_vector(v, den) for v in fwd])
+    backward = _frontier([_vector(v, den) for v in bwd])
+    every = (k, o, g, p, h, *forward, *backward)
+    used = tuple(i for i in range(len(TERMS)) if any(v[i] for v in every))
+
+    def only(v: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(v[i] for i in used)
+
     return Profile(
-        k,
-        o,
-        g,
-        p,
-        h,
-        _frontier([_vector(v, den) for v in fwd]),
-        _frontier([_vector(v, den) for v in bwd]),
+        only(k),
+        only(o),
+        only(g),
+        only(p),
+        only(h),
+        tuple(map(only, forward)),
+        tuple(map(only, backward)),
         den,
+        used,
     )

@@ -137,6 +137,17 @@ class Ctx:
         return self.frozen_bytes
 
 
+def attention_kernel(attention: str, fp32: bool) -> str:
+    """The kernel a step's attention runs: ``eager``; or what SDPA picks on CUDA --
+    ``flash`` for 16-bit inputs, ``efficient`` (memory-efficient) for fp32 ones -- or the
+    kernel asked for by name."""
+    if attention == "eager":
+        return "eager"
+    if attention == "flash" or (attention == "sdpa" and not fp32):
+        return "flash"
+    return "efficient"
+
+
 class Net:
     """Builds a :class:`Block`, tracking each tensor's bytes per element and requires_grad."""
 
@@ -413,13 +424,7 @@ class Net:
         return out
 
     def kernel(self) -> str:
-        """The SDPA kernel CUDA picks: flash for 16-bit inputs, memory-efficient for fp32."""
-        chosen = self.ctx.attention
-        if chosen == "eager":
-            return "eager"
-        if chosen == "flash" or (chosen == "sdpa" and self.ctx.mode != "fp32"):
-            return "flash"
-        return "efficient"
+        return attention_kernel(self.ctx.attention, fp32=self.ctx.mode == "fp32")
 
     def _eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout."""

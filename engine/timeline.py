@@ -189,11 +189,12 @@ def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) 
 
 
 def block_result(
-    model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
+    model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool, key: Ctx | None = None
 ) -> tuple[BlockResult, int]:
     """One block of the step at ``ctx``'s shape, from its profile where the profile holds,
-    else simulated directly; and the bytes of its autocast weight copies."""
-    key = dataclasses.replace(ctx, batch=1, seq=1)
+    else simulated directly; and the bytes of its autocast weight copies. ``key`` is
+    ``ctx`` without its shape (the profile's cache key), when the caller has it."""
+    key = key or dataclasses.replace(ctx, batch=1, seq=1)
     prof, copies = _profile(model, key, kind, x_grad, chunked)
     if prof is not None:
         try:
@@ -211,8 +212,10 @@ def _blocks(
     tuple[BlockResult, int],
     tuple[BlockResult, int],
 ]:
+    key = dataclasses.replace(ctx, batch=1, seq=1)
+
     def at(kind: str, x_grad: bool) -> tuple[BlockResult, int]:
-        return block_result(model, ctx, kind, x_grad, chunked)
+        return block_result(model, ctx, kind, x_grad, chunked, key)
 
     first_kind = "moe" if model.is_moe and model.first_dense_layers == 0 else "dense"
     return (

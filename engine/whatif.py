@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from engine.errors import EstimateError
 from engine.estimate import Estimate, estimate
+from engine.layers import attention_kernel
 from engine.sharding import make_mesh
 from engine.specs import Scenario, TrainingSpec
 
@@ -109,23 +110,9 @@ def _cpu_offload(s: Scenario) -> TrainingSpec | str:
     )
 
 
-def attention_kernel(training: TrainingSpec) -> str:
-    """The attention kernel a step runs: ``eager``, ``flash`` or ``efficient``.
-
-    The same rule as :meth:`engine.layers.Net.kernel`: SDPA picks flash attention for
-    16-bit inputs and the memory-efficient kernel for fp32.
-    """
-    chosen = training.attention
-    if chosen == "eager":
-        return "eager"
-    if chosen == "flash" or (chosen == "sdpa" and training.precision != "fp32"):
-        return "flash"
-    return "efficient"
-
-
 def _flash(s: Scenario) -> TrainingSpec | str:
     t = s.training
-    if attention_kernel(t) == "flash":
+    if attention_kernel(t.attention, fp32=t.precision == "fp32") == "flash":
         if t.attention == "flash":
             return "the scenario already uses flash attention"
         return "SDPA already runs the flash kernel for 16-bit compute"

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import sys
-from importlib import metadata
 
 from PySide6.QtCore import QCoreApplication
 from PySide6.QtWidgets import QApplication
 
+from engine.cli import version
+
 APP_NAME = "MemFit"
 ORG_NAME = "MemFit"
-
-
-def version() -> str:
-    """The version, from the installed package metadata (``pyproject.toml``)."""
-    try:
-        return metadata.version("memfit")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def make_app(argv: list[str] | None = None) -> QApplication:

@@ -81,6 +81,8 @@ Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
 BAR_HALF_WIDTH = 0.32
 GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
+#: The most rank groups (pipeline stages) drawn as bars of their own.
+MAX_GROUP_BARS = 12
 #: How many "not yet modelled" entries the short note names before "…".
 NOTE_NAMES = 3
 
@@ -118,19 +120,40 @@ class _Bar:
         return [sum(i.bytes for i in self.items if i.category == cat) for cat in CATEGORIES]
 
 
+def shown_groups(est: Estimate) -> list[int]:
+    """The rank groups that get a bar: all of them up to :data:`MAX_GROUP_BARS`; beyond,
+    the first, the worst, the last and evenly spaced ones between (a deep pipeline's
+    1,024 stages would be 1,024 unreadable bars)."""
+    count = len(est.rank_groups)
+    if count <= MAX_GROUP_BARS:
+        return list(range(count))
+    worst = next(i for i, g in enumerate(est.rank_groups) if g.group == est.worst_group)
+    keep = {0, worst, count - 1}
+    step = (count - 1) / (MAX_GROUP_BARS - 1)
+    for k in range(MAX_GROUP_BARS):
+        if len(keep) >= MAX_GROUP_BARS:
+            break
+        keep.add(round(k * step))
+    return sorted(keep)
+
+
 def current_bars(est: Estimate) -> list[_Bar]:
-    """One bar per distinct rank group when ranks differ, else one bar, ``current``."""
+    """One bar per distinct rank group when ranks differ (at most :data:`MAX_GROUP_BARS`,
+    see :func:`shown_groups`), else one bar, ``current``."""
     if len(est.rank_groups) < 2:
         return [_Bar("current", "", est.items, est.device_bytes)]
     bars = []
-    for g in est.rank_groups:
+    shown = shown_groups(est)
+    for i in shown:
+        g = est.rank_groups[i]
         # "pp stage 1, any tp rank": the stage under the bar, the whole name in its tooltip
         worst = g.group == est.worst_group
         note = "worst" if worst else ""
         title = " · ".join(filter(None, (g.group, note)))
-        bars.append(
-            _Bar(g.group.split(", ")[0], note, g.items, g.device_bytes, worst=worst, title=title)
-        )
+        label = g.group.split(", ")[0]
+        if len(shown) > 6:  # narrow bars: "stage 93" fits where "pp stage 93" does not
+            label = label.removeprefix("pp ")
+        bars.append(_Bar(label, note, g.items, g.device_bytes, worst=worst, title=title))
     return bars
 
 
@@ -504,15 +527,26 @@ class BreakdownChart(QWidget):
         self._style_banner(current.verdict, background, foreground)
         self.verdict_label.show()
         self._show_host(current)
+        lines = []
+        groups = len(current.rank_groups)
+        if groups > MAX_GROUP_BARS:
+            lines.append(
+                f"{MAX_GROUP_BARS} of {groups:,} pipeline stages drawn: the first, the worst, "
+                "the last and evenly spaced ones between"
+            )
         if current.not_modelled:
-            self.note_label.setText(
+            lines.append(
                 f"Not yet modelled: {_short_not_modelled(current.not_modelled)} (counted as 0)"
             )
+        if lines:
+            self.note_label.setText("\n".join(lines))
             self.note_label.setToolTip(
                 rich_text(
                     "Not yet modelled (counted as 0):\n"
                     + "\n".join(f"• {note}" for note in current.not_modelled)
                 )
+                if current.not_modelled
+                else ""
             )
             self.note_label.show()
         else:

@@ -20,7 +20,15 @@ from engine.model_state import CATEGORIES
 from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui import chart_export
-from gui.chart import CATEGORY_COLOURS, GIB, BreakdownChart, Ghost, gib_text, tick_lines
+from gui.chart import (
+    CATEGORY_COLOURS,
+    GIB,
+    BreakdownChart,
+    Ghost,
+    gib_text,
+    shown_groups,
+    tick_lines,
+)
 from gui.chart_export import chart_image, export_png, export_svg
 
 SIZE = QSize(900, 560)
@@ -526,3 +534,25 @@ def test_host_badge_follows_the_palette(chart: BreakdownChart) -> None:
     chart.setPalette(dark)
     assert "color: #e8eaed" in chart.host_label.styleSheet()
     assert chart.worst_outline.opts["pen"].color().name() == "#e8eaed"
+
+
+def test_a_deep_pipeline_draws_at_most_twelve_stage_bars(chart: BreakdownChart) -> None:
+    """1,024 pipeline stages are 1,024 rank groups; the chart draws the first, the worst,
+    the last and evenly spaced ones between, twelve in all, and says so."""
+    model = dataclasses.replace(load_model("llama-3.2-1b"), num_layers=1024)
+    deep = estimate(
+        Scenario(
+            model,
+            HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=128),
+            TrainingSpec(gradient_accumulation_steps=16, parallelism=ParallelismSpec(pp=1024)),
+        )
+    )
+    assert len(deep.rank_groups) == 1024
+    shown = shown_groups(deep)
+    worst = next(i for i, g in enumerate(deep.rank_groups) if g.group == deep.worst_group)
+    assert len(shown) == 12 and shown == sorted(shown)
+    assert {0, worst, 1023} <= set(shown)
+    chart.set_estimates(deep)
+    assert chart.current_bar_count() == 12
+    assert chart.worst_bar() == shown.index(worst)
+    assert "12 of 1,024 pipeline stages drawn" in chart.note_label.text()
