@@ -312,7 +312,9 @@ class Net:
         return y
 
     def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:
-        """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``; A, B fp32 (AMP)."""
+        """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``; A and B, and so
+        their gradients, fp32 under AMP and fp32, 16-bit on a 16-bit module (pure bf16, and
+        the 16-bit module weights of DeepSpeed and Megatron)."""
         ctx, r = self.ctx, self.ctx.lora_rank
         adapter_dtype = 2 if ctx.mode == "half" else 4
         xin = self.cast(x, adapter_dtype) if ctx.mode != "amp" else x
@@ -320,9 +322,9 @@ class Net:
         if ctx.mode == "amp":
             xin = self.cast(xin, 2)
         a = self.new("loraA", tokens * r, ctx.act, True)
-        self._op("lora_A", [xin], [a], saves=[xin], weight_grad=4 * r * in_f)
+        self._op("lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * in_f)
         b = self.new("loraB", tokens * out_f, ctx.act, True)
-        self._op("lora_B", [a], [b], saves=[a], weight_grad=4 * r * out_f)
+        self._op("lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * out_f)
         scaled = self.unary("scale", b)
         return self.binary("add", base, scaled)
 

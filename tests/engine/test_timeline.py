@@ -129,3 +129,20 @@ def test_the_family_label_changes_nothing() -> None:
             as_is = estimate(Scenario(model, gpu, training))
             relabelled = estimate(Scenario(dataclasses.replace(model, family="x"), gpu, training))
             assert relabelled.items == as_is.items, name
+
+
+def test_backward_never_produces_more_gradient_than_the_model_state_holds() -> None:
+    """The gradients backward leaves are the trainable tensors' own, in their dtype: LoRA's
+    adapters are 16-bit on a pure bf16 model, so their gradients are too (they were
+    counted in fp32, twice the model state's)."""
+    from engine.model_state import model_state
+    from engine.timeline import step_timeline
+
+    model = load_model("llama-3.2-1b")
+    for precision in ("bf16", "bf16-mixed", "fp32"):
+        for method in ("lora", "qlora", "full"):
+            training = TrainingSpec(method=method, precision=precision, micro_batch_size=2)
+            state = model_state(model, training)
+            timeline = step_timeline(model, training, state)
+            produced = max(p.gradients for p in timeline.points if p.phase == "backward")
+            assert produced <= state.category_bytes("gradients"), (precision, method)
