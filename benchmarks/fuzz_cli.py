@@ -36,9 +36,11 @@ def in_processes(count: int, seed: int) -> Counter[str]:
     with tempfile.TemporaryDirectory(prefix="memfit-fuzz-") as tmp:
         for _ in range(count):
             _, argv = make_case(rng, scenarios, configs, Path(tmp))
+            # a command line is bytes: a lone surrogate goes as the bytes that encode it
+            raw = [a.encode("utf-8", "surrogatepass") for a in argv]
             try:
                 run = subprocess.run(
-                    [exe, *argv],
+                    [exe.encode(), *raw],
                     capture_output=True,
                     timeout=60,
                     check=False,
