@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
@@ -11,6 +14,22 @@ from PySide6.QtWidgets import QAbstractSpinBox
 from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui.main_window import MainWindow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_offscreen(code: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code args`` in a process of its own, offscreen, with the source tree
+    importable and ``env`` added to the environment."""
+    full = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT), **env)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+        check=False,
+    )
 
 
 def bad_mesh() -> Scenario:

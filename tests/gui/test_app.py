@@ -1,11 +1,9 @@
 """``memfit`` with no arguments opens the window (run as its own process) and quits cleanly."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from gui.app import version
+from tests.gui.helpers import run_offscreen
 
 SMOKE = """
 from PySide6.QtCore import QTimer
@@ -30,21 +28,9 @@ raise SystemExit(main([]))
 
 
 def test_memfit_without_arguments_opens_the_window(tmp_path: Path) -> None:
-    env = dict(
-        os.environ,
-        QT_QPA_PLATFORM="offscreen",
-        XDG_CONFIG_HOME=str(tmp_path / "cfg"),
-        XDG_DATA_HOME=str(tmp_path / "data"),
-        HOME=str(tmp_path),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SMOKE],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    dirs = {"XDG_CONFIG_HOME": "cfg", "XDG_DATA_HOME": "data"}
+    env = {k: str(tmp_path / v) for k, v in dirs.items()}
+    proc = run_offscreen(SMOKE, HOME=str(tmp_path), **env)
     assert proc.returncode == 0, proc.stderr
     assert "window: Untitled" in proc.stdout and "MemFit" in proc.stdout
     # closing autosaved the scenario, which reopens on the next start

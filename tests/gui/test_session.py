@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,10 +22,9 @@ from gui.main_window import MainWindow
 from gui.monkey import MessageBoxes
 from gui.session import MemorySettings, read_session
 from gui.store import ScenarioStore, default_scenario
-from tests.gui.helpers import bad_mesh, ini
+from tests.gui.helpers import bad_mesh, ini, run_offscreen
 
 Button = QMessageBox.StandardButton
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -171,15 +168,7 @@ print("closed", flush=True)
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_fifos_in_place_of_the_recovery_and_settings_files_do_not_block(tmp_path: Path) -> None:
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", FIFO_START, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    proc = run_offscreen(FIFO_START, str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "settings: MemorySettings" in proc.stdout
     assert "MemFit.conf is a FIFO" in proc.stdout and "kept for this session only" in proc.stdout
@@ -357,15 +346,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
 def test_edits_survive_kill_9(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", KILLED, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    proc = run_offscreen(KILLED, str(tmp_path))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     window = start()
     t, m = window.store.scenario.training, window.store.scenario.model
