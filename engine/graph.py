@@ -77,21 +77,16 @@ class Lin:
         i = TERMS.index(term)
         return Lin(tuple(int(j == i) for j in range(len(TERMS))))
 
-    def _coefs(self, other: Size) -> tuple[Coef, ...]:
-        if isinstance(other, Lin):
-            return other.c
-        return tuple(other if i == _ONE else 0 for i in range(len(TERMS)))
-
     def __add__(self, other: Size) -> Lin:
-        return Lin(tuple(a + b for a, b in zip(self.c, self._coefs(other), strict=True)))
+        return Lin(tuple(a + b for a, b in zip(self.c, _coefs(other), strict=True)))
 
     __radd__ = __add__
 
     def __sub__(self, other: Size) -> Lin:
-        return Lin(tuple(a - b for a, b in zip(self.c, self._coefs(other), strict=True)))
+        return Lin(tuple(a - b for a, b in zip(self.c, _coefs(other), strict=True)))
 
     def __rsub__(self, other: Size) -> Lin:
-        return Lin(tuple(b - a for a, b in zip(self.c, self._coefs(other), strict=True)))
+        return Lin(tuple(b - a for a, b in zip(self.c, _coefs(other), strict=True)))
 
     def __mul__(self, k: int) -> Lin:
         if not isinstance(k, int):
@@ -109,7 +104,7 @@ class Lin:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, int | Lin):
-            return self.c == self._coefs(other)
+            return self.c == _coefs(other)
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -131,12 +126,19 @@ class Lin:
 Size = int | Lin
 
 
+def _coefs(size: Size) -> tuple[Coef, ...]:
+    """The coefficients of ``size`` over :data:`TERMS` (a plain integer is a constant)."""
+    if isinstance(size, Lin):
+        return size.c
+    return tuple(size if i == _ONE else 0 for i in range(len(TERMS)))
+
+
 def larger(a: Size, b: Size) -> Size:
     """The larger of two sizes; for symbolic sizes, the one that is at least the other in
     every term (a broadcast's operands: the full tensor and, say, a row statistic)."""
     if not isinstance(a, Lin) and not isinstance(b, Lin):
         return max(a, b)
-    ca, cb = Lin((0,) * len(TERMS))._coefs(a), Lin((0,) * len(TERMS))._coefs(b)
+    ca, cb = _coefs(a), _coefs(b)
     if all(x >= y for x, y in zip(ca, cb, strict=True)):
         return a
     if all(y >= x for x, y in zip(ca, cb, strict=True)):
@@ -309,7 +311,7 @@ def _int(value: Size) -> int:
 
 def _vector(value: Size, den: int) -> tuple[int, ...]:
     """``value`` x ``den`` as integer coefficients of :data:`TERMS`."""
-    coefs = value.c if isinstance(value, Lin) else Lin((0,) * len(TERMS))._coefs(value)
+    coefs = _coefs(value)
     out = []
     for a in coefs:
         scaled = a * den
