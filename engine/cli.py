@@ -4,6 +4,9 @@
 ``memfit estimate --model llama-3-8b --gpu h100-sxm-80gb --method lora ...`` prints a table;
 flags override any field of the scenario (``--set training.lora.alpha=64`` reaches the
 ones without a flag of their own); ``memfit presets models|gpus`` lists the presets.
+``memfit fit`` prints the largest micro-batch and sequence length that fit, the fewest
+GPUs, and the best fitting configurations of the strategy space with their memory,
+tokens/s and bound; ``memfit sweep`` prints (or ``--csv FILE`` writes) the whole space.
 On more than one GPU the table adds the device mesh and one row per distinct rank group
 (pipeline stage), the worst marked; with offload, or the host RAM given, the host RAM per
 node and its verdict.
@@ -22,11 +25,12 @@ from typing import Any, NoReturn, TextIO
 
 from engine.errors import EstimateError, shown
 from engine.estimate import GIB, Estimate, estimate
-from engine.files import read_json
+from engine.files import read_json, write_text
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
 from engine.report import mesh_text, peak_phase, shows_host, shows_ranks
 from engine.scenario_io import save_scenario, scenario_from_dict
+from engine.solve import SERVER_GPUS, max_micro_batch, max_sequence_length, min_gpus, with_gpus
 from engine.specs import (
     ACTIVATION_OFFLOAD,
     ATTENTION_KERNELS,
@@ -38,7 +42,10 @@ from engine.specs import (
     OPTIMIZERS,
     PP_SCHEDULES,
     PRECISIONS,
+    Scenario,
 )
+from engine.steptime import StepTime
+from engine.sweep import best, describe, points_csv, sweep
 
 EXIT_USAGE = 2
 
@@ -212,12 +219,34 @@ def format_table(est: Estimate) -> str:
         f"verdict: {est.verdict.upper()}"
         + (" (a lower bound: parts of the step are not modelled yet)" if est.not_modelled else ""),
     ]
+    lines += time_lines(est.time)
     lines += [f"warning: {w}" for w in est.warnings]
     lines += _rank_lines(est) + _host_lines(est)
     if est.not_modelled:
         lines += ["", "Not yet modelled (counted as 0 above):"]
         lines += [f"  - {note}" for note in est.not_modelled]
     return "\n".join(lines)
+
+
+def time_lines(t: StepTime) -> list[str]:
+    """The step time, throughput, MFU and bound, and the run's cost for a token budget."""
+    lines = [
+        "",
+        f"step time {t.step_time_s:.4g} s   {t.tokens_per_s:,.0f} tokens/s "
+        f"({t.tokens_per_s_per_gpu:,.0f} per GPU)   MFU {100 * t.mfu:.1f} %   "
+        f"bound: {t.bound.replace('_', ' ')}",
+    ]
+    for term in t.terms:
+        if term.seconds > 0:
+            lines.append(f"  {term.name:<56}{term.seconds:>10.4g} s   {term.kind}")
+    if t.run_time_s is not None:
+        cost = f"   cost {t.cost:,.0f}" if t.cost is not None else ""
+        lines.append(
+            f"token budget: {t.run_time_s / 3600:,.1f} h wall time   "
+            f"{t.gpu_hours:,.0f} GPU-hours{cost}"
+        )
+    lines += [f"assumed: {a}" for a in t.assumptions]
+    return lines
 
 
 def _rank_lines(est: Estimate) -> list[str]:
@@ -337,6 +366,14 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate the memory of a training step")
     _add_estimate_flags(est)
+    fit = sub.add_parser("fit", help="the best configurations that fit, and the limits")
+    _add_estimate_flags(fit)
+    fit.add_argument("--top", type=int, default=10, help="how many configurations (10)")
+    fit.add_argument("--gpus", type=int, help="the GPU count to plan for (default: the scenario's)")
+    sw = sub.add_parser("sweep", help="every configuration of the strategy space")
+    _add_estimate_flags(sw)
+    sw.add_argument("--gpus", type=int, help="the GPU count to sweep (default: the scenario's)")
+    sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
     pre = sub.add_parser("presets", help="list model or GPU presets")
     pre.add_argument("kind", choices=("models", "gpus"))
     pre.add_argument("--json", action="store_true")
@@ -394,10 +431,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "presets":
             _presets(args.kind, args.json, out)
             return 0
-        if args.command != "estimate":
+        if args.command not in ("estimate", "fit", "sweep"):
             parser.print_help(out)
             return EXIT_USAGE
         scenario = scenario_from_dict(build_scenario_dict(args))
+        if args.command in ("fit", "sweep"):
+            return _plan(args, scenario, out)
         result = estimate(scenario)
         if args.save:
             save_scenario(scenario, args.save)
@@ -418,6 +457,71 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             print(printable(format_table(result)), file=out)
     except BrokenPipeError:
         return 0
+    return 0
+
+
+def _on_gpus(scenario: Scenario, gpus: int | None) -> Scenario:
+    """``scenario`` on ``gpus`` GPUs: one node up to its size, else whole nodes."""
+    if gpus is None:
+        return scenario
+    hw = scenario.hardware
+    node = hw.gpus_per_node if hw.nodes > 1 else max(hw.gpus_per_node, SERVER_GPUS)
+    if gpus < 1 or (gpus > node and gpus % node):
+        raise EstimateError(
+            "--gpus", f"got {gpus}, expected 1 to {node} or a multiple of {node} (GPUs per node)"
+        )
+    per_node, nodes = (gpus, 1) if gpus <= node else (node, gpus // node)
+    return with_gpus(scenario, per_node, nodes)
+
+
+def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
+    """``memfit fit`` and ``memfit sweep``."""
+    scenario = _on_gpus(scenario, args.gpus)
+    points = sweep(scenario)
+    if args.command == "sweep":
+        if args.csv:
+            write_text(args.csv, points_csv(points))
+        if args.json:
+            json.dump({"configs": len(points), "points": [p.as_dict() for p in points]}, out)
+            out.write("\n")
+        elif not args.csv:
+            out.write(points_csv(points))
+        else:
+            print(f"{len(points)} configurations written to {printable(args.csv)}", file=out)
+        return 0
+    if args.top < 1:
+        raise EstimateError("--top", f"got {args.top}, expected at least 1")
+    top = best(points, args.top)
+    limits = {
+        "max_micro_batch_size": max_micro_batch(scenario),
+        "max_sequence_length": max_sequence_length(scenario),
+        "min_gpus": (lambda s: s.hardware.world_size if s else None)(min_gpus(scenario)),
+    }
+    if args.json:
+        json.dump({**limits, "configs": [p.as_dict() for p in top]}, out, indent=2)
+        out.write("\n")
+        return 0
+    print(
+        printable(
+            f"{scenario.model.label} on {scenario.hardware.world_size} x "
+            f"{scenario.hardware.gpu.display_name}: {len(points)} configurations, "
+            f"{sum(p.fits for p in points)} fit the budget"
+        ),
+        file=out,
+    )
+    for key, value in limits.items():
+        print(f"  {key.replace('_', ' ')}: {value if value is not None else 'none fits'}", file=out)
+    print(
+        f"\n{'#':>3} {'GiB':>8} {'tokens/s':>12} {'MFU':>6}  {'bound':<17} configuration", file=out
+    )
+    for i, p in enumerate(top, 1):
+        print(
+            f"{i:>3} {p.device_bytes / GIB:>8.2f} {p.time.tokens_per_s:>12,.0f} "
+            f"{100 * p.time.mfu:>5.1f}%  {p.time.bound:<17} {describe(p.scenario)}",
+            file=out,
+        )
+    if not top:
+        print("no configuration of the space fits the budget", file=out)
     return 0
 
 

@@ -32,6 +32,7 @@ from engine.sharding import (
     tensor_parallel_shard,
 )
 from engine.specs import ModelSpec, Scenario, TrainingSpec
+from engine.steptime import StepTime, step_time
 from engine.timeline import (
     Gather,
     Point,
@@ -129,6 +130,11 @@ class Estimate:
         """Capacity minus the device total (negative when it does not fit)."""
         return self.capacity_bytes - self.device_bytes
 
+    @property
+    def time(self) -> StepTime:
+        """The step time of the scenario (:mod:`engine.steptime`)."""
+        return step_time(self.scenario)
+
     def to_dict(self) -> dict[str, Any]:
         """The stable ``--json`` shape (``memfit_estimate`` version 1)."""
         breakdown: dict[str, Any] = dict(self.breakdown)
@@ -173,6 +179,7 @@ class Estimate:
                 {"name": i.name, "category": i.category, "bytes": i.bytes} for i in self.host_items
             ],
             "mesh": dataclasses.asdict(self.mesh) if self.mesh else None,
+            "time": self.time.as_dict(),
             "worst_group": self.worst_group,
             "ranks": [
                 {

@@ -53,6 +53,11 @@ _HARDWARE_KEYS = (
     "memory_gib",
     "utilization_target",
     "host_memory_gib",
+    "network",
+    "network_gb_s",
+    "price_per_gpu_hour",
+    "matmul_efficiency",
+    "attention_efficiency",
 )
 _SUBSECTIONS: dict[str, type[Any]] = {
     "lora": LoraSpec,
@@ -203,8 +208,9 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             hw.memory_gib if hw.memory_gib is not None else (hw.gpu.memory_mib / 1024)
         )
     hardware["utilization_target"] = hw.utilization_target
-    if hw.host_memory_gib is not None:
-        hardware["host_memory_gib"] = hw.host_memory_gib
+    for key in _HARDWARE_KEYS[5:]:
+        if getattr(hw, key) is not None:
+            hardware[key] = getattr(hw, key)
     training: dict[str, Any] = {}
     for f in dataclasses.fields(TrainingSpec):
         value = getattr(scenario.training, f.name)

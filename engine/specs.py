@@ -43,6 +43,22 @@ MAX_LAYERS = 4096
 MAX_EXPERTS = 4096
 #: the device memory a scenario may give (GiB, 2^30 bytes)
 MEMORY_GIB = (1.0, 16384.0)
+#: accepted achievable shares of a peak throughput
+EFFICIENCY_RANGE = (0.01, 1.0)
+#: fabrics between nodes: GB/s one way per node, all NICs together (Gb/s x NICs / 8)
+NETWORKS: dict[str, float] = {
+    "infiniband-xdr-8x800": 800.0,  # ConnectX-8, one 800 Gb/s NIC per GPU (GB200/B300)
+    "infiniband-ndr-8x400": 400.0,  # DGX H100/H200/B200: 8 ConnectX-7 at 400 Gb/s
+    "infiniband-hdr-8x200": 200.0,  # DGX A100: 8 ConnectX-6 at 200 Gb/s
+    "infiniband-hdr-4x200": 100.0,
+    "infiniband-edr-4x100": 50.0,  # DGX-1/DGX-2 era: 100 Gb/s EDR
+    "roce-8x400": 400.0,
+    "aws-efa-3200": 400.0,  # p5: 3,200 Gb/s EFA
+    "aws-efa-400": 50.0,  # p4d: 400 Gb/s EFA
+    "gcp-a3-8x200": 200.0,  # A3: 8 NICs at 200 Gb/s (GPUDirect-TCPX)
+    "ethernet-100g": 12.5,
+    "ethernet-25g": 3.125,
+}
 
 ARCHITECTURES = ("decoder", "encoder")
 MLP_KINDS = ("gated", "plain")
@@ -346,6 +362,12 @@ class GpuSpec:
     interconnect_gb_s: float = 0.0
     form_factor: str = ""
     source: str = ""
+    #: what one GPU-hour of this device costs the user; ``None`` (unknown) hides cost
+    price_per_gpu_hour: float | None = None
+    #: achievable share of the dense peak for large matmuls and for the attention
+    #: kernel; ``None`` takes the architecture's figure (:data:`engine.steptime.EFFICIENCY`)
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
 
     VENDORS = ("nvidia", "amd", "intel")
     HOST_LINKS = ("pcie-gen3", "pcie-gen4", "pcie-gen5", "pcie-gen6", "nvlink-c2c")
@@ -366,6 +388,11 @@ class GpuSpec:
         check_choice(f + "host_link", self.host_link, self.HOST_LINKS)
         check_float(f + "host_link_gb_s", self.host_link_gb_s, 1.0, 1e5)
         check_float(f + "interconnect_gb_s", self.interconnect_gb_s, 0.0, 1e5)
+        if self.price_per_gpu_hour is not None:
+            check_float(f + "price_per_gpu_hour", self.price_per_gpu_hour, 0.0, 1e6)
+        for name in ("matmul_efficiency", "attention_efficiency"):
+            if getattr(self, name) is not None:
+                check_float(f + name, getattr(self, name), *EFFICIENCY_RANGE)
 
     @property
     def memory_bytes(self) -> int:
@@ -388,6 +415,15 @@ class HardwareSpec:
     utilization_target: float = 0.85
     #: host RAM of one node in GiB, for the host-memory verdict of offload (None: unknown)
     host_memory_gib: float | None = None
+    #: the fabric between nodes, a name of :data:`NETWORKS`; ``network_gb_s`` (GB/s one
+    #: way, all of a node's NICs together) overrides it. Unset: the GPU generation's
+    #: usual fabric (:func:`engine.steptime.network_gb_s`)
+    network: str | None = None
+    network_gb_s: float | None = None
+    #: overrides of the GPU preset's price and efficiencies (see :class:`GpuSpec`)
+    price_per_gpu_hour: float | None = None
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSpec):
@@ -400,6 +436,15 @@ class HardwareSpec:
         check_float("hardware.utilization_target", self.utilization_target, 0.1, 1.0)
         if self.host_memory_gib is not None:
             check_float("hardware.host_memory_gib", self.host_memory_gib, 1.0, 1 << 20)
+        if self.network is not None and self.network not in NETWORKS:
+            check_choice("hardware.network", self.network, tuple(NETWORKS))
+        if self.network_gb_s is not None:
+            check_float("hardware.network_gb_s", self.network_gb_s, 0.1, 1e5)
+        if self.price_per_gpu_hour is not None:
+            check_float("hardware.price_per_gpu_hour", self.price_per_gpu_hour, 0.0, 1e6)
+        for name in ("matmul_efficiency", "attention_efficiency"):
+            if getattr(self, name) is not None:
+                check_float("hardware." + name, getattr(self, name), *EFFICIENCY_RANGE)
 
     @property
     def capacity_bytes(self) -> int:
@@ -576,6 +621,8 @@ class TrainingSpec:
     attention: str = "sdpa"
     #: "chunked": a fused/chunked cross-entropy that never materializes the logits
     loss: str = "standard"
+    #: tokens the whole run trains on, for its wall time, GPU-hours and cost (None: not asked)
+    token_budget: int | None = None
     lora: LoraSpec = field(default_factory=LoraSpec)
     qlora: QuantSpec = field(default_factory=QuantSpec)
     freeze: FreezeSpec = field(default_factory=FreezeSpec)
@@ -605,6 +652,8 @@ class TrainingSpec:
         check_int(t + "checkpoint_every_k", self.checkpoint_every_k, 1, MAX_LAYERS)
         check_choice(t + "attention", self.attention, ATTENTION_KERNELS)
         check_choice(t + "loss", self.loss, LOSSES)
+        if self.token_budget is not None:
+            check_int(t + "token_budget", self.token_budget, 1, 10**16)
 
 
 @dataclass(frozen=True, slots=True)

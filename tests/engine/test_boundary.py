@@ -77,8 +77,8 @@ def wrong_values(kind: Any) -> list[Any]:
         return ["0.5", float("nan"), float("inf"), True] + ([None] if kind is float else [])
     if kind is bool:
         return ["false", "no", 0, 1, None]
-    if kind is str:
-        return [1, None, "\ud800", "a\x1b[31m", ["a"]]
+    if kind in (str, str | None):
+        return [1, "\ud800", "a\x1b[31m", ["a"]] + ([None] if kind is str else [])
     if typing.get_origin(kind) is tuple:
         return ["q_proj", ["q_proj"], ("q_proj", 3), ("\x1b",)]
     raise AssertionError(f"no wrong values for {kind!r}")

@@ -1,0 +1,940 @@
+"""Step time: what one optimizer step costs in seconds, what bounds it, and what a run costs.
+
+The memory model says whether a step fits; this model says how long it takes, so that a
+memory saving can be weighed against its price in time. It plays the same step as
+:mod:`engine.timeline` -- forward through every layer, the loss, backward, the optimizer --
+and prices every piece of work by what limits it:
+
+* **matmuls** (every ``nn.Linear`` of :func:`engine.params.model_tensors`, the LM head and
+  the LoRA adapters) by a roofline per GEMM: ``max(FLOPs / (peak x e_mm), bytes /
+  (bandwidth x e_mem))``, so large GEMMs are compute-bound and a rank-16 adapter or a
+  router is bandwidth-bound (Williams et al. 2009, "Roofline");
+* the **attention core** (``softmax(QK^T) V``) by the kernel in use: flash/SDPA at the
+  attention kernel's efficiency, with causal masking halving the work (Dao 2023,
+  FlashAttention-2, section 3.1); eager as two batched matmuls plus a softmax that reads
+  and writes the ``s x s`` scores;
+* the **elementwise ops** (norms, activations, residual adds, RoPE, dropout, the loss over
+  the logits, autocast's weight casts, QLoRA's dequantization, the optimizer step) by the
+  bytes they move at the device's bandwidth;
+* **communication** by ring-collective volumes (Patarasuk and Yuan 2009: an all-reduce of
+  ``S`` bytes over ``n`` ranks moves ``2 (n-1)/n S`` per rank, all-gather and
+  reduce-scatter ``(n-1)/n S``) over NVLink inside a node and over the node's network
+  share across nodes, plus a latency per collective;
+* **host transfers** (offload) over the host link, and the CPU optimizer step at the host's
+  memory bandwidth;
+* the **pipeline bubble**: ``(pp - 1) / vpp`` micro-batch times of the slowest stage for
+  1F1B, GPipe and interleaved 1F1B (Narayanan et al. 2021, section 2.2), a third of it for
+  zero-bubble schedules (Qi et al. 2023, ZB-H1).
+
+Every kernel costs at least :data:`KERNEL_S`: the GPU cannot run kernels faster than the
+host issues them, which is what bounds small models.
+
+What overlaps what (:data:`OVERLAP`): tensor-parallel, expert-parallel and pipeline
+sends are on the critical path in all frameworks. Data-parallel gradient reduction
+overlaps the last micro-batch's backward in PyTorch DDP/FSDP and Megatron-LM
+(``overlap_grad_reduce``), and in DeepSpeed only under ZeRO-3 (``overlap_comm`` defaults to
+false below stage 3). ZeRO-3 / FSDP prefetch the next unit's all-gather during the current
+unit's compute; Megatron's distributed optimizer overlaps its parameter all-gather with the
+next forward (``overlap_param_gather``). Context-parallel ring exchanges overlap the
+attention core of the same layer. Overlapped communication costs only what exceeds the
+compute it hides behind.
+
+The step's **bound** is the kind of work with the largest share of the step time.
+**MFU** counts the model FLOPs of the step -- forward and backward of every matmul and of
+the attention core as the causal mask needs it, no recomputation (Chowdhery et al. 2022,
+appendix B) -- over the step time and the dtype's dense peak of every GPU.
+
+>>> from engine.presets import load_gpu, load_model
+>>> from engine.specs import HardwareSpec, Scenario, TrainingSpec
+>>> s = Scenario(load_model("llama-3-8b"), HardwareSpec(load_gpu("h100-sxm-80gb")),
+...              TrainingSpec(sequence_length=4096))
+>>> t = step_time(s)
+>>> t.bound, 0.3 < t.mfu < 0.7
+('compute', True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from engine.model_state import lora_targets, model_state
+from engine.params import TensorGroup, model_tensors
+from engine.sharding import Mesh, make_mesh, stage_layers
+from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
+from engine.timeline import _mode
+
+#: the kinds of work a step's time is made of; the step's ``bound`` is one of them
+BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
+
+#: (matmul, attention kernel) achievable shares of the dense 16-bit peak, by architecture.
+#: Matmul: large cuBLAS/hipBLASLt GEMMs at transformer sizes; attention: the FlashAttention-2
+#: kernel PyTorch's SDPA runs (Dao 2023: 50-73 % of peak on A100 forward and backward;
+#: Shah et al. 2024, FlashAttention-3: FA2 reaches about 35 % on H100); AMD CDNA figures
+#: from public hipBLASLt GEMM measurements (about half of peak). Editable per GPU preset
+#: and per scenario (``matmul_efficiency``, ``attention_efficiency``).
+EFFICIENCY: dict[str, tuple[float, float]] = {
+    "volta": (0.75, 0.35),
+    "turing": (0.55, 0.35),
+    "ampere": (0.78, 0.55),
+    "ada": (0.70, 0.50),
+    "hopper": (0.72, 0.40),
+    "blackwell": (0.70, 0.45),
+    "cdna2": (0.55, 0.35),
+    "cdna3": (0.48, 0.35),
+    "gaudi3": (0.60, 0.40),
+}
+#: share of the memory bandwidth that streaming kernels reach (STREAM-like copies on HBM)
+MEMORY_EFFICIENCY = 0.8
+#: share of a link's one-way bandwidth that NCCL's ring collectives reach (bus bandwidth)
+COMM_EFFICIENCY = 0.8
+#: latency of one collective inside a node and across nodes (NCCL small-message times)
+LATENCY_INTRA_S = 15e-6
+LATENCY_INTER_S = 30e-6
+#: the shortest time a kernel takes: the host's launch rate through PyTorch's dispatcher
+KERNEL_S = 5e-6
+#: host memory bandwidth one node's CPU optimizer step reaches, GB/s (DeepSpeed CPU-Adam
+#: is bandwidth-bound; Ren et al. 2021, ZeRO-Offload, section 5)
+HOST_OPTIMIZER_GB_S = 100.0
+#: one node's NVMe read/write bandwidth for ZeRO-Infinity offload, GB/s
+NVME_GB_S = 6.0
+#: the usual fabric of each GPU generation's servers: one NIC per GPU of the generation's
+#: InfiniBand (DGX A100: HDR 200 Gb/s; DGX H100/H200/B200: NDR 400 Gb/s)
+DEFAULT_NETWORK = {
+    "volta": "infiniband-edr-4x100",
+    "turing": "ethernet-100g",
+    "ampere": "infiniband-hdr-8x200",
+    "ada": "ethernet-100g",
+    "hopper": "infiniband-ndr-8x400",
+    "blackwell": "infiniband-ndr-8x400",
+    "cdna2": "infiniband-hdr-8x200",
+    "cdna3": "infiniband-ndr-8x400",
+    "gaudi3": "roce-8x400",
+}
+
+#: what each framework overlaps with compute (see the module docstring)
+OVERLAP = {
+    "pytorch": {"grad_reduce": True, "param_gather": False},
+    "megatron": {"grad_reduce": True, "param_gather": True},
+    "deepspeed": {"grad_reduce": False, "param_gather": False},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One piece of the step time: ``seconds`` on the critical path (after overlap),
+    ``busy_s`` the time the work itself takes."""
+
+    name: str
+    kind: str  # one of BOUNDS
+    seconds: float
+    busy_s: float
+    formula: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """The time of one optimizer step of a scenario and what follows from it."""
+
+    step_time_s: float
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    bound: str
+    #: model FLOPs of one step (all GPUs), and what the GPUs execute with recomputation
+    model_flops: float
+    hardware_flops: float
+    terms: tuple[Term, ...]
+    gpus: int
+    #: for ``training.token_budget``: wall time, GPU-hours and cost (None: not asked or
+    #: no price known)
+    run_time_s: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    price_per_gpu_hour: float | None = None
+    #: what the figures assume that the scenario did not say
+    assumptions: tuple[str, ...] = ()
+
+    def by_kind(self) -> dict[str, float]:
+        """Seconds on the critical path by kind of work."""
+        out = dict.fromkeys(BOUNDS, 0.0)
+        for t in self.terms:
+            out[t.kind] += t.seconds
+        return out
+
+    def as_dict(self) -> dict[str, object]:
+        """The estimate JSON's ``"time"`` object."""
+        d: dict[str, object] = {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "bound": self.bound,
+            "tokens_per_step": self.tokens_per_step,
+            "model_flops_per_step": self.model_flops,
+            "hardware_flops_per_step": self.hardware_flops,
+            "seconds_by_kind": self.by_kind(),
+            "terms": [
+                {"name": t.name, "kind": t.kind, "seconds": t.seconds, "busy_s": t.busy_s}
+                for t in self.terms
+            ],
+            "assumptions": list(self.assumptions),
+        }
+        if self.run_time_s is not None:
+            d["token_budget"] = {
+                "run_time_s": self.run_time_s,
+                "gpu_hours": self.gpu_hours,
+                "cost": self.cost,
+                "price_per_gpu_hour": self.price_per_gpu_hour,
+            }
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """What one GPU of the scenario computes and moves per second."""
+
+    peak_flops: float  # the compute dtype's dense peak, FLOP/s
+    matmul_flops: float  # achievable on large matmuls
+    attention_flops: float  # achievable by the attention kernel
+    bandwidth: float  # achievable bytes/s of device memory
+    intra: float  # one-way bytes/s per GPU inside a node, at NCCL's efficiency
+    inter: float  # one-way bytes/s per GPU across nodes (its share of the node's fabric)
+    host: float  # one-way bytes/s of the host link
+    network: str
+
+
+def network_gb_s(scenario: Scenario) -> tuple[float, str]:
+    """GB/s one way of one node's fabric, and where the figure comes from."""
+    hw = scenario.hardware
+    if hw.network_gb_s is not None:
+        return hw.network_gb_s, f"{hw.network_gb_s:g} GB/s per node (hardware.network_gb_s)"
+    name = hw.network or DEFAULT_NETWORK.get(hw.gpu.architecture, "ethernet-100g")
+    note = "" if hw.network else " (assumed: the usual fabric of this GPU generation)"
+    return NETWORKS[name], f"{name}, {NETWORKS[name]:g} GB/s per node{note}"
+
+
+def _peak_tflops(gpu: GpuSpec, precision: str) -> float:
+    if precision == "fp32":
+        return gpu.fp32_tflops
+    if precision == "fp16-mixed":
+        return gpu.fp16_tflops
+    return gpu.bf16_tflops
+
+
+def device(scenario: Scenario) -> Device:
+    hw, gpu, precision = scenario.hardware, scenario.hardware.gpu, scenario.training.precision
+    mm, attn = EFFICIENCY.get(gpu.architecture, (0.6, 0.4))
+    mm = hw.matmul_efficiency or gpu.matmul_efficiency or mm
+    attn = hw.attention_efficiency or gpu.attention_efficiency or attn
+    peak = _peak_tflops(gpu, precision) * 1e12
+    # FP8 runs the linear layers' GEMMs at the FP8 rate (Transformer Engine); attention,
+    # norms and the rest stay in 16 bits
+    mm_peak = gpu.fp8_tflops * 1e12 if precision == "fp8-mixed" and gpu.fp8_tflops else peak
+    # NVLink figures are both directions together; PCIe cards talk over the host link
+    one_way = gpu.interconnect_gb_s / 2 if gpu.interconnect_gb_s else gpu.host_link_gb_s
+    net, net_note = network_gb_s(scenario)
+    return Device(
+        peak_flops=peak,
+        matmul_flops=mm_peak * mm,
+        attention_flops=peak * attn,
+        bandwidth=gpu.memory_bandwidth_gb_s * 1e9 * MEMORY_EFFICIENCY,
+        intra=one_way * 1e9 * COMM_EFFICIENCY,
+        inter=min(one_way, net / hw.gpus_per_node) * 1e9 * COMM_EFFICIENCY,
+        host=gpu.host_link_gb_s * 1e9 * COMM_EFFICIENCY,
+        network=net_note,
+    )
+
+
+def _kernel(flops: float, nbytes: float, rate: float, bandwidth: float) -> float:
+    """One kernel's time by the roofline, never under the launch floor."""
+    return max(flops / rate, nbytes / bandwidth, KERNEL_S)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One transformer layer's work on one GPU for one micro-batch, in seconds."""
+
+    matmul_fwd: float
+    matmul_bwd: float  # input gradients and, where trainable, weight gradients
+    attn_fwd: float
+    attn_bwd: float
+    elementwise_fwd: float
+    elementwise_bwd: float
+    dequant: float  # QLoRA: one dequantization of the layer's 4-bit base weights
+    flops_fwd: float  # model FLOPs, forward (matmuls and attention core)
+    flops_bwd: float
+    attn_flops_fwd: float  # the attention core's share of flops_fwd
+    tp_bytes: float  # one tensor-parallel all-reduce's payload (b s h in the compute dtype)
+    ep_bytes: float  # one expert-parallel all-to-all's payload
+    cp_bytes: float  # the K and V block one context-parallel ring step passes on
+
+
+def _act_bytes(training: TrainingSpec) -> int:
+    return 4 if training.precision == "fp32" else 2
+
+
+def _trainable(g: TensorGroup, training: TrainingSpec) -> bool:
+    if training.method == "full":
+        return True
+    if training.method == "freeze":
+        parts = {"mlp": ("mlp", "experts"), "lm_head": ("lm_head", "pooler")}
+        allowed = {c for p in training.freeze.trainable for c in parts.get(p, (p,))}
+        return g.component in allowed
+    return False
+
+
+def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) -> float:
+    """``count`` GEMMs of an (m x k) by (k x n) product."""
+    if count <= 0 or m <= 0:
+        return 0.0
+    return count * _kernel(
+        2 * m * k * n, (m * k + k * n + m * n) * dt, dev.matmul_flops, dev.bandwidth
+    )
+
+
+def _layer(
+    model: ModelSpec,
+    training: TrainingSpec,
+    mesh: Mesh,
+    dev: Device,
+    moe: bool,
+) -> _Layer:
+    """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch."""
+    tp, cp = mesh.tp, mesh.cp
+    b, s = training.micro_batch_size, training.sequence_length
+    tokens = b * s / cp  # the rank's tokens (context parallelism splits the sequence)
+    dt = _act_bytes(training)
+    h = model.hidden_size
+    roles = (
+        lora_targets(model, training.lora.targets)[0]
+        if training.method in ("lora", "qlora")
+        else frozenset()
+    )
+    r = training.lora.rank
+    lora = training.method in ("lora", "qlora")
+    mm_f = mm_b = 0.0
+    fl_f = fl_b = 0.0
+    dequant_elems = 0.0
+    f_tok = 0.0  # intermediate (MLP activation) elements per token
+    for g in _layer_groups(model, moe):
+        if not g.matrix:
+            continue
+        out_f, in_f = g.shape
+        per_layer = g.count // _span(g)
+        if g.component == "experts":
+            # the rank holds num_experts / ep experts; balanced routing sends it
+            # tokens x top-k x capacity rows in all, spread over its experts
+            local = max(1, model.num_experts // mesh.ep)
+            rows = tokens * model.num_experts_per_tok * training.parallelism.expert_capacity_factor
+            m_rows, count = rows / local, local * per_layer / model.num_experts
+            if g.linear == "down_proj":
+                f_tok += (
+                    in_f * model.num_experts_per_tok * training.parallelism.expert_capacity_factor
+                )
+        else:
+            m_rows, count = tokens, per_layer
+            if g.component == "mlp" and g.linear == "down_proj":
+                f_tok += in_f * per_layer
+        k: float
+        n: float
+        if g.component == "router":
+            k, n = in_f, out_f  # the router is replicated over tp
+        elif g.linear in ("o_proj", "down_proj"):
+            k, n = in_f / tp, out_f  # row-parallel
+        else:
+            k, n = in_f, out_f / tp  # column-parallel
+        flops = 2 * m_rows * k * n * count
+        fwd = _gemm(m_rows, k, n, dt, dev, count)
+        train_w = _trainable(g, training)
+        mm_f += fwd
+        mm_b += fwd * (2 if train_w else 1)
+        fl_f += flops
+        fl_b += flops * (2 if train_w else 1)
+        if training.method == "qlora" and g.component != "router":
+            dequant_elems += k * n * count
+        if lora and g.linear in roles:
+            a_f = _gemm(m_rows, k, r, dt, dev, count) + _gemm(m_rows, r, n, dt, dev, count)
+            mm_f += a_f
+            mm_b += 2 * a_f
+            fl_f += 2 * m_rows * r * (k + n) * count
+            fl_b += 4 * m_rows * r * (k + n) * count
+    # the attention core: per query, keys up to the causal limit or the window
+    heads = model.num_attention_heads / tp
+    d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
+    d_v = model.v_head_dim if model.kv_lora_rank else model.head_dim
+    kernel = _kernel_of(training)
+    causal = model.architecture == "decoder"
+    window = model.sliding_window if 0 < model.sliding_window < s else s
+    if kernel == "eager":
+        keys = float(s)  # eager computes every score and masks afterwards
+    elif causal:
+        keys = window - window * window / (2 * s) if window < s else (s + 1) / 2
+    else:
+        keys = float(s)
+    model_keys = (
+        ((s + 1) / 2 if window >= s else window - window * window / (2 * s)) if causal else s
+    )
+    attn_flops = 2 * b * (s / cp) * keys * heads * (d_qk + d_v)
+    model_attn = 2 * b * (s / cp) * model_keys * heads * (d_qk + d_v)
+    if kernel == "eager":
+        scores = b * heads * (s / cp) * s
+        mem = scores * dt * 4 + (scores * dt * 2 if model.attention_dropout > 0 else 0)
+        attn_f = attn_flops / dev.matmul_flops + mem / dev.bandwidth + 4 * KERNEL_S
+        attn_b = 2 * attn_flops / dev.matmul_flops + 2 * mem / dev.bandwidth + 6 * KERNEL_S
+    else:
+        attn_f = max(attn_flops / dev.attention_flops, KERNEL_S)
+        # FlashAttention's backward recomputes the scores: 2.5x the forward's FLOPs
+        attn_b = max(2.5 * attn_flops / dev.attention_flops, KERNEL_S)
+    # elementwise: bytes moved per token (reads + writes), hidden-size tensors split over
+    # tp under sequence parallelism
+    hid = h / (tp if training.parallelism.sequence_parallel else 1)
+    norms = model.norms_per_layer
+    kv_heads = max(1, model.num_key_value_heads // tp)
+    e_f = (2 * norms + 2 * 3) * hid  # norms read + write, two residual adds
+    e_b = (3 * norms + 2 * 2) * hid
+    if model.hidden_dropout > 0:
+        e_f += 2 * 2.5 * hid
+        e_b += 2 * 2 * hid
+    if model.position_embedding == "rotary":
+        rope = 2 * (heads + kv_heads) * model.head_dim
+        e_f += rope
+        e_b += rope
+    f_local = f_tok / tp
+    if model.mlp == "gated":
+        e_f += 3 * f_local
+        e_b += 5 * f_local
+    else:
+        e_f += 2 * f_local
+        e_b += 3 * f_local
+    if moe:
+        topk = model.num_experts_per_tok
+        # permute to the experts and back, forward and backward
+        e_f += 2 * 2 * topk * h
+        e_b += 2 * 2 * topk * h
+    n_kernels = 8 + 2 * norms
+    ew_f = max(e_f * tokens * dt / dev.bandwidth, n_kernels * KERNEL_S)
+    ew_b = max(e_b * tokens * dt / dev.bandwidth, 2 * n_kernels * KERNEL_S)
+    dequant = dequant_elems * 2.5 / dev.bandwidth  # read 4-bit codes, write 16 bits
+    ep_bytes = tokens * model.num_experts_per_tok * h * dt if moe and mesh.ep > 1 else 0.0
+    cp_bytes = 2 * b * (s / cp) * kv_heads * model.head_dim * dt if cp > 1 else 0.0
+    return _Layer(
+        matmul_fwd=mm_f,
+        matmul_bwd=mm_b,
+        attn_fwd=attn_f,
+        attn_bwd=attn_b,
+        elementwise_fwd=ew_f,
+        elementwise_bwd=ew_b,
+        dequant=dequant,
+        flops_fwd=fl_f + model_attn,
+        flops_bwd=fl_b + 2 * model_attn,
+        attn_flops_fwd=attn_flops,
+        tp_bytes=tokens * h * dt if tp > 1 else 0.0,
+        ep_bytes=ep_bytes,
+        cp_bytes=cp_bytes,
+    )
+
+
+def _kernel_of(training: TrainingSpec) -> str:
+    if training.attention == "eager":
+        return "eager"
+    return "flash"
+
+
+def _span(g: TensorGroup) -> int:
+    return g.layers[1] - g.layers[0] if g.layers else 1
+
+
+@lru_cache(maxsize=1024)
+def _layer_groups(model: ModelSpec, moe: bool) -> tuple[TensorGroup, ...]:
+    """The tensor groups of one dense or one MoE layer (counts still over its run)."""
+    out = []
+    for g in model_tensors(model):
+        if g.layers is None:
+            continue
+        start = g.layers[0]
+        is_moe = model.is_moe and start >= model.first_dense_layers
+        if is_moe == moe:
+            out.append(g)
+    # keep one run of each kind: the groups of the first run of layers
+    first = min((g.layers for g in out if g.layers), default=None)
+    return tuple(g for g in out if g.layers == first)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ring:
+    """Time of collectives in one process group."""
+
+    n: int
+    bandwidth: float
+    latency: float
+
+    def all_reduce(self, nbytes: float) -> float:
+        if self.n <= 1 or nbytes <= 0:
+            return 0.0
+        return 2 * (self.n - 1) / self.n * nbytes / self.bandwidth + self.latency
+
+    def gather(self, nbytes: float) -> float:
+        """An all-gather or reduce-scatter of a tensor of ``nbytes`` in all."""
+        if self.n <= 1 or nbytes <= 0:
+            return 0.0
+        return (self.n - 1) / self.n * nbytes / self.bandwidth + self.latency
+
+    def all_to_all(self, nbytes: float) -> float:
+        return self.gather(nbytes)
+
+    def send(self, nbytes: float) -> float:
+        if self.n <= 1 or nbytes <= 0:
+            return 0.0
+        return nbytes / self.bandwidth + self.latency
+
+
+def _ring(n: int, stride: int, scenario: Scenario, dev: Device) -> _Ring:
+    """A group of ``n`` ranks ``stride`` apart (Megatron's order: tp, cp, dp, pp)."""
+    inside = n * stride <= scenario.hardware.gpus_per_node
+    if inside:
+        return _Ring(n, dev.intra, LATENCY_INTRA_S)
+    return _Ring(n, dev.inter, LATENCY_INTER_S)
+
+
+def _grad_reduce_bytes(training: TrainingSpec) -> int:
+    """Bytes per element of the gradients the data-parallel group reduces."""
+    fw, p = training.parallelism.framework, training.precision
+    if p == "fp32":
+        return 4
+    if p == "bf16":
+        return 2
+    if fw == "deepspeed":
+        return 2  # DeepSpeed reduces the 16-bit gradients, then copies them to fp32
+    return 4  # fp32 .grad under autocast; Megatron's fp32 main_grad; FSDP reduce_dtype fp32
+
+
+def step_time(scenario: Scenario) -> StepTime:
+    """The time of one optimizer step of ``scenario``; see the module docstring."""
+    return _step_time(scenario)
+
+
+@lru_cache(maxsize=4096)
+def _step_time(scenario: Scenario) -> StepTime:
+    model, training, hw = scenario.model, scenario.training, scenario.hardware
+    mesh = make_mesh(scenario)
+    dev = device(scenario)
+    par = training.parallelism
+    micro = training.gradient_accumulation_steps
+    b, s = training.micro_batch_size, training.sequence_length
+    dt = _act_bytes(training)
+    h = model.hidden_size
+    assumptions = []
+    if hw.nodes > 1:
+        assumptions.append("network: " + dev.network)
+
+    dense = _layer(model, training, mesh, dev, False)
+    moe = _layer(model, training, mesh, dev, True) if model.is_moe else None
+    n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
+
+    # which layers recompute their forward in backward
+    mode, k = training.activation_checkpointing, training.checkpoint_every_k
+    recompute_share = {
+        "full": 1.0,
+        "every-k-layers": math.ceil(model.num_layers / k) / model.num_layers,
+    }.get(mode, 0.0)
+    selective = mode == "selective" and _kernel_of(training) == "eager"
+
+    # the embedding, the LM head and the loss (on the last stage)
+    tokens = b * s / mesh.cp
+    v_local = model.vocab_size / mesh.tp
+    head_flops = 2 * tokens * h * v_local
+    head_train = training.method == "full" or (
+        training.method == "freeze" and "lm_head" in training.freeze.trainable
+    )
+    head_fwd = _gemm(tokens, h, v_local, dt, dev)
+    head_bwd = head_fwd * (2 if head_train else 1)
+    loss_bytes = (8 if training.loss == "chunked" else 28) * tokens * v_local
+    loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
+    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
+
+    # per stage: the layers it holds (the first holds the embedding, the last the head)
+    counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
+    per_rank = [sum(counts[r + j * mesh.pp] for j in range(mesh.vpp)) for r in range(mesh.pp)]
+    moe_share = n_moe / model.num_layers if model.num_layers else 0.0
+
+    def layers_time(n: float) -> dict[str, float]:
+        nd, nm = n * (1 - moe_share), n * moe_share
+        out: dict[str, float] = {}
+        parts = [(dense, nd)] + ([(moe, nm)] if moe else [])
+        for name in (
+            "matmul_fwd",
+            "matmul_bwd",
+            "attn_fwd",
+            "attn_bwd",
+            "elementwise_fwd",
+            "elementwise_bwd",
+            "dequant",
+            "flops_fwd",
+            "flops_bwd",
+            "attn_flops_fwd",
+            "tp_bytes",
+            "ep_bytes",
+            "cp_bytes",
+        ):
+            out[name] = sum(getattr(layer, name) * cnt for layer, cnt in parts if layer)
+        return out
+
+    tp_ring = _ring(mesh.tp, 1, scenario, dev)
+    cp_ring = _ring(mesh.cp, mesh.tp, scenario, dev)
+    ep_ring = _ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev)
+    pp_ring = _ring(2, mesh.tp * mesh.cp * mesh.dp, scenario, dev)
+    dp_ring = _ring(mesh.dp, mesh.tp * mesh.cp, scenario, dev)
+    if par.hybrid_shard and mesh.shard < mesh.dp:
+        shard_ring = _ring(mesh.shard, mesh.tp * mesh.cp, scenario, dev)
+        rep_ring: _Ring | None = _ring(
+            mesh.dp // mesh.shard, mesh.tp * mesh.cp * mesh.shard, scenario, dev
+        )
+    else:
+        shard_ring, rep_ring = dp_ring, None
+
+    # parameters and gradients of one rank (tensor and pipeline shards)
+    whole = model_state(model, training)
+    trainable_rank = whole.trainable_params / (mesh.tp * mesh.pp)
+    params_rank = whole.total_params / (mesh.tp * mesh.pp)
+    if model.is_moe and mesh.ep > 1:
+        experts = sum(g.total for g in model_tensors(model) if g.component == "experts")
+        share = experts / whole.total_params if whole.total_params else 0.0
+        params_rank *= 1 - share + share / mesh.ep
+        trainable_rank *= 1 - share + share / mesh.ep
+    g_bytes = _grad_reduce_bytes(training)
+    gather_bytes = 2 if training.precision != "fp32" else 4
+    if training.method == "qlora":
+        gather_bytes = 1  # the 4-bit base, gathered as stored (with its constants)
+
+    # one micro-batch on the busiest stage
+    stage_terms: list[dict[str, float]] = []
+    for r, n in enumerate(per_rank):
+        lt = layers_time(n)
+        first, last = r == 0, r == mesh.pp - 1
+        fwd = lt["matmul_fwd"] + lt["attn_fwd"]
+        bwd = lt["matmul_bwd"] + lt["attn_bwd"]
+        ew = lt["elementwise_fwd"] + lt["elementwise_bwd"]
+        rec = recompute_share * (lt["matmul_fwd"] + lt["attn_fwd"] + lt["elementwise_fwd"])
+        if selective:
+            rec += lt["attn_fwd"]
+        deq = lt["dequant"] * (2 + recompute_share)
+        if last:
+            fwd += head_fwd
+            bwd += head_bwd
+            ew += loss_t
+        if first:
+            ew += embed_t
+        # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)
+        if _mode(training) == "amp":
+            ew += 6 * trainable_rank / dev.bandwidth * (1 + recompute_share)
+        # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter) forward, 2 backward
+        tp_t = 0.0
+        if mesh.tp > 1:
+            one = tp_ring.all_reduce(tokens * h * dt)
+            tp_t = (4 + 2 * recompute_share) * n * one + (2 * one if first or last else 0.0)
+        ep_t = 0.0
+        if moe is not None and mesh.ep > 1:
+            ep_t = (4 + 2 * recompute_share) * n * moe_share * ep_ring.all_to_all(moe.ep_bytes)
+        cp_t = 0.0
+        if mesh.cp > 1:
+            per_layer_kv = lt["cp_bytes"] / max(n, 1)
+            ring_f = (mesh.cp - 1) * cp_ring.send(per_layer_kv)
+            core_f = lt["attn_fwd"] / max(n, 1)
+            cp_t = n * (
+                max(0.0, ring_f - core_f) * (1 + recompute_share)
+                + max(0.0, 2 * ring_f - lt["attn_bwd"] / max(n, 1))
+            )
+        pp_t = 0.0
+        if mesh.pp > 1:
+            send = pp_ring.send(tokens * h * dt / (mesh.tp if par.sequence_parallel else 1))
+            pp_t = 2 * mesh.vpp * send
+        stage_terms.append(
+            {
+                "forward": fwd,
+                "backward": bwd,
+                "recompute": rec,
+                "elementwise": ew + deq,
+                "tp": tp_t,
+                "ep": ep_t,
+                "cp": cp_t,
+                "pp": pp_t,
+                "flops_f": lt["flops_fwd"] + (head_flops if last else 0),
+                "flops_b": lt["flops_bwd"] + (head_flops * (2 if head_train else 1) if last else 0),
+                "attn_flops": lt["attn_flops_fwd"],
+                "n": n,
+            }
+        )
+    busiest = max(
+        stage_terms,
+        key=lambda t: sum(
+            v for k_, v in t.items() if k_ not in ("flops_f", "flops_b", "attn_flops", "n")
+        ),
+    )
+    mb_compute = busiest["forward"] + busiest["backward"] + busiest["recompute"]
+    mb_time = (
+        mb_compute
+        + busiest["elementwise"]
+        + busiest["tp"]
+        + busiest["ep"]
+        + busiest["cp"]
+        + busiest["pp"]
+    )
+
+    terms: list[Term] = []
+
+    def add(name: str, kind: str, seconds: float, busy: float, formula: str) -> None:
+        if busy > 0 or seconds > 0:
+            terms.append(Term(name, kind, seconds, busy, formula))
+
+    add(
+        "forward matmuls and attention",
+        "compute",
+        micro * busiest["forward"],
+        micro * busiest["forward"],
+        "per-GEMM roofline x micro-batches",
+    )
+    add(
+        "backward matmuls and attention",
+        "compute",
+        micro * busiest["backward"],
+        micro * busiest["backward"],
+        "input and weight gradients, FlashAttention backward 2.5x",
+    )
+    add(
+        "recomputation",
+        "compute",
+        micro * busiest["recompute"],
+        micro * busiest["recompute"],
+        f"{mode} checkpointing re-runs the forward",
+    )
+    add(
+        "elementwise ops (norms, activations, loss)",
+        "memory_bandwidth",
+        micro * busiest["elementwise"],
+        micro * busiest["elementwise"],
+        "bytes moved / bandwidth",
+    )
+    add(
+        "tensor-parallel all-reduces",
+        "communication",
+        micro * busiest["tp"],
+        micro * busiest["tp"],
+        "4 per layer per micro-batch, 2 (n-1)/n b s h",
+    )
+    add(
+        "expert-parallel all-to-all",
+        "communication",
+        micro * busiest["ep"],
+        micro * busiest["ep"],
+        "4 per MoE layer per micro-batch",
+    )
+    add(
+        "context-parallel ring (exposed)",
+        "communication",
+        micro * busiest["cp"],
+        micro * busiest["cp"],
+        "K/V ring beyond the attention it hides behind",
+    )
+    add(
+        "pipeline sends",
+        "communication",
+        micro * busiest["pp"],
+        micro * busiest["pp"],
+        "activation and gradient per micro-batch per boundary",
+    )
+
+    # the pipeline bubble: (pp - 1) / vpp micro-batch times of the slowest stage
+    if mesh.pp > 1:
+        factor = {"zero-bubble": 1 / 3}.get(par.pp_schedule, 1.0)
+        bubble = factor * (mesh.pp - 1) / mesh.vpp * mb_time
+        add(
+            "pipeline bubble",
+            "pipeline_bubble",
+            bubble,
+            bubble,
+            f"(pp - 1) / vpp = {(mesh.pp - 1) / mesh.vpp:g} micro-batch times",
+        )
+
+    # data parallel: gradients reduced, parameters gathered
+    overlap = OVERLAP[par.framework]
+    grad_bytes = trainable_rank * g_bytes
+    last_bwd = busiest["backward"] + busiest["recompute"]
+    zero = par.zero_stage
+    if mesh.dp > 1 and trainable_rank:
+        if zero == 3:
+            # every micro-batch gathers the parameters twice and reduce-scatters gradients
+            ag = shard_ring.gather(params_rank * gather_bytes)
+            rs = shard_ring.gather(grad_bytes)
+            fwd_c = busiest["forward"] + busiest["elementwise"] / 2
+            bwd_c = busiest["backward"] + busiest["recompute"] + busiest["elementwise"] / 2
+            n_units = max(1.0, busiest["n"])
+            exposed = max(0.0, ag - fwd_c) + max(0.0, ag + rs - bwd_c) + (ag + rs) / n_units
+            add(
+                "ZeRO-3 / FSDP gathers and reduce-scatters",
+                "communication",
+                micro * exposed,
+                micro * (2 * ag + rs),
+                "all-gather forward and backward, reduce-scatter, prefetched",
+            )
+        else:
+            per_mb = zero == 2  # ZeRO-2 reduce-scatters every micro-batch
+            reduce = shard_ring.gather(grad_bytes) if zero >= 1 else dp_ring.all_reduce(grad_bytes)
+            hide = last_bwd if overlap["grad_reduce"] else 0.0
+            times = micro if per_mb else 1
+            exposed = times * max(0.0, reduce - hide)
+            add(
+                "gradient reduction",
+                "communication",
+                exposed,
+                times * reduce,
+                "all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2) of the gradients",
+            )
+            if zero >= 1:
+                gather = shard_ring.gather(trainable_rank * gather_bytes)
+                hide = busiest["forward"] if overlap["param_gather"] else 0.0
+                add(
+                    "parameter all-gather after the step",
+                    "communication",
+                    max(0.0, gather - hide),
+                    gather,
+                    "(n-1)/n of the updated 16-bit parameters",
+                )
+        if rep_ring is not None:
+            rep = rep_ring.all_reduce(grad_bytes / mesh.shard)
+            add(
+                "gradient all-reduce across nodes (hybrid shard)",
+                "communication",
+                max(0.0, rep - last_bwd),
+                rep,
+                "replicas of each shard",
+            )
+
+    # the optimizer step: bytes of parameters, gradients and states per trainable element
+    opt_share = mesh.shard if zero >= 1 else 1
+    opt_params = trainable_rank / opt_share
+    if opt_params and whole.trainable_params:
+        state_b = whole.category_bytes("optimizer_states") / whole.trainable_params
+        grad_b = whole.category_bytes("gradients") / whole.trainable_params
+        param_b = 2 if training.precision == "bf16" else 4
+        temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
+        per = 2 * param_b + grad_b + 2 * state_b + temp_b
+        if training.offload.optimizer != "none":
+            host_bw = (
+                HOST_OPTIMIZER_GB_S if training.offload.optimizer == "cpu" else NVME_GB_S
+            ) * 1e9
+            cpu = opt_params * hw.gpus_per_node * per / host_bw
+            d2h = trainable_rank / opt_share * 2 / dev.host
+            h2d = trainable_rank / opt_share * 2 / dev.host
+            add(
+                "optimizer step on the host",
+                "host_transfer",
+                cpu,
+                cpu,
+                "bytes per element / host memory bandwidth, all GPUs of a node",
+            )
+            add(
+                "gradients to the host",
+                "host_transfer",
+                max(0.0, d2h - last_bwd),
+                d2h,
+                "16-bit gradients over the host link, during backward",
+            )
+            add(
+                "parameters back to the GPU",
+                "host_transfer",
+                h2d,
+                h2d,
+                "16-bit parameters over the host link",
+            )
+        else:
+            opt_t = max(opt_params * per / dev.bandwidth, KERNEL_S * 8)
+            add(
+                "optimizer step",
+                "memory_bandwidth",
+                opt_t,
+                opt_t,
+                f"{per:g} bytes per trainable element / bandwidth",
+            )
+    if micro > 1 and trainable_rank:
+        acc = (micro - 1) * 3 * trainable_rank * g_bytes / dev.bandwidth
+        add(
+            "gradient accumulation",
+            "memory_bandwidth",
+            acc,
+            acc,
+            "read, add and write the gradients per extra micro-batch",
+        )
+    if training.offload.parameters != "none":
+        bw = (
+            dev.host if training.offload.parameters == "cpu" else NVME_GB_S * 1e9 / hw.gpus_per_node
+        )
+        fetch = 2 * params_rank / mesh.shard * gather_bytes / bw
+        hide = busiest["forward"] + busiest["backward"]
+        add(
+            "parameters from the host",
+            "host_transfer",
+            micro * max(0.0, fetch - hide),
+            micro * fetch,
+            "the rank's shard, forward and backward",
+        )
+    if training.offload.activations == "cpu" and recompute_share:
+        moved = 2 * busiest["n"] * recompute_share * tokens * h * dt / dev.host
+        add(
+            "checkpointed inputs to and from the host",
+            "host_transfer",
+            micro * max(0.0, moved - mb_compute),
+            micro * moved,
+            "b s h per checkpointed layer, out and back",
+        )
+
+    step = sum(t.seconds for t in terms)
+    tokens_step = b * s * micro * mesh.dp
+    world = mesh.world
+    # model FLOPs: every stage's forward and backward, summed over the ranks that hold them
+    flops_mb = sum(t["flops_f"] + t["flops_b"] for t in stage_terms) * mesh.tp * mesh.cp
+    model_flops = flops_mb * micro * mesh.dp
+    hw_mb = (
+        sum(
+            t["flops_f"] * (1 + recompute_share)
+            + t["flops_b"]
+            + (t["attn_flops"] if selective else 0)
+            for t in stage_terms
+        )
+        * mesh.tp
+        * mesh.cp
+    )
+    hardware_flops = hw_mb * micro * mesh.dp
+    kinds = dict.fromkeys(BOUNDS, 0.0)
+    for t in terms:
+        kinds[t.kind] += t.seconds
+    bound = max(BOUNDS, key=lambda k_: kinds[k_])
+    tps = tokens_step / step if step else 0.0
+    mfu = model_flops / (step * world * dev.peak_flops) if step else 0.0
+    price = (
+        hw.price_per_gpu_hour if hw.price_per_gpu_hour is not None else hw.gpu.price_per_gpu_hour
+    )
+    run = hours = cost = None
+    if training.token_budget is not None and tps:
+        run = training.token_budget / tps
+        hours = run * world / 3600
+        cost = hours * price if price is not None else None
+    return StepTime(
+        step_time_s=step,
+        tokens_per_step=tokens_step,
+        tokens_per_s=tps,
+        tokens_per_s_per_gpu=tps / world,
+        mfu=mfu,
+        bound=bound,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops,
+        terms=tuple(terms),
+        gpus=world,
+        run_time_s=run,
+        gpu_hours=hours,
+        cost=cost,
+        price_per_gpu_hour=price,
+        assumptions=tuple(assumptions),
+    )

@@ -1,0 +1,339 @@
+"""The strategy space around a scenario: every configuration, its memory and its speed.
+
+A sweep varies what a user can change without changing the model or what it learns --
+precision, optimizer, checkpointing, ZeRO/FSDP stage, tensor, pipeline and context
+parallel sizes, optimizer offload and the micro-batch -- over one or several GPU types
+and counts. Gradient accumulation keeps the global batch (in sequences) of the scenario:
+a configuration whose micro-batch times data-parallel size does not divide it is left
+out, as is any the engine rejects. Each point carries the device total, the verdict and
+the step time (:mod:`engine.steptime`); :func:`pareto` picks the configurations no other
+beats on both memory and speed.
+
+>>> from engine.presets import load_gpu, load_model
+>>> from engine.specs import HardwareSpec, Scenario, TrainingSpec
+>>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")), TrainingSpec())
+>>> points = sweep(s, Space(micro_batches=(1, 2)))
+>>> len(points) > 1 and all(p.device_bytes > 0 for p in points)
+True
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from engine.errors import EstimateError
+from engine.estimate import estimate as totals
+from engine.presets import load_gpu
+from engine.scenario_io import scenario_to_dict
+from engine.specs import Scenario
+from engine.steptime import StepTime, step_time
+
+#: the columns of a sweep's CSV
+ROW_FIELDS = (
+    "gpu",
+    "gpus",
+    "precision",
+    "optimizer",
+    "checkpointing",
+    "zero_stage",
+    "tp",
+    "pp",
+    "cp",
+    "offload",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "device_bytes",
+    "budget_bytes",
+    "verdict",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "bound",
+)
+#: one GPU type and count: (GPU preset, GPUs per node, nodes)
+Hardware = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """The values each axis takes; an empty axis keeps the scenario's value."""
+
+    precisions: tuple[str, ...] = ()
+    optimizers: tuple[str, ...] = ()
+    checkpointing: tuple[str, ...] = ()
+    zero_stages: tuple[int, ...] = ()
+    tp: tuple[int, ...] = ()
+    pp: tuple[int, ...] = ()
+    cp: tuple[int, ...] = ()
+    offload: tuple[str, ...] = ()
+    micro_batches: tuple[int, ...] = ()
+    hardware: tuple[Hardware, ...] = ()
+
+
+def _powers(limit: int) -> tuple[int, ...]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return tuple(out)
+
+
+def global_batch(scenario: Scenario) -> int:
+    """Sequences per optimizer step: micro-batch x accumulation x data-parallel size."""
+    t, p = scenario.training, scenario.training.parallelism
+    dp = scenario.hardware.world_size // (p.tp * p.pp * p.cp)
+    return t.micro_batch_size * t.gradient_accumulation_steps * max(1, dp)
+
+
+def default_space(scenario: Scenario) -> Space:
+    """The space a user usually weighs: mixed and pure 16-bit precision (fp32 only where
+    the scenario is in fp32), its optimizer and 8-bit AdamW, no/selective/full
+    checkpointing, every ZeRO stage when there is data parallelism, tp up to a node, pp
+    and cp up to 8 (cp only for sequences of 8k and more), optimizer offload, and
+    power-of-two micro-batches up to the global batch (at most 64)."""
+    t, hw = scenario.training, scenario.hardware
+    precisions: tuple[str, ...] = ("bf16-mixed", "bf16")
+    if t.precision not in precisions:
+        precisions = (t.precision, *precisions)
+    optimizers = (t.optimizer, "adamw-8bit") if t.optimizer == "adamw" else (t.optimizer,)
+    world = hw.world_size
+    sizes = _powers(8)
+    tp = tuple(n for n in sizes if n <= hw.gpus_per_node and world % n == 0)
+    pp = tuple(n for n in sizes if world % n == 0)
+    cp = tuple(n for n in sizes if world % n == 0) if t.sequence_length >= 8192 else (1,)
+    return Space(
+        precisions=precisions,
+        optimizers=optimizers,
+        checkpointing=("none", "selective", "full"),
+        zero_stages=(0, 1, 2, 3) if world > 1 else (0,),
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        offload=("none", "cpu"),
+        micro_batches=_powers(min(64, global_batch(scenario))),
+    )
+
+
+def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario]:
+    """Every scenario of ``space`` around ``scenario`` whose fields are valid (the engine
+    may still reject a layout; :func:`sweep` leaves those out)."""
+    space = space or default_space(scenario)
+    t, hw = scenario.training, scenario.hardware
+    par = t.parallelism
+    batch = global_batch(scenario)
+    hardware = space.hardware or ((hw.gpu.name, hw.gpus_per_node, hw.nodes),)
+    for gpu, per_node, nodes in hardware:
+        base_hw = (
+            hw
+            if gpu == hw.gpu.name
+            else dataclasses.replace(hw, gpu=load_gpu(gpu), memory_gib=None)
+        )
+        base_hw = dataclasses.replace(base_hw, gpus_per_node=per_node, nodes=nodes)
+        world = per_node * nodes
+        for precision, optimizer, ckpt, zero, tp, pp, cp, offload, micro in itertools.product(
+            space.precisions or (t.precision,),
+            space.optimizers or (t.optimizer,),
+            space.checkpointing or (t.activation_checkpointing,),
+            space.zero_stages or (par.zero_stage,),
+            space.tp or (par.tp,),
+            space.pp or (par.pp,),
+            space.cp or (par.cp,),
+            space.offload or (t.offload.optimizer,),
+            space.micro_batches or (t.micro_batch_size,),
+        ):
+            if world % (tp * pp * cp):
+                continue
+            dp = world // (tp * pp * cp)
+            if offload != "none" and zero == 0:
+                continue  # offload runs the optimizer on ZeRO's shards
+            if zero and dp == 1:
+                continue
+            if batch % (micro * dp):
+                continue
+            try:
+                new_par = dataclasses.replace(
+                    par,
+                    tp=tp,
+                    pp=pp,
+                    cp=cp,
+                    zero_stage=zero,
+                    sequence_parallel=par.sequence_parallel and tp > 1,
+                )
+                training = dataclasses.replace(
+                    t,
+                    precision=precision,
+                    optimizer=optimizer,
+                    activation_checkpointing=ckpt,
+                    micro_batch_size=micro,
+                    gradient_accumulation_steps=batch // (micro * dp),
+                    parallelism=new_par,
+                    offload=dataclasses.replace(t.offload, optimizer=offload),
+                )
+                yield dataclasses.replace(scenario, hardware=base_hw, training=training)
+            except EstimateError:
+                continue
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One configuration of a sweep: its memory per GPU and its step time."""
+
+    scenario: Scenario
+    device_bytes: int
+    budget_bytes: int
+    capacity_bytes: int
+    verdict: str
+    time: StepTime
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes <= self.budget_bytes
+
+    @property
+    def cost_per_token(self) -> float | None:
+        """Price per million tokens, when the GPU-hour price is known."""
+        price = self.time.price_per_gpu_hour
+        if price is None or not self.time.tokens_per_s:
+            return None
+        return price * self.time.gpus / 3600 / self.time.tokens_per_s * 1e6
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form: the scenario, its memory, verdict and time (``memfit fit``)."""
+        return {
+            "scenario": scenario_to_dict(self.scenario),
+            "device_bytes": self.device_bytes,
+            "budget_bytes": self.budget_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "verdict": self.verdict,
+            "time": self.time.as_dict(),
+        }
+
+    def row(self) -> dict[str, object]:
+        """A flat CSV row."""
+        s, t = self.scenario, self.scenario.training
+        p = t.parallelism
+        return {
+            "gpu": s.hardware.gpu.name,
+            "gpus": s.hardware.world_size,
+            "precision": t.precision,
+            "optimizer": t.optimizer,
+            "checkpointing": t.activation_checkpointing,
+            "zero_stage": p.zero_stage,
+            "tp": p.tp,
+            "pp": p.pp,
+            "cp": p.cp,
+            "offload": t.offload.optimizer,
+            "micro_batch_size": t.micro_batch_size,
+            "gradient_accumulation_steps": t.gradient_accumulation_steps,
+            "device_bytes": self.device_bytes,
+            "budget_bytes": self.budget_bytes,
+            "verdict": self.verdict,
+            "step_time_s": self.time.step_time_s,
+            "tokens_per_s": self.time.tokens_per_s,
+            "tokens_per_s_per_gpu": self.time.tokens_per_s_per_gpu,
+            "mfu": self.time.mfu,
+            "bound": self.time.bound,
+        }
+
+
+def describe(scenario: Scenario) -> str:
+    """A configuration in one line: ``bf16-mixed adamw ckpt full ZeRO-3 tp 2 mb 4 x 8``."""
+    t, p = scenario.training, scenario.training.parallelism
+    parts = [t.precision, t.optimizer]
+    if t.activation_checkpointing != "none":
+        parts.append(f"ckpt {t.activation_checkpointing}")
+    if p.zero_stage:
+        parts.append(f"ZeRO-{p.zero_stage}")
+    for name in ("tp", "pp", "cp", "ep"):
+        if getattr(p, name) > 1:
+            parts.append(f"{name} {getattr(p, name)}")
+    if t.offload.optimizer != "none":
+        parts.append(f"offload {t.offload.optimizer}")
+    parts.append(f"mb {t.micro_batch_size} x {t.gradient_accumulation_steps}")
+    return " ".join(parts)
+
+
+def points_csv(points: Sequence[Point]) -> str:
+    """The points as CSV, one row each (:meth:`Point.row`)."""
+    buffer = io.StringIO()
+    rows = [p.row() for p in points]
+    fields = list(rows[0]) if rows else list(ROW_FIELDS)
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def point(scenario: Scenario) -> Point:
+    """The memory and time of one configuration (raises :class:`EstimateError`)."""
+    t = totals(scenario)
+    return Point(
+        scenario, t.device_bytes, t.budget_bytes, t.capacity_bytes, t.verdict, step_time(scenario)
+    )
+
+
+#: a progress callback: (done, total) -> keep going
+Progress = Callable[[int, int], bool]
+
+
+def sweep(
+    scenario: Scenario, space: Space | None = None, progress: Progress | None = None
+) -> list[Point]:
+    """Every valid configuration of ``space`` (default: :func:`default_space`) with its
+    memory and time, in enumeration order. ``progress`` is called every few hundred
+    configurations; returning ``False`` stops the sweep with the points so far."""
+    todo = list(configs(scenario, space))
+    out: list[Point] = []
+    for i, s in enumerate(todo):
+        if progress is not None and i % 200 == 0 and not progress(i, len(todo)):
+            return out
+        try:
+            out.append(point(s))
+        except EstimateError:
+            continue
+    if progress is not None:
+        progress(len(todo), len(todo))
+    return out
+
+
+def pareto(points: Sequence[Point], cost: Callable[[Point], float] | None = None) -> list[Point]:
+    """The points no other point beats on both memory (fewer device bytes) and speed
+    (more tokens/s, or a lower ``cost`` when given), by increasing memory."""
+    key = cost or (lambda p: -p.time.tokens_per_s)
+    front: list[Point] = []
+    best = float("inf")
+    for p in sorted(points, key=lambda p: (p.device_bytes, key(p))):
+        if key(p) < best:
+            front.append(p)
+            best = key(p)
+    return front
+
+
+def best(points: Sequence[Point], top: int = 10) -> list[Point]:
+    """The fitting points, fastest first (ties: less memory first)."""
+    fitting = [p for p in points if p.fits]
+    return sorted(fitting, key=lambda p: (-p.time.tokens_per_s, p.device_bytes))[:top]
+
+
+def curve(scenario: Scenario, field: str, values: Sequence[int]) -> list[Point | None]:
+    """The scenario at each value of ``field`` ("micro_batch_size" or
+    "sequence_length"); ``None`` where the engine rejects it."""
+    if field not in ("micro_batch_size", "sequence_length"):
+        raise EstimateError("field", f"got {field!r}, expected micro_batch_size or sequence_length")
+    out: list[Point | None] = []
+    for v in values:
+        try:
+            s = dataclasses.replace(
+                scenario,
+                training=dataclasses.replace(scenario.training, **{field: v}),  # type: ignore[arg-type]
+            )
+            out.append(point(s))
+        except EstimateError:
+            out.append(None)
+    return out
