@@ -79,7 +79,7 @@ EFFICIENCY: dict[str, tuple[float, float]] = {
     "turing": (0.55, 0.35),
     "ampere": (0.78, 0.55),
     "ada": (0.70, 0.50),
-    "hopper": (0.72, 0.40),
+    "hopper": (0.62, 0.30),
     "blackwell": (0.70, 0.45),
     "cdna2": (0.55, 0.35),
     "cdna3": (0.48, 0.35),
@@ -89,9 +89,28 @@ EFFICIENCY: dict[str, tuple[float, float]] = {
 MEMORY_EFFICIENCY = 0.8
 #: share of a link's one-way bandwidth that NCCL's ring collectives reach (bus bandwidth)
 COMM_EFFICIENCY = 0.8
-#: latency of one collective inside a node and across nodes (NCCL small-message times)
-LATENCY_INTRA_S = 15e-6
-LATENCY_INTER_S = 30e-6
+#: the alpha-beta model of a ring collective (Thakur et al. 2005): a fixed cost per
+#: collective, plus one step latency per hop of the ring, inside a node (NVLink) and
+#: across nodes (the NIC), so that a ring over thousands of ranks pays thousands of hops
+COLLECTIVE_S = 10e-6
+HOP_INTRA_S = 2e-6
+HOP_INTER_S = 5e-6
+#: while NCCL runs beside compute its channels hold a share of the SMs and of the memory
+#: bandwidth (16-32 thread blocks of 108-132 SMs by default): overlapped communication
+#: still slows the compute it hides behind by this share of its own time
+OVERLAP_SLOWDOWN = 0.15
+#: GEMMs reach their efficiency only when large: the achievable share of peak falls as
+#: ``d / (d + GEMM_HALF_DIM)`` with ``d`` the smaller dimension of the weight (of the
+#: rank's shard under tensor parallelism): narrow GEMMs fill fewer tiles per wave (tile
+#: and wave quantization, NVIDIA's "Matrix Multiplication Background" user's guide)
+GEMM_HALF_DIM = 384
+#: FP8 GEMMs (Transformer Engine) first cast each input to FP8: read 16 bits, write 8,
+#: for the activations and the weights of every linear layer, and the output gradients
+FP8_CAST_BYTES = 3
+#: FP8 GEMMs reach a smaller share of their (doubled) peak than 16-bit ones: cuBLASLt
+#: FP8 GEMMs on H100 run at about 1,200-1,300 of 1,979 TFLOP/s where BF16 ones reach
+#: about 700-750 of 989 (per-tensor scaling, narrower tiles)
+FP8_EFFICIENCY = 0.85
 #: the shortest time a kernel takes: the host's launch rate through PyTorch's dispatcher
 KERNEL_S = 5e-6
 #: host memory bandwidth one node's CPU optimizer step reaches, GB/s (DeepSpeed CPU-Adam
@@ -201,9 +220,10 @@ class Device:
     attention_flops: float  # achievable by the attention kernel
     bandwidth: float  # achievable bytes/s of device memory
     intra: float  # one-way bytes/s per GPU inside a node, at NCCL's efficiency
-    inter: float  # one-way bytes/s per GPU across nodes (its share of the node's fabric)
+    inter: float  # one-way bytes/s of one GPU's NIC (its share of the node's fabric)
     host: float  # one-way bytes/s of the host link
     network: str
+    fp8: bool = False  # the linear layers' GEMMs run in FP8
 
 
 def network_gb_s(scenario: Scenario) -> tuple[float, str]:
@@ -232,7 +252,8 @@ def device(scenario: Scenario) -> Device:
     peak = _peak_tflops(gpu, precision) * 1e12
     # FP8 runs the linear layers' GEMMs at the FP8 rate (Transformer Engine); attention,
     # norms and the rest stay in 16 bits
-    mm_peak = gpu.fp8_tflops * 1e12 if precision == "fp8-mixed" and gpu.fp8_tflops else peak
+    fp8 = precision == "fp8-mixed" and gpu.fp8_tflops > 0
+    mm_peak = gpu.fp8_tflops * 1e12 * FP8_EFFICIENCY if fp8 else peak
     # NVLink figures are both directions together; PCIe cards talk over the host link
     one_way = gpu.interconnect_gb_s / 2 if gpu.interconnect_gb_s else gpu.host_link_gb_s
     net, net_note = network_gb_s(scenario)
@@ -242,9 +263,10 @@ def device(scenario: Scenario) -> Device:
         attention_flops=peak * attn,
         bandwidth=gpu.memory_bandwidth_gb_s * 1e9 * MEMORY_EFFICIENCY,
         intra=one_way * 1e9 * COMM_EFFICIENCY,
-        inter=min(one_way, net / hw.gpus_per_node) * 1e9 * COMM_EFFICIENCY,
+        inter=net / hw.gpus_per_node * 1e9 * COMM_EFFICIENCY,
         host=gpu.host_link_gb_s * 1e9 * COMM_EFFICIENCY,
         network=net_note,
+        fp8=fp8,
     )
 
 
@@ -290,9 +312,12 @@ def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) 
     """``count`` GEMMs of an (m x k) by (k x n) product."""
     if count <= 0 or m <= 0:
         return 0.0
-    return count * _kernel(
-        2 * m * k * n, (m * k + k * n + m * n) * dt, dev.matmul_flops, dev.bandwidth
-    )
+    d = min(k, n)
+    rate = dev.matmul_flops * d / (d + GEMM_HALF_DIM)
+    nbytes = (m * k + k * n + m * n) * dt
+    if dev.fp8:
+        nbytes += (m * k + k * n) * FP8_CAST_BYTES
+    return count * _kernel(2 * m * k * n, nbytes, rate, dev.bandwidth)
 
 
 def _layer(
@@ -469,18 +494,20 @@ class _Ring:
 
     n: int
     bandwidth: float
-    latency: float
+    latency: float  # per hop of the ring
 
     def all_reduce(self, nbytes: float) -> float:
         if self.n <= 1 or nbytes <= 0:
             return 0.0
-        return 2 * (self.n - 1) / self.n * nbytes / self.bandwidth + self.latency
+        steps = 2 * (self.n - 1)
+        return steps / self.n * nbytes / self.bandwidth + COLLECTIVE_S + steps * self.latency
 
     def gather(self, nbytes: float) -> float:
         """An all-gather or reduce-scatter of a tensor of ``nbytes`` in all."""
         if self.n <= 1 or nbytes <= 0:
             return 0.0
-        return (self.n - 1) / self.n * nbytes / self.bandwidth + self.latency
+        steps = self.n - 1
+        return steps / self.n * nbytes / self.bandwidth + COLLECTIVE_S + steps * self.latency
 
     def all_to_all(self, nbytes: float) -> float:
         return self.gather(nbytes)
@@ -488,15 +515,28 @@ class _Ring:
     def send(self, nbytes: float) -> float:
         if self.n <= 1 or nbytes <= 0:
             return 0.0
-        return nbytes / self.bandwidth + self.latency
+        return nbytes / self.bandwidth + COLLECTIVE_S + self.latency
 
 
 def _ring(n: int, stride: int, scenario: Scenario, dev: Device) -> _Ring:
-    """A group of ``n`` ranks ``stride`` apart (Megatron's order: tp, cp, dp, pp)."""
-    inside = n * stride <= scenario.hardware.gpus_per_node
-    if inside:
-        return _Ring(n, dev.intra, LATENCY_INTRA_S)
-    return _Ring(n, dev.inter, LATENCY_INTER_S)
+    """A group of ``n`` ranks ``stride`` apart (Megatron's order: tp, cp, dp, pp).
+
+    Inside a node the group talks over NVLink. Across nodes NCCL runs one ring per NIC
+    (rail), each carrying its share of the data, so the members of the group on one node
+    together have their NICs' share of the node's fabric: all of it when the group holds
+    every GPU of the node, one NIC's worth when it holds one GPU per node."""
+    per_node = scenario.hardware.gpus_per_node
+    if n * stride <= per_node:
+        return _Ring(n, dev.intra, HOP_INTRA_S)
+    members = max(1, min(n, per_node // stride))
+    return _Ring(n, min(dev.intra, dev.inter * members), HOP_INTER_S)
+
+
+def _overlapped(comm: float, compute: float) -> float:
+    """What ``comm`` seconds of communication overlapped with ``compute`` add to the
+    step: the part the compute cannot hide, and the slowdown of the part it hides."""
+    hidden = min(comm, compute)
+    return comm - hidden + OVERLAP_SLOWDOWN * hidden
 
 
 def _grad_reduce_bytes(training: TrainingSpec) -> int:
@@ -644,8 +684,8 @@ def _step_time(scenario: Scenario) -> StepTime:
             ring_f = (mesh.cp - 1) * cp_ring.send(per_layer_kv)
             core_f = lt["attn_fwd"] / max(n, 1)
             cp_t = n * (
-                max(0.0, ring_f - core_f) * (1 + recompute_share)
-                + max(0.0, 2 * ring_f - lt["attn_bwd"] / max(n, 1))
+                _overlapped(ring_f, core_f) * (1 + recompute_share)
+                + _overlapped(2 * ring_f, lt["attn_bwd"] / max(n, 1))
             )
         pp_t = 0.0
         if mesh.pp > 1:
@@ -766,12 +806,13 @@ def _step_time(scenario: Scenario) -> StepTime:
     if mesh.dp > 1 and trainable_rank:
         if zero == 3:
             # every micro-batch gathers the parameters twice and reduce-scatters gradients
-            ag = shard_ring.gather(params_rank * gather_bytes)
-            rs = shard_ring.gather(grad_bytes)
+            # FSDP's unit is a layer: one collective per layer and pass
+            n_units = max(1.0, busiest["n"])
+            ag = n_units * shard_ring.gather(params_rank * gather_bytes / n_units)
+            rs = n_units * shard_ring.gather(grad_bytes / n_units)
             fwd_c = busiest["forward"] + busiest["elementwise"] / 2
             bwd_c = busiest["backward"] + busiest["recompute"] + busiest["elementwise"] / 2
-            n_units = max(1.0, busiest["n"])
-            exposed = max(0.0, ag - fwd_c) + max(0.0, ag + rs - bwd_c) + (ag + rs) / n_units
+            exposed = _overlapped(ag, fwd_c) + _overlapped(ag + rs, bwd_c) + (ag + rs) / n_units
             add(
                 "ZeRO-3 / FSDP gathers and reduce-scatters",
                 "communication",
@@ -784,7 +825,7 @@ def _step_time(scenario: Scenario) -> StepTime:
             reduce = shard_ring.gather(grad_bytes) if zero >= 1 else dp_ring.all_reduce(grad_bytes)
             hide = last_bwd if overlap["grad_reduce"] else 0.0
             times = micro if per_mb else 1
-            exposed = times * max(0.0, reduce - hide)
+            exposed = times * _overlapped(reduce, hide)
             add(
                 "gradient reduction",
                 "communication",
@@ -798,7 +839,7 @@ def _step_time(scenario: Scenario) -> StepTime:
                 add(
                     "parameter all-gather after the step",
                     "communication",
-                    max(0.0, gather - hide),
+                    _overlapped(gather, hide),
                     gather,
                     "(n-1)/n of the updated 16-bit parameters",
                 )
@@ -807,7 +848,7 @@ def _step_time(scenario: Scenario) -> StepTime:
             add(
                 "gradient all-reduce across nodes (hybrid shard)",
                 "communication",
-                max(0.0, rep - last_bwd),
+                _overlapped(rep, last_bwd),
                 rep,
                 "replicas of each shard",
             )
