@@ -6,10 +6,12 @@ them too. A change that does not apply gives ``None`` from :meth:`WhatIf.apply`,
 GPU, or a data-parallel group of one), flash attention when the kernel in use already is
 flash.
 
-The compute cost of a change can depend on the scenario (QLoRA costs less than full
-fine-tuning but more than LoRA), so it is :meth:`WhatIf.cost` of a scenario: a factor on
-the step time and a note whose percentage is written from that same factor
-(:func:`compute_text`), so the two can never disagree.
+What a change costs in time is modelled, not assumed: :func:`assess` plays the changed
+scenario through the step-time model (:mod:`engine.steptime`) and gives the ratio of the
+two step times, with a note whose percentage is written from that same ratio
+(:func:`compute_text`), so the two can never disagree. Checkpointing costs about a third
+more on a compute-bound step and less where the step waits on communication; QLoRA costs
+its dequantization over LoRA; mixed precision is faster.
 
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
@@ -19,7 +21,7 @@ the step time and a note whose percentage is written from that same factor
 >>> WHATIFS_BY_KEY["zero3"].unavailable(s)
 'one GPU: there is nothing to shard'
 >>> compute_text(1.33)
-'+33 % compute'
+'+33 % step time'
 """
 
 from __future__ import annotations
@@ -33,24 +35,17 @@ from engine.estimate import Estimate, estimate
 from engine.layers import attention_kernel
 from engine.sharding import make_mesh
 from engine.specs import Scenario, TrainingSpec
+from engine.steptime import step_time
 
 #: A change: the new training spec, or the reason it does not apply to this scenario.
 Change = Callable[[Scenario], TrainingSpec | str]
-#: A scenario-dependent compute cost: (factor on the step time, why).
-Cost = Callable[[Scenario], tuple[float, str]]
-
-#: QLoRA's dequantization of the 4-bit base for every matmul, relative to LoRA
-#: (Dettmers et al. 2023 report QLoRA training about 30 % slower than 16-bit LoRA)
-QLORA_OVER_LORA = 1.3
-#: LoRA relative to full fine-tuning: no weight gradients for the frozen base
-LORA_OVER_FULL = 0.7
 
 
 def compute_text(factor: float) -> str:
-    """The step-time factor as the words shown with a what-if: ``+33 % compute``."""
+    """The step-time factor as the words shown with a what-if: ``+33 % step time``."""
     if round(100 * (factor - 1)) == 0:
-        return "same compute"
-    return f"{100 * (factor - 1):+.0f} % compute"
+        return "same step time"
+    return f"{100 * (factor - 1):+.0f} % step time"
 
 
 def _set(reason: str, **fields: object) -> Change:
@@ -123,50 +118,16 @@ def _flash(s: Scenario) -> TrainingSpec | str:
     return dataclasses.replace(t, attention="flash")
 
 
-def _lora_cost(s: Scenario) -> tuple[float, str]:
-    if s.training.method == "qlora":
-        return 1 / QLORA_OVER_LORA, "the 16-bit base is not dequantized for every matmul"
-    return LORA_OVER_FULL, "no weight gradients for the frozen base"
-
-
-def _qlora_cost(s: Scenario) -> tuple[float, str]:
-    if s.training.method == "lora":
-        return QLORA_OVER_LORA, "over LoRA, the 4-bit weights are dequantized for every matmul"
-    return (
-        LORA_OVER_FULL * QLORA_OVER_LORA,
-        "no weight gradients for the frozen base (-30 %), but the 4-bit weights are "
-        "dequantized for every matmul (+30 % over LoRA)",
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class WhatIf:
-    """One change to a scenario; ``compute_factor`` is the step time relative to before
-    (for most scenarios; :meth:`cost` gives the factor for a given one)."""
+    """One change to a scenario, and why it changes the step time (by how much is
+    modelled for each scenario by :func:`assess`)."""
 
     key: str
     label: str
     change: Change
-    compute_factor: float
-    #: why the step time changes by ``compute_factor``
+    #: what the change does to the step, in words
     compute_reason: str
-    #: the cost for a given scenario, when it depends on the scenario
-    cost_for: Cost | None = None
-
-    @property
-    def compute_note(self) -> str:
-        """``+33 % compute: the forward runs again in backward ...``"""
-        return f"{compute_text(self.compute_factor)}: {self.compute_reason}"
-
-    def cost(self, scenario: Scenario) -> tuple[float, str]:
-        """The step-time factor of this change on ``scenario`` and its note; the note's
-        percentage is written from the factor."""
-        factor, reason = (
-            self.cost_for(scenario)
-            if self.cost_for is not None
-            else (self.compute_factor, self.compute_reason)
-        )
-        return factor, f"{compute_text(factor)}: {reason}"
 
     def unavailable(self, scenario: Scenario) -> str | None:
         """Why this change does not apply to ``scenario``; ``None`` when it applies."""
@@ -186,61 +147,51 @@ WHATIFS: tuple[WhatIf, ...] = (
         "mixed-precision",
         "Mixed precision (bf16)",
         _mixed,
-        0.5,
-        "about 2x faster matmuls on tensor cores",
+        "matmuls on the tensor cores at the 16-bit rate",
     ),
     WhatIf(
         "checkpointing",
         "Gradient checkpointing",
         _set("the scenario already checkpoints every layer", activation_checkpointing="full"),
-        1.33,
         "the forward runs again in backward (Chen et al. 2016)",
     ),
     WhatIf(
         "lora",
         "LoRA (r=16)",
         _set("the scenario already trains LoRA adapters", method="lora"),
-        LORA_OVER_FULL,
         "no weight gradients for the frozen base",
-        _lora_cost,
     ),
     WhatIf(
         "qlora",
         "QLoRA (4-bit base)",
         _set("the scenario already trains QLoRA adapters", method="qlora"),
-        LORA_OVER_FULL * QLORA_OVER_LORA,
         "no weight gradients for the frozen base, but the 4-bit weights are dequantized "
         "for every matmul",
-        _qlora_cost,
     ),
-    WhatIf("8bit-optimizer", "8-bit AdamW", _eight_bit, 1.0, "no measurable compute cost"),
+    WhatIf("8bit-optimizer", "8-bit AdamW", _eight_bit, "fewer optimizer bytes to update"),
     WhatIf(
         "fused-optimizer",
         "Fused optimizer",
         _set("the optimizer is already fused", optimizer_impl="fused"),
-        1.0,
-        "one kernel per step for the optimizer update; the step time barely changes",
+        "one kernel per step for the optimizer update, no temporaries",
     ),
     WhatIf(
         "zero3",
         "ZeRO-3 / FSDP",
         _zero3,
-        1.1,
         "parameters gathered layer by layer: 1.5x the data-parallel traffic (ZeRO, sec. 7)",
     ),
     WhatIf(
         "cpu-offload",
         "CPU offload",
         _cpu_offload,
-        1.3,
-        "optimizer step on the CPU; gradients and weights cross PCIe every step",
+        "optimizer step on the CPU; gradients and weights cross the host link every step",
     ),
     WhatIf(
         "flash-attention",
         "Flash attention",
         _flash,
-        0.9,
-        "faster attention; no s x s scores kept",
+        "the attention core in one kernel; no s x s scores kept",
     ),
 )
 WHATIFS_BY_KEY = {w.key: w for w in WHATIFS}
@@ -270,7 +221,8 @@ def assess(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | st
         result = estimate(variant)
     except EstimateError as exc:
         return f"the changed scenario is invalid: {exc}"
-    factor, note = whatif.cost(scenario)
+    factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
+    note = f"{compute_text(factor)}: {whatif.compute_reason}"
     return WhatIfResult(
         whatif, variant, result, current.device_bytes - result.device_bytes, factor, note
     )
