@@ -567,7 +567,7 @@ def _step_time(scenario: Scenario) -> StepTime:
     dt = _act_bytes(training)
     h = model.hidden_size
     assumptions = []
-    if hw.nodes > 1:
+    if hw.nodes > 1 and hw.network is None and hw.network_gb_s is None:
         assumptions.append("network: " + dev.network)
 
     dense = _layer(model, training, mesh, dev, False)
@@ -704,13 +704,16 @@ def _step_time(scenario: Scenario) -> StepTime:
                 "flops_f": lt["flops_fwd"] + (head_flops if last else 0),
                 "flops_b": lt["flops_bwd"] + (head_flops * (2 if head_train else 1) if last else 0),
                 "attn_flops": lt["attn_flops_fwd"],
+                "layers_f": lt["flops_fwd"],
                 "n": n,
             }
         )
     busiest = max(
         stage_terms,
         key=lambda t: sum(
-            v for k_, v in t.items() if k_ not in ("flops_f", "flops_b", "attn_flops", "n")
+            v
+            for k_, v in t.items()
+            if k_ not in ("flops_f", "flops_b", "attn_flops", "layers_f", "n")
         ),
     )
     mb_compute = busiest["forward"] + busiest["backward"] + busiest["recompute"]
@@ -939,7 +942,8 @@ def _step_time(scenario: Scenario) -> StepTime:
     model_flops = flops_mb * micro * mesh.dp
     hw_mb = (
         sum(
-            t["flops_f"] * (1 + recompute_share)
+            t["flops_f"]
+            + recompute_share * t["layers_f"]
             + t["flops_b"]
             + (t["attn_flops"] if selective else 0)
             for t in stage_terms

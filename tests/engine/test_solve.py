@@ -1,0 +1,220 @@
+"""The solvers against brute force on the engine's own estimate, the sweep, and the
+``memfit fit`` / ``memfit sweep`` commands."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+
+import pytest
+
+from engine import solve, sweep
+from engine.cli import main
+from engine.estimate import estimate
+from engine.presets import load_gpu, load_model
+from engine.specs import HardwareSpec, LoraSpec, ParallelismSpec, Scenario, TrainingSpec
+
+
+def scenario(model: str, gpu: str, gpus: int = 1, **training: object) -> Scenario:
+    return Scenario(
+        load_model(model),
+        HardwareSpec(load_gpu(gpu), gpus_per_node=gpus),
+        TrainingSpec(**training),  # type: ignore[arg-type]
+    )
+
+
+def fits(s: Scenario) -> bool:
+    e = estimate(s)
+    return e.device_bytes <= e.budget_bytes
+
+
+def first_failure(values, make) -> int | None:
+    """Brute force: the last value before the first one that does not fit."""
+    last = None
+    for v in values:
+        if not fits(make(v)):
+            return last
+        last = v
+    return last
+
+
+CASES = [
+    scenario("gpt2", "l4", sequence_length=1024),
+    scenario("qwen2.5-0.5b", "rtx-4090", method="lora", sequence_length=2048),
+    scenario("llama-3.2-1b", "a10g", method="qlora", activation_checkpointing="full"),
+    scenario("pythia-160m", "t4", precision="fp32", attention="eager", sequence_length=512),
+]
+
+
+@pytest.mark.parametrize("s", CASES, ids=lambda s: s.model.name)
+def test_max_micro_batch_equals_brute_force(s: Scenario) -> None:
+    t = s.training
+    brute = first_failure(
+        range(1, 600),
+        lambda b: dataclasses.replace(s, training=dataclasses.replace(t, micro_batch_size=b)),
+    )
+    assert solve.max_micro_batch(s, limit=599) == brute
+    assert brute is not None and brute > 1
+
+
+@pytest.mark.parametrize("s", CASES[:3], ids=lambda s: s.model.name)
+def test_max_sequence_length_equals_brute_force(s: Scenario) -> None:
+    t = s.training
+    found = solve.max_sequence_length(s)
+    assert found is not None
+    # brute force around the answer, and from the start on a coarse grid
+    make = lambda n: dataclasses.replace(s, training=dataclasses.replace(t, sequence_length=n))  # noqa: E731
+    assert fits(make(found)) and not fits(make(found + 1))
+    assert all(fits(make(n)) for n in range(1, found + 1, max(1, found // 300)))
+
+
+def test_max_sequence_length_keeps_the_context_parallel_multiple() -> None:
+    s = scenario("llama-3-8b", "h100-sxm-80gb", 8, method="lora",
+                 parallelism=ParallelismSpec(cp=4, tp=2, sequence_parallel=True))  # fmt: skip
+    found = solve.max_sequence_length(s)
+    assert found is not None and found % 8 == 0
+
+    def step(n: int) -> Scenario:
+        return dataclasses.replace(s, training=dataclasses.replace(s.training, sequence_length=n))
+
+    assert fits(step(found)) and not fits(step(found + 8))
+
+
+def test_max_lora_rank_equals_brute_force() -> None:
+    s = scenario("llama-3-8b", "rtx-4090", method="qlora", micro_batch_size=1,
+                 sequence_length=2048, activation_checkpointing="full")  # fmt: skip
+    found = solve.max_lora_rank(s)
+    assert found is not None
+    make = lambda r: dataclasses.replace(  # noqa: E731
+        s, training=dataclasses.replace(s.training, lora=LoraSpec(rank=r))
+    )
+    assert fits(make(found)) and (found == s.model.hidden_size or not fits(make(found + 1)))
+    assert all(fits(make(r)) for r in range(1, found + 1, max(1, found // 200)))
+    assert solve.max_lora_rank(scenario("gpt2", "l4")) is None  # full fine-tuning
+
+
+def test_min_gpus_equals_brute_force() -> None:
+    s = scenario("llama-3-8b", "a100-sxm-40gb", parallelism=ParallelismSpec(zero_stage=3),
+                 precision="bf16-mixed")  # fmt: skip
+    found = solve.min_gpus(s, limit=256)
+    assert found is not None
+    brute = next(
+        solve.with_gpus(s, n, k)
+        for n, k in solve.gpu_counts(s, 256)
+        if fits(solve.with_gpus(s, n, k))
+    )
+    assert found.hardware.world_size == brute.hardware.world_size > 1
+    # without sharding more GPUs do not help: none fits if one does not
+    ddp = scenario("llama-3-8b", "a100-sxm-40gb")
+    assert solve.min_gpus(ddp, limit=64) is None
+    # another GPU type
+    h200 = solve.min_gpus(s, gpu="h200-sxm-141gb", limit=256)
+    assert h200 is not None and h200.hardware.gpu.name == "h200-sxm-141gb"
+    assert h200.hardware.world_size <= found.hardware.world_size
+
+
+def test_make_it_fit_returns_fitting_minimal_changes_fastest_first() -> None:
+    s = scenario("llama-3-8b", "h100-sxm-80gb", micro_batch_size=8, sequence_length=4096)
+    assert not fits(s)
+    fixes = solve.make_it_fit(s, top=10)
+    assert fixes
+    speeds = [f.time.tokens_per_s for f in fixes]
+    assert speeds == sorted(speeds, reverse=True)
+    for f in fixes:
+        assert fits(f.scenario) and f.device_bytes <= f.budget_bytes
+        assert solve.combine(s, f.changes) == f.scenario
+        # every change is needed: no proper subset fits
+        for k in range(1, len(f.changes)):
+            import itertools
+
+            for sub in itertools.combinations(f.changes, k):
+                sub_s = solve.combine(s, sub)
+                assert sub_s is None or not fits(sub_s)
+    fitting = scenario("gpt2", "h100-sxm-80gb")
+    assert fits(fitting)
+
+
+def test_sweep_points_equal_single_estimates_and_keep_the_global_batch() -> None:
+    s = scenario("qwen2.5-0.5b", "l4", 4, micro_batch_size=2, gradient_accumulation_steps=4)
+    space = sweep.Space(checkpointing=("none", "full"), zero_stages=(0, 3), tp=(1, 2),
+                        micro_batches=(1, 2, 4, 8))  # fmt: skip
+    points = sweep.sweep(s, space)
+    assert len(points) >= 8
+    batch = sweep.global_batch(s)
+    for p in points:
+        e = estimate(p.scenario)
+        assert (p.device_bytes, p.verdict) == (e.device_bytes, e.verdict)
+        assert sweep.global_batch(p.scenario) == batch
+    front = sweep.pareto(points)
+    assert front and all(
+        not any(
+            q.device_bytes <= p.device_bytes
+            and q.time.tokens_per_s > p.time.tokens_per_s
+            and q.device_bytes < p.device_bytes
+            for q in points
+        )
+        for p in front
+    )
+    assert [p.device_bytes for p in front] == sorted(p.device_bytes for p in front)
+
+
+def test_sweep_progress_can_cancel() -> None:
+    s = scenario("gpt2", "l4", 8, micro_batch_size=8)
+    seen = []
+
+    def progress(done: int, total: int) -> bool:
+        seen.append((done, total))
+        return done < 200
+
+    points = sweep.sweep(s, None, progress)
+    total = len(list(sweep.configs(s)))
+    assert total > 400 and len(points) <= 200 and seen[-1][0] == 200
+
+
+def test_curve() -> None:
+    s = scenario("gpt2", "l4")
+    pts = sweep.curve(s, "micro_batch_size", [1, 2, 4])
+    assert all(p is not None for p in pts)
+    assert pts[0].device_bytes < pts[1].device_bytes < pts[2].device_bytes  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="field"):
+        sweep.curve(s, "rank", [1])
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return main(list(argv), out), out.getvalue()
+
+
+def test_cli_fit_json_shape() -> None:
+    code, text = run("fit", "--model", "gpt2", "--gpu", "l4", "--gpus", "2", "--batch", "4",
+                     "--top", "3", "--json")  # fmt: skip
+    assert code == 0
+    d = json.loads(text)
+    assert set(d) == {"max_micro_batch_size", "max_sequence_length", "min_gpus", "configs"}
+    assert 1 <= len(d["configs"]) <= 3
+    for c in d["configs"]:
+        assert {"scenario", "device_bytes", "verdict", "time"} <= set(c)
+        assert c["verdict"] == "fits" and c["time"]["bound"]
+    speeds = [c["time"]["tokens_per_s"] for c in d["configs"]]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+def test_cli_fit_table_and_bad_input() -> None:
+    code, text = run("fit", "--model", "gpt2", "--gpu", "l4", "--top", "2")
+    assert code == 0 and "tokens/s" in text and "max micro batch size" in text
+    assert run("fit", "--model", "gpt2", "--gpu", "l4", "--gpus", "12")[0] == 2
+    assert run("fit", "--model", "gpt2", "--gpu", "l4", "--top", "0")[0] == 2
+
+
+def test_cli_sweep_json_and_csv(tmp_path) -> None:
+    target = tmp_path / "points.csv"
+    code, text = run("sweep", "--model", "gpt2", "--gpu", "l4", "--gpus", "2", "--json",
+                     "--csv", str(target))  # fmt: skip
+    assert code == 0
+    d = json.loads(text)
+    assert d["configs"] == len(d["points"]) > 10
+    rows = list(csv.DictReader(io.StringIO(target.read_text(encoding="utf-8"))))
+    assert len(rows) == d["configs"]
+    assert {"device_bytes", "tokens_per_s", "bound", "verdict"} <= set(rows[0])

@@ -1,0 +1,211 @@
+"""The step-time model: FLOP counts against the standard formulas, and what each
+setting does to the time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.params import count_parameters, model_tensors
+from engine.presets import load_gpu, load_model
+from engine.scenario_io import scenario_from_dict, scenario_to_dict
+from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
+from engine.steptime import BOUNDS, step_time
+
+
+def scenario(model: str = "llama-3-8b", gpu: str = "h100-sxm-80gb", gpus: int = 1,
+             nodes: int = 1, **training: object) -> Scenario:  # fmt: skip
+    par = training.pop("parallelism", ParallelismSpec())
+    return Scenario(
+        load_model(model),
+        HardwareSpec(load_gpu(gpu), gpus_per_node=gpus, nodes=nodes),
+        TrainingSpec(parallelism=par, **training),  # type: ignore[arg-type]
+    )
+
+
+def with_training(s: Scenario, **fields: object) -> Scenario:
+    return dataclasses.replace(s, training=dataclasses.replace(s.training, **fields))  # type: ignore[arg-type]
+
+
+def matmul_params(name: str) -> int:
+    """Every weight a token multiplies: the linear layers and the LM head (the tied
+    embedding counted as the head it is), not the embedding lookup, norms or biases."""
+    m = load_model(name)
+    n = sum(g.total for g in model_tensors(m) if g.matrix)
+    return n + (m.vocab_size * m.hidden_size if m.tie_word_embeddings else 0)
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "gpt2", "qwen2.5-7b"])
+def test_model_flops_are_6n_per_token_plus_causal_attention(name: str) -> None:
+    """Kaplan et al. 2020 / PaLM appendix B: 6 N per token for the matmuls, plus
+    attention: per layer, QK^T and AV each 2 s h per token forward (h = heads x
+    head_dim), over the causal half of the keys, (s + 1)/2 on average: 6 (s + 1) h l
+    for forward and backward."""
+    b, s = 2, 2048
+    sc = scenario(name, micro_batch_size=b, sequence_length=s, attention="flash")
+    m = sc.model
+    h_attn = m.num_attention_heads * m.head_dim
+    expected = b * s * (6 * matmul_params(name) + 6 * (s + 1) * h_attn * m.num_layers)
+    assert step_time(sc).model_flops == pytest.approx(expected, rel=1e-9)
+
+
+def test_full_recomputation_adds_one_forward() -> None:
+    """Korthikanti et al. 2022, section 5: full recomputation runs every layer's forward
+    twice: hardware FLOPs = model FLOPs + one forward of the layers (not the LM head)."""
+    base = scenario(micro_batch_size=1, sequence_length=2048)
+    ckpt = with_training(base, activation_checkpointing="full")
+    t0, t1 = step_time(base), step_time(ckpt)
+    assert t1.model_flops == t0.model_flops
+    m, s = base.model, 2048
+    head = 2 * s * m.vocab_size * m.hidden_size
+    forward = (t0.model_flops - 3 * head) / 3  # forward of the layers alone
+    assert t1.hardware_flops - t0.hardware_flops == pytest.approx(forward, rel=1e-9)
+    assert 1.2 < t1.step_time_s / t0.step_time_s < 1.4
+
+
+def test_lora_skips_the_frozen_weight_gradients() -> None:
+    """Forward 2N, backward only the input gradients (2N) of the frozen base: 4N per
+    token, plus the adapters' own 6 x 2 r (in + out) per target."""
+    full = step_time(scenario(method="full"))
+    lora = step_time(scenario(method="lora"))
+    ratio = lora.model_flops / full.model_flops
+    assert 0.66 < ratio < 0.68
+    assert lora.step_time_s < full.step_time_s
+
+
+def test_qlora_pays_for_dequantization() -> None:
+    lora, qlora = step_time(scenario(method="lora")), step_time(scenario(method="qlora"))
+    assert qlora.model_flops == lora.model_flops
+    assert qlora.step_time_s > lora.step_time_s
+
+
+def test_mixed_precision_is_faster_than_fp32() -> None:
+    assert (
+        step_time(scenario(precision="bf16-mixed")).step_time_s
+        < 0.5 * step_time(scenario(precision="fp32")).step_time_s
+    )
+
+
+def test_tensor_parallel_pays_all_reduces_inside_a_node_and_more_across() -> None:
+    tp8 = scenario("llama-3.1-70b", gpus=8, parallelism=ParallelismSpec(tp=8), sequence_length=4096)
+    kinds = step_time(tp8).by_kind()
+    assert kinds["communication"] > 0
+    # the same layout spread over 8 nodes of one GPU: the all-reduces leave NVLink
+    spread = dataclasses.replace(
+        tp8, hardware=HardwareSpec(load_gpu("h100-sxm-80gb"), 1, 8, network="ethernet-100g")
+    )
+    assert step_time(spread).by_kind()["communication"] > 5 * kinds["communication"]
+
+
+def test_pipeline_bubble_shrinks_with_more_micro_batches_and_virtual_stages() -> None:
+    def bubble(micro: int, vpp: int = 1) -> float:
+        schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
+        par = ParallelismSpec(pp=4, vpp=vpp, pp_schedule=schedule)
+        s = scenario(gpus=4, parallelism=par, gradient_accumulation_steps=micro)
+        t = step_time(s)
+        return t.by_kind()["pipeline_bubble"] / t.step_time_s
+
+    assert bubble(4) > bubble(16) > 0
+    assert bubble(8, vpp=2) < bubble(8)
+
+
+def test_offload_is_a_host_transfer_and_costs_time() -> None:
+    zero = ParallelismSpec(zero_stage=2, framework="deepspeed")
+    base = scenario(gpus=8, parallelism=zero)
+    off = with_training(base, offload=OffloadSpec(optimizer="cpu"))
+    assert step_time(off).by_kind()["host_transfer"] > 0
+    assert step_time(off).step_time_s > step_time(base).step_time_s
+
+
+def test_zero3_gathers_cost_more_across_slow_networks() -> None:
+    par = ParallelismSpec(zero_stage=3)
+    fast = scenario(gpus=8, nodes=4, parallelism=par)
+    slow = dataclasses.replace(
+        fast, hardware=dataclasses.replace(fast.hardware, network="ethernet-25g")
+    )
+    assert step_time(slow).step_time_s > step_time(fast).step_time_s
+    assert any("network" in a for a in step_time(fast).assumptions)
+    given = dataclasses.replace(
+        fast, hardware=dataclasses.replace(fast.hardware, network_gb_s=3.125)
+    )
+    assert step_time(given).step_time_s == pytest.approx(step_time(slow).step_time_s)
+    assert not step_time(given).assumptions
+
+
+def test_outputs_are_consistent() -> None:
+    s = scenario(gpus=8, micro_batch_size=2, gradient_accumulation_steps=4,
+                 parallelism=ParallelismSpec(zero_stage=3))  # fmt: skip
+    t = step_time(s)
+    assert t.tokens_per_step == 2 * 2048 * 4 * 8
+    assert t.tokens_per_s == pytest.approx(t.tokens_per_step / t.step_time_s)
+    assert t.tokens_per_s_per_gpu == pytest.approx(t.tokens_per_s / 8)
+    assert 0 < t.mfu < 1
+    assert t.bound in BOUNDS
+    assert sum(x.seconds for x in t.terms) == pytest.approx(t.step_time_s)
+    assert t.bound == max(t.by_kind(), key=t.by_kind().get)
+
+
+def test_token_budget_gives_wall_time_and_cost_only_with_a_price() -> None:
+    s = scenario(gpus=8, token_budget=10**9, parallelism=ParallelismSpec(zero_stage=3))
+    t = step_time(s)
+    assert t.run_time_s == pytest.approx(1e9 / t.tokens_per_s)
+    assert t.gpu_hours == pytest.approx(t.run_time_s * 8 / 3600)
+    assert t.cost is None and t.price_per_gpu_hour is None  # no price invented
+    priced = dataclasses.replace(
+        s, hardware=dataclasses.replace(s.hardware, price_per_gpu_hour=2.5)
+    )
+    assert step_time(priced).cost == pytest.approx(t.gpu_hours * 2.5)
+    assert step_time(scenario()).run_time_s is None
+
+
+def test_efficiency_override_scales_compute() -> None:
+    s = scenario(sequence_length=4096)
+    slow = dataclasses.replace(
+        s, hardware=dataclasses.replace(s.hardware, matmul_efficiency=0.2, attention_efficiency=0.1)
+    )
+    assert step_time(slow).step_time_s > 2 * step_time(s).step_time_s
+
+
+def test_estimate_json_has_the_time_object() -> None:
+    d = estimate(scenario()).to_dict()
+    t = d["time"]
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "bound"):
+        assert key in t
+    assert t["bound"] in BOUNDS
+
+
+def test_new_fields_round_trip_and_are_checked() -> None:
+    s = scenario(token_budget=5 * 10**9)
+    s = dataclasses.replace(
+        s,
+        hardware=dataclasses.replace(
+            s.hardware, network="infiniband-ndr-8x400", price_per_gpu_hour=3.0
+        ),
+    )
+    assert scenario_from_dict(scenario_to_dict(s)) == s
+    data = scenario_to_dict(s)
+    data["hardware"]["network"] = "carrier-pigeon"
+    with pytest.raises(EstimateError, match=r"hardware\.network"):
+        scenario_from_dict(data)
+    data["hardware"]["network"] = None
+    data["hardware"]["network_gb_s"] = -1
+    with pytest.raises(EstimateError, match=r"hardware\.network_gb_s"):
+        scenario_from_dict(data)
+    data = scenario_to_dict(s)
+    data["training"]["token_budget"] = 0
+    with pytest.raises(EstimateError, match=r"training\.token_budget"):
+        scenario_from_dict(data)
+
+
+def test_every_preset_pair_has_a_finite_time() -> None:
+    from engine.presets import gpu_names, model_names
+
+    for name in model_names():
+        for gpu in ("h100-sxm-80gb", "rtx-4090", "mi300x"):
+            t = step_time(scenario(name, gpu, method="full"))
+            assert 0 < t.step_time_s < 1e6 and t.tokens_per_s > 0, (name, gpu)
+    assert len(gpu_names()) > 10
+    assert count_parameters(load_model("gpt2")).total > 0
