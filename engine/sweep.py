@@ -315,10 +315,37 @@ def pareto(points: Sequence[Point], cost: Callable[[Point], float] | None = None
     return front
 
 
+def _settings(p: Point) -> int:
+    """How many of a configuration's settings are switched on: fewer is simpler."""
+    t, par = p.scenario.training, p.scenario.training.parallelism
+    return (
+        (t.activation_checkpointing != "none")
+        + (par.zero_stage > 0)
+        + (par.tp > 1)
+        + (par.pp > 1)
+        + (par.cp > 1)
+        + (t.offload.optimizer != "none")
+    )
+
+
 def best(points: Sequence[Point], top: int = 10) -> list[Point]:
-    """The fitting points, fastest first (ties: less memory first)."""
-    fitting = [p for p in points if p.fits]
-    return sorted(fitting, key=lambda p: (-p.time.tokens_per_s, p.device_bytes))[:top]
+    """The fitting points, fastest first (ties: less memory, then fewer settings on). Of
+    configurations that give the same memory and the same time (selective checkpointing
+    where the attention kernel already recomputes its core), the simplest is kept."""
+    fitting = sorted(
+        (p for p in points if p.fits),
+        key=lambda p: (-p.time.tokens_per_s, p.device_bytes, _settings(p)),
+    )
+    out: list[Point] = []
+    seen: set[tuple[int, float]] = set()
+    for p in fitting:
+        key = (p.device_bytes, p.time.step_time_s)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+        if len(out) == top:
+            break
+    return out
 
 
 def curve(scenario: Scenario, field: str, values: Sequence[int]) -> list[Point | None]:
