@@ -298,13 +298,12 @@ def _act_bytes(training: TrainingSpec) -> int:
     return 4 if training.precision == "fp32" else 2
 
 
-def _trainable(g: TensorGroup, training: TrainingSpec) -> bool:
-    if training.method == "full":
+def _trainable(g: TensorGroup, method: str, trainable: tuple[str, ...]) -> bool:
+    if method == "full":
         return True
-    if training.method == "freeze":
+    if method == "freeze":
         parts = {"mlp": ("mlp", "experts"), "lm_head": ("lm_head", "pooler")}
-        allowed = {c for p in training.freeze.trainable for c in parts.get(p, (p,))}
-        return g.component in allowed
+        return any(g.component in parts.get(p, (p,)) for p in trainable)
     return False
 
 
@@ -320,26 +319,54 @@ def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) 
     return count * _kernel(2 * m * k * n, nbytes, rate, dev.bandwidth)
 
 
-def _layer(
-    model: ModelSpec,
-    training: TrainingSpec,
-    mesh: Mesh,
-    dev: Device,
-    moe: bool,
-) -> _Layer:
-    """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch."""
-    tp, cp = mesh.tp, mesh.cp
-    b, s = training.micro_batch_size, training.sequence_length
-    tokens = b * s / cp  # the rank's tokens (context parallelism splits the sequence)
-    dt = _act_bytes(training)
-    h = model.hidden_size
-    roles = (
-        lora_targets(model, training.lora.targets)[0]
-        if training.method in ("lora", "qlora")
-        else frozenset()
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """What one layer's work depends on, beyond the model and the device."""
+
+    method: str
+    targets: tuple[str, ...]
+    rank: int
+    trainable: tuple[str, ...]
+    precision: str
+    attention: str
+    batch: int
+    seq: int
+    sequence_parallel: bool
+    capacity: float
+    tp: int
+    cp: int
+    ep: int
+
+
+def _work(training: TrainingSpec, mesh: Mesh) -> _Work:
+    return _Work(
+        training.method,
+        training.lora.targets,
+        training.lora.rank,
+        training.freeze.trainable,
+        training.precision,
+        training.attention,
+        training.micro_batch_size,
+        training.sequence_length,
+        training.parallelism.sequence_parallel,
+        training.parallelism.expert_capacity_factor,
+        mesh.tp,
+        mesh.cp,
+        mesh.ep,
     )
-    r = training.lora.rank
-    lora = training.method in ("lora", "qlora")
+
+
+@lru_cache(maxsize=8192)
+def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
+    """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch."""
+    tp, cp, ep = work.tp, work.cp, work.ep
+    b, s = work.batch, work.seq
+    tokens = b * s / cp  # the rank's tokens (context parallelism splits the sequence)
+    dt = 4 if work.precision == "fp32" else 2
+    h = model.hidden_size
+    lora = work.method in ("lora", "qlora")
+    roles = lora_targets(model, work.targets)[0] if lora else frozenset()
+    r = work.rank
     mm_f = mm_b = 0.0
     fl_f = fl_b = 0.0
     dequant_elems = 0.0
@@ -352,13 +379,11 @@ def _layer(
         if g.component == "experts":
             # the rank holds num_experts / ep experts; balanced routing sends it
             # tokens x top-k x capacity rows in all, spread over its experts
-            local = max(1, model.num_experts // mesh.ep)
-            rows = tokens * model.num_experts_per_tok * training.parallelism.expert_capacity_factor
+            local = max(1, model.num_experts // ep)
+            rows = tokens * model.num_experts_per_tok * work.capacity
             m_rows, count = rows / local, local * per_layer / model.num_experts
             if g.linear == "down_proj":
-                f_tok += (
-                    in_f * model.num_experts_per_tok * training.parallelism.expert_capacity_factor
-                )
+                f_tok += in_f * model.num_experts_per_tok * work.capacity
         else:
             m_rows, count = tokens, per_layer
             if g.component == "mlp" and g.linear == "down_proj":
@@ -373,12 +398,12 @@ def _layer(
             k, n = in_f, out_f / tp  # column-parallel
         flops = 2 * m_rows * k * n * count
         fwd = _gemm(m_rows, k, n, dt, dev, count)
-        train_w = _trainable(g, training)
+        train_w = _trainable(g, work.method, work.trainable)
         mm_f += fwd
         mm_b += fwd * (2 if train_w else 1)
         fl_f += flops
         fl_b += flops * (2 if train_w else 1)
-        if training.method == "qlora" and g.component != "router":
+        if work.method == "qlora" and g.component != "router":
             dequant_elems += k * n * count
         if lora and g.linear in roles:
             a_f = _gemm(m_rows, k, r, dt, dev, count) + _gemm(m_rows, r, n, dt, dev, count)
@@ -390,7 +415,7 @@ def _layer(
     heads = model.num_attention_heads / tp
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
     d_v = model.v_head_dim if model.kv_lora_rank else model.head_dim
-    kernel = _kernel_of(training)
+    kernel = "eager" if work.attention == "eager" else "flash"
     causal = model.architecture == "decoder"
     window = model.sliding_window if 0 < model.sliding_window < s else s
     if kernel == "eager":
@@ -415,7 +440,7 @@ def _layer(
         attn_b = max(2.5 * attn_flops / dev.attention_flops, KERNEL_S)
     # elementwise: bytes moved per token (reads + writes), hidden-size tensors split over
     # tp under sequence parallelism
-    hid = h / (tp if training.parallelism.sequence_parallel else 1)
+    hid = h / (tp if work.sequence_parallel else 1)
     norms = model.norms_per_layer
     kv_heads = max(1, model.num_key_value_heads // tp)
     e_f = (2 * norms + 2 * 3) * hid  # norms read + write, two residual adds
@@ -443,7 +468,7 @@ def _layer(
     ew_f = max(e_f * tokens * dt / dev.bandwidth, n_kernels * KERNEL_S)
     ew_b = max(e_b * tokens * dt / dev.bandwidth, 2 * n_kernels * KERNEL_S)
     dequant = dequant_elems * 2.5 / dev.bandwidth  # read 4-bit codes, write 16 bits
-    ep_bytes = tokens * model.num_experts_per_tok * h * dt if moe and mesh.ep > 1 else 0.0
+    ep_bytes = tokens * model.num_experts_per_tok * h * dt if moe and ep > 1 else 0.0
     cp_bytes = 2 * b * (s / cp) * kv_heads * model.head_dim * dt if cp > 1 else 0.0
     return _Layer(
         matmul_fwd=mm_f,
@@ -570,8 +595,9 @@ def _step_time(scenario: Scenario) -> StepTime:
     if hw.nodes > 1 and hw.network is None and hw.network_gb_s is None:
         assumptions.append("network: " + dev.network)
 
-    dense = _layer(model, training, mesh, dev, False)
-    moe = _layer(model, training, mesh, dev, True) if model.is_moe else None
+    work = _work(training, mesh)
+    dense = _layer(model, work, dev, False)
+    moe = _layer(model, work, dev, True) if model.is_moe else None
     n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
 
     # which layers recompute their forward in backward
@@ -600,27 +626,17 @@ def _step_time(scenario: Scenario) -> StepTime:
     per_rank = [sum(counts[r + j * mesh.pp] for j in range(mesh.vpp)) for r in range(mesh.pp)]
     moe_share = n_moe / model.num_layers if model.num_layers else 0.0
 
+    fields = (
+        "matmul_fwd", "matmul_bwd", "attn_fwd", "attn_bwd", "elementwise_fwd",
+        "elementwise_bwd", "dequant", "flops_fwd", "flops_bwd", "attn_flops_fwd", "cp_bytes",
+    )  # fmt: skip
+    parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
+    per_layer = {
+        name: sum(getattr(layer, name) * share for layer, share in parts) for name in fields
+    }
+
     def layers_time(n: float) -> dict[str, float]:
-        nd, nm = n * (1 - moe_share), n * moe_share
-        out: dict[str, float] = {}
-        parts = [(dense, nd)] + ([(moe, nm)] if moe else [])
-        for name in (
-            "matmul_fwd",
-            "matmul_bwd",
-            "attn_fwd",
-            "attn_bwd",
-            "elementwise_fwd",
-            "elementwise_bwd",
-            "dequant",
-            "flops_fwd",
-            "flops_bwd",
-            "attn_flops_fwd",
-            "tp_bytes",
-            "ep_bytes",
-            "cp_bytes",
-        ):
-            out[name] = sum(getattr(layer, name) * cnt for layer, cnt in parts if layer)
-        return out
+        return {name: v * n for name, v in per_layer.items()}
 
     tp_ring = _ring(mesh.tp, 1, scenario, dev)
     cp_ring = _ring(mesh.cp, mesh.tp, scenario, dev)
@@ -651,9 +667,13 @@ def _step_time(scenario: Scenario) -> StepTime:
 
     # one micro-batch on the busiest stage
     stage_terms: list[dict[str, float]] = []
+    memo: dict[tuple[int, bool, bool], dict[str, float]] = {}
     for r, n in enumerate(per_rank):
-        lt = layers_time(n)
         first, last = r == 0, r == mesh.pp - 1
+        if (n, first, last) in memo:
+            stage_terms.append(memo[(n, first, last)])
+            continue
+        lt = layers_time(n)
         fwd = lt["matmul_fwd"] + lt["attn_fwd"]
         bwd = lt["matmul_bwd"] + lt["attn_bwd"]
         ew = lt["elementwise_fwd"] + lt["elementwise_bwd"]
@@ -708,6 +728,7 @@ def _step_time(scenario: Scenario) -> StepTime:
                 "n": n,
             }
         )
+        memo[(n, first, last)] = stage_terms[-1]
     busiest = max(
         stage_terms,
         key=lambda t: sum(
