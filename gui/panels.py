@@ -314,6 +314,17 @@ class HardwarePanel(FormPanel):
             scale=100.0,
             suffix=" %",
         )
+        get_price, set_price = hardware_field("price_per_gpu_hour")
+        self.price = self.add_double(
+            "hardware.price_per_gpu_hour",
+            "Price / GPU-hour",
+            0.0,
+            1e6,
+            (lambda s: get_price(s) or 0.0, lambda s, v: set_price(s, v or None)),
+            "What one GPU-hour of this GPU costs you, in your currency, for the cost of a "
+            "run and per million tokens (Tradeoffs); 0 takes the GPU preset's price",
+            decimals=2,
+        )
         self.after_refresh(store.scenario)
 
     def after_refresh(self, scenario: Scenario) -> None:
@@ -323,6 +334,8 @@ class HardwarePanel(FormPanel):
         index = combo.currentIndex()
         if index >= self._gpu_presets:
             combo.setItemText(index, gpu_text(scenario.hardware.gpu))
+        preset = scenario.hardware.gpu.price_per_gpu_hour
+        self.price.setSpecialValueText("not given" if preset is None else f"preset {preset:g}")
 
 
 def canonical_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -493,6 +506,20 @@ class TrainingPanel(FormPanel):
             training_field("loss"),
             "A chunked cross-entropy (Liger, torchtune) never holds all the logits",
         )
+        get_budget, set_budget = training_field("token_budget")
+        budget = self.add_double(
+            "training.token_budget",
+            "Token budget",
+            0.0,
+            1e7,
+            (lambda s: get_budget(s) or 0, lambda s, v: set_budget(s, round(v) or None)),
+            "Tokens the whole run trains on, in billions (10^9), for its time, GPU-hours and "
+            "cost (Tradeoffs); 'not given' leaves them out",
+            decimals=1,
+            scale=1e-9,
+            suffix=" B",
+        )
+        budget.setSpecialValueText("not given")
         self.after_refresh(store.scenario)
 
     def _add_targets(self) -> Row:
