@@ -1,4 +1,5 @@
-"""Exporting a :class:`~gui.chart.BreakdownChart` as an image, without any dialog.
+"""Exporting a :class:`~gui.chart.BreakdownChart` -- or any widget that holds pyqtgraph
+plots -- as an image, without any dialog.
 
 * :func:`chart_image` -- the whole chart (verdict banner, plot, note) as a ``QImage``, at
   ``scale`` times its logical size; used for PNG export and for "Copy chart";
@@ -7,8 +8,9 @@
   (:func:`engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
   refused, the file's mode is kept, the write is atomic).
 
-The SVG is the plot through pyqtgraph's ``SVGExporter``, or the whole widget painted into
-Qt's ``QSvgGenerator`` where that exporter fails. Each function restores whatever it
+The SVG is the plot (``chart.plot_item``, or the graphics item given) through pyqtgraph's
+``SVGExporter``, or the whole widget painted into Qt's ``QSvgGenerator`` where that
+exporter fails. Each function restores whatever it
 changes (the widget's size) before it returns.
 """
 
@@ -20,10 +22,9 @@ from pyqtgraph.exporters import SVGExporter
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPoint, QRect, QSize
 from PySide6.QtGui import QImage, QImageWriter, QPainter
 from PySide6.QtSvg import QSvgGenerator
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QGraphicsItem, QWidget
 
 from engine.files import write_bytes
-from gui.chart import BreakdownChart
 
 PathLike = str | os.PathLike[str]
 
@@ -32,7 +33,7 @@ class ExportError(OSError):
     """An image could not be written; the message names the file."""
 
 
-def _resized(chart: BreakdownChart, size: QSize | None) -> QSize:
+def _resized(chart: QWidget, size: QSize | None) -> QSize:
     """Resize ``chart`` to ``size`` (when given) and lay it out; return the old size."""
     old = chart.size()
     if size is not None and size != old:
@@ -45,7 +46,7 @@ def _resized(chart: BreakdownChart, size: QSize | None) -> QSize:
     return old
 
 
-def chart_image(chart: BreakdownChart, scale: int = 1, *, size: QSize | None = None) -> QImage:
+def chart_image(chart: QWidget, scale: int = 1, *, size: QSize | None = None) -> QImage:
     """The whole chart rendered at ``scale`` x its logical size (``size`` if given).
 
     The image has ``scale`` as its device pixel ratio, so text and lines are drawn at the
@@ -66,7 +67,7 @@ def chart_image(chart: BreakdownChart, scale: int = 1, *, size: QSize | None = N
             chart.resize(old)
 
 
-def png_bytes(chart: BreakdownChart, scale: int = 1, *, size: QSize | None = None) -> bytes:
+def png_bytes(chart: QWidget, scale: int = 1, *, size: QSize | None = None) -> bytes:
     """The whole chart as PNG data, ``scale`` x its logical size in pixels."""
     image = chart_image(chart, scale, size=size)
     buffer = QBuffer()
@@ -78,31 +79,44 @@ def png_bytes(chart: BreakdownChart, scale: int = 1, *, size: QSize | None = Non
 
 
 def export_png(
-    chart: BreakdownChart, path: PathLike, scale: int = 1, *, size: QSize | None = None
+    chart: QWidget, path: PathLike, scale: int = 1, *, size: QSize | None = None
 ) -> None:
     """Write the whole chart to ``path`` as PNG, ``scale`` x its logical size in pixels."""
     _write(path, png_bytes(chart, scale, size=size), "PNG")
 
 
-def svg_bytes(chart: BreakdownChart) -> bytes:
-    """The plot as SVG (vector text and shapes).
+def svg_bytes(
+    chart: QWidget, item: QGraphicsItem | None = None, *, title: str = "MemFit memory breakdown"
+) -> bytes:
+    """The plot as SVG (vector text and shapes): ``item`` (a plot or a layout of plots),
+    by default the chart's ``plot_item``.
 
-    pyqtgraph's ``SVGExporter`` on the plot item comes first; should it raise, the whole
-    widget is painted into a ``QSvgGenerator`` instead.
+    pyqtgraph's ``SVGExporter`` on the item comes first; should it raise, the whole
+    widget is painted into a ``QSvgGenerator`` instead, titled ``title``.
     """
     _resized(chart, None)
+    if item is None:
+        item = getattr(chart, "plot_item", None)
     try:
-        data = SVGExporter(chart.plot_item).export(toBytes=True)
+        if item is None:
+            raise TypeError("no plot item to export")
+        data = SVGExporter(item).export(toBytes=True)
         if not isinstance(data, bytes):
             raise TypeError(f"the SVG exporter gave {type(data).__name__}, not bytes")
         return data
     except Exception:  # the exporter depends on Qt internals; Qt's own generator is the fallback
-        return _svg_with_qt(chart)
+        return _svg_with_qt(chart, title)
 
 
-def export_svg(chart: BreakdownChart, path: PathLike) -> None:
+def export_svg(
+    chart: QWidget,
+    path: PathLike,
+    item: QGraphicsItem | None = None,
+    *,
+    title: str = "MemFit memory breakdown",
+) -> None:
     """Write the plot to ``path`` as SVG (see :func:`svg_bytes`)."""
-    _write(path, svg_bytes(chart), "SVG")
+    _write(path, svg_bytes(chart, item, title=title), "SVG")
 
 
 def _write(path: PathLike, data: bytes, kind: str) -> None:
@@ -112,14 +126,14 @@ def _write(path: PathLike, data: bytes, kind: str) -> None:
         raise ExportError(f"could not write the {kind} file {os.fspath(path)!r}: {exc}") from exc
 
 
-def _svg_with_qt(chart: BreakdownChart) -> bytes:
+def _svg_with_qt(chart: QWidget, title: str) -> bytes:
     buffer = QBuffer()
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     generator = QSvgGenerator()
     generator.setOutputDevice(buffer)
     generator.setSize(chart.size())
     generator.setViewBox(QRect(0, 0, chart.width(), chart.height()))
-    generator.setTitle("MemFit memory breakdown")
+    generator.setTitle(title)
     painter = QPainter()
     if not painter.begin(generator):
         raise ExportError("could not paint the chart as SVG")
