@@ -1,9 +1,10 @@
 """MemFit's main window, built in named steps (actions, menus, tool bar, status bar, settings).
 
 Layout: the left column holds the Model, Hardware, Training and Parallelism panels in a
-scroll area; the right side holds a notice bar (what could not be restored at start-up),
-the what-if toggles, the breakdown chart and the item table. All of them read from and
-write to one :class:`~gui.store.ScenarioStore`.
+scroll area; the right side holds a notice bar (what could not be restored at start-up)
+over two tabs: *Memory* -- the what-if toggles, the breakdown chart and the item table --
+and *Tradeoffs* (:mod:`gui.tradeoffs`: the strategy map, curves and other GPUs). All of
+them read from and write to one :class:`~gui.store.ScenarioStore`.
 
 The window always starts: a scenario the estimate rejects, a broken recovery file or
 settings file give a working window and a notice (:mod:`gui.session`). It never loses
@@ -39,6 +40,7 @@ from PySide6.QtWidgets import (
     QStyle,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QToolBar,
     QToolButton,
     QVBoxLayout,
@@ -69,6 +71,7 @@ from gui.session import (
 )
 from gui.store import ScenarioStore, default_scenario
 from gui.theme import apply_theme
+from gui.tradeoffs import TradeoffsView
 from gui.whatif_bar import WhatIfBar
 
 __all__ = ["MainWindow", "app_icon", "autosave_location", "message_box"]
@@ -254,17 +257,34 @@ class MainWindow(QMainWindow):
         header.setStretchLastSection(True)
         self.notice = NoticeBar()
 
-        right = QSplitter(Qt.Orientation.Vertical)
+        memory = QSplitter(Qt.Orientation.Vertical)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(6, 6, 6, 0)
-        top_layout.addWidget(self.notice)
         top_layout.addWidget(self.whatif)
         top_layout.addWidget(self.chart, 1)
-        right.addWidget(top)
-        right.addWidget(self.table)
-        right.setStretchFactor(0, 4)
-        right.setStretchFactor(1, 1)
+        memory.addWidget(top)
+        memory.addWidget(self.table)
+        memory.setStretchFactor(0, 4)
+        memory.setStretchFactor(1, 1)
+        self.tradeoffs = TradeoffsView(self.store)
+        # the breakdown and, beside it, what memory costs in speed and money
+        self.views = QTabWidget()
+        self.views.addTab(memory, "Memory")
+        self.views.addTab(self.tradeoffs, "Tradeoffs")
+        self.views.setTabToolTip(0, "Where the memory goes: the breakdown and what-ifs")
+        self.views.setTabToolTip(
+            1, "Memory against speed and cost: strategy map, curves, other GPUs"
+        )
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.setSpacing(0)
+        notice_box = QVBoxLayout()
+        notice_box.setContentsMargins(6, 6, 6, 0)
+        notice_box.addWidget(self.notice)
+        right_layout.addLayout(notice_box)
+        right_layout.addWidget(self.views, 1)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.scroll)
         self.splitter.addWidget(right)
@@ -349,6 +369,18 @@ class MainWindow(QMainWindow):
             act.setStatusTip(f"Use the {key} colour scheme")
             act.triggered.connect(lambda _c=False, k=key: self.set_theme(k))
             self.theme_acts[key] = act
+        self.memory_view_act = self._action(
+            "&Memory Breakdown",
+            lambda: self.views.setCurrentIndex(0),
+            "Ctrl+1",
+            "Show where the memory goes",
+        )
+        self.tradeoffs_view_act = self._action(
+            "T&radeoffs",
+            lambda: self.views.setCurrentIndex(1),
+            "Ctrl+2",
+            "Show memory against speed and cost: strategy map, curves, other GPUs",
+        )
         self.about_act = self._action("&About MemFit", self.about, None, "About MemFit")
 
     def create_menus(self) -> None:
@@ -365,6 +397,8 @@ class MainWindow(QMainWindow):
         edit_menu = bar.addMenu("&Edit")
         edit_menu.addActions([self.undo_act, self.redo_act])
         view_menu = bar.addMenu("&View")
+        view_menu.addActions([self.memory_view_act, self.tradeoffs_view_act])
+        view_menu.addSeparator()
         view_menu.addActions([self.compare_all_act, self.clear_whatifs_act, self.table_act])
         theme_menu = view_menu.addMenu("&Colours")
         theme_menu.addActions(list(self.theme_acts.values()))
@@ -402,6 +436,7 @@ class MainWindow(QMainWindow):
             panel.pendingChanged.connect(self.update_undo_action)
         self.whatif.ghostsChanged.connect(self.on_ghosts)
         self.chart.ghostActivated.connect(self.whatif.apply)
+        self.tradeoffs.message.connect(lambda text: self.statusBar().showMessage(text, 5000))
         QGuiApplication.styleHints().colorSchemeChanged.connect(self.on_system_scheme)
 
     # -- settings ------------------------------------------------------------------------
@@ -841,4 +876,5 @@ class MainWindow(QMainWindow):
             return
         self.write_settings()
         self.write_autosave(discarded=choice == DISCARDED)
+        self.tradeoffs.shutdown()
         event.accept()

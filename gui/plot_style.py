@@ -1,0 +1,83 @@
+"""Colours and styling shared by the Tradeoffs plots, for light and dark palettes.
+
+* :func:`verdict_colour` -- the verdict colours of the breakdown chart's banner
+  (:data:`gui.chart.VERDICTS`), lightened on a dark background so that points stay
+  readable there;
+* :data:`SERIES_COLOURS` -- Okabe--Ito colours for two series (a darker and a lighter
+  variant each, for light and dark backgrounds);
+* :func:`style_plot` -- background, axes, grid and labels of a pyqtgraph plot from a
+  widget's palette;
+* :func:`palette_colours` -- background, text and a muted colour between them.
+"""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtGui import QBrush, QColor, QPalette
+
+from gui.chart import CAPACITY_COLOUR, VERDICTS
+
+#: verdict -> words in a legend
+VERDICT_WORDS = {"fits": "fits", "tight": "tight", "oom": "does not fit"}
+
+#: (on a light background, on a dark one): Okabe & Ito's blue / sky blue, vermillion /
+#: orange, for "no checkpointing" and "full checkpointing"
+SERIES_COLOURS = {
+    "none": ("#0072B2", "#56B4E9"),
+    "full": ("#D55E00", "#E69F00"),
+}
+
+
+def is_dark_background(colour: QColor) -> bool:
+    return colour.lightness() < 128
+
+
+def verdict_colour(verdict: str, dark: bool) -> QColor:
+    """The verdict's colour, lighter on a dark background (the banner's own colours are
+    chosen for white text on them)."""
+    colour = QColor(VERDICTS[verdict][1])
+    if dark:
+        colour = colour.lighter({"fits": 170, "tight": 110, "oom": 150}[verdict])
+    return colour
+
+
+def series_colour(key: str, dark: bool) -> QColor:
+    light, dark_variant = SERIES_COLOURS[key]
+    return QColor(dark_variant if dark else light)
+
+
+def capacity_colour(dark: bool) -> QColor:
+    colour = QColor(CAPACITY_COLOUR)
+    return colour.lighter(125) if dark else colour
+
+
+def palette_colours(palette: QPalette) -> tuple[QColor, QColor, QColor]:
+    """(background, text, muted) of ``palette``; muted is 40 % of the way from the text
+    to the background, as the breakdown chart's."""
+    background = palette.color(QPalette.ColorRole.Base)
+    foreground = palette.color(QPalette.ColorRole.Text)
+    muted = QColor.fromRgbF(
+        0.4 * background.redF() + 0.6 * foreground.redF(),
+        0.4 * background.greenF() + 0.6 * foreground.greenF(),
+        0.4 * background.blueF() + 0.6 * foreground.blueF(),
+    )
+    return background, foreground, muted
+
+
+def style_plot(item: pg.PlotItem, palette: QPalette) -> None:
+    """Axes of ``item`` and their labels in the palette's text colour."""
+    _background, foreground, _muted = palette_colours(palette)
+    for name in ("left", "bottom"):
+        axis = item.getAxis(name)
+        axis.setPen(pg.mkPen(foreground))
+        axis.setTextPen(pg.mkPen(foreground))
+        if axis.labelText:
+            axis.setLabel(axis.labelText, color=foreground.name())
+
+
+def line_label_fill(palette: QPalette) -> QBrush:
+    """A see-through fill behind a line's label, so the label reads over points."""
+    background, _fg, _muted = palette_colours(palette)
+    fill = QColor(background)
+    fill.setAlpha(210)
+    return pg.mkBrush(fill)
