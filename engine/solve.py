@@ -133,8 +133,7 @@ def min_gpus(scenario: Scenario, gpu: str | None = None, limit: int = MAX_GPUS) 
     with the same parallel layout, micro-batch and accumulation; more GPUs only help
     through ZeRO sharding, so without it the answer is the scenario's layout or none."""
     if gpu is not None:
-        hw = dataclasses.replace(scenario.hardware, gpu=load_gpu(gpu), memory_gib=None)
-        scenario = dataclasses.replace(scenario, hardware=hw)
+        scenario = hardware_with(scenario, gpu)
     layouts = gpu_counts(scenario, limit)
     if not layouts:
         return None
@@ -330,6 +329,17 @@ def make_it_fit(scenario: Scenario, top: int = 10, max_changes: int = 3) -> list
 
 
 def hardware_with(scenario: Scenario, gpu: str) -> Scenario:
-    """``scenario`` on the GPU preset ``gpu`` (the memory override dropped)."""
-    hw: HardwareSpec = dataclasses.replace(scenario.hardware, gpu=load_gpu(gpu), memory_gib=None)
+    """``scenario`` on the GPU preset ``gpu``. The overrides that describe the scenario's
+    own device -- memory, price per GPU-hour, efficiencies -- are dropped for another
+    GPU: an H100's price must not cost an L40S run."""
+    if gpu == scenario.hardware.gpu.name:
+        return scenario
+    hw: HardwareSpec = dataclasses.replace(
+        scenario.hardware,
+        gpu=load_gpu(gpu),
+        memory_gib=None,
+        price_per_gpu_hour=None,
+        matmul_efficiency=None,
+        attention_efficiency=None,
+    )
     return dataclasses.replace(scenario, hardware=hw)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from engine.errors import EstimateError
 from engine.estimate import estimate as totals
-from engine.presets import load_gpu
 from engine.scenario_io import scenario_to_dict
+from engine.solve import hardware_with
 from engine.specs import Scenario
 from engine.steptime import StepTime, step_time
 
@@ -129,11 +129,7 @@ def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario
     batch = global_batch(scenario)
     hardware = space.hardware or ((hw.gpu.name, hw.gpus_per_node, hw.nodes),)
     for gpu, per_node, nodes in hardware:
-        base_hw = (
-            hw
-            if gpu == hw.gpu.name
-            else dataclasses.replace(hw, gpu=load_gpu(gpu), memory_gib=None)
-        )
+        base_hw = hardware_with(scenario, gpu).hardware
         base_hw = dataclasses.replace(base_hw, gpus_per_node=per_node, nodes=nodes)
         world = per_node * nodes
         for precision, optimizer, ckpt, zero, tp, pp, cp, offload, micro in itertools.product(
@@ -278,6 +274,9 @@ def point(scenario: Scenario) -> Point:
     )
 
 
+#: configurations between two calls of a sweep's progress callback (a cancel takes effect
+#: within this many)
+PROGRESS_EVERY = 16
 #: a progress callback: (done, total) -> keep going
 Progress = Callable[[int, int], bool]
 
@@ -286,12 +285,12 @@ def sweep(
     scenario: Scenario, space: Space | None = None, progress: Progress | None = None
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
-    memory and time, in enumeration order. ``progress`` is called every few hundred
+    memory and time, in enumeration order. ``progress`` is called every :data:`PROGRESS_EVERY`
     configurations; returning ``False`` stops the sweep with the points so far."""
     todo = list(configs(scenario, space))
     out: list[Point] = []
     for i, s in enumerate(todo):
-        if progress is not None and i % 200 == 0 and not progress(i, len(todo)):
+        if progress is not None and i % PROGRESS_EVERY == 0 and not progress(i, len(todo)):
             return out
         try:
             out.append(point(s))

@@ -166,11 +166,11 @@ def test_sweep_progress_can_cancel() -> None:
 
     def progress(done: int, total: int) -> bool:
         seen.append((done, total))
-        return done < 200
+        return done < 208
 
     points = sweep.sweep(s, None, progress)
     total = len(list(sweep.configs(s)))
-    assert total > 400 and len(points) <= 200 and seen[-1][0] == 200
+    assert total > 400 and len(points) <= 208 and seen[-1][0] == 208
 
 
 def test_curve() -> None:
@@ -218,3 +218,14 @@ def test_cli_sweep_json_and_csv(tmp_path) -> None:
     rows = list(csv.DictReader(io.StringIO(target.read_text(encoding="utf-8"))))
     assert len(rows) == d["configs"]
     assert {"device_bytes", "tokens_per_s", "bound", "verdict"} <= set(rows[0])
+
+
+def test_another_gpu_drops_the_scenario_devices_own_price_and_efficiency() -> None:
+    s = scenario("gpt2", "h100-sxm-80gb")
+    own = dataclasses.replace(
+        s, hardware=dataclasses.replace(s.hardware, price_per_gpu_hour=3.0, matmul_efficiency=0.5)
+    )
+    other = solve.hardware_with(own, "l40s")
+    assert other.hardware.gpu.name == "l40s"
+    assert other.hardware.price_per_gpu_hour is None and other.hardware.matmul_efficiency is None
+    assert solve.hardware_with(own, "h100-sxm-80gb") == own
