@@ -923,8 +923,12 @@ def _step_time(scenario: Scenario) -> StepTime:
                 opt_t,
                 f"{per:g} bytes per trainable element / bandwidth",
             )
-    if micro > 1 and trainable_rank:
-        acc = (micro - 1) * 3 * trainable_rank * g_bytes / dev.bandwidth
+    # accumulation: autograd adds each micro-batch's gradients into .grad (into the shard
+    # under ZeRO-2/3, which reduce-scatter every micro-batch); Megatron's fused weight
+    # gradient GEMM accumulates into main_grad itself
+    if micro > 1 and trainable_rank and par.framework != "megatron":
+        held = trainable_rank / (mesh.shard if zero >= 2 else 1)
+        acc = (micro - 1) * 3 * held * g_bytes / dev.bandwidth
         add(
             "gradient accumulation",
             "memory_bandwidth",
