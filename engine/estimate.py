@@ -17,7 +17,8 @@ True
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
@@ -37,9 +38,11 @@ from engine.timeline import (
     Gather,
     Point,
     Stage,
+    StepPlan,
     Timeline,
     checkpointed,
     make_ctx,
+    step_plan,
     step_timeline,
 )
 
@@ -87,8 +90,6 @@ class Estimate:
     bytes_per_param_formula: str
     not_modelled: tuple[str, ...]
     warnings: tuple[str, ...] = ()
-    #: the step as a sequence of moments, for charts (see engine.timeline)
-    timeline: tuple[Point, ...] = ()
     nvme_bytes: int = 0
     #: every distinct rank group (pipeline stages); the headline figures are the worst's
     rank_groups: tuple[RankGroup, ...] = ()
@@ -100,6 +101,14 @@ class Estimate:
     host_node_bytes: int = 0
     #: the user's host RAM per node, when given
     host_capacity_bytes: int | None = None
+    #: the worst group's played step (:attr:`timeline` plays its every point)
+    steps: Timeline | None = field(default=None, repr=False)
+
+    @property
+    def timeline(self) -> tuple[Point, ...]:
+        """The step as a sequence of moments, for charts (see :mod:`engine.timeline`):
+        played point by point when first asked for."""
+        return self.steps.points if self.steps is not None else ()
 
     @property
     def host_verdict(self) -> str:
@@ -111,11 +120,7 @@ class Estimate:
     @property
     def verdict(self) -> str:
         """``fits`` under the budget line, ``tight`` under capacity, else ``oom``."""
-        if self.device_bytes <= self.budget_bytes:
-            return "fits"
-        if self.device_bytes <= self.capacity_bytes:
-            return "tight"
-        return "oom"
+        return verdict(self.device_bytes, self.budget_bytes, self.capacity_bytes)
 
     @property
     def breakdown(self) -> dict[str, int]:
@@ -214,6 +219,21 @@ class Estimate:
         }
 
 
+def verdict(device_bytes: int, budget_bytes: int, capacity_bytes: int) -> str:
+    """``fits`` under the budget line, ``tight`` under capacity, else ``oom``."""
+    if device_bytes <= budget_bytes:
+        return "fits"
+    if device_bytes <= capacity_bytes:
+        return "tight"
+    return "oom"
+
+
+def peak_phase(phase: str) -> str:
+    """The phase named for a peak at ``phase``: the point before the step holds the model
+    state alone, and is the highest only when the optimizer step holds as much."""
+    return phase if phase != "before" else "optimizer"
+
+
 def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     """The parts of this scenario's step that the estimate leaves out, in words."""
     notes: list[str] = []
@@ -270,10 +290,13 @@ class _Rank:
     device: int
     timeline: Timeline
     sharded: Sharded
+    #: what one GPU keeps in host memory: its share of the offloaded model state and,
+    #: under activation offload, the checkpointed layers' inputs
+    host: tuple[MemoryItem, ...]
 
     @property
     def host_bytes(self) -> int:
-        return sum(i.bytes for i in self.sharded.host)
+        return sum(i.bytes for i in self.host)
 
     @property
     def nvme_bytes(self) -> int:
@@ -298,6 +321,39 @@ class _Rank:
 Played = tuple[Sharded, Timeline]
 
 
+@lru_cache(maxsize=4096)
+def _share(
+    scenario: Scenario,
+    model: ModelSpec,
+    mesh: Mesh,
+    part: str,
+    stage: Stage,
+    chunk: ModelSpec | None,
+) -> tuple[Sharded, StepPlan]:
+    """This rank's share of the model state (``model`` is what the rank holds, ``part``
+    its pipeline stage's part: :func:`engine.sharding.shard`) and the plan of its step
+    (:func:`engine.timeline.step_plan`)."""
+    training = scenario.training
+    sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
+    plan = step_plan(
+        chunk or model,
+        training,
+        sharded.state,
+        sharded.grad_share,
+        sharded.optimizer_share,
+        sharded.gather,
+        stage,
+        sharded.grad_buffer,
+    )
+    return sharded, plan
+
+
+@lru_cache(maxsize=512)
+def _tensor_parallel(model: ModelSpec, tp: int, ep: int) -> ModelSpec:
+    """What one tensor- and expert-parallel rank holds (:func:`tensor_parallel_shard`)."""
+    return tensor_parallel_shard(model, tp, ep)
+
+
 def _play(
     scenario: Scenario,
     model: ModelSpec,
@@ -309,25 +365,74 @@ def _play(
     """This rank's share of the model state and its step: ``model`` is what the rank
     holds, ``chunk`` (interleaved pipeline) the virtual stage its activations are played
     with."""
-    training = scenario.training
-    sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
+    sharded, plan = _share(scenario, model, mesh, part, stage, chunk)
     timeline = step_timeline(
         chunk or model,
-        training,
+        scenario.training,
         sharded.state,
         sharded.grad_share,
         sharded.optimizer_share,
         sharded.gather,
         stage,
         sharded.grad_buffer,
+        plan,
     )
     return sharded, timeline
 
 
+@lru_cache(maxsize=512)
 def _large_blocks(model: ModelSpec) -> int:
     """Parameter tensors over 1 MiB in 16 bits: each is a block of its own in the caching
     allocator, rounded up to 2 MiB."""
     return sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
+
+
+@lru_cache(maxsize=1024)
+def _fixed_overheads(
+    architecture: str, large_blocks: int, rounding: int, context: int, workspace: int, mesh: Mesh
+) -> tuple[MemoryItem, tuple[MemoryItem, ...], int]:
+    """The overhead items that do not depend on the activations -- the allocator's
+    rounding, and the CUDA context, cuBLAS workspace and NCCL buffers that follow the
+    fragmentation item -- and the NCCL bytes."""
+    comms = mesh.communicators()
+    nccl = nccl_bytes(comms, architecture)
+    after = [
+        MemoryItem(
+            "CUDA context",
+            "overhead",
+            context,
+            f"{context >> 20} MiB for {architecture}",
+            "engine.overhead.CONTEXT_MIB",
+        ),
+        MemoryItem(
+            "cuBLAS workspace",
+            "overhead",
+            workspace,
+            f"{workspace >> 20} MiB",
+            "CUBLAS_WORKSPACE_CONFIG default",
+        ),
+    ]
+    if nccl:
+        after.append(
+            MemoryItem(
+                "NCCL communicator buffers",
+                "overhead",
+                nccl,
+                ", ".join(f"{c.name} ({c.ranks} ranks)" for c in comms),
+                "engine.overhead.nccl_bytes",
+            )
+        )
+    rounded = MemoryItem(
+        "allocator rounding (2 MiB blocks)",
+        "overhead",
+        rounding,
+        f"{large_blocks:,} blocks x 1 MiB on average",
+        "CUDACachingAllocator kRoundLarge",
+    )
+    return rounded, tuple(after), nccl
+
+
+_FRAGMENTATION = f"{FRAGMENTATION:.0%} of peak activations"
 
 
 def _rank(
@@ -340,73 +445,39 @@ def _rank(
 ) -> _Rank:
     """One rank group from its :func:`_play`: the items at the peak, the overheads that
     lift allocated to reserved and device bytes, and what offload keeps on the host."""
-    training = scenario.training
     sharded, timeline = played
-    state = sharded.state
     peak = timeline.peak
-    items = _items_at_peak(state, timeline, sharded.gather)
+    items = _items_at_peak(sharded.state, timeline, sharded.gather)
     allocated = sum(i.bytes for i in items)
     large_blocks = _large_blocks(model)
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations)
-    comms = mesh.communicators()
-    nccl = nccl_bytes(comms, arch)
-    items += [
-        MemoryItem(
-            "allocator rounding (2 MiB blocks)",
-            "overhead",
-            extra.rounding,
-            f"{large_blocks:,} blocks x 1 MiB on average",
-            "CUDACachingAllocator kRoundLarge",
-        ),
-        MemoryItem(
-            "allocator fragmentation",
-            "overhead",
-            extra.fragmentation,
-            f"{FRAGMENTATION:.0%} of peak activations",
-            "engine.overhead",
-        ),
-        MemoryItem(
-            "CUDA context",
-            "overhead",
-            extra.context,
-            f"{extra.context >> 20} MiB for {arch}",
-            "engine.overhead.CONTEXT_MIB",
-        ),
-        MemoryItem(
-            "cuBLAS workspace",
-            "overhead",
-            extra.workspace,
-            f"{extra.workspace >> 20} MiB",
-            "CUBLAS_WORKSPACE_CONFIG default",
-        ),
-    ]
-    if nccl:
-        items.append(
-            MemoryItem(
-                "NCCL communicator buffers",
-                "overhead",
-                nccl,
-                ", ".join(f"{c.name} ({c.ranks} ranks)" for c in comms),
-                "engine.overhead.nccl_bytes",
-            )
-        )
+    rounded, after, nccl = _fixed_overheads(
+        arch, large_blocks, extra.rounding, extra.context, extra.workspace, mesh
+    )
+    fragmentation = MemoryItem(
+        "allocator fragmentation",
+        "overhead",
+        extra.fragmentation,
+        _FRAGMENTATION,
+        "engine.overhead",
+    )
+    items += (rounded, fragmentation, *after)
     reserved = allocated + extra.reserved_extra
     device = reserved + extra.device_extra + nccl
-    host = list(sharded.host)
-    offloaded = _offloaded_activations(chunk or model, training, stage)
+    host = sharded.host
+    offloaded = _offloaded_activations(chunk or model, scenario.training, stage)
     if offloaded:
-        host.append(
+        host += (
             MemoryItem(
                 "checkpointed layer inputs (offloaded to CPU, pinned)",
                 "activations",
                 offloaded,
                 f"checkpointed layers x b s h x {stage.inflight} in flight",
                 "activation checkpoint offload (torch.autograd.graph.save_on_cpu)",
-            )
+            ),
         )
-    sharded = dataclasses.replace(sharded, host=tuple(host))
-    return _Rank(tuple(items), allocated, reserved, device, timeline, sharded)
+    return _Rank(tuple(items), allocated, reserved, device, timeline, sharded, host)
 
 
 def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stage) -> int:
@@ -418,23 +489,30 @@ def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stag
     return layers * ctx.hidden_bytes(model.hidden_size) * stage.inflight
 
 
-def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[tuple[str, _Rank]]:
-    """Every pipeline stage by name (one group when pp = 1); stages alike share a result."""
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """One pipeline stage, whatever the shape: its name, the key of its shape (layers,
+    dense layers, layers of its largest virtual stage, part), what it holds and plays."""
+
+    name: str
+    key: tuple[int, int, int, str]
+    stage: Stage
+    model: ModelSpec
+    chunk: ModelSpec | None
+
+
+@lru_cache(maxsize=256)
+def _layout(model: ModelSpec, mesh: Mesh, split: str) -> tuple[_Slot, ...]:
+    """Every pipeline stage in order (one when pp = 1)."""
     tp = "any tp rank" if mesh.tp > 1 else ""
     if mesh.ep > 1:
         tp = "any tp/ep rank" if mesh.tp > 1 else "any ep rank"
     if mesh.pp == 1:
-        played = _play(scenario, model, mesh, "all", Stage())
         name = "all ranks" + (f" ({tp})" if tp else "")
-        return [(name, _rank(scenario, model, mesh, played, Stage()))]
-    par = scenario.training.parallelism
-    counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
+        return (_Slot(name, (model.num_layers, 0, 0, "all"), Stage(), model, None),)
+    counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, split)
     starts = [sum(counts[:c]) for c in range(len(counts))]
-    micro = scenario.training.gradient_accumulation_steps
-    # stages of the same shape are played once; their schedule positions differ only in
-    # the micro-batches in flight (Timeline.in_flight), and equal ranks are built once
-    plays: dict[tuple[int, int, int, str], tuple[ModelSpec, ModelSpec | None, Played]] = {}
-    ranks: dict[tuple[int, int, int, str, int], _Rank] = {}
+    models: dict[tuple[int, int, int, str], tuple[ModelSpec, ModelSpec | None]] = {}
     out = []
     for s in range(mesh.pp):
         # rank s runs virtual stages s, s + pp, s + 2 pp, ... (the interleaved layout)
@@ -443,23 +521,46 @@ def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[tuple[str,
         dense = sum(min(counts[c], max(0, model.first_dense_layers - starts[c])) for c in chunks)
         part = "first" if s == 0 else "last" if s == mesh.pp - 1 else "middle"
         key = (sum(sizes), dense, max(sizes) if mesh.vpp > 1 else 0, part)
-        if key not in plays:
+        if key not in models:
             stage_model = dataclasses.replace(model, num_layers=key[0], first_dense_layers=dense)
             chunk = None
             if mesh.vpp > 1:
                 chunk = dataclasses.replace(
                     stage_model, num_layers=key[2], first_dense_layers=min(dense, key[2])
                 )
-            one = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=1)
-            plays[key] = (stage_model, chunk, _play(scenario, stage_model, mesh, part, one, chunk))
-        stage_model, chunk, (sharded, timeline) = plays[key]
-        held = inflight(par.pp_schedule, mesh.pp, s, micro, mesh.vpp)
+            models[key] = (stage_model, chunk)
         name = f"pp stage {s}" + (f", {tp}" if tp else "")
+        one = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=1)
+        out.append(_Slot(name, key, one, *models[key]))
+    return tuple(out)
+
+
+def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[tuple[str, _Rank]]:
+    """Every pipeline stage by name (one group when pp = 1); stages alike share a result."""
+    par = scenario.training.parallelism
+    slots = _layout(model, mesh, par.pp_split)
+    if mesh.pp == 1:
+        whole = slots[0].stage
+        played = _play(scenario, model, mesh, "all", whole)
+        return [(slots[0].name, _rank(scenario, model, mesh, played, whole))]
+    micro = scenario.training.gradient_accumulation_steps
+    # stages of the same shape are played once; their schedule positions differ only in
+    # the micro-batches in flight (Timeline.in_flight), and equal ranks are built once
+    plays: dict[tuple[int, int, int, str], Played] = {}
+    ranks: dict[tuple[int, int, int, str, int], _Rank] = {}
+    out = []
+    for s, slot in enumerate(slots):
+        key = slot.key
+        if key not in plays:
+            part = key[3]
+            plays[key] = _play(scenario, slot.model, mesh, part, slot.stage, slot.chunk)
+        sharded, timeline = plays[key]
+        held = inflight(par.pp_schedule, mesh.pp, s, micro, mesh.vpp)
         if (*key, held) not in ranks:
-            stage = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=held)
+            stage = dataclasses.replace(slot.stage, inflight=held)
             played = (sharded, timeline.in_flight(held - 1))
-            ranks[(*key, held)] = _rank(scenario, stage_model, mesh, played, stage, chunk)
-        out.append((name, ranks[(*key, held)]))
+            ranks[(*key, held)] = _rank(scenario, slot.model, mesh, played, stage, slot.chunk)
+        out.append((slot.name, ranks[(*key, held)]))
     return out
 
 
@@ -471,9 +572,10 @@ def estimate(scenario: Scenario) -> Estimate:
     and decides the verdict, and ``ranks`` lists them all.
     """
     training = scenario.training
+    hardware = scenario.hardware
     mesh = make_mesh(scenario)
     whole = model_state(scenario.model, training)
-    model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
+    model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
     stages = _stages(scenario, model, mesh)
     worst_name, worst = max(stages, key=lambda nr: nr[1].device)
     distinct = {id(r): r for _, r in stages}.values()
@@ -485,33 +587,65 @@ def estimate(scenario: Scenario) -> Estimate:
         allocated_bytes=worst.allocated,
         reserved_bytes=worst.reserved,
         device_bytes=worst.device,
-        capacity_bytes=scenario.hardware.capacity_bytes,
-        budget_bytes=scenario.hardware.budget_bytes,
-        peak_phase=peak.phase if peak.phase != "before" else "optimizer",
+        capacity_bytes=hardware.capacity_bytes,
+        budget_bytes=hardware.budget_bytes,
+        peak_phase=peak_phase(peak.phase),
         peak_layer=peak.layer,
         total_params=whole.total_params,
         trainable_params=whole.trainable_params,
         host_bytes=worst.host_bytes,
         nvme_bytes=worst.nvme_bytes,
-        host_items=sharded.host + sharded.nvme,
+        host_items=worst.host + sharded.nvme,
         mesh=mesh,
-        host_node_bytes=scenario.hardware.gpus_per_node * max(r.host_bytes for r in distinct),
-        host_capacity_bytes=scenario.hardware.host_capacity_bytes,
+        host_node_bytes=hardware.gpus_per_node * max(r.host_bytes for r in distinct),
+        host_capacity_bytes=hardware.host_capacity_bytes,
         bytes_per_trainable_param=state.bytes_per_trainable_param,
         bytes_per_frozen_param=state.bytes_per_frozen_param,
         bytes_per_param_formula=state.bytes_per_param_formula,
         not_modelled=not_modelled(scenario),
         warnings=state.warnings,
-        timeline=worst.timeline.points,
         rank_groups=tuple(rank.group(name) for name, rank in stages),
         worst_group=worst_name,
+        steps=worst.timeline,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """A rank's model-state items as the breakdown at the peak takes them, and their
+    bytes: parameters and overhead; gradient buffers that live through the step; the
+    other gradients; optimizer states."""
+
+    fixed: tuple[MemoryItem, ...]
+    buffers: tuple[MemoryItem, ...]
+    grads: tuple[MemoryItem, ...]
+    optimizer: tuple[MemoryItem, ...]
+    fixed_bytes: int
+    buffer_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+
+@lru_cache(maxsize=4096)
+def _parts(state: ModelState) -> _Parts:
+    fixed = tuple(i for i in state.items if i.category in ("parameters", "overhead"))
+    buffers = tuple(i for i in state.items if i.role in BUFFERS)
+    grads = tuple(i for i in state.items if i.category == "gradients" and i.role not in BUFFERS)
+    optimizer = tuple(i for i in state.items if i.category == "optimizer_states")
+    return _Parts(
+        fixed,
+        buffers,
+        grads,
+        optimizer,
+        *(sum(i.bytes for i in part) for part in (fixed, buffers, grads, optimizer)),
     )
 
 
 def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> list[MemoryItem]:
     """The named items live at the peak; they add up to the allocated bytes."""
     peak = timeline.peak
-    items = [i for i in state.items if i.category in ("parameters", "overhead")]
+    parts = _parts(state)
+    items = list(parts.fixed)
     if timeline.autocast_copies and gather.active:
         items.append(
             MemoryItem(
@@ -533,13 +667,11 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
             )
         )
     # buffers that live through the step are always there, whole
-    grad_buffers = [i for i in state.items if i.role in BUFFERS]
-    items += grad_buffers
-    grad_items = [i for i in state.items if i.category == "gradients" and i.role not in BUFFERS]
-    total_grads = sum(i.bytes for i in grad_items)
+    items += parts.buffers
+    grad_items, total_grads = parts.grads, parts.grad_bytes
     # FSDP's gradient buffers (a layer's unsharded gradients, the reduce-scatter input)
     buffers = gather.grads + gather.reduce if peak.phase == "backward" else 0
-    in_flight = peak.gradients - sum(i.bytes for i in grad_buffers)
+    in_flight = peak.gradients - parts.buffer_bytes
     reduce = min(buffers, in_flight)
     produced = in_flight - reduce
     if produced >= total_grads:
@@ -567,7 +699,7 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
                 "engine.sharding.gather_buffers (FSDP2 foreach_reduce)",
             )
         )
-    items += [i for i in state.items if i.category == "optimizer_states"]
+    items += parts.optimizer
     if timeline.optimizer_temp:
         items.append(
             MemoryItem(

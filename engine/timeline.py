@@ -17,17 +17,54 @@ The step is what a PyTorch training loop does (``out = model(ids, labels=ids)``,
 
 Each point of the timeline is a breakdown by category, so the bar at the peak shows what
 is live at that moment, not a sum of separate maxima.
+
+**Runs of layers.** A step of ``L`` layers has about ``2 L`` points, but its layers come
+in runs of identical ones: every layer alike, or a group of ``k`` repeated under
+every-k-layers checkpointing. Along a run each point's bytes are affine in the
+repetition -- what the earlier layers kept, the autocast copies, the gathered units and
+the gradients grow by the same amount each time -- so a run's highest point is at its
+first or its last repetition. :class:`StepPlan` keeps the first repetition of every run
+point by point (where it meets the run before it) and, of the later ones, both ends. The
+one quantity that is not affine is a rank's share of the gradients under ZeRO-2/3,
+``floor(g x share)``: where the share does not divide what a repetition adds, a run is
+still monotone as long as the rest of the point moves by a byte or more per repetition
+against it; where it does not, the step is played point by point. The peak is the same --
+to the byte, and the same moment: the first of equal highest points -- as playing every
+point (:func:`_layer_by_layer`), which :attr:`Timeline.points` does, once, when the whole
+timeline is asked for (charts, ``--json``).
+
+**One plan for every shape.** Each kept point is a linear form in a few shape quantities:
+the shape terms of the block profiles (b s, b s^2, ... -- :data:`~engine.graph.TERMS`)
+and the hidden-size tensors between blocks; a block's peak is the largest of its
+profile's forms, so a point that holds it is kept once per form. A :class:`StepPlan`
+holds these forms, built once per model, strategy (everything but the micro-batch size,
+sequence length and gradient accumulation) and rank share; :meth:`StepPlan.play`
+evaluates them at one shape (one matrix product) and :meth:`StepPlan.moments` at many
+shapes at once (:mod:`engine.batch`).
+
+>>> from engine.model_state import model_state
+>>> from engine.presets import load_model
+>>> from engine.specs import TrainingSpec
+>>> model, training = load_model("gpt2"), TrainingSpec(micro_batch_size=2)
+>>> timeline = step_timeline(model, training, model_state(model, training))
+>>> timeline.peak == max(timeline.points, key=lambda p: p.total)
+True
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
+from operator import attrgetter
+from typing import Any
 
-from engine.graph import Block, BlockResult, Profile, profile, simulate
-from engine.layers import Ctx, bert_layer, decoder_layer, head_and_loss
+import numpy as np
+
+from engine.graph import TERMS, Block, BlockResult, Profile, profile, simulate
+from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
 from engine.model_state import ModelState, lora_targets
 from engine.params import model_tensors
 from engine.specs import ModelSpec, TrainingSpec
@@ -52,9 +89,35 @@ class Point:
         return self.parameters + self.gradients + self.optimizer_states + self.activations
 
 
-@dataclass(frozen=True, slots=True)
+def _total(point: Point) -> int:
+    return point.total
+
+
+def _raised(point: Point, extra: int) -> Point:
+    """``point`` with ``extra`` more activations."""
+    return Point(
+        point.phase,
+        point.layer,
+        point.label,
+        point.parameters,
+        point.gradients,
+        point.optimizer_states,
+        point.activations + extra,
+    )
+
+
+def _shifted(timeline: Timeline, extra: int) -> tuple[Point, ...]:
+    """The points of ``timeline``, every forward and backward one ``extra`` higher."""
+    return tuple(
+        _raised(p, extra) if p.phase in ("forward", "backward") else p for p in timeline.points
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Timeline:
-    points: tuple[Point, ...]
+    """A played step: its peak, the parts of the breakdown named at the peak, and every
+    point of the step, played when first asked for (:attr:`points`)."""
+
     #: the highest point of the step
     peak: Point
     #: named parts of the breakdown at the peak beyond the model state
@@ -64,9 +127,42 @@ class Timeline:
     #: the model-state parameters, the optimizer's temporaries, and what each further
     #: micro-batch in flight (a pipeline stage's earlier ones) adds to every forward and
     #: backward point: what one micro-batch keeps at the end of its forward
-    params: int = 0
-    temp: int = 0
-    per_microbatch: int = 0
+    params: int
+    temp: int
+    per_microbatch: int
+    #: the candidates for the peak however many micro-batches are in flight: the point
+    #: before the step, the highest of forward and backward, the optimizer step and the
+    #: point after ``zero_grad``
+    moments: tuple[Point, Point, Point, Point]
+    #: plays every point of the step (:func:`_layer_by_layer`)
+    replay: Callable[[], tuple[Point, ...]] = field(repr=False)
+    _played: list[tuple[Point, ...]] = field(default_factory=list, repr=False)
+
+    @property
+    def points(self) -> tuple[Point, ...]:
+        """Every moment of the step, in order: played on the first call, then kept."""
+        if not self._played:
+            self._played.append(self.replay())
+        return self._played[0]
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.peak,
+            self.autocast_copies,
+            self.logits,
+            self.optimizer_temp,
+            self.params,
+            self.temp,
+            self.per_microbatch,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Timeline):
+            return NotImplemented
+        return self._key() == other._key() and self.points == other.points
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def in_flight(self, extra: int) -> Timeline:
         """The same step with ``extra`` more micro-batches in flight: a pipeline stage's
@@ -74,15 +170,10 @@ class Timeline:
         if extra == 0:
             return self
         add = extra * self.per_microbatch
-        points = tuple(
-            dataclasses.replace(p, activations=p.activations + add)
-            if p.phase in ("forward", "backward")
-            else p
-            for p in self.points
-        )
-        peak = max(points, key=lambda p: p.total)
+        before, top, step, after = self.moments
+        moments = (before, _raised(top, add), step, after)
+        peak = max(moments, key=_total)
         return Timeline(
-            points,
             peak,
             peak.parameters - self.params,
             self.logits,
@@ -90,6 +181,8 @@ class Timeline:
             self.params,
             self.temp,
             self.per_microbatch,
+            moments,
+            partial(_shifted, self, add),
         )
 
 
@@ -274,6 +367,7 @@ def step_timeline(
     gather: Gather = Gather(),
     stage: Stage = Stage(),
     grad_buffer: int = 0,
+    plan: StepPlan | None = None,
 ) -> Timeline:
     """Play one step; see the module docstring for what happens when.
 
@@ -284,8 +378,728 @@ def step_timeline(
     buffers of ZeRO-3 / FSDP. ``grad_buffer`` is gradient memory that lives through the whole
     step (Megatron's fp32 ``main_grad``, DeepSpeed's fp32 partition and reduce bucket).
     With ``offload.activations = "cpu"`` the inputs of checkpointed layers wait in host
-    memory, not on the GPU.
+    memory, not on the GPU. ``plan`` is :func:`step_plan` of the same arguments, when the
+    caller has it.
     """
+    args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
+    plan = plan or step_plan(*args)
+    seq = training.sequence_length // training.parallelism.cp
+    return plan.play(training.micro_batch_size, seq, partial(_layer_by_layer, *args))
+
+
+#: the fields of a training spec that make its shape; everything else is its strategy
+SHAPE_FIELDS = ("micro_batch_size", "sequence_length", "gradient_accumulation_steps")
+_strategy_of = attrgetter(
+    *(f.name for f in dataclasses.fields(TrainingSpec) if f.name not in SHAPE_FIELDS)
+)
+
+
+def strategy_key(training: TrainingSpec) -> tuple[object, ...]:
+    """``training`` without its shape (:data:`SHAPE_FIELDS`), as a hashable key."""
+    key: tuple[object, ...] = _strategy_of(training)
+    return key
+
+
+_PLANS: dict[tuple[object, ...], StepPlan] = {}
+_PLANS_KEPT = 2048
+
+
+def step_plan(
+    model: ModelSpec,
+    training: TrainingSpec,
+    state: ModelState,
+    grad_share: Fraction = Fraction(1),
+    optimizer_share: Fraction = Fraction(1),
+    gather: Gather = Gather(),
+    stage: Stage = Stage(),
+    grad_buffer: int = 0,
+) -> StepPlan:
+    """The part of :func:`step_timeline` that holds for every shape, built once per model,
+    strategy (:func:`strategy_key`) and rank share. The sequence length enters only
+    through whether a sliding window is shorter than it (a mask then)."""
+    masked = 0 < model.sliding_window < training.sequence_length
+    key: tuple[object, ...] = (model, strategy_key(training), masked, state, grad_share)
+    key += (optimizer_share, gather, stage, grad_buffer)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+        plan = _PLANS[key] = StepPlan.build(
+            model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer
+        )
+    return plan
+
+
+#: the moments of a step by (phase, label); results over many shapes name them by index
+KINDS = (
+    ("before", "weights and optimizer states"),
+    ("forward", "embedding"),
+    ("forward", "layer"),
+    ("forward", "LM head and loss"),
+    ("forward", "send to the next stage"),
+    ("backward", "loss and LM head"),
+    ("backward", "gradient from the next stage"),
+    ("backward", "recompute"),
+    ("backward", "layer"),
+    ("backward", "embedding"),
+    ("optimizer", "optimizer step"),
+    ("optimizer", "after zero_grad"),
+)
+_EMBED_F, _LAYER_F, _HEAD_F, _SEND_F = 1, 2, 3, 4
+_HEAD_B, _RECV_B, _RECOMPUTE, _LAYER_B, _EMBED_B = 5, 6, 7, 8, 9
+
+#: the longest group of layers looked for as the repeated unit of a run
+_GROUP = 8
+#: int64 holds every value of a play over many shapes when a bound on them is below this
+_INT64_SAFE = 1 << 62
+
+#: one layer of a run: the block it is, whether it is checkpointed, its autocast copies
+_Layer = tuple[int, bool, int]
+#: a run: its first layer's index, the layers of its repeated group, the repetitions
+_Run = tuple[int, tuple[_Layer, ...], int]
+
+
+def _runs(layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
+    """``layers`` (from layer ``start``, one ``step`` apart) as runs of a repeated group:
+    at each position, the group of at most :data:`_GROUP` layers whose repetitions cover
+    the most layers. Any split into runs gives the same peak; fewer runs, less work."""
+    out: list[_Run] = []
+    i, n = 0, len(layers)
+    while i < n:
+        size, reps = 1, 1
+        for p in range(1, min(_GROUP, (n - i) // 2) + 1):
+            unit = layers[i : i + p]
+            r = 1
+            while layers[i + r * p : i + (r + 1) * p] == unit:
+                r += 1
+            if r > 1 and r * p > size * reps:
+                size, reps = p, r
+        out.append((start + step * i, tuple(layers[i : i + size]), reps))
+        i += size * reps
+    return tuple(out)
+
+
+#: the shape quantities every point of a step is a linear form in: the six
+#: :data:`~engine.graph.TERMS` (``one`` last), a hidden-size tensor between blocks
+#: (``b s h x res / sp``), the embedding's 1-byte dropout mask (``b s h / sp``), then the
+#: seven values (:class:`~engine.graph.BlockResult`: kept, forward peak, output, backward
+#: peak, input gradient, parameter gradients, held) of each block that is not folded in
+#: (a block without an integer profile: see :func:`_compile`)
+_ONE, _HIDDEN, _DROPOUT, _FIRST_BLOCK = len(TERMS) - 1, len(TERMS), len(TERMS) + 1, len(TERMS) + 2
+_BLOCK = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """The highest point of the forward and backward at many shapes, one array entry per
+    shape (:meth:`StepPlan.moments`), and what the step's other moments need."""
+
+    #: index into :data:`KINDS`
+    kind: np.ndarray
+    #: the layer, -1 for a point that is not a layer's
+    layer: np.ndarray
+    parameters: np.ndarray
+    gradients: np.ndarray
+    optimizer_states: np.ndarray
+    activations: np.ndarray
+    per_microbatch: np.ndarray
+    logits: np.ndarray
+    #: shapes these arrays do not hold exactly (a block simulated directly there, or a
+    #: run of floored gradient shares not monotone there): play each with
+    #: :meth:`StepPlan.play`
+    single: np.ndarray
+
+
+class _Max:
+    """The largest of a few linear forms -- a block's forward or backward peak, from its
+    profile's candidates: a point that holds it is a candidate for the step's highest
+    point once per form (the highest of them is the point's own value)."""
+
+    __slots__ = ("forms",)
+    __array_ufunc__ = None  # an array plus a _Max is a _Max
+
+    def __init__(self, forms: list[np.ndarray]) -> None:
+        self.forms = forms
+
+    def __add__(self, other: np.ndarray) -> _Max:
+        return _Max([f + other for f in self.forms])
+
+    __radd__ = __add__
+
+    def __sub__(self, other: np.ndarray) -> _Max:
+        return _Max([f - other for f in self.forms])
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A point of the step that can be its highest, with its bytes as linear forms over
+    the shape quantities (``gradients``: before the rank's share is taken)."""
+
+    kind: int
+    layer: int
+    parameters: int
+    optimizer_states: int
+    #: the gradients beyond the share of ``share_of``: buffers that live through the step
+    gradients: int
+    share_of: np.ndarray
+    activations: np.ndarray
+
+
+def _compile(
+    model: ModelSpec,
+    layers: Sequence[_Layer],
+    head: int,
+    head_copies: int,
+    profiles: Sequence[Profile | None],
+    unfolded: Sequence[int],
+    training: TrainingSpec,
+    ctx: Ctx,
+    stage: Stage,
+    gather: Gather,
+    grad_buffer: int,
+    params: int,
+    opt: int,
+    trains_embeddings: bool,
+    dense_grad: int,
+    tied: int,
+    denominator: int,
+) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
+    for point; return the points that can be its highest -- every point outside runs,
+    and both ends of every run's later repetitions (see the module docstring) -- with
+    their bytes as linear forms over the shape quantities; what one micro-batch keeps,
+    the other micro-batches in flight and the logits held; and for each run whose floored
+    gradient share is not affine, the growth of its gradients and the fall of the rest
+    per repetition (it is monotone only where they differ by a byte or more).
+
+    A block with an integer profile is folded in: its values are the profile's forms
+    (its peaks a :class:`_Max` of them); the values of the ``unfolded`` ones are shape
+    quantities of their own."""
+    size = _FIRST_BLOCK + _BLOCK * len(unfolded)
+
+    def var(i: int) -> np.ndarray:
+        v = np.zeros(size, dtype=object)
+        v[i] = 1
+        return v
+
+    def form(prof: Profile, coefs: tuple[int, ...]) -> np.ndarray:
+        v = np.zeros(size, dtype=object)
+        for i, c in zip(prof.terms, coefs, strict=True):
+            v[i] = c
+        return v
+
+    def linear(b: int, f: int) -> np.ndarray:
+        prof = profiles[b]
+        if b in unfolded or prof is None:
+            return var(_FIRST_BLOCK + _BLOCK * unfolded.index(b) + f)
+        fields = {
+            0: prof.kept,
+            2: prof.output,
+            4: prof.input_grad,
+            5: prof.param_grads,
+            6: prof.held,
+        }
+        return form(prof, fields[f])
+
+    def peak(b: int, f: int) -> Any:
+        prof = profiles[b]
+        if b in unfolded or prof is None:
+            return var(_FIRST_BLOCK + _BLOCK * unfolded.index(b) + f)
+        return _Max([form(prof, v) for v in (prof.forward if f == 1 else prof.backward)])
+
+    one, tokens, pairs, hidden = var(_ONE), var(0), var(1), var(_HIDDEN)
+    nothing = 0 * one
+    gathered = gather.active
+    unit_b, g_fwd, g_bwd = gather.unit, gather.forward, gather.backward
+    ckpt_input = nothing if training.offload.activations == "cpu" else hidden
+    rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
+    eager = ctx.attention == "eager"
+    base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
+    fixed = base + (ctx.res * pairs if eager else nothing)
+    cands: list[_Candidate] = []
+
+    def add(kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
+        for f in a.forms if isinstance(a, _Max) else [a]:
+            cands.append(_Candidate(kind, layer, p, opt, g, grads, f))
+
+    kept = nothing
+    if stage.first:
+        kept = int(model.embedding_norm) * (hidden + 8 * tokens)
+        kept = kept + (var(_DROPOUT) if model.hidden_dropout > 0 else nothing)
+        add(
+            _EMBED_F,
+            -1,
+            params + g_fwd if gathered else params,
+            grad_buffer,
+            nothing,
+            fixed + hidden,
+        )
+
+    def forward(unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int) -> np.ndarray:
+        for b, on, c in unit:
+            p = params + i * unit_b + g_fwd if gathered else params + copies + c
+            add(_LAYER_F, i, p, grad_buffer, nothing, fixed + kept + peak(b, 1) - c * one)
+            kept = kept + (ckpt_input if on else linear(b, 0) - c * one)
+            copies += c
+            i += 1
+        return kept
+
+    def growth(unit: tuple[_Layer, ...]) -> np.ndarray:
+        """What a repetition of ``unit`` adds to the activations kept."""
+        out = nothing
+        for b, on, c in unit:
+            out = out + (ckpt_input if on else linear(b, 0) - c * one)
+        return out
+
+    copies = 0
+    for start, unit, reps in _runs(layers, 0, 1):
+        kept = forward(unit, start, kept, copies)
+        copies += sum(c for _, _, c in unit)
+        if reps > 1:
+            n, rest = len(unit), reps - 1
+            d_kept, d_copies = growth(unit), sum(c for _, _, c in unit)
+            for t in sorted({0, rest - 1}):  # a run's highest point is at one of its ends
+                forward(unit, start + n + t * n, kept + t * d_kept, copies + t * d_copies)
+            kept = kept + rest * d_kept
+            copies += rest * d_copies
+
+    if stage.last:
+        hv = [peak(head, f) if f in (1, 3) else linear(head, f) for f in range(_BLOCK)]
+    else:  # the output goes to the next stage; its gradient comes back
+        hv = [nothing, hidden, nothing, 2 * hidden, hidden, nothing, nothing]
+    n_layers = len(layers)
+    p = params + n_layers * unit_b + g_fwd if gathered else params + copies + head_copies
+    kind = _HEAD_F if stage.last else _SEND_F
+    add(kind, -1, p, grad_buffer, nothing, fixed + kept + hv[1] - head_copies * one)
+    copies += head_copies
+    held = hv[6]
+    per_microbatch = kept + held
+    waiting = (stage.inflight - 1) * per_microbatch + (nothing if stage.first else hidden)
+    copies -= sum(c for _, on, c in layers if on)
+
+    def buffers(reducing: int) -> int:
+        return grad_buffer + (gather.grads + reducing if gathered else 0)
+
+    fixed = base + held
+    units = n_layers * unit_b
+    p = params + units + g_bwd if gathered else params + copies
+    kind = _HEAD_B if stage.last else _RECV_B
+    add(kind, -1, p, buffers(0), nothing, fixed + kept + hv[3] - head_copies * one)
+    copies -= head_copies
+    State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
+
+    def backward(unit: tuple[_Layer, ...], i: int, state: State) -> State:
+        kept, copies, grads, units, grad_in, reducing = state
+        for b, on, c in unit:
+            g = buffers(reducing)
+            if on:
+                kept = kept - ckpt_input
+                p = params + units + g_bwd if gathered else params + copies + c
+                add(_RECOMPUTE, i, p, g, grads, fixed + kept + grad_in + peak(b, 1) - c * one)
+                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - c * one)
+            else:
+                kept = kept - (linear(b, 0) - c * one)
+                p = params + units + g_bwd if gathered else params + copies
+                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - c * one)
+                copies -= c
+            grads = grads + linear(b, 5)
+            grad_in = linear(b, 4)
+            units -= unit_b
+            reducing = gather.reduce
+            i -= 1
+        return kept, copies, grads, units, grad_in, reducing
+
+    state: State = (kept, copies, hv[5], units, hv[4], 0)
+    checks: list[np.ndarray] = []
+    for start, unit, reps in _runs(layers[::-1], n_layers - 1, -1):
+        state = backward(unit, start, state)
+        if reps <= 1:
+            continue
+        kept, copies, grads, units, grad_in, reducing = state
+        n, rest = len(unit), reps - 1
+        d_kept = growth(unit)
+        d_grads = sum((linear(b, 5) for b, _, _ in unit), nothing)
+        d_copies = sum(c for _, on, c in unit if not on)
+        d_units = n * unit_b
+        if denominator != 1 and rest > 2:  # floored shares: monotone only if they move enough
+            checks += [d_grads, d_kept + (d_units if gathered else d_copies) * one]
+        for t in sorted({0, rest - 1}):
+            at = (kept - t * d_kept, copies - t * d_copies, grads + t * d_grads)
+            backward(unit, start - n - t * n, (*at, units - t * d_units, grad_in, reducing))
+        state = (
+            kept - rest * d_kept,
+            copies - rest * d_copies,
+            grads + rest * d_grads,
+            units - rest * d_units,
+            grad_in,
+            reducing,
+        )
+    kept, copies, grads, units, grad_in, reducing = state
+    if trains_embeddings:
+        p = params + units + g_bwd if gathered else params
+        own = grads + (dense_grad - tied) * one
+        add(_EMBED_B, -1, p, buffers(reducing), own, fixed + grad_in + tied * one)
+    return cands, per_microbatch, waiting, held, checks
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepPlan:
+    """Everything of one step (a rank's, see :func:`step_timeline`) that does not depend
+    on the micro-batch size and the sequence length; :meth:`play` adds the shape."""
+
+    model: ModelSpec
+    #: the step's context at batch 1 x sequence 1: the key of the block profiles
+    ctx: Ctx
+    chunked: bool
+    #: the distinct blocks of the step (kind, input needs a gradient), their profiles
+    #: (``None``: simulated directly at each shape) and their autocast copies
+    blocks: tuple[tuple[str, bool], ...]
+    profiles: tuple[Profile | None, ...]
+    copies: tuple[int, ...]
+    #: the blocks whose values are evaluated at each shape (no integer profile)
+    unfolded: tuple[int, ...]
+    layers: int
+    checkpointed_layers: int
+    offload_inputs: bool
+    hidden_size: int
+    res: int
+    sp: int
+    stage: Stage
+    grad_share: Fraction
+    params: int
+    temp: int
+    #: the moments that do not depend on the shape
+    before: Point
+    step: Point
+    after: Point
+    #: the candidates for the highest point of forward and backward (kind, layer and
+    #: their constant parameters, optimizer states and gradient buffers) and the matrix
+    #: of their linear forms over the shape quantities: activations, gradients before
+    #: the share, then what a micro-batch keeps, the other micro-batches in flight, the
+    #: logits held, then the pairs of rows of the runs to check (see :func:`_compile`)
+    kinds: tuple[int, ...]
+    layer_of: tuple[int, ...]
+    fixed_parameters: tuple[int, ...]
+    fixed_optimizer: tuple[int, ...]
+    constant: np.ndarray
+    buffers: np.ndarray
+    matrix: np.ndarray
+    #: whether ``constant``, ``buffers`` and ``matrix`` are int64 (else Python integers)
+    fits: bool
+    #: the largest sum of absolute coefficients of a row of the matrix
+    bound: int
+    checks: int
+
+    @staticmethod
+    def build(
+        model: ModelSpec,
+        training: TrainingSpec,
+        state: ModelState,
+        grad_share: Fraction,
+        optimizer_share: Fraction,
+        gather: Gather,
+        stage: Stage,
+        grad_buffer: int,
+    ) -> StepPlan:
+        """The plan of :func:`step_timeline`'s step (only ``training``'s strategy and
+        whether a sliding window masks its sequence are read)."""
+        ctx = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
+        trains_embeddings = stage.first and (
+            training.method == "full"
+            or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
+        )
+        ckpt = checkpointed(training, model.num_layers)
+        embed_grad = trains_embeddings or any(ckpt) or not stage.first
+        chunked = training.loss == "chunked"
+        first_kind = "moe" if model.is_moe and model.first_dense_layers == 0 else "dense"
+        blocks: list[tuple[str, bool]] = []
+
+        def block(kind: str, x_grad: bool) -> int:
+            if (kind, x_grad) not in blocks:
+                blocks.append((kind, x_grad))
+            return blocks.index((kind, x_grad))
+
+        of_layer = [
+            block(first_kind, embed_grad)
+            if i == 0
+            else block("moe" if model.is_moe and i >= model.first_dense_layers else "dense", True)
+            for i in range(model.num_layers)
+        ]
+        head = block("head", True) if stage.last else -1
+        found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
+        profiles = tuple(p for p, _ in found)
+        copies = tuple(c for _, c in found)
+        layers = [(b, on, copies[b]) for b, on in zip(of_layer, ckpt, strict=True)]
+        unfolded = tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1)
+
+        params = state.category_bytes("parameters")
+        opt = state.category_bytes("optimizer_states")
+        temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
+        dense_grad = model.vocab_size * model.hidden_size * (4 - 2 * (training.precision == "bf16"))
+        tied = dense_grad if model.tie_word_embeddings else 0
+        cands, per_microbatch, waiting, held, checks = _compile(
+            model,
+            layers,
+            head,
+            copies[head] if stage.last else 0,
+            profiles,
+            unfolded,
+            training,
+            ctx,
+            stage,
+            gather,
+            grad_buffer,
+            params,
+            opt,
+            trains_embeddings,
+            dense_grad,
+            tied,
+            grad_share.denominator,
+        )
+        exact = np.array(
+            [c.activations for c in cands]
+            + [c.share_of for c in cands]
+            + [per_microbatch, waiting, held, *checks],
+            dtype=object,
+        )
+        constant = np.array([c.parameters + c.optimizer_states for c in cands], dtype=object)
+        buffers = np.array([c.gradients for c in cands], dtype=object)
+        bound = max(sum(abs(x) for x in row) for row in exact)
+        fits = max(bound, *map(abs, constant), *map(abs, buffers)) < _INT64_SAFE
+        return StepPlan(
+            model=model,
+            ctx=ctx,
+            chunked=chunked,
+            blocks=tuple(blocks),
+            profiles=profiles,
+            copies=copies,
+            unfolded=unfolded,
+            layers=len(layers),
+            checkpointed_layers=sum(ckpt),
+            offload_inputs=training.offload.activations == "cpu",
+            hidden_size=model.hidden_size,
+            res=ctx.res,
+            sp=ctx.sp,
+            stage=stage,
+            grad_share=grad_share,
+            params=params,
+            temp=temp,
+            before=Point("before", None, KINDS[0][1], params, grad_buffer, opt, 0),
+            step=Point(
+                "optimizer",
+                None,
+                KINDS[10][1],
+                params,
+                state.category_bytes("gradients"),
+                opt + temp,
+                0,
+            ),
+            after=Point("optimizer", None, KINDS[11][1], params, grad_buffer, opt, 0),
+            kinds=tuple(c.kind for c in cands),
+            layer_of=tuple(c.layer for c in cands),
+            fixed_parameters=tuple(c.parameters for c in cands),
+            fixed_optimizer=tuple(c.optimizer_states for c in cands),
+            constant=constant.astype(np.int64) if fits else constant,
+            buffers=buffers.astype(np.int64) if fits else buffers,
+            matrix=exact.astype(np.int64) if fits else exact,
+            fits=fits,
+            bound=bound,
+            checks=len(checks) // 2,
+        )
+
+    # -- the shape ----------------------------------------------------------------------
+
+    def terms(self, batch: Any, seq: Any) -> tuple[Any, ...]:
+        """The values of :data:`~engine.graph.TERMS` at ``batch`` x ``seq`` (the sequence
+        per context rank), as :meth:`engine.layers.Ctx.terms` gives them; integers, or
+        arrays of one value per shape."""
+        ctx = self.ctx
+        tokens = batch * seq
+        routed = tokens * ctx.topk
+        if ctx.ep > 1:
+            routed = -(-routed * round(ctx.capacity * 1000) // 1000)
+        chunk = (
+            np.minimum(tokens, CHUNK_ROWS)
+            if isinstance(tokens, np.ndarray)
+            else min(tokens, CHUNK_ROWS)
+        )
+        return (tokens, tokens * seq, batch * (-(-seq // 32) * 32), routed, chunk, 1)
+
+    def offloaded_inputs(self, batch: Any, seq: Any) -> Any:
+        """Host bytes of one micro-batch's checkpointed layer inputs under activation
+        offload (0 without it), at ``batch`` x ``seq`` (the sequence per context rank):
+        integers, or arrays of one value per shape."""
+        if not self.offload_inputs:
+            return 0
+        return self.checkpointed_layers * (batch * seq * self.hidden_size * self.res // self.sp)
+
+    def _block(self, b: int, batch: int, seq: int, terms: tuple[int, ...]) -> tuple[int, ...]:
+        """Block ``b`` at ``batch`` x ``seq`` (its :data:`TERMS` ``terms``) as
+        :func:`block_result` gives it: from its profile where the profile holds whole
+        bytes there, else simulated directly."""
+        prof = self.profiles[b]
+        if prof is not None:
+            try:
+                r = prof.at(terms)
+            except ValueError:  # not a whole number of bytes here: outside the forms
+                pass
+            else:
+                return (
+                    r.kept,
+                    r.forward_peak,
+                    r.output,
+                    r.backward_peak,
+                    r.input_grad,
+                    r.param_grads,
+                    r.held,
+                )
+        kind, x_grad = self.blocks[b]
+        ctx = dataclasses.replace(self.ctx, batch=batch, seq=seq)
+        r = _direct(self.model, ctx, kind, x_grad, self.chunked)
+        return (
+            r.kept,
+            r.forward_peak,
+            r.output,
+            r.backward_peak,
+            r.input_grad,
+            r.param_grads,
+            r.held,
+        )
+
+    def _values(self, batch: int, seq: int) -> list[int]:
+        """The shape quantities at one shape."""
+        terms = self.terms(batch, seq)
+        tokens, h, sp = terms[0], self.hidden_size, self.sp
+        out = [*terms, tokens * h * self.res // sp, tokens * h // sp]
+        for b in self.unfolded:
+            out += self._block(b, batch, seq, terms)
+        return out
+
+    def _values_many(self, batch: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The shape quantities at many shapes (one column each, int64), and the shapes
+        that need a block of their own evaluated (left as zeros here)."""
+        terms = self.terms(batch, seq)
+        tokens, h, sp = terms[0], self.hidden_size, self.sp
+        shape = batch.shape
+        rows = [*terms, tokens * h * self.res // sp, tokens * h // sp]
+        rows += [0] * (_BLOCK * len(self.unfolded))
+        single = np.full(shape, bool(self.unfolded))
+        return np.stack(
+            [np.broadcast_to(np.asarray(r, dtype=np.int64), shape) for r in rows]
+        ), single
+
+    # -- the play -----------------------------------------------------------------------
+
+    def _evaluate(self, x: np.ndarray, exact: bool) -> tuple[Any, ...]:
+        """The candidates' activations, gradients and totals, what a micro-batch keeps,
+        the other micro-batches in flight, the logits held, and whether every checked run
+        is monotone there, from the shape quantities ``x`` (a column per shape)."""
+        matrix, buffers, constant = self.matrix, self.buffers, self.constant
+        if exact:  # in Python integers
+            matrix, buffers, constant = (a.astype(object) for a in (matrix, buffers, constant))
+        v = matrix @ x
+        n = len(self.kinds)
+        num, den = self.grad_share.numerator, self.grad_share.denominator
+        g = v[n : 2 * n]
+        if num != 1 or den != 1:
+            g = g * num // den
+        if x.ndim > 1:
+            buffers, constant = buffers[:, None], constant[:, None]
+        g = g + buffers
+        total = constant + g + v[:n]
+        ok: Any = True
+        for k in range(self.checks):
+            rise = v[2 * n + 3 + 2 * k] * num
+            slope = rise - den * v[2 * n + 4 + 2 * k]
+            ok = ok & ((rise % den == 0) | (slope >= den) | (slope <= -den))
+        return v[:n], g, total, v[2 * n], v[2 * n + 1], v[2 * n + 2], ok
+
+    def play(self, batch: int, seq: int, replay: Callable[[], tuple[Point, ...]]) -> Timeline:
+        """The step at ``batch`` x ``seq`` (the sequence per context rank); ``replay``
+        plays its every point when they are asked for."""
+        x = self._values(batch, seq)
+        large = max(map(abs, x)) * self.bound * max(self.grad_share.denominator, 1) * 8
+        exact = large >= _INT64_SAFE or not self.fits  # int64 might overflow
+        a, g, total, per_microbatch, waiting, held, ok = self._evaluate(
+            np.array(x, dtype=object if exact else np.int64), exact
+        )
+        played: list[tuple[Point, ...]] = []
+        if ok:
+            best = int(total.argmax())  # the first of equal highest points
+            phase, label = KINDS[self.kinds[best]]
+            layer = self.layer_of[best]
+            top = Point(
+                phase,
+                None if layer < 0 else layer,
+                label,
+                self.fixed_parameters[best],
+                int(g[best]),
+                self.fixed_optimizer[best],
+                int(a[best]) + int(waiting),
+            )
+        else:  # a run whose floored gradient share is not monotone: every point
+            played.append(replay())
+            top = max((p for p in played[0] if p.phase in _PLAYED), key=_total)
+        moments = (self.before, top, self.step, self.after)
+        peak = max(moments, key=_total)
+        return Timeline(
+            peak,
+            peak.parameters - self.params,
+            int(held),
+            self.temp if peak.phase == "optimizer" else 0,
+            self.params,
+            self.temp,
+            int(per_microbatch),
+            moments,
+            replay,
+            played,
+        )
+
+    def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
+        """The highest point of forward and backward at every shape ``batch[i]`` x
+        ``seq[i]`` (integer arrays of one length) at once, as :meth:`play` finds it, with
+        room for up to ``extra`` more micro-batches in flight; ``None`` where the values
+        might not fit in int64 (play each shape then)."""
+        if not len(batch) or not self.fits:
+            return None
+        terms = self.terms(int(batch.max()), int(seq.max()))
+        largest = max(terms[1], terms[0] * self.hidden_size * (self.res + 1), terms[3])
+        factor = max(self.grad_share.denominator, 1) * 8 * (extra + 2)
+        if largest * self.bound * factor >= _INT64_SAFE:
+            return None
+        x, single = self._values_many(batch.astype(np.int64), seq.astype(np.int64))
+        a, g, total, per_microbatch, waiting, held, ok = self._evaluate(x, False)
+        best = total.argmax(axis=0)  # the first of equal highest points
+        col = np.arange(len(batch))
+        return Moments(
+            kind=np.array(self.kinds)[best],
+            layer=np.array(self.layer_of)[best],
+            parameters=np.array(self.fixed_parameters, dtype=np.int64)[best],
+            gradients=g[best, col],
+            optimizer_states=np.array(self.fixed_optimizer, dtype=np.int64)[best],
+            activations=a[best, col] + waiting,
+            per_microbatch=per_microbatch,
+            logits=held,
+            single=single | ~np.asarray(ok, dtype=bool),
+        )
+
+
+_PLAYED = ("forward", "backward")
+
+
+def _layer_by_layer(
+    model: ModelSpec,
+    training: TrainingSpec,
+    state: ModelState,
+    grad_share: Fraction = Fraction(1),
+    optimizer_share: Fraction = Fraction(1),
+    gather: Gather = Gather(),
+    stage: Stage = Stage(),
+    grad_buffer: int = 0,
+) -> tuple[Point, ...]:
+    """Play one step layer by layer and return every point of the timeline: the reference
+    that :class:`StepPlan` plays by segments, and what :attr:`Timeline.points` holds (see
+    :func:`step_timeline` for the arguments)."""
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
     # the hidden-size tensors between blocks: split over tp under sequence parallelism
@@ -476,17 +1290,7 @@ def step_timeline(
     temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
     add("optimizer", None, "optimizer step", params, grads, opt_states + temp, 0)
     add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, 0)
-    peak = max(points, key=lambda p: p.total)
-    return Timeline(
-        tuple(points),
-        peak,
-        peak.parameters - params,
-        held,
-        temp if peak.phase == "optimizer" else 0,
-        params,
-        temp,
-        per_microbatch,
-    )
+    return tuple(points)
 
 
 def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: ModelState) -> int:

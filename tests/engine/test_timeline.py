@@ -1,12 +1,21 @@
 """The step timeline and the per-layer activations, against hand-derived sums."""
 
 import dataclasses
+import importlib
+from fractions import Fraction
+
+import numpy as np
+import pytest
 
 from engine.estimate import estimate
 from engine.graph import simulate
 from engine.layers import Ctx, decoder_layer
+from engine.model_state import model_state
 from engine.presets import load_gpu, load_model, model_names
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from engine.scenario_io import scenario_from_dict
+from engine.sharding import make_mesh, tensor_parallel_shard
+from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from engine.timeline import Point, Stage, Timeline, step_plan, step_timeline
 from tests.engine.helpers import full_ctx, tiny_model
 
 TINY = tiny_model(num_key_value_heads=4)
@@ -135,9 +144,6 @@ def test_backward_never_produces_more_gradient_than_the_model_state_holds() -> N
     """The gradients backward leaves are the trainable tensors' own, in their dtype: LoRA's
     adapters are 16-bit on a pure bf16 model, so their gradients are too (they were
     counted in fp32, twice the model state's)."""
-    from engine.model_state import model_state
-    from engine.timeline import step_timeline
-
     model = load_model("llama-3.2-1b")
     for precision in ("bf16", "bf16-mixed", "fp32"):
         for method in ("lora", "qlora", "full"):
@@ -146,3 +152,261 @@ def test_backward_never_produces_more_gradient_than_the_model_state_holds() -> N
             timeline = step_timeline(model, training, state)
             produced = max(p.gradients for p in timeline.points if p.phase == "backward")
             assert produced <= state.category_bytes("gradients"), (precision, method)
+
+
+# -- the step played by runs of layers, against the step played point by point ----------
+
+#: scenarios that exercise every part of the play: runs of one layer and of a repeated
+#: group (every-k checkpointing), floored ZeRO-2/3 gradient shares, gathered units,
+#: pipeline stages (1F1B, GPipe, interleaved), MoE with dense first layers, an encoder,
+#: LoRA and QLoRA, frozen layers, activation offload, framework gradient buffers,
+#: sliding windows, context and sequence parallelism, eager attention, a chunked loss
+CASES: tuple[dict[str, object], ...] = (
+    {"model": "llama-3-8b", "training": {"method": "lora", "micro_batch_size": 4}},
+    {
+        "model": "llama-3.2-1b",
+        "gpus": 8,
+        "training": {
+            "activation_checkpointing": "every-k-layers",
+            "checkpoint_every_k": 3,
+            "parallelism": {"zero_stage": 2},
+        },
+    },
+    {
+        "model": "llama-3.2-1b",
+        "gpus": 8,
+        "training": {"activation_checkpointing": "full", "parallelism": {"zero_stage": 3}},
+    },
+    {
+        "model": "llama-3.2-1b",
+        "gpus": 8,
+        "training": {
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["all-linear"]},
+            "activation_checkpointing": "every-k-layers",
+            "checkpoint_every_k": 2,
+            "parallelism": {"zero_stage": 3},
+        },
+    },
+    {"model": "llama-3-8b", "training": {"method": "qlora", "micro_batch_size": 2}},
+    {
+        "model": "deepseek-v2-lite",
+        "gpus": 8,
+        "training": {
+            "method": "lora",
+            "lora": {"targets": ["all-linear"]},
+            "gradient_accumulation_steps": 4,
+            "parallelism": {"pp": 2, "pp_split": "balanced", "ep": 2, "zero_stage": 1},
+        },
+    },
+    {
+        "model": "mixtral-8x7b",
+        "gpus": 8,
+        "training": {
+            "activation_checkpointing": "selective",
+            "parallelism": {"tp": 2, "ep": 4, "zero_stage": 1, "expert_capacity_factor": 1.25},
+        },
+    },
+    {
+        "model": "bert-large-uncased",
+        "training": {
+            "attention": "eager",
+            "activation_checkpointing": "full",
+            "sequence_length": 512,
+            "micro_batch_size": 8,
+        },
+    },
+    {
+        "model": "gpt2",
+        "training": {
+            "method": "freeze",
+            "freeze": {"trainable": ["lm_head"]},
+            "activation_checkpointing": "full",
+            "offload": {"activations": "cpu"},
+            "sequence_length": 1024,
+        },
+    },
+    {
+        "model": "llama-3.1-70b",
+        "gpus": 8,
+        "nodes": 4,
+        "training": {
+            "sequence_length": 4096,
+            "gradient_accumulation_steps": 8,
+            "activation_checkpointing": "full",
+            "parallelism": {
+                "tp": 8,
+                "pp": 4,
+                "vpp": 2,
+                "pp_schedule": "interleaved-1f1b",
+                "pp_split": "balanced",
+                "sequence_parallel": True,
+                "zero_stage": 1,
+            },
+        },
+    },
+    {
+        "model": "llama-3.2-1b",
+        "gpus": 8,
+        "training": {
+            "gradient_accumulation_steps": 6,
+            "activation_checkpointing": "every-k-layers",
+            "checkpoint_every_k": 3,
+            "parallelism": {"pp": 4, "pp_schedule": "gpipe", "zero_stage": 1},
+        },
+    },
+    {
+        "model": "llama-3.2-3b",
+        "gpus": 8,
+        "training": {
+            "precision": "bf16-mixed",
+            "parallelism": {"framework": "deepspeed", "zero_stage": 2},
+            "offload": {"optimizer": "cpu"},
+        },
+    },
+    {
+        "model": "llama-3.2-3b",
+        "gpus": 8,
+        "training": {"parallelism": {"framework": "megatron", "tp": 2, "zero_stage": 1}},
+    },
+    {
+        "model": "mistral-7b-v0.1",
+        "gpus": 8,
+        "training": {
+            "method": "lora",
+            "sequence_length": 8192,
+            "parallelism": {"cp": 2, "tp": 2, "sequence_parallel": True, "zero_stage": 2},
+        },
+    },
+    {"model": "gemma-2-2b", "training": {"sequence_length": 8192, "loss": "chunked"}},
+    {
+        "model": "qwen2.5-0.5b",
+        "gpus": 8,
+        "training": {
+            "precision": "fp32",
+            "optimizer": "sgd-momentum",
+            "micro_batch_size": 3,
+            "sequence_length": 777,
+            "activation_checkpointing": "every-k-layers",
+            "checkpoint_every_k": 5,
+            "parallelism": {"zero_stage": 2},
+        },
+    },
+)
+
+
+def case(data: dict[str, object]) -> Scenario:
+    """A scenario from a compact case: model, GPUs per node, nodes and training fields."""
+    return scenario_from_dict(
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": data["model"]},
+            "hardware": {
+                "gpu": "h100-sxm-80gb",
+                "gpus_per_node": data.get("gpus", 1),
+                "nodes": data.get("nodes", 1),
+            },
+            "training": data["training"],
+        }
+    )
+
+
+def rank_timelines(scenario: Scenario) -> list[Timeline]:
+    """The played step of every pipeline stage of ``scenario``."""
+    est_module = importlib.import_module("engine.estimate")  # the package's name is the function
+    mesh = make_mesh(scenario)
+    model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
+    return [rank.timeline for _, rank in est_module._stages(scenario, model, mesh)]
+
+
+def reference(timeline: Timeline) -> tuple[Point, Point]:
+    """The highest point of a step played point by point, and its highest point of forward
+    and backward."""
+    every = timeline.points
+    fb = [p for p in every if p.phase in ("forward", "backward")]
+    return max(every, key=lambda p: p.total), max(fb, key=lambda p: p.total)
+
+
+@pytest.mark.parametrize("data", CASES, ids=[str(c["model"]) for c in CASES])
+def test_the_peak_played_by_runs_is_the_highest_point_played_point_by_point(
+    data: dict[str, object],
+) -> None:
+    """Every rank group's peak, found by runs of layers, is the step's highest point played
+    layer by layer: the same bytes, and the same moment (the first of equal ones)."""
+    scenario = case(data)
+    for timeline in rank_timelines(scenario):
+        peak, top = reference(timeline)
+        assert timeline.peak == peak
+        assert timeline.moments[1] == top
+    est = estimate(scenario)
+    peak = max(est.timeline, key=lambda p: p.total)
+    assert (est.peak_phase, est.peak_layer) == (
+        peak.phase if peak.phase != "before" else "optimizer",
+        peak.layer,
+    )
+
+
+@pytest.mark.parametrize("data", CASES[:6], ids=[str(c["model"]) for c in CASES[:6]])
+def test_what_a_micro_batch_keeps_raises_each_schedule_position_as_a_play_would(
+    data: dict[str, object],
+) -> None:
+    """A stage's timeline with k micro-batches in flight (played) is its timeline with
+    one, raised by (k - 1) times what one micro-batch keeps (derived)."""
+    scenario = case(data)
+    training = scenario.training
+    model = scenario.model
+    state = model_state(model, training, "middle")
+    one = step_timeline(model, training, state, stage=Stage(False, False, 1))
+    for k in (2, 5):
+        assert step_timeline(model, training, state, stage=Stage(False, False, k)) == (
+            one.in_flight(k - 1)
+        )
+
+
+def test_a_run_of_floored_gradient_shares_is_played_where_it_is_not_monotone() -> None:
+    """Under ZeRO-2/3 each point holds ``floor(gradients x share)``: along a run that is
+    affine only where the share divides what a repetition adds. With LoRA rank 1 on a
+    small model, inputs offloaded and every layer checkpointed, nothing but the 896-byte
+    adapter gradients changes per layer; at a share of 1/5,000 they move the floor by
+    less than a byte per layer, so the run is played point by point."""
+    model = tiny_model(num_layers=8)
+    training = TrainingSpec(
+        method="lora",
+        lora=dataclasses.replace(TrainingSpec().lora, rank=1),
+        activation_checkpointing="full",
+        offload=dataclasses.replace(TrainingSpec().offload, activations="cpu"),
+        precision="fp32",
+        micro_batch_size=2,
+        sequence_length=64,
+    )
+    state = model_state(model, training)
+    for share in (Fraction(1, 5000), Fraction(1, 7), Fraction(1, 896), Fraction(3, 4)):
+        assert step_plan(model, training, state, grad_share=share).checks > 0
+        timeline = step_timeline(model, training, state, grad_share=share)
+        peak, top = reference(timeline)
+        assert timeline.peak == peak
+        assert timeline.moments[1] == top
+    # the 1/5,000 run is not monotone: its step was played point by point at once
+    assert step_timeline(model, training, state, grad_share=Fraction(1, 5000))._played
+
+
+def test_the_shape_terms_are_those_of_the_blocks() -> None:
+    """The plan computes the shape terms itself (for arrays of shapes too); they are the
+    ones the blocks are built from."""
+    for model, training in (
+        (load_model("mixtral-8x7b"), TrainingSpec(micro_batch_size=3)),
+        (
+            tensor_parallel_shard(load_model("mixtral-8x7b"), 2, 4),
+            TrainingSpec(
+                parallelism=ParallelismSpec(tp=2, ep=4, expert_capacity_factor=1.37),
+                sequence_length=4096,
+            ),
+        ),
+    ):
+        state = model_state(model, training)
+        plan = step_plan(model, training, state)
+        for b, s in ((1, 1), (3, 37), (7, 1000), (64, 8191), (2, 131072)):
+            ctx = dataclasses.replace(plan.ctx, batch=b, seq=s)
+            assert plan.terms(b, s) == ctx.terms()
+            arrays = plan.terms(np.array([b, 1]), np.array([s, 1]))
+            assert tuple(int(np.broadcast_to(t, (2,))[0]) for t in arrays) == ctx.terms()
