@@ -56,8 +56,10 @@ appendix B) -- over the step time and the dtype's dense peak of every GPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from engine.model_state import lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
@@ -140,8 +142,7 @@ OVERLAP = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Term:
+class Term(NamedTuple):
     """One piece of the step time: ``seconds`` on the critical path (after overlap),
     ``busy_s`` the time the work itself takes."""
 
@@ -578,70 +579,137 @@ def _grad_reduce_bytes(training: TrainingSpec) -> int:
 
 def step_time(scenario: Scenario) -> StepTime:
     """The time of one optimizer step of ``scenario``; see the module docstring."""
-    return _step_time(scenario)
+    t = scenario.training
+    return _evaluate(
+        _plan(*_strategy(scenario)),
+        t.micro_batch_size,
+        t.sequence_length,
+        t.gradient_accumulation_steps,
+        t.token_budget,
+    )
 
 
-@lru_cache(maxsize=4096)
-def _step_time(scenario: Scenario) -> StepTime:
+def step_times(scenario: Scenario, shapes: Sequence[tuple[int, int, int]]) -> list[StepTime]:
+    """The step time of ``scenario`` at each (micro-batch size, sequence length, gradient
+    accumulation steps) of ``shapes``, the strategy planned once: equal to
+    :func:`step_time` of each changed scenario."""
+    plan = _plan(*_strategy(scenario))
+    budget = scenario.training.token_budget
+    return [_evaluate(plan, b, s, m, budget) for b, s, m in shapes]
+
+
+def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
+    """``scenario`` and the cache key of its plan within its model and hardware:
+    everything else but the shape and the token budget (the plan reads nothing else)."""
+    t = scenario.training
+    key = (
+        t.method,
+        t.precision,
+        t.optimizer,
+        t.optimizer_impl,
+        t.activation_checkpointing,
+        t.checkpoint_every_k,
+        t.attention,
+        t.loss,
+        t.lora,
+        t.freeze,
+        t.parallelism,
+        t.offload,
+    )
+    return scenario, key
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a step's time depends on apart from its shape (micro-batch, sequence length,
+    accumulation): the mesh, the device, the rings, the rank's parameters."""
+
+    scenario: Scenario
+    mesh: Mesh
+    dev: Device
+    recompute_share: float
+    selective: bool
+    head_train: bool
+    amp: bool
+    per_rank: tuple[int, ...]
+    moe_share: float
+    tp_ring: _Ring
+    cp_ring: _Ring
+    ep_ring: _Ring
+    pp_ring: _Ring
+    dp_ring: _Ring
+    shard_ring: _Ring
+    rep_ring: _Ring | None
+    trainable_rank: float
+    params_rank: float
+    g_bytes: int
+    gather_bytes: int
+    #: the optimizer step's bytes per trainable element (0: nothing to update)
+    opt_bytes: float
+    assumptions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """The plans and stage blocks of one model on one hardware. Held by the identity of
+    the two (a sweep shares them across its configurations), which also keeps them alive
+    so that an identity is never reused while its entry exists."""
+
+    model: ModelSpec
+    hardware: object
+    plans: dict[tuple[object, ...], _Plan]
+    blocks: dict[tuple[object, ...], _Block]
+
+
+#: memos by (id(model), id(hardware)), at most :data:`_MEMOS_MAX` of them
+_MEMOS: dict[tuple[int, int], _Memo] = {}
+_MEMOS_MAX = 64
+#: plans or stage blocks one memo keeps before it starts afresh
+_ENTRIES_MAX = 8192
+
+
+def _memo(scenario: Scenario) -> _Memo:
+    model, hw = scenario.model, scenario.hardware
+    ident = (id(model), id(hw))
+    memo = _MEMOS.get(ident)
+    if memo is None or memo.model is not model or memo.hardware is not hw:
+        if len(_MEMOS) >= _MEMOS_MAX:
+            _MEMOS.clear()
+        memo = _MEMOS[ident] = _Memo(model, hw, {}, {})
+    return memo
+
+
+def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
+    plans = _memo(scenario).plans
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= _ENTRIES_MAX:
+            plans.clear()
+        plan = plans[key] = _make_plan(scenario)
+    return plan
+
+
+def _make_plan(scenario: Scenario) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
     mesh = make_mesh(scenario)
     dev = device(scenario)
     par = training.parallelism
-    micro = training.gradient_accumulation_steps
-    b, s = training.micro_batch_size, training.sequence_length
-    dt = _act_bytes(training)
-    h = model.hidden_size
     assumptions = []
     if hw.nodes > 1 and hw.network is None and hw.network_gb_s is None:
         assumptions.append("network: " + dev.network)
-
-    work = _work(training, mesh)
-    dense = _layer(model, work, dev, False)
-    moe = _layer(model, work, dev, True) if model.is_moe else None
     n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
-
     # which layers recompute their forward in backward
     mode, k = training.activation_checkpointing, training.checkpoint_every_k
     recompute_share = {
         "full": 1.0,
         "every-k-layers": math.ceil(model.num_layers / k) / model.num_layers,
     }.get(mode, 0.0)
-    selective = mode == "selective" and _kernel_of(training) == "eager"
-
-    # the embedding, the LM head and the loss (on the last stage)
-    tokens = b * s / mesh.cp
-    v_local = model.vocab_size / mesh.tp
-    head_flops = 2 * tokens * h * v_local
     head_train = training.method == "full" or (
         training.method == "freeze" and "lm_head" in training.freeze.trainable
     )
-    head_fwd = _gemm(tokens, h, v_local, dt, dev)
-    head_bwd = head_fwd * (2 if head_train else 1)
-    loss_bytes = (8 if training.loss == "chunked" else 28) * tokens * v_local
-    loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
-    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
-
     # per stage: the layers it holds (the first holds the embedding, the last the head)
     counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
-    per_rank = [sum(counts[r + j * mesh.pp] for j in range(mesh.vpp)) for r in range(mesh.pp)]
-    moe_share = n_moe / model.num_layers if model.num_layers else 0.0
-
-    fields = (
-        "matmul_fwd", "matmul_bwd", "attn_fwd", "attn_bwd", "elementwise_fwd",
-        "elementwise_bwd", "dequant", "flops_fwd", "flops_bwd", "attn_flops_fwd", "cp_bytes",
-    )  # fmt: skip
-    parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
-    per_layer = {
-        name: sum(getattr(layer, name) * share for layer, share in parts) for name in fields
-    }
-
-    def layers_time(n: float) -> dict[str, float]:
-        return {name: v * n for name, v in per_layer.items()}
-
-    tp_ring = _ring(mesh.tp, 1, scenario, dev)
-    cp_ring = _ring(mesh.cp, mesh.tp, scenario, dev)
-    ep_ring = _ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev)
-    pp_ring = _ring(2, mesh.tp * mesh.cp * mesh.dp, scenario, dev)
+    per_rank = tuple(sum(counts[r + j * mesh.pp] for j in range(mesh.vpp)) for r in range(mesh.pp))
     dp_ring = _ring(mesh.dp, mesh.tp * mesh.cp, scenario, dev)
     if par.hybrid_shard and mesh.shard < mesh.dp:
         shard_ring = _ring(mesh.shard, mesh.tp * mesh.cp, scenario, dev)
@@ -650,7 +718,6 @@ def _step_time(scenario: Scenario) -> StepTime:
         )
     else:
         shard_ring, rep_ring = dp_ring, None
-
     # parameters and gradients of one rank (tensor and pipeline shards)
     whole = model_state(model, training)
     trainable_rank = whole.trainable_params / (mesh.tp * mesh.pp)
@@ -660,15 +727,124 @@ def _step_time(scenario: Scenario) -> StepTime:
         share = experts / whole.total_params if whole.total_params else 0.0
         params_rank *= 1 - share + share / mesh.ep
         trainable_rank *= 1 - share + share / mesh.ep
-    g_bytes = _grad_reduce_bytes(training)
     gather_bytes = 2 if training.precision != "fp32" else 4
     if training.method == "qlora":
         gather_bytes = 1  # the 4-bit base, gathered as stored (with its constants)
+    # the optimizer step: bytes of parameters, gradients and states per trainable element
+    opt_bytes = 0.0
+    if whole.trainable_params:
+        state_b = whole.category_bytes("optimizer_states") / whole.trainable_params
+        grad_b = whole.category_bytes("gradients") / whole.trainable_params
+        param_b = 2 if training.precision == "bf16" else 4
+        temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
+        opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
+    return _Plan(
+        scenario=scenario,
+        mesh=mesh,
+        dev=dev,
+        recompute_share=recompute_share,
+        selective=mode == "selective" and _kernel_of(training) == "eager",
+        head_train=head_train,
+        amp=_mode(training) == "amp",
+        per_rank=per_rank,
+        moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
+        tp_ring=_ring(mesh.tp, 1, scenario, dev),
+        cp_ring=_ring(mesh.cp, mesh.tp, scenario, dev),
+        ep_ring=_ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev),
+        pp_ring=_ring(2, mesh.tp * mesh.cp * mesh.dp, scenario, dev),
+        dp_ring=dp_ring,
+        shard_ring=shard_ring,
+        rep_ring=rep_ring,
+        trainable_rank=trainable_rank,
+        params_rank=params_rank,
+        g_bytes=_grad_reduce_bytes(training),
+        gather_bytes=gather_bytes,
+        opt_bytes=opt_bytes,
+        assumptions=tuple(assumptions),
+    )
+
+
+_FIELDS = (
+    "matmul_fwd", "matmul_bwd", "attn_fwd", "attn_bwd", "elementwise_fwd",
+    "elementwise_bwd", "dequant", "flops_fwd", "flops_bwd", "attn_flops_fwd", "cp_bytes",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One micro-batch on the busiest pipeline stage, and the FLOPs of all stages."""
+
+    busiest: dict[str, float]
+    mb_compute: float
+    mb_time: float
+    flops_mb: float
+    hw_mb: float
+    tokens: float
+
+
+def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
+    scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
+    model, training = scenario.model, scenario.training
+    par = training.parallelism
+    # the device and the rings follow from the hardware (the memo's), the precision and
+    # the mesh
+    key = (
+        mesh, b, s, training.method, training.lora, training.freeze, training.precision,
+        training.attention, training.loss, par.sequence_parallel, par.expert_capacity_factor,
+        plan.per_rank, plan.recompute_share, plan.selective, plan.amp, plan.trainable_rank,
+    )  # fmt: skip
+    blocks = _memo(scenario).blocks
+    found = blocks.get(key)
+    if found is not None:
+        return found
+    if len(blocks) >= _ENTRIES_MAX:
+        blocks.clear()
+    dt = _act_bytes(training)
+    h = model.hidden_size
+    recompute_share, selective, head_train = plan.recompute_share, plan.selective, plan.head_train
+    tp_ring, cp_ring, ep_ring, pp_ring = plan.tp_ring, plan.cp_ring, plan.ep_ring, plan.pp_ring
+    trainable_rank = plan.trainable_rank
+    work = _Work(
+        training.method,
+        training.lora.targets,
+        training.lora.rank,
+        training.freeze.trainable,
+        training.precision,
+        training.attention,
+        b,
+        s,
+        par.sequence_parallel,
+        par.expert_capacity_factor,
+        mesh.tp,
+        mesh.cp,
+        mesh.ep,
+    )
+    dense = _layer(model, work, dev, False)
+    moe = _layer(model, work, dev, True) if model.is_moe else None
+    moe_share = plan.moe_share
+
+    # the embedding, the LM head and the loss (on the last stage)
+    tokens = b * s / mesh.cp
+    v_local = model.vocab_size / mesh.tp
+    head_flops = 2 * tokens * h * v_local
+    head_fwd = _gemm(tokens, h, v_local, dt, dev)
+    head_bwd = head_fwd * (2 if head_train else 1)
+    loss_bytes = (8 if training.loss == "chunked" else 28) * tokens * v_local
+    loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
+    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
+
+    parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
+    per_layer = {
+        name: sum(getattr(layer, name) * share for layer, share in parts) for name in _FIELDS
+    }
+
+    def layers_time(n: float) -> dict[str, float]:
+        return {name: v * n for name, v in per_layer.items()}
 
     # one micro-batch on the busiest stage
     stage_terms: list[dict[str, float]] = []
     memo: dict[tuple[int, bool, bool], dict[str, float]] = {}
-    for r, n in enumerate(per_rank):
+    for r, n in enumerate(plan.per_rank):
         first, last = r == 0, r == mesh.pp - 1
         if (n, first, last) in memo:
             stage_terms.append(memo[(n, first, last)])
@@ -688,7 +864,7 @@ def _step_time(scenario: Scenario) -> StepTime:
         if first:
             ew += embed_t
         # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)
-        if _mode(training) == "amp":
+        if plan.amp:
             ew += 6 * trainable_rank / dev.bandwidth * (1 + recompute_share)
         # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter) forward, 2 backward
         tp_t = 0.0
@@ -747,11 +923,46 @@ def _step_time(scenario: Scenario) -> StepTime:
         + busiest["pp"]
     )
 
+    flops_mb = sum(t["flops_f"] + t["flops_b"] for t in stage_terms) * mesh.tp * mesh.cp
+    hw_mb = (
+        sum(
+            t["flops_f"]
+            + recompute_share * t["layers_f"]
+            + t["flops_b"]
+            + (t["attn_flops"] if selective else 0)
+            for t in stage_terms
+        )
+        * mesh.tp
+        * mesh.cp
+    )
+    blk = _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens)
+    blocks[key] = blk
+    return blk
+
+
+def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None) -> StepTime:
+    """The step of ``plan`` at micro-batch ``b``, sequence length ``s`` and ``micro``
+    micro-batches per step."""
+    scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
+    model, training, hw = scenario.model, scenario.training, scenario.hardware
+    par = training.parallelism
+    dt = _act_bytes(training)
+    h = model.hidden_size
+    recompute_share = plan.recompute_share
+    mode = training.activation_checkpointing
+    dp_ring, shard_ring, rep_ring = plan.dp_ring, plan.shard_ring, plan.rep_ring
+    trainable_rank, params_rank = plan.trainable_rank, plan.params_rank
+    g_bytes, gather_bytes = plan.g_bytes, plan.gather_bytes
+    blk = _stage_block(plan, b, s)
+    busiest, mb_compute, mb_time, tokens = blk.busiest, blk.mb_compute, blk.mb_time, blk.tokens
+
     terms: list[Term] = []
+    kinds = dict.fromkeys(BOUNDS, 0.0)
 
     def add(name: str, kind: str, seconds: float, busy: float, formula: str) -> None:
         if busy > 0 or seconds > 0:
             terms.append(Term(name, kind, seconds, busy, formula))
+            kinds[kind] += seconds
 
     add(
         "forward matmuls and attention",
@@ -880,12 +1091,8 @@ def _step_time(scenario: Scenario) -> StepTime:
     # the optimizer step: bytes of parameters, gradients and states per trainable element
     opt_share = mesh.shard if zero >= 1 else 1
     opt_params = trainable_rank / opt_share
-    if opt_params and whole.trainable_params:
-        state_b = whole.category_bytes("optimizer_states") / whole.trainable_params
-        grad_b = whole.category_bytes("gradients") / whole.trainable_params
-        param_b = 2 if training.precision == "bf16" else 4
-        temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
-        per = 2 * param_b + grad_b + 2 * state_b + temp_b
+    if opt_params and plan.opt_bytes:
+        per = plan.opt_bytes
         if training.offload.optimizer != "none":
             host_bw = (
                 HOST_OPTIMIZER_GB_S if training.offload.optimizer == "cpu" else NVME_GB_S
@@ -962,24 +1169,8 @@ def _step_time(scenario: Scenario) -> StepTime:
     step = sum(t.seconds for t in terms)
     tokens_step = b * s * micro * mesh.dp
     world = mesh.world
-    # model FLOPs: every stage's forward and backward, summed over the ranks that hold them
-    flops_mb = sum(t["flops_f"] + t["flops_b"] for t in stage_terms) * mesh.tp * mesh.cp
-    model_flops = flops_mb * micro * mesh.dp
-    hw_mb = (
-        sum(
-            t["flops_f"]
-            + recompute_share * t["layers_f"]
-            + t["flops_b"]
-            + (t["attn_flops"] if selective else 0)
-            for t in stage_terms
-        )
-        * mesh.tp
-        * mesh.cp
-    )
-    hardware_flops = hw_mb * micro * mesh.dp
-    kinds = dict.fromkeys(BOUNDS, 0.0)
-    for t in terms:
-        kinds[t.kind] += t.seconds
+    model_flops = blk.flops_mb * micro * mesh.dp
+    hardware_flops = blk.hw_mb * micro * mesh.dp
     bound = max(BOUNDS, key=lambda k_: kinds[k_])
     tps = tokens_step / step if step else 0.0
     mfu = model_flops / (step * world * dev.peak_flops) if step else 0.0
@@ -987,8 +1178,8 @@ def _step_time(scenario: Scenario) -> StepTime:
         hw.price_per_gpu_hour if hw.price_per_gpu_hour is not None else hw.gpu.price_per_gpu_hour
     )
     run = hours = cost = None
-    if training.token_budget is not None and tps:
-        run = training.token_budget / tps
+    if token_budget is not None and tps:
+        run = token_budget / tps
         hours = run * world / 3600
         cost = hours * price if price is not None else None
     return StepTime(
@@ -1006,5 +1197,5 @@ def _step_time(scenario: Scenario) -> StepTime:
         gpu_hours=hours,
         cost=cost,
         price_per_gpu_hour=price,
-        assumptions=tuple(assumptions),
+        assumptions=plan.assumptions,
     )
