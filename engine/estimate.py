@@ -535,10 +535,13 @@ def _layout(model: ModelSpec, mesh: Mesh, split: str) -> tuple[_Slot, ...]:
     return tuple(out)
 
 
-def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[tuple[str, _Rank]]:
-    """Every pipeline stage by name (one group when pp = 1); stages alike share a result."""
+def _stages(
+    scenario: Scenario, model: ModelSpec, mesh: Mesh, slots: tuple[_Slot, ...] = ()
+) -> list[tuple[str, _Rank]]:
+    """Every pipeline stage by name (one group when pp = 1); stages alike share a result.
+    ``slots`` is the stages' :func:`_layout`, when the caller has it."""
     par = scenario.training.parallelism
-    slots = _layout(model, mesh, par.pp_split)
+    slots = slots or _layout(model, mesh, par.pp_split)
     if mesh.pp == 1:
         whole = slots[0].stage
         played = _play(scenario, model, mesh, "all", whole)
@@ -564,6 +567,35 @@ def _stages(scenario: Scenario, model: ModelSpec, mesh: Mesh) -> list[tuple[str,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """What an estimate of a scenario finds before it plays its stages: the mesh, the
+    whole model's state, what one rank holds, the stages' layout, the hardware's
+    figures and what is not modelled."""
+
+    mesh: Mesh
+    whole: ModelState
+    model: ModelSpec
+    slots: tuple[_Slot, ...]
+    capacity: int
+    budget: int
+    host_capacity: int | None
+    not_modelled: tuple[str, ...]
+
+
+@lru_cache(maxsize=4096)
+def _prepared(scenario: Scenario) -> _Ready:
+    mesh = make_mesh(scenario)
+    whole = model_state(scenario.model, scenario.training)
+    model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
+    slots = _layout(model, mesh, scenario.training.parallelism.pp_split)
+    hw = scenario.hardware
+    notes = not_modelled(scenario)
+    return _Ready(
+        mesh, whole, model, slots, hw.capacity_bytes, hw.budget_bytes, hw.host_capacity_bytes, notes
+    )
+
+
 def estimate(scenario: Scenario) -> Estimate:
     """Estimate the per-GPU memory of one training step of ``scenario``.
 
@@ -571,12 +603,9 @@ def estimate(scenario: Scenario) -> Estimate:
     micro-batches each keeps in flight, :func:`inflight`); the worst stage is the headline
     and decides the verdict, and ``ranks`` lists them all.
     """
-    training = scenario.training
-    hardware = scenario.hardware
-    mesh = make_mesh(scenario)
-    whole = model_state(scenario.model, training)
-    model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
-    stages = _stages(scenario, model, mesh)
+    ready = _prepared(scenario)
+    mesh, whole = ready.mesh, ready.whole
+    stages = _stages(scenario, ready.model, mesh, ready.slots)
     worst_name, worst = max(stages, key=lambda nr: nr[1].device)
     distinct = {id(r): r for _, r in stages}.values()
     peak = worst.timeline.peak
@@ -587,8 +616,8 @@ def estimate(scenario: Scenario) -> Estimate:
         allocated_bytes=worst.allocated,
         reserved_bytes=worst.reserved,
         device_bytes=worst.device,
-        capacity_bytes=hardware.capacity_bytes,
-        budget_bytes=hardware.budget_bytes,
+        capacity_bytes=ready.capacity,
+        budget_bytes=ready.budget,
         peak_phase=peak_phase(peak.phase),
         peak_layer=peak.layer,
         total_params=whole.total_params,
@@ -597,12 +626,12 @@ def estimate(scenario: Scenario) -> Estimate:
         nvme_bytes=worst.nvme_bytes,
         host_items=worst.host + sharded.nvme,
         mesh=mesh,
-        host_node_bytes=hardware.gpus_per_node * max(r.host_bytes for r in distinct),
-        host_capacity_bytes=hardware.host_capacity_bytes,
+        host_node_bytes=scenario.hardware.gpus_per_node * max(r.host_bytes for r in distinct),
+        host_capacity_bytes=ready.host_capacity,
         bytes_per_trainable_param=state.bytes_per_trainable_param,
         bytes_per_frozen_param=state.bytes_per_frozen_param,
         bytes_per_param_formula=state.bytes_per_param_formula,
-        not_modelled=not_modelled(scenario),
+        not_modelled=ready.not_modelled,
         warnings=state.warnings,
         rank_groups=tuple(rank.group(name) for name, rank in stages),
         worst_group=worst_name,

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache, partial
-from operator import attrgetter
+from operator import attrgetter, mul
 from typing import Any
 
 import numpy as np
@@ -781,13 +781,17 @@ class StepPlan:
     layer_of: tuple[int, ...]
     fixed_parameters: tuple[int, ...]
     fixed_optimizer: tuple[int, ...]
+    #: the four above as arrays (for many shapes at once)
+    arrays: tuple[np.ndarray, ...]
     constant: np.ndarray
     buffers: np.ndarray
     matrix: np.ndarray
     #: whether ``constant``, ``buffers`` and ``matrix`` are int64 (else Python integers)
     fits: bool
-    #: the largest sum of absolute coefficients of a row of the matrix
-    bound: int
+    #: the largest absolute coefficient of each column of the matrix, and the largest
+    #: absolute constant and buffer together: what bounds the values of a play
+    columns: tuple[int, ...]
+    largest_constant: int
     checks: int
 
     @staticmethod
@@ -864,8 +868,9 @@ class StepPlan:
         )
         constant = np.array([c.parameters + c.optimizer_states for c in cands], dtype=object)
         buffers = np.array([c.gradients for c in cands], dtype=object)
-        bound = max(sum(abs(x) for x in row) for row in exact)
-        fits = max(bound, *map(abs, constant), *map(abs, buffers)) < _INT64_SAFE
+        columns = tuple(int(c) for c in np.abs(exact).max(axis=0))
+        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
+        fits = max(*columns, largest_constant) < _INT64_SAFE
         return StepPlan(
             model=model,
             ctx=ctx,
@@ -899,11 +904,16 @@ class StepPlan:
             layer_of=tuple(c.layer for c in cands),
             fixed_parameters=tuple(c.parameters for c in cands),
             fixed_optimizer=tuple(c.optimizer_states for c in cands),
+            arrays=tuple(
+                np.array([getattr(c, f) for c in cands], dtype=np.int64 if fits else object)
+                for f in ("kind", "layer", "parameters", "optimizer_states")
+            ),
             constant=constant.astype(np.int64) if fits else constant,
             buffers=buffers.astype(np.int64) if fits else buffers,
             matrix=exact.astype(np.int64) if fits else exact,
             fits=fits,
-            bound=bound,
+            columns=columns,
+            largest_constant=largest_constant,
             checks=len(checks) // 2,
         )
 
@@ -978,17 +988,23 @@ class StepPlan:
     def _values_many(self, batch: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The shape quantities at many shapes (one column each, int64), and the shapes
         that need a block of their own evaluated (left as zeros here)."""
-        terms = self.terms(batch, seq)
-        tokens, h, sp = terms[0], self.hidden_size, self.sp
-        shape = batch.shape
-        rows = [*terms, tokens * h * self.res // sp, tokens * h // sp]
-        rows += [0] * (_BLOCK * len(self.unfolded))
-        single = np.full(shape, bool(self.unfolded))
-        return np.stack(
-            [np.broadcast_to(np.asarray(r, dtype=np.int64), shape) for r in rows]
-        ), single
+        x = np.zeros((_FIRST_BLOCK + _BLOCK * len(self.unfolded), len(batch)), dtype=np.int64)
+        for i, term in enumerate(self.terms(batch, seq)):
+            x[i] = term
+        tokens, h, sp = x[0], self.hidden_size, self.sp
+        x[_HIDDEN] = tokens * h * self.res // sp
+        x[_DROPOUT] = tokens * h // sp
+        return x, np.full(len(batch), bool(self.unfolded))
 
     # -- the play -----------------------------------------------------------------------
+
+    def _fits(self, x: Sequence[int], extra: int) -> bool:
+        """Whether int64 holds every value of a play whose shape quantities are at most
+        ``x`` in absolute value, with up to ``extra`` more micro-batches in flight."""
+        rows = sum(map(mul, self.columns, map(abs, x)))
+        share = max(self.grad_share.numerator, self.grad_share.denominator, 1)
+        largest = (4 * rows * share + self.largest_constant) * (extra + 2)
+        return self.fits and largest < _INT64_SAFE
 
     def _evaluate(self, x: np.ndarray, exact: bool) -> tuple[Any, ...]:
         """The candidates' activations, gradients and totals, what a micro-batch keeps,
@@ -1018,8 +1034,7 @@ class StepPlan:
         """The step at ``batch`` x ``seq`` (the sequence per context rank); ``replay``
         plays its every point when they are asked for."""
         x = self._values(batch, seq)
-        large = max(map(abs, x)) * self.bound * max(self.grad_share.denominator, 1) * 8
-        exact = large >= _INT64_SAFE or not self.fits  # int64 might overflow
+        exact = not self._fits(x, 0)  # in Python integers where int64 might overflow
         a, g, total, per_microbatch, waiting, held, ok = self._evaluate(
             np.array(x, dtype=object if exact else np.int64), exact
         )
@@ -1060,28 +1075,116 @@ class StepPlan:
         ``seq[i]`` (integer arrays of one length) at once, as :meth:`play` finds it, with
         room for up to ``extra`` more micro-batches in flight; ``None`` where the values
         might not fit in int64 (play each shape then)."""
-        if not len(batch) or not self.fits:
+        found = joint((self,)).moments(batch, seq, extra)
+        if found is None:
             return None
-        terms = self.terms(int(batch.max()), int(seq.max()))
-        largest = max(terms[1], terms[0] * self.hidden_size * (self.res + 1), terms[3])
-        factor = max(self.grad_share.denominator, 1) * 8 * (extra + 2)
-        if largest * self.bound * factor >= _INT64_SAFE:
+        return Moments(*(getattr(found, f.name)[0] for f in dataclasses.fields(Moments)))
+
+
+#: the total of a candidate that pads a plan's candidates in a :class:`Joint`: never
+#: the highest (every real total is at least 0)
+_NEVER = -(1 << 61)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Joint:
+    """Several step plans (a strategy's pipeline stages) over the same shape quantities,
+    evaluated together: their matrices stacked, each plan's candidates padded to the
+    same number with candidates that are never the highest."""
+
+    plans: tuple[StepPlan, ...]
+    #: per plan: its candidates' activations, gradients before the share, then what a
+    #: micro-batch keeps, the other micro-batches in flight, the logits held, and the
+    #: pairs of rows of the runs to check; all plans' rows stacked
+    matrix: np.ndarray
+    candidates: int
+    checks: int
+    #: per plan and candidate (plan x candidate x 1)
+    constant: np.ndarray
+    buffers: np.ndarray
+    #: per plan and candidate: kind, layer, parameters, optimizer states
+    arrays: tuple[np.ndarray, ...]
+    #: per plan (plan x 1 x 1): the gradient share
+    num: np.ndarray
+    den: np.ndarray
+
+    def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
+        """:meth:`StepPlan.moments` of every plan: arrays of plan x shape."""
+        first = self.plans[0]
+        if not len(batch) or not len(self.matrix):
             return None
-        x, single = self._values_many(batch.astype(np.int64), seq.astype(np.int64))
-        a, g, total, per_microbatch, waiting, held, ok = self._evaluate(x, False)
-        best = total.argmax(axis=0)  # the first of equal highest points
-        col = np.arange(len(batch))
+        terms = first.terms(int(batch.max()), int(seq.max()))  # each term grows with both
+        h, sp = first.hidden_size, first.sp
+        largest = [*terms, terms[0] * h * first.res // sp, terms[0] * h // sp]
+        if not all(p._fits(largest, extra) for p in self.plans):
+            return None
+        x, _ = first._values_many(batch.astype(np.int64), seq.astype(np.int64))
+        n, c = len(batch), self.candidates
+        v = (self.matrix @ x).reshape(len(self.plans), -1, n)
+        a = v[:, :c]
+        g = v[:, c : 2 * c] * self.num // self.den + self.buffers
+        total = self.constant + g + a
+        ok = np.ones((len(self.plans), n), dtype=bool)
+        for k in range(self.checks):
+            rise = v[:, 2 * c + 3 + 2 * k] * self.num[:, 0]
+            slope = rise - self.den[:, 0] * v[:, 2 * c + 4 + 2 * k]
+            den = self.den[:, 0]
+            ok &= (rise % den == 0) | (slope >= den) | (slope <= -den)
+        best = total.argmax(axis=1)  # plan x shape: the first of equal highest points
+        plan = np.arange(len(self.plans))[:, None]
+        col = np.arange(n)[None, :]
+        kinds, layers, parameters, optimizer = (x[plan, best] for x in self.arrays)
         return Moments(
-            kind=np.array(self.kinds)[best],
-            layer=np.array(self.layer_of)[best],
-            parameters=np.array(self.fixed_parameters, dtype=np.int64)[best],
-            gradients=g[best, col],
-            optimizer_states=np.array(self.fixed_optimizer, dtype=np.int64)[best],
-            activations=a[best, col] + waiting,
-            per_microbatch=per_microbatch,
-            logits=held,
-            single=single | ~np.asarray(ok, dtype=bool),
+            kind=kinds,
+            layer=layers,
+            parameters=parameters,
+            gradients=g[plan, best, col],
+            optimizer_states=optimizer,
+            activations=a[plan, best, col] + v[:, 2 * c + 1],
+            per_microbatch=v[:, 2 * c],
+            logits=v[:, 2 * c + 2],
+            single=~ok,
         )
+
+
+@lru_cache(maxsize=4096)
+def joint(plans: tuple[StepPlan, ...]) -> Joint:
+    """The plans of a strategy's stages evaluated together (:class:`Joint`); empty where
+    one of them has a block of its own to evaluate at each shape or does not fit int64
+    (its moments are then ``None``)."""
+    c = max(len(p.kinds) for p in plans)
+    checks = max(p.checks for p in plans)
+    usable = all(p.fits and not p.unfolded for p in plans)
+    rows, constant, buffers = [], [], []
+    arrays: list[list[list[int]]] = [[], [], [], []]
+    for p in plans:
+        k = len(p.kinds)
+        m = p.matrix if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64)
+        width = m.shape[1] if len(m) else _FIRST_BLOCK
+        pad = np.zeros((c - k, width), dtype=np.int64)
+        act, grads, rest = m[:k], m[k : 2 * k], m[2 * k :]
+        more = np.zeros((2 * (checks - p.checks), width), dtype=np.int64)
+        rows.append(np.concatenate([act, pad, grads, pad, rest, more]) if usable else m)
+        padding = [_NEVER] * (c - k)
+        constant.append([int(x) for x in p.constant] + padding)
+        buffers.append([int(x) for x in p.buffers] + [0] * (c - k))
+        for out, values in zip(
+            arrays, (p.kinds, p.layer_of, p.fixed_parameters, p.fixed_optimizer), strict=True
+        ):
+            out.append([*values, *([0] * (c - k))])
+    num = np.array([p.grad_share.numerator for p in plans], dtype=np.int64)[:, None, None]
+    den = np.array([p.grad_share.denominator for p in plans], dtype=np.int64)[:, None, None]
+    return Joint(
+        plans=plans,
+        matrix=np.concatenate(rows) if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64),
+        candidates=c,
+        checks=checks,
+        constant=np.array(constant, dtype=np.int64)[:, :, None] if usable else np.zeros(0),
+        buffers=np.array(buffers, dtype=np.int64)[:, :, None] if usable else np.zeros(0),
+        arrays=tuple(np.array(x, dtype=np.int64) if usable else np.zeros(0) for x in arrays),
+        num=num,
+        den=den,
+    )
 
 
 _PLAYED = ("forward", "backward")

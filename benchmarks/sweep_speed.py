@@ -1,0 +1,274 @@
+"""How fast are sweeps? One estimate, the memoised totals, and 5,000 configurations through
+``engine.batch.totals_over``, with llm-analysis measured side by side on the
+configurations both model.
+
+Run: ``python benchmarks/sweep_speed.py``. It prints:
+
+a. one warm ``estimate()`` (Llama 3 8B, LoRA, micro-batch 4 on one H100, as
+   ``benchmarks/estimate_speed.py``; the same scenario again, every cache warm);
+b. ``totals()``: a scenario not seen before, and the same one again (memoised);
+c. 5,000 configurations of a sweep around Llama 3 8B on 8 H100s -- precision x
+   optimizer x checkpointing x ZeRO stage x tp x pp x micro-batch x sequence length,
+   about 18 shapes per strategy -- through ``totals_over``, one call per strategy: the
+   first time in this process (every block profile built), again with the batched
+   module's own caches cleared (each strategy rebuilt; block profiles, model states
+   and step plans cached), and again with its caches kept;
+d. llm-analysis 0.2.2 (``LLMAnalysis.training``, its logging off) over the same model,
+   GPU, tp, pp, dp, micro-batch, sequence length, ZeRO stage and activation
+   recomputation, on the configurations it models too (bf16 mixed precision, AdamW;
+   no recomputation, selective or full), with MemFit on those same configurations;
+e. the ratio of configurations per second.
+
+llm-analysis is not a dependency of MemFit: this script installs it into ``.bench-venv``
+(git-ignored) the first time, and runs it there in a subprocess. Figures only; nothing
+is asserted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+import sys
+import time
+import venv
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine import batch
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.presets import load_gpu, load_model
+from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_VENV = ROOT / ".bench-venv"
+LLM_ANALYSIS = "llm-analysis==0.2.2"
+
+PRECISIONS = ("bf16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "adamw-8bit", "sgd-momentum")
+CHECKPOINTING = ("none", "selective", "full", "every-k-layers")
+ZERO_STAGES = (0, 1, 2, 3)
+#: (tp, pp) on 8 GPUs; dp is what is left
+MESHES = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8))
+MICRO_BATCHES = (1, 2, 3, 4, 6, 8)
+SEQUENCES = (2048, 4096, 8192)
+ACCUMULATION = 8
+CONFIGURATIONS = 5000
+
+#: a strategy: precision, optimizer, checkpointing, ZeRO stage, tp, pp
+Strategy = tuple[str, str, str, int, int, int]
+#: a strategy and its shapes (micro_batch_size, sequence_length, gradient_accumulation)
+Sweep = list[tuple[Strategy, list[tuple[int, int, int]]]]
+
+
+def scenario(strategy: Strategy) -> Scenario:
+    precision, optimizer, checkpointing, zero, tp, pp = strategy
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8),
+        TrainingSpec(
+            precision=precision,
+            optimizer=optimizer,
+            activation_checkpointing=checkpointing,
+            checkpoint_every_k=4,
+            gradient_accumulation_steps=ACCUMULATION,
+            parallelism=ParallelismSpec(tp=tp, pp=pp, zero_stage=zero),
+        ),
+    )
+
+
+def sweep() -> Sweep:
+    """5,000 configurations: the strategies in a seeded random order, each with all of
+    its shapes (the last one with what is left)."""
+    strategies: list[Strategy] = [
+        (*rest, tp, pp)
+        for *rest, (tp, pp) in itertools.product(
+            PRECISIONS, OPTIMIZERS, CHECKPOINTING, ZERO_STAGES, MESHES
+        )
+    ]
+    random.Random(7).shuffle(strategies)
+    shapes = [(b, s, ACCUMULATION) for b in MICRO_BATCHES for s in SEQUENCES]
+    out: Sweep = []
+    left = CONFIGURATIONS
+    for strategy in strategies:
+        if left <= 0:
+            break
+        out.append((strategy, shapes[:left]))
+        left -= len(shapes)
+    return out
+
+
+def run_memfit(configs: Sweep) -> tuple[float, int]:
+    """Seconds for ``totals_over`` on every strategy, and how many points were errors."""
+    scenarios = [(scenario(strategy), shapes) for strategy, shapes in configs]
+    start = time.perf_counter()
+    errors = 0
+    for s, shapes in scenarios:
+        errors += sum(isinstance(t, EstimateError) for t in batch.totals_over(s, shapes))
+    return time.perf_counter() - start, errors
+
+
+def best_of(repeats: int, f: Callable[[], object], number: int) -> float:
+    """The fastest of ``repeats`` rounds of ``number`` calls, per call."""
+    rounds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            f()
+        rounds.append((time.perf_counter() - start) / number)
+    return min(rounds)
+
+
+LLM_ANALYSIS_SCRIPT = r"""
+import json, logging, sys, time
+from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
+from llm_analysis.config import DtypeConfig, ModelConfig, ParallelismConfig, get_gpu_config_by_name
+from llm_analysis.logger import logger
+
+logger.setLevel(logging.ERROR)
+configs = json.load(sys.stdin)
+model = ModelConfig(
+    name="llama-3-8b", num_layers=32, n_head=32, hidden_dim=4096, vocab_size=128256,
+    max_seq_len=8192, num_key_value_heads=8, ffn_embed_dim=14336, expansion_ratio=3.5,
+    model_type="llama",
+)
+gpu = get_gpu_config_by_name("h100-sxm-80gb")
+recompute = {"none": ActivationRecomputation.NONE, "selective": ActivationRecomputation.SELECTIVE,
+             "full": ActivationRecomputation.FULL}
+rounds, failed = [], 0
+for _ in range(3):
+    failed = 0
+    start = time.perf_counter()
+    for c in configs:
+        analysis = LLMAnalysis(model, gpu, DtypeConfig(), ParallelismConfig(
+            tp_size=c["tp"], pp_size=c["pp"], dp_size=8 // (c["tp"] * c["pp"])))
+        try:
+            analysis.training(
+                batch_size_per_gpu=c["micro"], gradient_accumulation_steps=c["accumulation"],
+                seq_len=c["seq"], activation_recomputation=recompute[c["checkpointing"]],
+                ds_zero=DSZeRO(c["zero"]), flash_attn=True, mlp_gated_linear_units=True,
+            )
+        except (AssertionError, ZeroDivisionError):  # its way of saying "does not fit"
+            failed += 1
+    rounds.append(time.perf_counter() - start)
+print(json.dumps({"seconds": min(rounds), "failed": failed}))
+"""
+
+
+def bench_python() -> Path | None:
+    """The interpreter of ``.bench-venv`` with llm-analysis installed (made the first
+    time); ``None`` if it cannot be installed here."""
+    python = BENCH_VENV / "bin" / "python"
+    check = [str(python), "-c", "import llm_analysis"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"  installing {LLM_ANALYSIS} into {BENCH_VENV.name} (once) ...", flush=True)
+    try:
+        venv.create(BENCH_VENV, with_pip=True, clear=True)
+        pip = [str(python), "-m", "pip", "install", "-q", LLM_ANALYSIS]
+        subprocess.run(pip, check=True, capture_output=True, timeout=1200)
+    except (OSError, subprocess.SubprocessError) as error:
+        print(f"  could not install {LLM_ANALYSIS}: {error}")
+        return None
+    return python if subprocess.run(check, capture_output=True).returncode == 0 else None
+
+
+def common(configs: Sweep) -> tuple[Sweep, list[dict[str, object]]]:
+    """The configurations llm-analysis models too, as a sweep and as its inputs."""
+    shared: Sweep = []
+    inputs: list[dict[str, object]] = []
+    for strategy, shapes in configs:
+        precision, optimizer, checkpointing, zero, tp, pp = strategy
+        if precision != "bf16-mixed" or optimizer != "adamw" or checkpointing == "every-k-layers":
+            continue
+        shared.append((strategy, shapes))
+        for micro, seq, accumulation in shapes:
+            inputs.append(
+                {
+                    "tp": tp,
+                    "pp": pp,
+                    "zero": zero,
+                    "checkpointing": checkpointing,
+                    "micro": micro,
+                    "seq": seq,
+                    "accumulation": accumulation,
+                }
+            )
+    return shared, inputs
+
+
+def count(configs: Sweep) -> int:
+    return sum(len(shapes) for _, shapes in configs)
+
+
+def report(label: str, seconds: float, n: int, errors: int | None = None) -> None:
+    extra = f"   ({errors:,} rejected with an EstimateError)" if errors is not None else ""
+    print(f"  {label:44s} {seconds:8.3f} s  {n / seconds:12,.0f} configurations/s{extra}")
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    configs = sweep()
+    n = count(configs)
+    print("sweep speed (pure Python + numpy, one core)")
+
+    one = Scenario(  # as benchmarks/estimate_speed.py
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb")),
+        TrainingSpec(method="lora", micro_batch_size=4),
+    )
+    estimate(one)
+    warm = best_of(7, lambda: estimate(one), 300)
+    print(f"(a) one warm estimate()                        {warm * 1e3:8.4f} ms")
+
+    new = scenario(("bf16", "lion", "full", 2, 2, 1))
+    start = time.perf_counter()
+    batch.totals(new)
+    first = time.perf_counter() - start
+    memo = best_of(7, lambda: batch.totals(new), 2000)
+    print(f"(b) totals(): a new scenario (its profiles built) {first * 1e3:8.3f} ms")
+    print(f"    the same again (memoised)                  {memo * 1e6:8.2f} us")
+
+    print(f"(c) {n:,} configurations, {len(configs)} strategies, through totals_over")
+    cold, errors = run_memfit(configs)
+    report("first in this process (profiles built)", cold, n, errors)
+    rebuilt = []
+    for _ in range(3):
+        batch.clear()
+        rebuilt.append(run_memfit(configs)[0])
+    report("again, strategies rebuilt (best of 3)", min(rebuilt), n)
+    kept = min(run_memfit(configs)[0] for _ in range(3))
+    report("again, strategies kept (best of 3)", kept, n)
+
+    shared, inputs = common(configs)
+    m = count(shared)
+    print(f"(d) the {m:,} configurations llm-analysis models too")
+    python = bench_python()
+    if python is None:
+        print("  llm-analysis not available: (d) and (e) skipped")
+        return
+    result = subprocess.run(
+        [str(python), "-c", LLM_ANALYSIS_SCRIPT],
+        input=json.dumps(inputs),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    theirs = json.loads(result.stdout.strip().splitlines()[-1])
+    ours = []
+    for _ in range(3):
+        batch.clear()
+        ours.append(run_memfit(shared)[0])
+    report("MemFit totals_over (strategies rebuilt)", min(ours), m)
+    print(
+        f"  {'llm-analysis LLMAnalysis.training':44s} {theirs['seconds']:8.3f} s  "
+        f"{m / theirs['seconds']:12,.0f} configurations/s   "
+        f"({theirs['failed']:,} raised: does not fit)"
+    )
+    ratio = theirs["seconds"] / min(ours)
+    print(f"(e) MemFit / llm-analysis, configurations per second: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

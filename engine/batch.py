@@ -1,0 +1,410 @@
+"""The totals of many scenarios at once, for sweeps: :func:`totals` and :func:`totals_over`.
+
+An :class:`~engine.estimate.Estimate` carries what a chart needs: every item, every rank
+group, the timeline. A sweep needs eight figures per configuration, :class:`Totals`:
+
+* :func:`totals` -- one scenario's, memoised: ``estimate(scenario)``'s own figures;
+* :func:`totals_over` -- one strategy at many shapes (micro-batch size, sequence length,
+  gradient accumulation steps), everything else as the scenario has it. What does not
+  depend on the shape is built once per strategy -- the mesh, every pipeline stage's
+  share of the model state and its step plan (:class:`engine.timeline.StepPlan`), the
+  overheads -- and all its shapes are then a few operations on int64 arrays, one entry
+  per shape, every stage at once (:class:`engine.timeline.Joint`). The figures are
+  those of ``estimate()`` to the byte: a shape the arrays might not hold exactly
+  (int64 could overflow, a block is simulated directly there, a run of floored gradient
+  shares is not monotone there: see :mod:`engine.timeline`) goes through
+  :func:`totals` instead, and so does a shape whose scenario is invalid, which comes back
+  as its :class:`~engine.errors.EstimateError` rather than raised.
+
+The strategy's parts serve every shape because they are the same at every shape:
+:func:`engine.sharding.shard`, :func:`engine.model_state.model_state` and the mesh read
+no shape field but the sequence length, which the mesh only checks (each length is
+checked); a step plan depends on the length only where a sliding window masks it (then
+one per mask); and the specs check each shape field on its own
+(``tests/engine/test_batch.py`` holds all of it against ``estimate()``).
+
+>>> from engine.presets import load_gpu, load_model
+>>> from engine.specs import HardwareSpec, Scenario
+>>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("rtx-4090")))
+>>> small, large, bad = totals_over(s, [(1, 1024, 1), (8, 1024, 1), (0, 1024, 1)])
+>>> small.device_bytes < large.device_bytes, large.verdict
+(True, 'fits')
+>>> print(bad)
+training.micro_batch_size: got 0, expected an integer in [1, 65536]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import cast
+
+import numpy as np
+
+from engine.errors import EstimateError, shown
+from engine.estimate import (
+    _fixed_overheads,
+    _large_blocks,
+    _layout,
+    _parts,
+    _share,
+    _tensor_parallel,
+    estimate,
+    inflight,
+    peak_phase,
+    verdict,
+)
+from engine.model_state import model_state
+from engine.overhead import FRAGMENTATION, overhead
+from engine.sharding import make_mesh
+from engine.specs import Scenario, TrainingSpec
+from engine.timeline import KINDS, StepPlan, joint, strategy_key
+
+#: (micro_batch_size, sequence_length, gradient_accumulation_steps)
+Shape = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """The figures of one scenario's estimate that a sweep compares (see
+    :class:`~engine.estimate.Estimate` for each)."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    device_bytes: int
+    capacity_bytes: int
+    budget_bytes: int
+    #: ``fits`` / ``tight`` / ``oom``, as :attr:`Estimate.verdict`
+    verdict: str
+    #: as :attr:`Estimate.peak_phase`
+    peak_phase: str
+    #: host memory of one GPU of the worst rank group, as :attr:`Estimate.host_bytes`
+    host_bytes: int
+
+
+@lru_cache(maxsize=16384)
+def totals(scenario: Scenario) -> Totals:
+    """The totals of ``estimate(scenario)``, memoised; raises its
+    :class:`~engine.errors.EstimateError` for an invalid scenario."""
+    est = estimate(scenario)
+    return Totals(
+        est.allocated_bytes,
+        est.reserved_bytes,
+        est.device_bytes,
+        est.capacity_bytes,
+        est.budget_bytes,
+        est.verdict,
+        est.peak_phase,
+        est.host_bytes,
+    )
+
+
+def totals_over(scenario: Scenario, shapes: Sequence[Shape]) -> list[Totals | EstimateError]:
+    """(micro_batch_size, sequence_length, gradient_accumulation_steps) for each point, all
+    else from ``scenario``: the totals of each, or the error that makes it invalid."""
+    out: list[Totals | EstimateError | None] = [None] * len(shapes)
+    by_seq: dict[int, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        if _valid_shape(shape):
+            by_seq.setdefault(shape[1], []).append(i)
+        else:
+            out[i] = _one(scenario, shape)
+    strategy = _strategy(scenario)
+    groups: dict[int, tuple[_Group, list[int]]] = {}  # lengths with the same plans together
+    for seq, points in by_seq.items():
+        group = strategy.group(seq)
+        if group is None:  # the strategy is invalid at this length: each its own error
+            for i in points:
+                out[i] = _one(scenario, shapes[i])
+        else:
+            groups.setdefault(id(group), (group, []))[1].extend(points)
+    for group, points in groups.values():
+        batch = np.array([shapes[i][0] for i in points], dtype=np.int64)
+        lengths = np.array([shapes[i][1] for i in points], dtype=np.int64)
+        found = group.totals(batch, lengths, [shapes[i][2] for i in points])
+        for i, t in zip(points, found, strict=True):
+            out[i] = t if t is not None else _one(scenario, shapes[i])
+    return cast(list[Totals | EstimateError], out)  # every shape has its result
+
+
+def _one(scenario: Scenario, shape: Shape) -> Totals | EstimateError:
+    """One shape the slow way: the scenario with that shape, estimated (or its error)."""
+    if len(shape) != 3:
+        return EstimateError(
+            "shapes",
+            f"got {shown(shape)}, expected "
+            "(micro_batch_size, sequence_length, gradient_accumulation_steps)",
+        )
+    b, s, a = shape
+    try:
+        training = dataclasses.replace(
+            scenario.training,
+            micro_batch_size=b,
+            sequence_length=s,
+            gradient_accumulation_steps=a,
+        )
+        return totals(dataclasses.replace(scenario, training=training))
+    except EstimateError as error:
+        return error
+
+
+def _valid_shape(shape: Sequence[object]) -> bool:
+    """Whether every field of ``shape`` is an integer :class:`TrainingSpec` accepts (each
+    is checked alone, as the spec checks it)."""
+    if len(shape) != 3 or any(type(v) is not int for v in shape):
+        return False  # bool is no int here, whatever it hashes to
+    return _valid(*cast(Shape, tuple(shape)))
+
+
+@lru_cache(maxsize=4096)
+def _valid(micro_batch_size: int, sequence_length: int, accumulation: int) -> bool:
+    for name, value in (
+        ("micro_batch_size", micro_batch_size),
+        ("sequence_length", sequence_length),
+        ("gradient_accumulation_steps", accumulation),
+    ):
+        try:
+            TrainingSpec(**{name: value})  # type: ignore[arg-type]
+        except EstimateError:
+            return False
+    return True
+
+
+_BACKWARD = np.array([phase == "backward" for phase, _ in KINDS])
+_PHASES = ("before", "forward", "backward", "optimizer")
+_PHASE = np.array([_PHASES.index(phase) for phase, _ in KINDS])
+_OPTIMIZER = _PHASES.index("optimizer")
+#: float64 holds every integer below this exactly (the fragmentation share is a float)
+_EXACT_FLOAT = 1 << 53
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """A strategy at the sequence lengths that share its plans (all of them, but where a
+    sliding window masks some): its pipeline stages, in order."""
+
+    scenario: Scenario
+    cp: int
+    schedule: str
+    pp: int
+    vpp: int
+    #: the plan of each distinct stage shape, and each stage's index into them
+    plans: tuple[StepPlan, ...]
+    index: np.ndarray
+    #: per stage, a column: what turns a peak into totals (see :func:`_group`)
+    constants: dict[str, np.ndarray]
+
+    def totals(
+        self, batch: np.ndarray, seq: np.ndarray, accumulation: Sequence[int]
+    ) -> list[Totals | None]:
+        """The totals at ``batch[i]`` x ``seq[i]`` x ``accumulation[i]``; ``None`` where
+        the arrays do not hold a shape exactly."""
+        n = len(batch)
+        local = seq // self.cp
+        held = {  # micro-batches in flight at each stage; without a pipeline, one
+            a: [inflight(self.schedule, self.pp, s, a, self.vpp) for s in range(self.pp)]
+            if self.pp > 1
+            else [1]
+            for a in set(accumulation)
+        }
+        holds = np.array([held[a] for a in accumulation], dtype=np.int64).T  # stage x shape
+        found = joint(self.plans).moments(batch, local, int(holds.max()))
+        if found is None:
+            return [None] * n
+        c = self.constants
+
+        def stages(name: str) -> np.ndarray:
+            per_stage: np.ndarray = getattr(found, name)[self.index]
+            return per_stage
+
+        kind = stages("kind")
+        # the peak: the first highest of the point before the step, the highest of
+        # forward and backward with the other micro-batches in flight, the optimizer
+        # step and the point after zero_grad (Timeline.in_flight)
+        act = stages("activations") + (holds - 1) * stages("per_microbatch")
+        params, grads = stages("parameters"), stages("gradients")
+        top = params + grads + stages("optimizer_states") + act
+        wins = (top > c["before"]) & (top >= c["step"]) & (top >= c["after"])
+        p = np.where(wins, params, c["p"])
+        g = np.where(wins, grads, c["g"])
+        a = np.where(wins, act, c["a"])
+        phase = np.where(wins, _PHASE[kind], c["phase"])
+        if int(a.max()) >= _EXACT_FLOAT:
+            return [None] * n
+        # the items at the peak, added up (engine.estimate._items_at_peak)
+        in_flight = g - c["grad_buffers"]
+        buffers = np.where(_BACKWARD[kind] & wins, c["backward_buffers"], 0)
+        produced = np.where(c["grad_items"], in_flight, np.minimum(buffers, in_flight))
+        temp = np.where(phase == _OPTIMIZER, c["temp"], 0)
+        allocated = c["held"] + (p - c["params"]) + produced + temp + a
+        # engine.overhead.overhead: the fragmentation share of the peak activations
+        fragmentation = (a.astype(np.float64) * FRAGMENTATION).astype(np.int64)
+        reserved = allocated + c["rounding"] + fragmentation
+        device = reserved + c["device_extra"]
+        host = np.broadcast_to(c["host"], device.shape)
+        if any(plan.offload_inputs for plan in self.plans):  # checkpointed inputs on the host
+            largest = max(
+                plan.offloaded_inputs(int(batch.max()), int(local.max())) for plan in self.plans
+            )
+            if int(c["host"].max()) + largest * int(holds.max()) >= _EXACT_FLOAT:
+                return [None] * n
+            offloaded = np.stack(
+                [plan.offloaded_inputs(batch, local) + 0 * batch for plan in self.plans]
+            )
+            host = host + offloaded[self.index] * holds
+        worst = device.argmax(axis=0)  # the first of equally large, in stage order
+        col = np.arange(n)
+        allocated, reserved, device, host, phase = (
+            x[worst, col].tolist() for x in (allocated, reserved, device, host, phase)
+        )
+        single = cast(list[bool], found.single.any(axis=0).tolist())
+        hw = self.scenario.hardware
+        capacity, budget = hw.capacity_bytes, hw.budget_bytes
+        out: list[Totals | None] = []
+        for i in range(n):
+            if single[i]:
+                out.append(None)
+                continue
+            d = device[i]
+            out.append(
+                Totals(
+                    allocated[i],
+                    reserved[i],
+                    d,
+                    capacity,
+                    budget,
+                    verdict(d, budget, capacity),
+                    peak_phase(_PHASES[phase[i]]),
+                    host[i],
+                )
+            )
+        return out
+
+
+_TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
+_SCENARIO_FIELDS = tuple(f.name for f in dataclasses.fields(Scenario))
+
+
+def _with_sequence(scenario: Scenario, seq: int) -> Scenario:
+    """``scenario`` at sequence length ``seq``, a length :func:`_valid` accepts. The specs
+    check each shape field on its own, and the rest of ``scenario`` passed its checks, so
+    this copy is what building it anew would give; it is made without checking it all
+    again (a fifth of a sweep's time)."""
+    training = object.__new__(TrainingSpec)
+    for name in _TRAINING_FIELDS:
+        object.__setattr__(training, name, getattr(scenario.training, name))
+    object.__setattr__(training, "sequence_length", seq)
+    out = object.__new__(Scenario)
+    for name in _SCENARIO_FIELDS:
+        object.__setattr__(out, name, getattr(scenario, name))
+    object.__setattr__(out, "training", training)
+    return out
+
+
+def _group(scenario: Scenario) -> _Group:
+    """The parts of ``scenario`` that hold for every batch size and gradient accumulation
+    and every sequence length as masked as its own (raises the scenario's error where it
+    is invalid)."""
+    training = scenario.training
+    mesh = make_mesh(scenario)
+    model_state(scenario.model, training)  # estimate() raises its errors here
+    model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
+    par = training.parallelism
+    arch = scenario.hardware.gpu.architecture
+    slots = _layout(model, mesh, par.pp_split)
+    keys: list[tuple[int, int, int, str]] = []
+    plans: list[StepPlan] = []
+    rows: list[dict[str, int]] = []
+    for slot in slots:
+        if slot.key in keys:
+            continue
+        sharded, plan = _share(scenario, slot.model, mesh, slot.key[3], slot.stage, slot.chunk)
+        parts = _parts(sharded.state)
+        large = _large_blocks(slot.model)
+        extra = overhead(arch, large, 0)
+        _, _, nccl = _fixed_overheads(
+            arch, large, extra.rounding, extra.context, extra.workspace, mesh
+        )
+        first = max((plan.before, plan.step, plan.after), key=lambda p: p.total)
+        keys.append(slot.key)
+        plans.append(plan)
+        rows.append(
+            {
+                "before": plan.before.total,
+                "step": plan.step.total,
+                "after": plan.after.total,
+                # the first highest of those three, where it is the peak
+                "p": first.parameters,
+                "g": first.gradients,
+                "a": first.activations,
+                "phase": _PHASES.index(first.phase),
+                "params": plan.params,
+                "temp": plan.temp,
+                # the model state items at the peak (parameters, overhead, gradient
+                # buffers, optimizer states), the buffers alone, whether there are other
+                # gradient items, and FSDP's gradient buffers in backward
+                "held": parts.fixed_bytes + parts.buffer_bytes + parts.optimizer_bytes,
+                "grad_buffers": parts.buffer_bytes,
+                "grad_items": int(bool(parts.grads)),
+                "backward_buffers": sharded.gather.grads + sharded.gather.reduce,
+                # what lifts allocated to reserved and device bytes, and the host share
+                "rounding": extra.rounding,
+                "device_extra": extra.device_extra + nccl,
+                "host": sum(i.bytes for i in sharded.host),
+            }
+        )
+    index = np.array([keys.index(slot.key) for slot in slots])
+    names = list(rows[0])
+    table = np.array([[row[name] for name in names] for row in rows], dtype=np.int64)[index]
+    constants = {name: table[:, j : j + 1] for j, name in enumerate(names)}
+    constants["grad_items"] = constants["grad_items"].astype(bool)
+    return _Group(
+        scenario, par.cp, par.pp_schedule, mesh.pp, mesh.vpp, tuple(plans), index, constants
+    )
+
+
+@dataclass(slots=True)
+class _Strategy:
+    """A scenario without its shape: its groups by sequence length (``None`` where the
+    strategy is invalid at that length)."""
+
+    scenario: Scenario
+    groups: dict[int, _Group | None] = field(default_factory=dict)
+    #: the groups built, by whether a sliding window masks the sequence
+    masked: dict[bool, _Group] = field(default_factory=dict)
+
+    def group(self, seq: int) -> _Group | None:
+        if seq not in self.groups:
+            try:
+                scenario = _with_sequence(self.scenario, seq)
+                make_mesh(scenario)  # the mesh checks the sequence length
+                masked = 0 < scenario.model.sliding_window < seq
+                group = self.masked.get(masked)
+                if group is None:
+                    group = self.masked[masked] = _group(scenario)
+                self.groups[seq] = group
+            except EstimateError:
+                self.groups[seq] = None
+        return self.groups[seq]
+
+
+_STRATEGIES: dict[tuple[object, ...], _Strategy] = {}
+_STRATEGIES_KEPT = 4096
+
+
+def _strategy(scenario: Scenario) -> _Strategy:
+    key = (scenario.model, scenario.hardware, strategy_key(scenario.training))
+    strategy = _STRATEGIES.get(key)
+    if strategy is None:
+        if len(_STRATEGIES) >= _STRATEGIES_KEPT:
+            _STRATEGIES.clear()
+        strategy = _STRATEGIES[key] = _Strategy(scenario)
+    return strategy
+
+
+def clear() -> None:
+    """Forget every memoised total and strategy (for benchmarks)."""
+    totals.cache_clear()
+    _STRATEGIES.clear()

@@ -1,0 +1,224 @@
+"""The batched totals (engine.batch) against the estimate, to the byte: memoised totals,
+many shapes of one strategy at once, and the shapes that make a scenario invalid."""
+
+import dataclasses
+import importlib
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import batch
+from engine.batch import Totals, totals, totals_over
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.presets import load_gpu, load_model
+from engine.scenario_io import scenario_from_dict
+from engine.specs import (
+    MAX_DIM,
+    FreezeSpec,
+    HardwareSpec,
+    LoraSpec,
+    ParallelismSpec,
+    Scenario,
+    TrainingSpec,
+)
+from tests.engine.invariants import scenarios
+from tests.engine.test_timeline import CASES, case
+
+#: shapes around the usual ones, odd ones, and ones no scenario accepts
+SHAPES = (
+    [(b, s, a) for b in (1, 2, 3, 8) for s in (1, 7, 512, 1000, 4096) for a in (1, 4)]
+    + [(16, 8192, 2), (5, 2048, 13)]
+    + [(0, 2048, 1), (1, 0, 1), (1, 2048, 0), (65537, 2048, 1), (1, MAX_DIM + 1, 1)]
+)
+
+
+def expected(scenario: Scenario, shape: tuple[Any, ...]) -> tuple[Any, ...] | str:
+    """The estimate of ``scenario`` at ``shape`` as totals, or its error's message."""
+    b, s, a = shape
+    try:
+        training = dataclasses.replace(
+            scenario.training, micro_batch_size=b, sequence_length=s, gradient_accumulation_steps=a
+        )
+        est = estimate(dataclasses.replace(scenario, training=training))
+    except EstimateError as error:
+        return str(error)
+    return (
+        est.allocated_bytes,
+        est.reserved_bytes,
+        est.device_bytes,
+        est.capacity_bytes,
+        est.budget_bytes,
+        est.verdict,
+        est.peak_phase,
+        est.host_bytes,
+    )
+
+
+def found(result: Totals | EstimateError) -> tuple[Any, ...] | str:
+    if isinstance(result, EstimateError):
+        return str(result)
+    return dataclasses.astuple(result)
+
+
+def test_totals_are_the_estimates_own_figures() -> None:
+    for data in CASES:
+        s = case(data)
+        t = s.training
+        assert found(totals(s)) == expected(
+            s, (t.micro_batch_size, t.sequence_length, t.gradient_accumulation_steps)
+        )
+        assert totals(s) is totals(s)  # memoised
+
+
+@pytest.mark.parametrize("data", CASES, ids=[str(c["model"]) for c in CASES])
+def test_totals_over_equals_the_estimate_of_every_shape(data: dict[str, object]) -> None:
+    """Pipelines (1F1B, GPipe, interleaved), ZeRO-2/3 gradient shares, every-k
+    checkpointing, MoE, BERT, LoRA and QLoRA, offload: every shape's totals are those of
+    the estimate of the scenario with that shape, or its error."""
+    s = case(data)
+    batch.clear()
+    for shape, result in zip(SHAPES, totals_over(s, SHAPES), strict=True):
+        assert found(result) == expected(s, shape), shape
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(scenarios, st.randoms(use_true_random=False))
+def test_totals_over_equals_the_estimate_for_any_scenario(
+    data: dict[str, Any], rng: random.Random
+) -> None:
+    """Random scenarios over every preset, GPU and setting, at random shapes (some
+    invalid): each result equals the estimate of the scenario with that shape."""
+    try:
+        s = scenario_from_dict(data)
+    except EstimateError:
+        return
+    shapes = [
+        (
+            rng.choice((1, 2, 3, 4, 8, 0)),
+            rng.choice((1, 7, 64, 512, 1000, 2048, 4096, 8192, 0)),
+            rng.choice((1, 2, 3, 8, 0)),
+        )
+        for _ in range(6)
+    ]
+    for shape, result in zip(shapes, totals_over(s, shapes), strict=True):
+        assert found(result) == expected(s, shape), shape
+
+
+def scenario(**training: Any) -> Scenario:
+    return Scenario(
+        load_model("llama-3.2-1b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8),
+        TrainingSpec(**training),
+    )
+
+
+def test_invalid_shapes_come_back_as_their_errors() -> None:
+    """A shape the scenario cannot take is its error, not a raise: out-of-range and
+    non-integer values, a sequence that context or sequence parallelism cannot split,
+    and a strategy that no shape makes valid."""
+    sp = scenario(parallelism=ParallelismSpec(tp=4, sequence_parallel=True))
+    cp = scenario(parallelism=ParallelismSpec(tp=2, cp=2))
+    bad: list[tuple[Scenario, tuple[Any, ...]]] = [
+        (sp, (True, 2048, 1)),
+        (sp, (1.0, 2048, 1)),
+        (sp, ("2", 2048, 1)),
+        (sp, (1, 2050, 1)),  # not split by tp = 4
+        (cp, (1, 2050, 1)),  # not 2 x cp chunks
+        (scenario(parallelism=ParallelismSpec(tp=3)), (1, 2048, 1)),
+        (scenario(method="freeze", freeze=FreezeSpec(trainable=())), (1, 2048, 1)),
+    ]
+    for s, shape in bad:
+        (result,) = totals_over(s, [shape])  # type: ignore[list-item]
+        assert isinstance(result, EstimateError), shape
+        assert found(result) == expected(s, shape)
+    ok, wrong, short = totals_over(sp, [(1, 2048, 1), (1, 2050, 1), (1, 2048)])  # type: ignore[list-item]
+    assert isinstance(ok, Totals) and isinstance(wrong, EstimateError)
+    assert isinstance(short, EstimateError) and short.field == "shapes"
+
+
+def test_shapes_beyond_int64_are_exact_too() -> None:
+    """Sizes int64 could not hold (b s^2 at the largest batch and sequence) are played in
+    Python integers, as the estimate plays them."""
+    s = Scenario(load_model("pythia-160m"), HardwareSpec(load_gpu("h100-sxm-80gb")), TrainingSpec())
+    shapes = [(65536, MAX_DIM, 1), (4096, 1 << 20, 1), (1, 2048, 1)]
+    for shape, result in zip(shapes, totals_over(s, shapes), strict=True):
+        assert found(result) == expected(s, shape)
+
+
+def test_a_sliding_window_splits_the_lengths_it_masks_from_those_it_does_not() -> None:
+    s = Scenario(
+        load_model("mistral-7b-v0.1"),
+        HardwareSpec(load_gpu("h100-sxm-80gb")),
+        TrainingSpec(method="lora"),
+    )
+    shapes = [(2, 2048, 1), (2, 4096, 1), (2, 4097, 1), (2, 8192, 1)]
+    for shape, result in zip(shapes, totals_over(s, shapes), strict=True):
+        assert found(result) == expected(s, shape)
+    strategy = batch._strategy(s)
+    assert set(strategy.masked) == {False, True}
+
+
+def test_a_sweep_is_evaluated_on_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every valid shape of a typical sweep is found by the arrays, none by estimating it
+    alone (which would be exact, but slow)."""
+    alone: list[object] = []
+    real = batch._one
+
+    def counting(scenario: Scenario, shape: tuple[int, int, int]) -> object:
+        alone.append(shape)
+        return real(scenario, shape)
+
+    monkeypatch.setattr(batch, "_one", counting)
+    shapes = [(b, s, 8) for b in (1, 2, 4, 8) for s in (2048, 4096, 8192)]
+    for zero in range(4):
+        for checkpointing in ("none", "selective", "full", "every-k-layers"):
+            for tp, pp in ((1, 1), (2, 1), (8, 1), (2, 2), (1, 4), (1, 8)):
+                s = scenario(
+                    activation_checkpointing=checkpointing,
+                    checkpoint_every_k=4,
+                    parallelism=ParallelismSpec(tp=tp, pp=pp, zero_stage=zero),
+                )
+                assert all(isinstance(t, Totals) for t in totals_over(s, shapes))
+    assert alone == []
+
+
+def test_a_length_is_copied_into_a_scenario_as_building_it_would() -> None:
+    """The shortcut that sets a sequence length without checking the scenario again
+    gives what building it anew gives, and shape fields are checked one by one."""
+    s = scenario(method="qlora", parallelism=ParallelismSpec(tp=2, zero_stage=3))
+    for seq in (1, 7, 2048, MAX_DIM):
+        training = dataclasses.replace(s.training, sequence_length=seq)
+        assert batch._with_sequence(s, seq) == dataclasses.replace(s, training=training)
+    training = TrainingSpec(method="lora", lora=LoraSpec(rank=64), token_budget=10**9)
+    for b, seq, a in [(1, 1, 1), (65536, MAX_DIM, 1 << 20), (0, 1, 1), (1, 1, 0)]:
+        try:
+            dataclasses.replace(
+                training, micro_batch_size=b, sequence_length=seq, gradient_accumulation_steps=a
+            )
+            accepted = True
+        except EstimateError:
+            accepted = False
+        assert batch._valid_shape((b, seq, a)) == accepted
+
+
+def test_the_batched_module_reads_no_shape_from_the_strategy_it_caches() -> None:
+    """A strategy first met at one shape gives every other shape the totals it would
+    give had it been met there first."""
+    first, later = (1, 512, 1), (4, 4096, 8)
+    s = scenario(parallelism=ParallelismSpec(pp=2, zero_stage=1))
+    batch.clear()
+    (at_first,) = totals_over(s, [first])
+    (at_later,) = totals_over(s, [later])
+    batch.clear()
+    importlib.import_module("engine.estimate")._share.cache_clear()
+    assert totals_over(s, [later]) == [at_later]
+    assert totals_over(s, [first]) == [at_first]
