@@ -24,8 +24,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from engine.batch import totals
 from engine.errors import EstimateError
-from engine.estimate import estimate as totals
 from engine.presets import load_gpu
 from engine.specs import MAX_DIM, HardwareSpec, Scenario
 from engine.steptime import StepTime, step_time

@@ -26,12 +26,12 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from engine.batch import totals, totals_over
 from engine.errors import EstimateError
-from engine.estimate import estimate as totals
 from engine.scenario_io import scenario_to_dict
 from engine.solve import hardware_with
-from engine.specs import Scenario
-from engine.steptime import StepTime, step_time
+from engine.specs import Scenario, TrainingSpec
+from engine.steptime import StepTime, step_time, step_times
 
 #: the columns of a sweep's CSV
 ROW_FIELDS = (
@@ -120,19 +120,27 @@ def default_space(scenario: Scenario) -> Space:
     )
 
 
-def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario]:
-    """Every scenario of ``space`` around ``scenario`` whose fields are valid (the engine
-    may still reject a layout; :func:`sweep` leaves those out)."""
+#: one strategy of a sweep: its scenario and the (micro-batch, sequence length,
+#: accumulation) shapes it is evaluated at
+Strategy = tuple[Scenario, list[tuple[int, int, int]]]
+
+
+def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strategy]:
+    """Every strategy of ``space`` around ``scenario`` whose fields are valid, with the
+    micro-batches that keep the global batch; the engine may still reject a layout or a
+    shape (:func:`sweep` leaves those out)."""
     space = space or default_space(scenario)
     t, hw = scenario.training, scenario.hardware
     par = t.parallelism
     batch = global_batch(scenario)
+    seq = t.sequence_length
     hardware = space.hardware or ((hw.gpu.name, hw.gpus_per_node, hw.nodes),)
+    micros = space.micro_batches or (t.micro_batch_size,)
     for gpu, per_node, nodes in hardware:
         base_hw = hardware_with(scenario, gpu).hardware
         base_hw = dataclasses.replace(base_hw, gpus_per_node=per_node, nodes=nodes)
         world = per_node * nodes
-        for precision, optimizer, ckpt, zero, tp, pp, cp, offload, micro in itertools.product(
+        for precision, optimizer, ckpt, zero, tp, pp, cp, offload in itertools.product(
             space.precisions or (t.precision,),
             space.optimizers or (t.optimizer,),
             space.checkpointing or (t.activation_checkpointing,),
@@ -141,7 +149,6 @@ def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario
             space.pp or (par.pp,),
             space.cp or (par.cp,),
             space.offload or (t.offload.optimizer,),
-            space.micro_batches or (t.micro_batch_size,),
         ):
             if world % (tp * pp * cp):
                 continue
@@ -150,7 +157,8 @@ def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario
                 continue  # offload runs the optimizer on ZeRO's shards
             if zero and dp == 1:
                 continue
-            if batch % (micro * dp):
+            shapes = [(m, seq, batch // (m * dp)) for m in micros if batch % (m * dp) == 0]
+            if not shapes:
                 continue
             try:
                 new_par = dataclasses.replace(
@@ -166,14 +174,44 @@ def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario
                     precision=precision,
                     optimizer=optimizer,
                     activation_checkpointing=ckpt,
-                    micro_batch_size=micro,
-                    gradient_accumulation_steps=batch // (micro * dp),
+                    micro_batch_size=shapes[0][0],
+                    gradient_accumulation_steps=shapes[0][2],
                     parallelism=new_par,
                     offload=dataclasses.replace(t.offload, optimizer=offload),
                 )
-                yield dataclasses.replace(scenario, hardware=base_hw, training=training)
             except EstimateError:
                 continue
+            yield dataclasses.replace(scenario, hardware=base_hw, training=training), shapes
+
+
+def reshaped(scenario: Scenario, micro_batch_size: int, accumulation: int) -> Scenario:
+    """``scenario`` with another micro-batch size and accumulation: equal to
+    ``dataclasses.replace`` of them, without running every field's checks again. Only for
+    values already checked (:func:`engine.batch.totals_over` checks each shape field as
+    :class:`~engine.specs.TrainingSpec` does)."""
+    t = scenario.training
+    if (t.micro_batch_size, t.gradient_accumulation_steps) == (micro_batch_size, accumulation):
+        return scenario
+    training = object.__new__(TrainingSpec)
+    for name in _TRAINING_FIELDS:
+        object.__setattr__(training, name, getattr(t, name))
+    object.__setattr__(training, "micro_batch_size", micro_batch_size)
+    object.__setattr__(training, "gradient_accumulation_steps", accumulation)
+    out = object.__new__(Scenario)
+    object.__setattr__(out, "model", scenario.model)
+    object.__setattr__(out, "hardware", scenario.hardware)
+    object.__setattr__(out, "training", training)
+    return out
+
+
+_TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
+
+
+def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario]:
+    """Every configuration of :func:`strategies`, one scenario each."""
+    for base, shapes in strategies(scenario, space):
+        for b, _, a in shapes:
+            yield reshaped(base, b, a)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,19 +323,33 @@ def sweep(
     scenario: Scenario, space: Space | None = None, progress: Progress | None = None
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
-    memory and time, in enumeration order. ``progress`` is called every :data:`PROGRESS_EVERY`
-    configurations; returning ``False`` stops the sweep with the points so far."""
-    todo = list(configs(scenario, space))
+    memory and time, in enumeration order: each strategy's shapes at once
+    (:func:`engine.batch.totals_over`, :func:`engine.steptime.step_times`), equal to
+    :func:`point` of each configuration. ``progress`` is called every
+    :data:`PROGRESS_EVERY` configurations or so; returning ``False`` stops the sweep with
+    the points so far."""
+    todo = list(strategies(scenario, space))
+    total = sum(len(shapes) for _, shapes in todo)
     out: list[Point] = []
-    for i, s in enumerate(todo):
-        if progress is not None and i % PROGRESS_EVERY == 0 and not progress(i, len(todo)):
-            return out
+    done = reported = 0
+    for base, shapes in todo:
+        if progress is not None and done >= reported:
+            if not progress(done, total):
+                return out
+            reported = done + PROGRESS_EVERY
+        done += len(shapes)
+        found = totals_over(base, shapes)
         try:
-            out.append(point(s))
+            times = step_times(base, shapes)
         except EstimateError:
             continue
+        for (b, _, a), t, time in zip(shapes, found, times, strict=True):
+            if isinstance(t, EstimateError):
+                continue
+            s = reshaped(base, b, a)
+            out.append(Point(s, t.device_bytes, t.budget_bytes, t.capacity_bytes, t.verdict, time))
     if progress is not None:
-        progress(len(todo), len(todo))
+        progress(total, total)
     return out
 
 

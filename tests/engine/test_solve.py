@@ -15,6 +15,7 @@ from engine.cli import main
 from engine.estimate import estimate
 from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, LoraSpec, ParallelismSpec, Scenario, TrainingSpec
+from engine.steptime import step_time
 
 
 def scenario(model: str, gpu: str, gpus: int = 1, **training: object) -> Scenario:
@@ -145,8 +146,23 @@ def test_sweep_points_equal_single_estimates_and_keep_the_global_batch() -> None
     batch = sweep.global_batch(s)
     for p in points:
         e = estimate(p.scenario)
-        assert (p.device_bytes, p.verdict) == (e.device_bytes, e.verdict)
+        assert (p.device_bytes, p.budget_bytes, p.verdict) == (
+            e.device_bytes,
+            e.budget_bytes,
+            e.verdict,
+        )
+        assert p.time == step_time(p.scenario)
         assert sweep.global_batch(p.scenario) == batch
+        t = p.scenario.training
+        again = dataclasses.replace(
+            p.scenario,
+            training=dataclasses.replace(
+                t,
+                micro_batch_size=t.micro_batch_size,
+                gradient_accumulation_steps=t.gradient_accumulation_steps,
+            ),
+        )
+        assert again == p.scenario and hash(again) == hash(p.scenario)
     front = sweep.pareto(points)
     assert front and all(
         not any(
@@ -166,11 +182,13 @@ def test_sweep_progress_can_cancel() -> None:
 
     def progress(done: int, total: int) -> bool:
         seen.append((done, total))
-        return done < 208
+        return done < 200
 
     points = sweep.sweep(s, None, progress)
     total = len(list(sweep.configs(s)))
-    assert total > 400 and len(points) <= 208 and seen[-1][0] == 208
+    stopped = seen[-1][0]
+    assert total > 400 and 200 <= stopped < 200 + 16 + 8  # within one report and one strategy
+    assert len(points) <= stopped
 
 
 def test_curve() -> None:
@@ -229,3 +247,28 @@ def test_another_gpu_drops_the_scenario_devices_own_price_and_efficiency() -> No
     assert other.hardware.gpu.name == "l40s"
     assert other.hardware.price_per_gpu_hour is None and other.hardware.matmul_efficiency is None
     assert solve.hardware_with(own, "h100-sxm-80gb") == own
+
+
+def test_a_default_sweep_equals_one_estimate_per_configuration() -> None:
+    """The batched sweep against estimate() and step_time() of each configuration, to the
+    byte, on a sample of the default space (pipeline, tensor and context parallel, every
+    ZeRO stage, offload) and the configurations it leaves out are the invalid ones."""
+    import random
+
+    from engine.errors import EstimateError
+
+    s = scenario("llama-3-8b", "h100-sxm-80gb", 8, micro_batch_size=2,
+                 gradient_accumulation_steps=4, sequence_length=8192)  # fmt: skip
+    points = sweep.sweep(s)
+    by_scenario = {p.scenario: p for p in points}
+    every = list(sweep.configs(s))
+    assert len(every) > 2000 and len(by_scenario) == len(points)
+    for c in random.Random(11).sample(every, 120):
+        try:
+            e = estimate(c)
+        except EstimateError:
+            assert c not in by_scenario
+            continue
+        p = by_scenario[c]
+        assert (p.device_bytes, p.verdict) == (e.device_bytes, e.verdict)
+        assert p.time == step_time(c)
