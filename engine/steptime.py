@@ -153,9 +153,9 @@ class Term(NamedTuple):
     formula: str
 
 
-@dataclass(frozen=True, slots=True)
-class StepTime:
-    """The time of one optimizer step of a scenario and what follows from it."""
+class StepTime(NamedTuple):
+    """The time of one optimizer step of a scenario and what follows from it (a named
+    tuple: a sweep makes thousands)."""
 
     step_time_s: float
     tokens_per_step: int

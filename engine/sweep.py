@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import itertools
 from collections.abc import Callable, Iterator, Sequence
@@ -215,15 +216,34 @@ def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario
 
 
 @dataclass(frozen=True, slots=True)
-class Point:
-    """One configuration of a sweep: its memory per GPU and its step time."""
+class _Shaped:
+    """A scenario not built yet: a strategy's scenario and the shape to give it."""
 
-    scenario: Scenario
+    base: Scenario
+    micro_batch_size: int
+    accumulation: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of a sweep: its memory per GPU and its step time.
+
+    A sweep gives each point its strategy and shape; its :attr:`scenario` is built the
+    first time it is asked for (most of a sweep's points are only ever drawn)."""
+
+    spec: Scenario | _Shaped
     device_bytes: int
     budget_bytes: int
     capacity_bytes: int
     verdict: str
     time: StepTime
+
+    @functools.cached_property
+    def scenario(self) -> Scenario:
+        spec = self.spec
+        if isinstance(spec, Scenario):
+            return spec
+        return reshaped(spec.base, spec.micro_batch_size, spec.accumulation)
 
     @property
     def fits(self) -> bool:
@@ -346,8 +366,10 @@ def sweep(
         for (b, _, a), t, time in zip(shapes, found, times, strict=True):
             if isinstance(t, EstimateError):
                 continue
-            s = reshaped(base, b, a)
-            out.append(Point(s, t.device_bytes, t.budget_bytes, t.capacity_bytes, t.verdict, time))
+            spec = _Shaped(base, b, a)
+            out.append(
+                Point(spec, t.device_bytes, t.budget_bytes, t.capacity_bytes, t.verdict, time)
+            )
     if progress is not None:
         progress(total, total)
     return out
