@@ -29,8 +29,16 @@ from engine.files import read_json, write_text
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
 from engine.report import mesh_text, peak_phase, shows_host, shows_ranks
-from engine.scenario_io import save_scenario, scenario_from_dict
-from engine.solve import SERVER_GPUS, max_micro_batch, max_sequence_length, min_gpus, with_gpus
+from engine.scenario_io import save_scenario, scenario_from_dict, scenario_to_dict
+from engine.solve import (
+    SERVER_GPUS,
+    fits,
+    make_it_fit,
+    max_micro_batch,
+    max_sequence_length,
+    min_gpus,
+    with_gpus,
+)
 from engine.specs import (
     ACTIVATION_OFFLOAD,
     ATTENTION_KERNELS,
@@ -497,8 +505,21 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         "max_sequence_length": max_sequence_length(scenario),
         "min_gpus": (lambda s: s.hardware.world_size if s else None)(min_gpus(scenario)),
     }
+    fixes = make_it_fit(scenario, top=args.top) if not fits(scenario) else []
     if args.json:
-        json.dump({**limits, "configs": [p.as_dict() for p in top]}, out, indent=2)
+        fix_rows = [
+            {
+                "changes": list(f.changes),
+                "labels": list(f.labels),
+                "device_bytes": f.device_bytes,
+                "time": f.time.as_dict(),
+                "scenario": scenario_to_dict(f.scenario),
+            }
+            for f in fixes
+        ]
+        json.dump(
+            {**limits, "configs": [p.as_dict() for p in top], "fixes": fix_rows}, out, indent=2
+        )
         out.write("\n")
         return 0
     print(
@@ -522,6 +543,14 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         )
     if not top:
         print("no configuration of the space fits the budget", file=out)
+    if fixes:
+        print("\nmake it fit: the changes to this scenario, fastest first", file=out)
+        for i, f in enumerate(fixes, 1):
+            print(
+                f"{i:>3} {f.device_bytes / GIB:>8.2f} {f.time.tokens_per_s:>12,.0f}  "
+                f"{' + '.join(f.labels)}",
+                file=out,
+            )
     return 0
 
 

@@ -210,13 +210,27 @@ def test_cli_fit_json_shape() -> None:
                      "--top", "3", "--json")  # fmt: skip
     assert code == 0
     d = json.loads(text)
-    assert set(d) == {"max_micro_batch_size", "max_sequence_length", "min_gpus", "configs"}
+    assert {"max_micro_batch_size", "max_sequence_length", "min_gpus", "configs"} <= set(d)
+    assert d["fixes"] == []  # the scenario fits already
     assert 1 <= len(d["configs"]) <= 3
     for c in d["configs"]:
         assert {"scenario", "device_bytes", "verdict", "time"} <= set(c)
         assert c["verdict"] == "fits" and c["time"]["bound"]
     speeds = [c["time"]["tokens_per_s"] for c in d["configs"]]
     assert speeds == sorted(speeds, reverse=True)
+
+
+def test_cli_fit_lists_the_fixes_of_a_scenario_that_does_not_fit() -> None:
+    argv = ["fit", "--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--batch", "8",
+            "--seq", "4096", "--top", "3"]  # fmt: skip
+    code, text = run(*argv, "--json")
+    assert code == 0
+    fixes = json.loads(text)["fixes"]
+    assert fixes and all(f["changes"] and f["device_bytes"] > 0 for f in fixes)
+    speeds = [f["time"]["tokens_per_s"] for f in fixes]
+    assert speeds == sorted(speeds, reverse=True)
+    code, text = run(*argv)
+    assert code == 0 and "make it fit" in text
 
 
 def test_cli_fit_table_and_bad_input() -> None:
