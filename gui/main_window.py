@@ -3,8 +3,9 @@
 Layout: the left column holds the Model, Hardware, Training and Parallelism panels in a
 scroll area; the right side holds a notice bar (what could not be restored at start-up)
 over two tabs: *Memory* -- the what-if toggles, the breakdown chart and the item table --
-and *Tradeoffs* (:mod:`gui.tradeoffs`: the strategy map, curves and other GPUs). All of
-them read from and write to one :class:`~gui.store.ScenarioStore`.
+and *Tradeoffs* (:mod:`gui.tradeoffs`: the strategy map, curves, other GPUs and the
+changes that make it fit). All of them read from and write to one
+:class:`~gui.store.ScenarioStore`.
 
 The window always starts: a scenario the estimate rejects, a broken recovery file or
 settings file give a working window and a notice (:mod:`gui.session`). It never loses

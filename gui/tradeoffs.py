@@ -1,6 +1,6 @@
 """The Tradeoffs view: what memory costs in speed and money, beside the breakdown chart.
 
-Three tabs, all about the store's current scenario:
+Four tabs, all about the store's current scenario:
 
 * **Map** -- a strategy sweep (:func:`engine.sweep.sweep` over
   :func:`engine.sweep.default_space`) as a :class:`~gui.sweep_map.SweepMap`; it runs
@@ -11,10 +11,13 @@ Three tabs, all about the store's current scenario:
   just applied, or the sweep's own scenario after an undo).
 * **Curves** -- memory and step time against the micro-batch and the sequence length
   (:mod:`gui.curves`);
-* **Hardware** -- the same run on each ticked GPU preset (:mod:`gui.hardware_compare`).
+* **Hardware** -- the same run on each ticked GPU preset (:mod:`gui.hardware_compare`);
+* **Make it fit** -- the changes that bring the scenario under its budget, fastest first
+  (:mod:`gui.make_fit`); double-clicking one (or Apply) makes it the current scenario
+  through the store, as a map dot does.
 
-Curves and the hardware table follow the scenario by themselves: a moment after an
-edit, and only while they are shown, they are recomputed in a worker thread
+Curves, the hardware table and the fixes follow the scenario by themselves: a moment
+after an edit, and only while they are shown, they are recomputed in a worker thread
 (:class:`~gui.background.Channel`); the window never waits for the engine. Each tab
 exports its plot as PNG or SVG and its data as CSV.
 """
@@ -47,16 +50,18 @@ from PySide6.QtWidgets import (
 
 from engine.files import write_text
 from engine.presets import gpu_names
+from engine.solve import Fix
 from engine.specs import Scenario
 from engine.sweep import Point, Space, default_space, describe, pareto, points_csv, sweep
 from gui.background import Channel, KeepGoing
 from gui.chart_export import export_png, export_svg
 from gui.curves import Curves, CurvesView, compute_curves, curves_csv
 from gui.hardware_compare import COMMON_GPUS, HardwareRow, HardwareView, compare
+from gui.make_fit import FitResult, FitView, find_fixes
 from gui.store import ScenarioStore
 from gui.sweep_map import NO_SWEEP, SweepMap
 
-#: curves and the hardware table are recomputed this long after the last edit
+#: curves, the hardware table and the fixes are recomputed this long after the last edit
 FOLLOW_DELAY_MS = 250
 EXPORT_KINDS = (
     ("Image (PNG)...", "png", 1),
@@ -153,19 +158,23 @@ class TradeoffsView(QWidget):
         self._sweep: SweepResult | None = None
         self._curves_for: Scenario | None = None  # what the curves shown are of
         self._hardware_for: tuple[Scenario, tuple[str, ...]] | None = None
+        self._fixes_for: Scenario | None = None
 
         self.sweeper = Channel(self)
         self.curver = Channel(self)
         self.comparer = Channel(self)
+        self.fitter = Channel(self)
 
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self._build_map_tab(), "Map")
         self.tabs.addTab(self._build_curves_tab(), "Curves")
         self.tabs.addTab(self._build_hardware_tab(), "Hardware")
+        self.tabs.addTab(self._build_fit_tab(), "Make it fit")
         self.tabs.setTabToolTip(0, "Every strategy around this scenario: memory against speed")
         self.tabs.setTabToolTip(1, "Memory and step time against micro-batch and sequence")
         self.tabs.setTabToolTip(2, "This run on other GPUs: how many, how fast, what cost")
+        self.tabs.setTabToolTip(3, "The changes that make this scenario fit, fastest first")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.tabs)
@@ -186,6 +195,9 @@ class TradeoffsView(QWidget):
         self.comparer.finished.connect(self._on_hardware)
         self.comparer.failed.connect(self._on_hardware_failed)
         self.comparer.busyChanged.connect(self._on_hardware_busy)
+        self.fitter.finished.connect(self._on_fixes)
+        self.fitter.failed.connect(self._on_fixes_failed)
+        self.fit_view.fixActivated.connect(self.apply_fix)
         self.tabs.currentChanged.connect(lambda _i: self.update_shown())
         self.map.pointActivated.connect(self.apply_point)
         store.scenarioChanged.connect(self.on_scenario)
@@ -288,6 +300,24 @@ class TradeoffsView(QWidget):
         self._on_hardware_busy(False)
         return tab
 
+    def _build_fit_tab(self) -> QWidget:
+        tab = QWidget()
+        self.fit_status = QLabel()
+        self.fit_status.setTextFormat(Qt.TextFormat.PlainText)
+        export = _export_button(tab, self._export_fixes_dialog, ("png", "svg", "csv"))
+        export.setToolTip("Save this table as PNG or SVG, or its rows as CSV")
+        bar = QHBoxLayout()
+        bar.setContentsMargins(4, 4, 4, 0)
+        bar.addWidget(self.fit_status, 1)
+        bar.addWidget(export)
+        self.fit_view = FitView()
+        layout = QVBoxLayout(tab)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addLayout(bar)
+        layout.addWidget(self.fit_view, 1)
+        return tab
+
     def sizeHint(self) -> QSize:
         return QSize(900, 700)
 
@@ -304,20 +334,24 @@ class TradeoffsView(QWidget):
         if self.sweeper.busy:  # the sweep running is of another scenario: start afresh
             self.start_sweep(self._space)
         self._update_map_state()
+        self._update_fixes_state()
         if self.isVisible():
             self._follow.start()
 
     @Slot()
     def on_document_reset(self) -> None:
         """A new document: the old one's results go."""
-        for channel in (self.sweeper, self.curver, self.comparer):
+        for channel in (self.sweeper, self.curver, self.comparer, self.fitter):
             channel.cancel(emit=False)
         self._sweep = None
         self._curves_for = None
         self._hardware_for = None
+        self._fixes_for = None
         self.map.clear()
         self.curves_view.set_curves(None)
         self.hardware_view.set_rows([], self.store.scenario)
+        self.fit_view.set_result(None)
+        self.fit_status.setText("")
         self.sweep_status.setText("")
         self._tick_defaults(self.store.scenario)
 
@@ -339,8 +373,10 @@ class TradeoffsView(QWidget):
             self._update_map_state()
         elif index == 1:
             self.update_curves()
-        else:
+        elif index == 2:
             self.update_hardware()
+        else:
+            self.update_fixes()
 
     # -- map -------------------------------------------------------------------------------
 
@@ -553,6 +589,58 @@ class TradeoffsView(QWidget):
         self.hardware_progress.setVisible(busy)
         self.hardware_cancel.setVisible(busy)
 
+    # -- make it fit -----------------------------------------------------------------------
+
+    def update_fixes(self) -> None:
+        scenario = self.store.scenario
+        if self.store.estimate is None:
+            self.fitter.cancel(emit=False)
+            self._fixes_for = None
+            self.fit_status.setText("")
+            self.fit_view.set_stale(f"Nothing to fit: {self.store.error}")
+            return
+        if scenario == self._fixes_for:
+            return
+        self._fixes_for = scenario
+        self.fit_status.setText("Looking for changes that make it fit...")
+        self.fitter.start(lambda keep: find_fixes(scenario, keep))
+
+    def _update_fixes_state(self) -> None:
+        """Fixes of another scenario are greyed and cannot be applied; they are current
+        again when their scenario is (an undo)."""
+        result = self.fit_view.result()
+        if result is None:
+            return
+        if result.scenario == self.store.scenario:
+            self.fit_view.set_stale(None)
+        else:
+            self.fit_view.set_stale("Out of date: updating for the current scenario...")
+
+    @Slot(object, bool)
+    def _on_fixes(self, result: FitResult | None, complete: bool) -> None:
+        if result is None or not complete:
+            self._fixes_for = None
+            return
+        self.fit_view.set_result(result)
+        self.fit_status.setText(f"For {describe(result.scenario)}")
+        self._update_fixes_state()  # an edit may have come meanwhile
+
+    @Slot(str)
+    def _on_fixes_failed(self, message: str) -> None:
+        self._fixes_for = None
+        self.fit_status.setText("")
+        self.fit_view.set_stale(f"No fixes: {message}")
+
+    @Slot(object)
+    def apply_fix(self, fix: Fix) -> None:
+        """Make ``fix``'s scenario the current one (one undoable step)."""
+        result = self.fit_view.result()
+        if result is None or result.scenario != self.store.scenario:
+            return  # a fix of another scenario
+        text = " + ".join(fix.labels)
+        if self.store.edit(fix.scenario, f"Apply {text}"):
+            self.message.emit(f"Applied {text} (Ctrl+Z undoes)")
+
     # -- export ----------------------------------------------------------------------------
 
     def export_map(self, path: Path, scale: int = 1) -> None:
@@ -582,6 +670,15 @@ class TradeoffsView(QWidget):
         else:
             view = self.hardware_view
             self._export_image(view, path, scale, None, "MemFit hardware comparison")
+
+    def export_fixes(self, path: Path, scale: int = 1) -> None:
+        if path.suffix.lower() == ".csv":
+            if self.fit_view.result() is None:
+                raise ValueError("no fixes to export yet")
+            write_text(path, self.fit_view.csv_text())
+        else:
+            view = self.fit_view
+            self._export_image(view, path, scale, None, "MemFit make it fit")
 
     @staticmethod
     def _export_image(
@@ -626,10 +723,13 @@ class TradeoffsView(QWidget):
     def _export_hardware_dialog(self, kind: str, scale: int) -> None:
         self._export_dialog(kind, scale, "memfit-hardware", self.export_hardware)
 
+    def _export_fixes_dialog(self, kind: str, scale: int) -> None:
+        self._export_dialog(kind, scale, "memfit-fixes", self.export_fixes)
+
     # -- closing ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Stop every worker and wait for them (the window is closing)."""
         self._follow.stop()
-        for channel in (self.sweeper, self.curver, self.comparer):
+        for channel in (self.sweeper, self.curver, self.comparer, self.fitter):
             channel.shutdown()

@@ -1,0 +1,335 @@
+"""Make it fit: the changes that bring a scenario under its memory budget, fastest first.
+
+:func:`find_fixes` (no Qt; run it in a worker) estimates the scenario and, when it does not
+fit, asks :func:`engine.solve.make_it_fit` for the changes -- alone and combined, every
+change of a combination needed -- that make it fit. The result, a :class:`FitResult`,
+holds the scenario's own total and step time, so each fix reads as a difference from it.
+
+:class:`FitView` shows one line about the scenario (its total against the budget) above a
+table of the fixes; double-clicking a row, or Apply on the selected one, emits
+:attr:`FitView.fixActivated` with that :class:`~engine.solve.Fix`. The view never edits a
+scenario itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtCore import QModelIndex, Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.estimate import GIB, estimate
+from engine.solve import CHANGES, Fix, make_it_fit
+from engine.specs import Scenario
+from engine.steptime import StepTime
+from engine.sweep import describe
+from gui.chart import gib_text, rich_text
+
+#: how many fixes to list, and how many changes one may combine
+TOP = 10
+MAX_CHANGES = 3
+COLUMNS = (
+    "#",
+    "Changes",
+    "Memory per GPU",
+    "Memory change",
+    "Tokens/s",
+    "Step time change",
+    "MFU",
+    "Bound",
+)
+HEADERS = {
+    "Memory per GPU": "Memory\nper GPU",
+    "Memory change": "Memory\nchange",
+    "Tokens/s": "Tokens/s\n(all GPUs)",
+    "Step time change": "Step time\nchange",
+    "MFU": "MFU\n",
+    "Bound": "Bound\n",
+}
+CSV_FIELDS = (
+    "rank",
+    "changes",
+    "keys",
+    "device_bytes",
+    "budget_bytes",
+    "device_change_bytes",
+    "tokens_per_s",
+    "step_time_s",
+    "step_time_change",
+    "mfu",
+    "bound",
+)
+MINUS = "\u2212"
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """The scenario's own total, budget and step time, and the fixes (none when it fits
+    already)."""
+
+    scenario: Scenario
+    device_bytes: int
+    budget_bytes: int
+    time: StepTime
+    fixes: tuple[Fix, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes <= self.budget_bytes
+
+
+def find_fixes(
+    scenario: Scenario, keep_going: Callable[[int, int], bool] | None = None
+) -> FitResult:
+    """The scenario's total and the fixes that make it fit, as a worker runs it (no Qt).
+    ``keep_going`` is told of the start and the end only: the solver runs in one go."""
+    if keep_going is not None:
+        keep_going(0, 1)
+    est = estimate(scenario)
+    fixes: tuple[Fix, ...] = ()
+    if est.device_bytes > est.budget_bytes:
+        fixes = tuple(make_it_fit(scenario, top=TOP, max_changes=MAX_CHANGES))
+    if keep_going is not None:
+        keep_going(1, 1)
+    return FitResult(scenario, est.device_bytes, est.budget_bytes, est.time, fixes)
+
+
+def changes_text(fix: Fix) -> str:
+    return " + ".join(fix.labels)
+
+
+def step_change(fix: Fix, base: StepTime) -> float:
+    """The fix's step time relative to the scenario's: ``0.1`` is 10 % slower."""
+    return fix.time.step_time_s / base.step_time_s - 1.0
+
+
+def signed(text: str, value: float) -> str:
+    """``text`` (of ``abs(value)``) with a sign: ``+``, or a minus sign."""
+    return (MINUS if value < 0 else "+") + text
+
+
+def row_texts(rank: int, fix: Fix, result: FitResult) -> list[str]:
+    """The table's cells for the fix ranked ``rank`` (see :data:`COLUMNS`)."""
+    t = fix.time
+    delta = fix.device_bytes - result.device_bytes
+    change = step_change(fix, result.time) * 100
+    return [
+        f"{rank}",
+        changes_text(fix),
+        gib_text(fix.device_bytes),
+        signed(gib_text(abs(delta)), delta),
+        f"{t.tokens_per_s:,.0f}",
+        signed(f"{abs(change):.1f} %", change),
+        f"{t.mfu * 100:.1f} %",
+        t.bound.replace("_", " "),
+    ]
+
+
+def summary_text(result: FitResult) -> str:
+    """The line above the table."""
+    used, budget = result.device_bytes / GIB, result.budget_bytes / GIB
+    if result.fits:
+        return f"Fits already: {used:,.1f} of {budget:,.1f} GiB per GPU; nothing to change."
+    head = f"Does not fit: {used:,.1f} GiB per GPU, over the budget of {budget:,.1f} GiB."
+    if not result.fixes:
+        return (
+            f"{head} No change of up to {MAX_CHANGES} at once makes it fit: try more "
+            "GPUs (Hardware tab) or a smaller model."
+        )
+    n = len(result.fixes)
+    ways = "1 way" if n == 1 else f"{n} ways"
+    return f"{head} {ways} to make it fit, fastest first; double-click one to apply it."
+
+
+def fixes_csv(result: FitResult | None) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    if result is not None:
+        for rank, fix in enumerate(result.fixes, 1):
+            t = fix.time
+            writer.writerow(
+                {
+                    "rank": rank,
+                    "changes": changes_text(fix),
+                    "keys": " ".join(fix.changes),
+                    "device_bytes": fix.device_bytes,
+                    "budget_bytes": fix.budget_bytes,
+                    "device_change_bytes": fix.device_bytes - result.device_bytes,
+                    "tokens_per_s": t.tokens_per_s,
+                    "step_time_s": t.step_time_s,
+                    "step_time_change": step_change(fix, result.time),
+                    "mfu": t.mfu,
+                    "bound": t.bound,
+                }
+            )
+    return buffer.getvalue()
+
+
+class FitView(QWidget):
+    """A line about the scenario above its fixes.
+
+    :meth:`set_result` shows a result; :meth:`set_stale` greys the table with a reason
+    (no fix of it can be applied then); :attr:`fixActivated` asks for a fix to be
+    applied (a double-click, or Apply).
+    """
+
+    fixActivated = Signal(object)  # Fix
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._result: FitResult | None = None
+        self._stale: str | None = None
+
+        self.summary = QLabel()
+        self.summary.setObjectName("fitSummary")
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)
+        self.summary.setWordWrap(True)
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setToolTip("Make the selected fix the current scenario (Ctrl+Z undoes)")
+        self.apply_button.clicked.connect(self.apply_selected)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([HEADERS.get(c, c) for c in COLUMNS])
+        self.table.setAccessibleName("Changes that make it fit")
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setWordWrap(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(COLUMNS.index("Changes"), QHeaderView.ResizeMode.Stretch)
+        tips = {
+            "#": "Rank: the fastest fix first",
+            "Changes": "What to change; combined changes are each needed (none of them alone, "
+            "nor any smaller part, fits)",
+            "Memory per GPU": "The device total with the fix (GiB, 2^30 bytes)",
+            "Memory change": "Against the current scenario's device total",
+            "Tokens/s": "Training tokens per second, all GPUs together",
+            "Step time change": "The optimizer step's time against the current scenario's "
+            "(+ is slower)",
+            "MFU": "Model FLOPs utilisation",
+            "Bound": "The kind of work with the largest share of the step",
+        }
+        for col, name in enumerate(COLUMNS):
+            cell = self.table.horizontalHeaderItem(col)
+            if cell is not None:
+                cell.setToolTip(tips[name])
+        self.table.doubleClicked.connect(self._on_double_clicked)
+        self.table.itemSelectionChanged.connect(self._update_apply)
+
+        self.note = QLabel()
+        self.note.setObjectName("fitNote")
+        self.note.setTextFormat(Qt.TextFormat.PlainText)
+        self.note.setWordWrap(True)
+
+        top = QHBoxLayout()
+        top.addWidget(self.summary, 1)
+        top.addWidget(self.apply_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(top)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.note)
+        self._update_apply()
+
+    # -- results ---------------------------------------------------------------------------
+
+    def result(self) -> FitResult | None:
+        return self._result
+
+    def fixes(self) -> list[Fix]:
+        return [] if self._result is None else list(self._result.fixes)
+
+    def set_result(self, result: FitResult | None) -> None:
+        """Show ``result`` (``None``: nothing yet)."""
+        self._result = result
+        self._stale = None
+        self.table.setEnabled(True)
+        self.table.setRowCount(0 if result is None else len(result.fixes))
+        if result is not None:
+            self._fill(result)
+        if self.fixes():
+            self.table.selectRow(0)
+        if result is None:
+            self.summary.setText("")
+            self.note.setText("")
+        else:
+            self.summary.setText(summary_text(result))
+            base = result.time
+            self.note.setText(
+                f"For {describe(result.scenario)}: {base.tokens_per_s:,.0f} tokens/s, "
+                f"step {base.step_time_s:.3g} s as it is. {len(CHANGES)} changes tried, "
+                f"up to {MAX_CHANGES} at once; hover a row for its whole configuration."
+            )
+        self._update_apply()
+
+    def _fill(self, result: FitResult) -> None:
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        for r, fix in enumerate(result.fixes):
+            tip = rich_text(describe(fix.scenario))
+            for c, text in enumerate(row_texts(r + 1, fix, result)):
+                cell = QTableWidgetItem(text)
+                if COLUMNS[c] not in ("Changes", "Bound"):
+                    cell.setTextAlignment(right)
+                cell.setToolTip(tip)
+                self.table.setItem(r, c, cell)
+
+    def set_stale(self, reason: str | None) -> None:
+        """Grey the table with ``reason`` (``None``: current again)."""
+        self._stale = reason
+        self.table.setEnabled(reason is None)
+        if reason:
+            self.summary.setText(reason)
+        elif self._result is not None:
+            self.summary.setText(summary_text(self._result))
+        self._update_apply()
+
+    def is_stale(self) -> bool:
+        return self._stale is not None
+
+    def csv_text(self) -> str:
+        return fixes_csv(self._result)
+
+    def cell_text(self, row: int, column: str) -> str:
+        item = self.table.item(row, COLUMNS.index(column))
+        return item.text() if item is not None else ""
+
+    # -- applying --------------------------------------------------------------------------
+
+    def selected_fix(self) -> Fix | None:
+        rows = self.table.selectionModel().selectedRows()
+        fixes = self.fixes()
+        if self.is_stale() or not rows or rows[0].row() >= len(fixes):
+            return None
+        return fixes[rows[0].row()]
+
+    @Slot()
+    def apply_selected(self) -> None:
+        fix = self.selected_fix()
+        if fix is not None:
+            self.fixActivated.emit(fix)
+
+    @Slot(QModelIndex)
+    def _on_double_clicked(self, index: QModelIndex) -> None:
+        fixes = self.fixes()
+        if not self.is_stale() and 0 <= index.row() < len(fixes):
+            self.fixActivated.emit(fixes[index.row()])
+
+    @Slot()
+    def _update_apply(self) -> None:
+        self.apply_button.setEnabled(self.selected_fix() is not None)
