@@ -209,7 +209,12 @@ class FitView(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setWordWrap(False)
+        # the changes wrap, each row as tall as its text, so that none is cut off
+        self.table.setWordWrap(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
+        rows = self.table.verticalHeader()
+        rows.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setStyleSheet("QTableWidget::item { padding: 3px 2px; }")
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(COLUMNS.index("Changes"), QHeaderView.ResizeMode.Stretch)
@@ -272,9 +277,9 @@ class FitView(QWidget):
             self.summary.setText(summary_text(result))
             base = result.time
             self.note.setText(
-                f"For {describe(result.scenario)}: {base.tokens_per_s:,.0f} tokens/s, "
-                f"step {base.step_time_s:.3g} s as it is. {len(CHANGES)} changes tried, "
-                f"up to {MAX_CHANGES} at once; hover a row for its whole configuration."
+                f"As it is: {base.tokens_per_s:,.0f} tokens/s, step {base.step_time_s:.3g} s, "
+                f"MFU {base.mfu * 100:.1f} %. {len(CHANGES)} changes tried, up to "
+                f"{MAX_CHANGES} at once; hover a row for its whole configuration."
             )
         self._update_apply()
 
