@@ -191,16 +191,32 @@ def _short_not_modelled(notes: Sequence[str]) -> str:
     return ", ".join(words)
 
 
+def _two_lines(text: str, width: float, metrics: QFontMetrics) -> list[str]:
+    """``text`` on one line if it fits ``width``, else on two, broken at the last space
+    that lets the first line fit (the second may still be too wide)."""
+    if metrics.horizontalAdvance(text) <= width:
+        return [text]
+    words = text.split(" ")
+    for i in range(len(words) - 1, 0, -1):
+        head = " ".join(words[:i])
+        if metrics.horizontalAdvance(head) <= width:
+            return [head, " ".join(words[i:])]
+    return [text]
+
+
 def tick_lines(label: str, note: str, width: float, metrics: QFontMetrics) -> list[str]:
     """``label`` over ``note``, each fitted into ``width`` pixels.
 
-    A note too wide for one line breaks at its ``·`` separators first; whatever is still
-    too wide is elided. The full text stays in the bar's tooltip.
+    A note too wide for one line breaks at its ``·`` separators first; the label, and
+    each part of the note, too wide for a line wraps onto a second at a space; whatever
+    is still too wide is elided. The full text
+    stays in the bar's tooltip.
     """
-    lines = [label]
+    lines = _two_lines(label, width, metrics)
     if note:
         fits = metrics.horizontalAdvance(note) <= width
-        lines += [note] if fits else [part.strip() for part in note.split("·")]
+        parts = [note] if fits else [part.strip() for part in note.split("·")]
+        lines += [line for part in parts for line in _two_lines(part, width, metrics)]
     return [
         metrics.elidedText(line, Qt.TextElideMode.ElideRight, int(width))
         if metrics.horizontalAdvance(line) > width

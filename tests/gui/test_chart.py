@@ -236,9 +236,12 @@ def test_tick_lines_fit_the_width(chart: BreakdownChart) -> None:
     assert tick_lines("8-bit optimizer", note, 1e6, metrics) == ["8-bit optimizer", note]
     narrow = metrics.horizontalAdvance("no compute cost") + 2
     assert tick_lines("8-bit", note, narrow, metrics) == ["8-bit", "−12.3 GiB", "no compute cost"]
-    tiny = tick_lines("a very long what-if label", note, 40, metrics)
-    assert all(metrics.horizontalAdvance(line) <= 40 for line in tiny)
-    assert tiny[0].endswith("…")
+    small = metrics.horizontalAdvance("a very") + 2
+    tiny = tick_lines("a very long what-if label", note, small, metrics)
+    assert all(metrics.horizontalAdvance(line) <= small for line in tiny)
+    assert tiny[0] == "a very" and tiny[1].endswith("…")  # wrapped once, then elided
+    wide = metrics.horizontalAdvance("Gradient") + 2
+    assert tick_lines("Gradient checkpointing", "", wide, metrics)[:1] == ["Gradient"]
 
 
 def test_narrow_chart_wraps_tick_labels(chart: BreakdownChart, qtbot: QtBot) -> None:
