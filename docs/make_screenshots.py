@@ -1,10 +1,12 @@
 """Render the Tradeoffs view offscreen at 1280x800 for the README: the strategy map after a
-sweep, the curves and the hardware comparison.
+sweep, the curves, the hardware comparison and the changes that make a run fit.
 
 Run: ``QT_QPA_PLATFORM=offscreen python docs/make_screenshots.py [OUT_DIR]`` (default
 ``docs/``). The scenario is Llama 3 8B, full fine-tuning with FSDP (ZeRO-3) on 8 x H100
 SXM, micro-batch 2, gradient accumulation 4, sequence 4,096 and a budget of 10 billion
-tokens. No price per GPU-hour is given, so the costs read "—".
+tokens. No price per GPU-hour is given, so the costs read "—". The Make it fit picture is
+of a run that does not fit: Llama 3 8B full fine-tuning, micro-batch 8, sequence 4,096 on
+one H100 SXM.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui.app import make_app
 
-SHOTS = ("tradeoffs-map.png", "tradeoffs-curves.png", "tradeoffs-hardware.png")
+SHOTS = (
+    "tradeoffs-map.png",
+    "tradeoffs-curves.png",
+    "tradeoffs-hardware.png",
+    "tradeoffs-fit.png",
+)
 
 
 def scenario() -> Scenario:
@@ -40,6 +47,14 @@ def scenario() -> Scenario:
             token_budget=10_000_000_000,
             parallelism=ParallelismSpec(zero_stage=3),
         ),
+    )
+
+
+def too_big() -> Scenario:
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb")),
+        TrainingSpec(method="full", micro_batch_size=8, sequence_length=4096),
     )
 
 
@@ -96,6 +111,19 @@ def main(out: Path) -> list[Path]:
         view.tabs.setCurrentIndex(2)
         settle(app, lambda: view.comparer.busy or not view.hardware_view.rows())
         path = out / SHOTS[2]
+        window.grab().save(str(path))
+        written.append(path)
+
+        window.store.reset(too_big())
+        view.tabs.setCurrentIndex(3)
+
+        def fixing() -> bool:
+            result = view.fit_view.result()
+            return view.fitter.busy or result is None or result.scenario != too_big()
+
+        settle(app, fixing)
+        window.statusBar().clearMessage()  # the sweep's summary, of another scenario
+        path = out / SHOTS[3]
         window.grab().save(str(path))
         written.append(path)
         window.close()

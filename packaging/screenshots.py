@@ -68,7 +68,10 @@ def main(out: Path) -> list[Path]:
         window.resize(1280, 800)
         window.show()
         app.processEvents()
-        window.scroll.ensureWidgetVisible(window.parallelism_panel, 0, 0)
+        # scrolled down to the parallelism panel, as far as the column goes
+        panel = window.parallelism_panel
+        top = panel.mapTo(window.scroll.widget(), panel.rect().topLeft()).y()
+        window.scroll.verticalScrollBar().setValue(max(0, top - 24))
         app.processEvents()
         path = out / "memfit-pipeline.png"
         window.grab().save(str(path))
