@@ -11,7 +11,8 @@ beats on both memory and speed.
 
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario, TrainingSpec
->>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")), TrainingSpec())
+>>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")),
+...              TrainingSpec(gradient_accumulation_steps=2))
 >>> points = sweep(s, Space(micro_batches=(1, 2)))
 >>> len(points) > 1 and all(p.device_bytes > 0 for p in points)
 True
