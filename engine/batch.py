@@ -51,12 +51,12 @@ from engine.estimate import (
     _parts,
     _share,
     _tensor_parallel,
+    _whole,
     estimate,
     inflight,
     peak_phase,
     verdict,
 )
-from engine.model_state import model_state
 from engine.overhead import FRAGMENTATION, overhead
 from engine.sharding import make_mesh
 from engine.specs import Scenario, TrainingSpec
@@ -309,7 +309,7 @@ def _group(scenario: Scenario) -> _Group:
     is invalid)."""
     training = scenario.training
     mesh = make_mesh(scenario)
-    model_state(scenario.model, training)  # estimate() raises its errors here
+    _whole(scenario.model, training)  # estimate() raises its errors here
     model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
     par = training.parallelism
     arch = scenario.hardware.gpu.architecture
@@ -405,6 +405,7 @@ def _strategy(scenario: Scenario) -> _Strategy:
 
 
 def clear() -> None:
-    """Forget every memoised total and strategy (for benchmarks)."""
+    """Forget every memoised total and strategy (for benchmarks; what estimates keep for
+    every shape of a strategy stays: :func:`engine.estimate.forget`)."""
     totals.cache_clear()
     _STRATEGIES.clear()

@@ -35,15 +35,19 @@ from engine.sharding import (
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
+    _PLAYED_FIRST,
     Gather,
     Point,
     Stage,
     StepPlan,
     Timeline,
     checkpointed,
+    forget_plans,
     make_ctx,
+    played_step,
     step_plan,
     step_timeline,
+    strategy_key,
 )
 
 SCHEMA_VERSION = 1
@@ -321,7 +325,38 @@ class _Rank:
 Played = tuple[Sharded, Timeline]
 
 
-@lru_cache(maxsize=4096)
+#: what holds for every shape of a strategy (see :func:`_entry`), kept between estimates
+_SHARES: dict[tuple[object, ...], list[Any]] = {}
+_WHOLE: dict[tuple[object, ...], ModelState] = {}
+_KEPT = 4096
+
+
+def _entry(
+    scenario: Scenario,
+    model: ModelSpec,
+    mesh: Mesh,
+    part: str,
+    stage: Stage,
+    chunk: ModelSpec | None,
+) -> list[Any]:
+    """This rank's share of the model state (``model`` is what the rank holds, ``part``
+    its pipeline stage's part: :func:`engine.sharding.shard`), the plan of its step once
+    there is one (:func:`engine.timeline.step_plan`) and how often it was played, kept
+    for every shape of the strategy: neither reads the micro-batch size, sequence length
+    or gradient accumulation, but the plan whether a sliding window masks the
+    sequence."""
+    training = scenario.training
+    masked = 0 < model.sliding_window < training.sequence_length
+    key = (model, mesh, part, stage, chunk, masked, strategy_key(training))
+    found = _SHARES.get(key)
+    if found is None:
+        sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
+        if len(_SHARES) >= _KEPT:
+            _SHARES.clear()
+        found = _SHARES[key] = [sharded, None, 0]
+    return found
+
+
 def _share(
     scenario: Scenario,
     model: ModelSpec,
@@ -330,22 +365,44 @@ def _share(
     stage: Stage,
     chunk: ModelSpec | None,
 ) -> tuple[Sharded, StepPlan]:
-    """This rank's share of the model state (``model`` is what the rank holds, ``part``
-    its pipeline stage's part: :func:`engine.sharding.shard`) and the plan of its step
-    (:func:`engine.timeline.step_plan`)."""
-    training = scenario.training
-    sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
-    plan = step_plan(
-        chunk or model,
-        training,
-        sharded.state,
-        sharded.grad_share,
-        sharded.optimizer_share,
-        sharded.gather,
-        stage,
-        sharded.grad_buffer,
-    )
+    """:func:`_entry` with its step plan built now (:func:`engine.timeline.step_plan`)."""
+    entry = _entry(scenario, model, mesh, part, stage, chunk)
+    sharded: Sharded = entry[0]
+    if entry[1] is None:
+        entry[1] = step_plan(
+            chunk or model,
+            scenario.training,
+            sharded.state,
+            sharded.grad_share,
+            sharded.optimizer_share,
+            sharded.gather,
+            stage,
+            sharded.grad_buffer,
+        )
+    plan: StepPlan = entry[1]
     return sharded, plan
+
+
+def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
+    """The whole model's state (:func:`engine.model_state.model_state`), kept for every
+    shape of the strategy (it reads none)."""
+    key = (model, strategy_key(training))
+    state = _WHOLE.get(key)
+    if state is None:
+        if len(_WHOLE) >= _KEPT:
+            _WHOLE.clear()
+        state = _WHOLE[key] = model_state(model, training)
+    return state
+
+
+def forget() -> None:
+    """Forget what estimates keep for every shape of a strategy -- the model states,
+    shares and step plans -- and what they keep per scenario: for checks that an estimate
+    does not depend on what was estimated before it."""
+    _SHARES.clear()
+    _WHOLE.clear()
+    _prepared.cache_clear()
+    forget_plans()
 
 
 @lru_cache(maxsize=512)
@@ -365,8 +422,9 @@ def _play(
     """This rank's share of the model state and its step: ``model`` is what the rank
     holds, ``chunk`` (interleaved pipeline) the virtual stage its activations are played
     with."""
-    sharded, plan = _share(scenario, model, mesh, part, stage, chunk)
-    timeline = step_timeline(
+    entry = _entry(scenario, model, mesh, part, stage, chunk)
+    sharded: Sharded = entry[0]
+    args = (
         chunk or model,
         scenario.training,
         sharded.state,
@@ -375,9 +433,13 @@ def _play(
         sharded.gather,
         stage,
         sharded.grad_buffer,
-        plan,
     )
-    return sharded, timeline
+    entry[2] += 1
+    if entry[1] is None and entry[2] <= _PLAYED_FIRST:  # cheaper than compiling a plan
+        return sharded, played_step(*args)
+    if entry[1] is None:
+        entry[1] = step_plan(*args)
+    return sharded, step_timeline(*args, entry[1])
 
 
 @lru_cache(maxsize=512)
@@ -586,7 +648,7 @@ class _Ready:
 @lru_cache(maxsize=4096)
 def _prepared(scenario: Scenario) -> _Ready:
     mesh = make_mesh(scenario)
-    whole = model_state(scenario.model, scenario.training)
+    whole = _whole(scenario.model, scenario.training)
     model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
     slots = _layout(model, mesh, scenario.training.parallelism.pp_split)
     hw = scenario.hardware

@@ -39,8 +39,10 @@ and the hidden-size tensors between blocks; a block's peak is the largest of its
 profile's forms, so a point that holds it is kept once per form. A :class:`StepPlan`
 holds these forms, built once per model, strategy (everything but the micro-batch size,
 sequence length and gradient accumulation) and rank share; :meth:`StepPlan.play`
-evaluates them at one shape (one matrix product) and :meth:`StepPlan.moments` at many
-shapes at once (:mod:`engine.batch`).
+evaluates them at one shape (one matrix product) and :class:`Joint` at many shapes and
+for every pipeline stage at once (:mod:`engine.batch`). Building a plan costs more than
+playing a step point by point, so a step met once or twice is played point by point;
+from the third time on, its plan plays it.
 
 >>> from engine.model_state import model_state
 >>> from engine.presets import load_model
@@ -379,12 +381,22 @@ def step_timeline(
     step (Megatron's fp32 ``main_grad``, DeepSpeed's fp32 partition and reduce bucket).
     With ``offload.activations = "cpu"`` the inputs of checkpointed layers wait in host
     memory, not on the GPU. ``plan`` is :func:`step_plan` of the same arguments, when the
-    caller has it.
+    caller has it. A step is played point by point the first two times its plan's key is
+    met (that costs less than compiling a plan); the third time, its plan is built and
+    compiled, and plays it from then on.
     """
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
-    plan = plan or step_plan(*args)
+    replay = partial(_points, *args)
+    if plan is None:
+        key = _plan_key(*args)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plays = _PLAYS[key] = _PLAYS.get(key, 0) + 1
+            if plays <= _PLAYED_FIRST:  # cheaper than compiling a plan
+                return played_step(*args)
+            plan = _keep(key, StepPlan.build(*args))
     seq = training.sequence_length // training.parallelism.cp
-    return plan.play(training.micro_batch_size, seq, partial(_layer_by_layer, *args))
+    return plan.play(training.micro_batch_size, seq, replay)
 
 
 #: the fields of a training spec that make its shape; everything else is its strategy
@@ -401,7 +413,35 @@ def strategy_key(training: TrainingSpec) -> tuple[object, ...]:
 
 
 _PLANS: dict[tuple[object, ...], StepPlan] = {}
+#: how often each plan key was played point by point
+_PLAYS: dict[tuple[object, ...], int] = {}
 _PLANS_KEPT = 2048
+
+
+def _plan_key(
+    model: ModelSpec,
+    training: TrainingSpec,
+    state: ModelState,
+    grad_share: Fraction,
+    optimizer_share: Fraction,
+    gather: Gather,
+    stage: Stage,
+    grad_buffer: int,
+) -> tuple[object, ...]:
+    """What a step plan is built from: the model, the strategy, whether a sliding window
+    masks the sequence (the one thing of the shape a plan reads), the rank's share."""
+    masked = 0 < model.sliding_window < training.sequence_length
+    key: tuple[object, ...] = (model, strategy_key(training), masked, state, grad_share)
+    return (*key, optimizer_share, gather, stage, grad_buffer)
+
+
+def _keep(key: tuple[object, ...], plan: StepPlan) -> StepPlan:
+    if len(_PLANS) >= _PLANS_KEPT:
+        _PLANS.clear()
+    if len(_PLAYS) >= 4 * _PLANS_KEPT:
+        _PLAYS.clear()
+    _PLANS[key] = plan
+    return plan
 
 
 def step_plan(
@@ -417,17 +457,63 @@ def step_plan(
     """The part of :func:`step_timeline` that holds for every shape, built once per model,
     strategy (:func:`strategy_key`) and rank share. The sequence length enters only
     through whether a sliding window is shorter than it (a mask then)."""
-    masked = 0 < model.sliding_window < training.sequence_length
-    key: tuple[object, ...] = (model, strategy_key(training), masked, state, grad_share)
-    key += (optimizer_share, gather, stage, grad_buffer)
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_KEPT:
-            _PLANS.clear()
-        plan = _PLANS[key] = StepPlan.build(
-            model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer
-        )
-    return plan
+    args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
+    key = _plan_key(*args)
+    return _PLANS.get(key) or _keep(key, StepPlan.build(*args))
+
+
+#: how many times a step is played point by point before its plan is compiled
+_PLAYED_FIRST = 2
+
+
+def played_step(
+    model: ModelSpec,
+    training: TrainingSpec,
+    state: ModelState,
+    grad_share: Fraction = Fraction(1),
+    optimizer_share: Fraction = Fraction(1),
+    gather: Gather = Gather(),
+    stage: Stage = Stage(),
+    grad_buffer: int = 0,
+) -> Timeline:
+    """:func:`step_timeline` played point by point, without a plan."""
+    args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
+    return _from_points(*_layer_by_layer(*args), partial(_points, *args))
+
+
+def _from_points(
+    points: tuple[Point, ...],
+    per_microbatch: int,
+    held: int,
+    params: int,
+    temp: int,
+    replay: Callable[[], tuple[Point, ...]],
+) -> Timeline:
+    """The step from its every point, played (:func:`_layer_by_layer`): before the step,
+    forward and backward, the optimizer step and after zero_grad."""
+    top = max(points[1:-2], key=_total)
+    moments = (points[0], top, points[-2], points[-1])
+    peak = max(moments, key=_total)
+    return Timeline(
+        peak,
+        peak.parameters - params,
+        held,
+        temp if peak.phase == "optimizer" else 0,
+        params,
+        temp,
+        per_microbatch,
+        moments,
+        replay,
+        [points],
+    )
+
+
+def forget_plans() -> None:
+    """Forget every step plan (for checks that a play does not depend on what was played
+    before it)."""
+    _PLANS.clear()
+    _PLAYS.clear()
+    joint.cache_clear()
 
 
 #: the moments of a step by (phase, label); results over many shapes name them by index
@@ -530,19 +616,16 @@ class _Max:
         return _Max([f - other for f in self.forms])
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    """A point of the step that can be its highest, with its bytes as linear forms over
-    the shape quantities (``gradients``: before the rank's share is taken)."""
+def _forms(prof: Profile) -> tuple[tuple[int, ...], ...]:
+    """Every linear form of a block profile."""
+    singles = (prof.kept, prof.output, prof.input_grad, prof.param_grads, prof.held)
+    return (*singles, *prof.forward, *prof.backward)
 
-    kind: int
-    layer: int
-    parameters: int
-    optimizer_states: int
-    #: the gradients beyond the share of ``share_of``: buffers that live through the step
-    gradients: int
-    share_of: np.ndarray
-    activations: np.ndarray
+
+#: a point of the step that can be its highest (see :func:`_compile`): kind, layer,
+#: parameters, optimizer states and gradient buffers (constants), and the linear forms of
+#: its gradients before the rank's share is taken and of its activations
+_Candidate = tuple[int, int, int, int, int, np.ndarray, np.ndarray]
 
 
 def _compile(
@@ -563,6 +646,7 @@ def _compile(
     dense_grad: int,
     tied: int,
     denominator: int,
+    dtype: type,
 ) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
     for point; return the points that can be its highest -- every point outside runs,
@@ -574,38 +658,37 @@ def _compile(
 
     A block with an integer profile is folded in: its values are the profile's forms
     (its peaks a :class:`_Max` of them); the values of the ``unfolded`` ones are shape
-    quantities of their own."""
+    quantities of their own. The forms are int64 vectors where ``dtype`` says they fit,
+    else Python integers."""
     size = _FIRST_BLOCK + _BLOCK * len(unfolded)
+    basis: np.ndarray = np.eye(size, dtype=dtype)  # rows shared: no form changes in place
 
     def var(i: int) -> np.ndarray:
-        v = np.zeros(size, dtype=object)
-        v[i] = 1
-        return v
+        row: np.ndarray = basis[i]
+        return row
 
     def form(prof: Profile, coefs: tuple[int, ...]) -> np.ndarray:
-        v = np.zeros(size, dtype=object)
-        for i, c in zip(prof.terms, coefs, strict=True):
-            v[i] = c
+        v: np.ndarray = np.zeros(size, dtype=dtype)
+        v[list(prof.terms)] = coefs
         return v
 
-    def linear(b: int, f: int) -> np.ndarray:
-        prof = profiles[b]
-        if b in unfolded or prof is None:
-            return var(_FIRST_BLOCK + _BLOCK * unfolded.index(b) + f)
-        fields = {
-            0: prof.kept,
-            2: prof.output,
-            4: prof.input_grad,
-            5: prof.param_grads,
-            6: prof.held,
-        }
-        return form(prof, fields[f])
+    values: dict[tuple[int, int], Any] = {}
 
-    def peak(b: int, f: int) -> Any:
-        prof = profiles[b]
-        if b in unfolded or prof is None:
-            return var(_FIRST_BLOCK + _BLOCK * unfolded.index(b) + f)
-        return _Max([form(prof, v) for v in (prof.forward if f == 1 else prof.backward)])
+    def value(b: int, f: int) -> Any:
+        """Field ``f`` of block ``b``: a form, or for a peak a :class:`_Max` of forms."""
+        if (b, f) not in values:
+            prof = profiles[b]
+            if b in unfolded or prof is None:
+                values[b, f] = var(_FIRST_BLOCK + _BLOCK * unfolded.index(b) + f)
+            elif f in (1, 3):
+                forms = prof.forward if f == 1 else prof.backward
+                values[b, f] = _Max([form(prof, v) for v in forms])
+            else:
+                fields = (prof.kept, (), prof.output, (), prof.input_grad, prof.param_grads)
+                values[b, f] = form(prof, (*fields, prof.held)[f])
+        return values[b, f]
+
+    linear = peak = value
 
     one, tokens, pairs, hidden = var(_ONE), var(0), var(1), var(_HIDDEN)
     nothing = 0 * one
@@ -620,7 +703,7 @@ def _compile(
 
     def add(kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
         for f in a.forms if isinstance(a, _Max) else [a]:
-            cands.append(_Candidate(kind, layer, p, opt, g, grads, f))
+            cands.append((kind, layer, p, opt, g, grads, f))
 
     kept = nothing
     if stage.first:
@@ -742,6 +825,93 @@ def _compile(
     return cands, per_microbatch, waiting, held, checks
 
 
+@dataclass(frozen=True, slots=True)
+class _Forms:
+    """A step plan compiled (:func:`_compile`): the candidates for the highest point of
+    forward and backward -- kind, layer and their constant parameters, optimizer states
+    and gradient buffers -- and the matrix of their linear forms over the shape
+    quantities: activations, gradients before the share, then what a micro-batch keeps,
+    the other micro-batches in flight, the logits held, then the pairs of rows of the
+    runs to check."""
+
+    kinds: tuple[int, ...]
+    layer_of: tuple[int, ...]
+    fixed_parameters: tuple[int, ...]
+    fixed_optimizer: tuple[int, ...]
+    #: the four above as arrays (for many shapes at once)
+    arrays: tuple[np.ndarray, ...]
+    constant: np.ndarray
+    buffers: np.ndarray
+    matrix: np.ndarray
+    #: whether ``constant``, ``buffers`` and ``matrix`` are int64 (else Python integers)
+    fits: bool
+    #: the largest absolute coefficient of each column of the matrix, and the largest
+    #: absolute constant and buffer together: what bounds the values of a play
+    columns: tuple[int, ...]
+    largest_constant: int
+    checks: int
+
+    @staticmethod
+    def of(plan: StepPlan) -> _Forms:
+        layers, head, training, gather, grad_buffer, opt, trains_embeddings = plan.recipe
+        model, stage, profiles = plan.model, plan.stage, plan.profiles
+        # every coefficient of a form is a sum over the layers of profile coefficients and
+        # constants, raised by the micro-batches in flight: int64 where that fits
+        largest = max(
+            [abs(c) for p in profiles if p is not None for v in _forms(p) for c in v]
+            + [plan.params, opt, grad_buffer, plan.dense_grad, sum(plan.copies)]
+            + [gather.forward, gather.backward, gather.grads, gather.reduce, gather.unit]
+            + [64 + 4 * model.head_dim]
+        )
+        bound = 4 * (stage.inflight + 2) * (len(layers) + 8) * largest
+        dtype: type = np.int64 if bound < _INT64_SAFE else object
+        cands, per_microbatch, waiting, held, checks = _compile(
+            model,
+            layers,
+            head,
+            plan.copies[head] if stage.last else 0,
+            profiles,
+            plan.unfolded,
+            training,
+            plan.ctx,
+            stage,
+            gather,
+            grad_buffer,
+            plan.params,
+            opt,
+            trains_embeddings,
+            plan.dense_grad,
+            plan.tied,
+            plan.grad_share.denominator,
+            dtype,
+        )
+        matrix = np.stack(
+            [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
+        )
+        constant = np.array([c[2] + c[3] for c in cands], dtype=object)
+        buffers = np.array([c[4] for c in cands], dtype=object)
+        columns = tuple(int(c) for c in np.abs(matrix).max(axis=0))
+        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
+        fits = dtype is np.int64 and largest_constant < _INT64_SAFE
+        return _Forms(
+            kinds=tuple(c[0] for c in cands),
+            layer_of=tuple(c[1] for c in cands),
+            fixed_parameters=tuple(c[2] for c in cands),
+            fixed_optimizer=tuple(c[3] for c in cands),
+            arrays=tuple(
+                np.array([c[f] for c in cands], dtype=np.int64 if fits else object)
+                for f in range(4)
+            ),
+            constant=constant.astype(np.int64) if fits else constant,
+            buffers=buffers.astype(np.int64) if fits else buffers,
+            matrix=matrix if fits else matrix.astype(object),
+            fits=fits,
+            columns=columns,
+            largest_constant=largest_constant,
+            checks=len(checks) // 2,
+        )
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class StepPlan:
     """Everything of one step (a rank's, see :func:`step_timeline`) that does not depend
@@ -772,27 +942,12 @@ class StepPlan:
     before: Point
     step: Point
     after: Point
-    #: the candidates for the highest point of forward and backward (kind, layer and
-    #: their constant parameters, optimizer states and gradient buffers) and the matrix
-    #: of their linear forms over the shape quantities: activations, gradients before
-    #: the share, then what a micro-batch keeps, the other micro-batches in flight, the
-    #: logits held, then the pairs of rows of the runs to check (see :func:`_compile`)
-    kinds: tuple[int, ...]
-    layer_of: tuple[int, ...]
-    fixed_parameters: tuple[int, ...]
-    fixed_optimizer: tuple[int, ...]
-    #: the four above as arrays (for many shapes at once)
-    arrays: tuple[np.ndarray, ...]
-    constant: np.ndarray
-    buffers: np.ndarray
-    matrix: np.ndarray
-    #: whether ``constant``, ``buffers`` and ``matrix`` are int64 (else Python integers)
-    fits: bool
-    #: the largest absolute coefficient of each column of the matrix, and the largest
-    #: absolute constant and buffer together: what bounds the values of a play
-    columns: tuple[int, ...]
-    largest_constant: int
-    checks: int
+    #: the embedding's gradient, and the part of it summed into a tied LM head's
+    dense_grad: int
+    tied: int
+    #: what compiling the step reads (see :func:`_compile`), and the compiled forms
+    recipe: tuple[Any, ...] = field(repr=False)
+    _compiled: list[_Forms] = field(default_factory=list, repr=False)
 
     @staticmethod
     def build(
@@ -841,36 +996,7 @@ class StepPlan:
         temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
         dense_grad = model.vocab_size * model.hidden_size * (4 - 2 * (training.precision == "bf16"))
         tied = dense_grad if model.tie_word_embeddings else 0
-        cands, per_microbatch, waiting, held, checks = _compile(
-            model,
-            layers,
-            head,
-            copies[head] if stage.last else 0,
-            profiles,
-            unfolded,
-            training,
-            ctx,
-            stage,
-            gather,
-            grad_buffer,
-            params,
-            opt,
-            trains_embeddings,
-            dense_grad,
-            tied,
-            grad_share.denominator,
-        )
-        exact = np.array(
-            [c.activations for c in cands]
-            + [c.share_of for c in cands]
-            + [per_microbatch, waiting, held, *checks],
-            dtype=object,
-        )
-        constant = np.array([c.parameters + c.optimizer_states for c in cands], dtype=object)
-        buffers = np.array([c.gradients for c in cands], dtype=object)
-        columns = tuple(int(c) for c in np.abs(exact).max(axis=0))
-        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
-        fits = max(*columns, largest_constant) < _INT64_SAFE
+        recipe = (layers, head, training, gather, grad_buffer, opt, trains_embeddings)
         return StepPlan(
             model=model,
             ctx=ctx,
@@ -900,22 +1026,16 @@ class StepPlan:
                 0,
             ),
             after=Point("optimizer", None, KINDS[11][1], params, grad_buffer, opt, 0),
-            kinds=tuple(c.kind for c in cands),
-            layer_of=tuple(c.layer for c in cands),
-            fixed_parameters=tuple(c.parameters for c in cands),
-            fixed_optimizer=tuple(c.optimizer_states for c in cands),
-            arrays=tuple(
-                np.array([getattr(c, f) for c in cands], dtype=np.int64 if fits else object)
-                for f in ("kind", "layer", "parameters", "optimizer_states")
-            ),
-            constant=constant.astype(np.int64) if fits else constant,
-            buffers=buffers.astype(np.int64) if fits else buffers,
-            matrix=exact.astype(np.int64) if fits else exact,
-            fits=fits,
-            columns=columns,
-            largest_constant=largest_constant,
-            checks=len(checks) // 2,
+            dense_grad=dense_grad,
+            tied=tied,
+            recipe=recipe,
         )
+
+    def forms(self) -> _Forms:
+        """The step compiled into linear forms (:func:`_compile`), once."""
+        if not self._compiled:
+            self._compiled.append(_Forms.of(self))
+        return self._compiled[0]
 
     # -- the shape ----------------------------------------------------------------------
 
@@ -1001,20 +1121,22 @@ class StepPlan:
     def _fits(self, x: Sequence[int], extra: int) -> bool:
         """Whether int64 holds every value of a play whose shape quantities are at most
         ``x`` in absolute value, with up to ``extra`` more micro-batches in flight."""
-        rows = sum(map(mul, self.columns, map(abs, x)))
+        forms = self.forms()
+        rows = sum(map(mul, forms.columns, map(abs, x)))
         share = max(self.grad_share.numerator, self.grad_share.denominator, 1)
-        largest = (4 * rows * share + self.largest_constant) * (extra + 2)
-        return self.fits and largest < _INT64_SAFE
+        largest = (4 * rows * share + forms.largest_constant) * (extra + 2)
+        return forms.fits and largest < _INT64_SAFE
 
     def _evaluate(self, x: np.ndarray, exact: bool) -> tuple[Any, ...]:
         """The candidates' activations, gradients and totals, what a micro-batch keeps,
         the other micro-batches in flight, the logits held, and whether every checked run
         is monotone there, from the shape quantities ``x`` (a column per shape)."""
-        matrix, buffers, constant = self.matrix, self.buffers, self.constant
+        forms = self.forms()
+        matrix, buffers, constant = forms.matrix, forms.buffers, forms.constant
         if exact:  # in Python integers
             matrix, buffers, constant = (a.astype(object) for a in (matrix, buffers, constant))
         v = matrix @ x
-        n = len(self.kinds)
+        n = len(forms.kinds)
         num, den = self.grad_share.numerator, self.grad_share.denominator
         g = v[n : 2 * n]
         if num != 1 or den != 1:
@@ -1024,7 +1146,7 @@ class StepPlan:
         g = g + buffers
         total = constant + g + v[:n]
         ok: Any = True
-        for k in range(self.checks):
+        for k in range(forms.checks):
             rise = v[2 * n + 3 + 2 * k] * num
             slope = rise - den * v[2 * n + 4 + 2 * k]
             ok = ok & ((rise % den == 0) | (slope >= den) | (slope <= -den))
@@ -1040,16 +1162,17 @@ class StepPlan:
         )
         played: list[tuple[Point, ...]] = []
         if ok:
+            forms = self.forms()
             best = int(total.argmax())  # the first of equal highest points
-            phase, label = KINDS[self.kinds[best]]
-            layer = self.layer_of[best]
+            phase, label = KINDS[forms.kinds[best]]
+            layer = forms.layer_of[best]
             top = Point(
                 phase,
                 None if layer < 0 else layer,
                 label,
-                self.fixed_parameters[best],
+                forms.fixed_parameters[best],
                 int(g[best]),
-                self.fixed_optimizer[best],
+                forms.fixed_optimizer[best],
                 int(a[best]) + int(waiting),
             )
         else:  # a run whose floored gradient share is not monotone: every point
@@ -1152,12 +1275,13 @@ def joint(plans: tuple[StepPlan, ...]) -> Joint:
     """The plans of a strategy's stages evaluated together (:class:`Joint`); empty where
     one of them has a block of its own to evaluate at each shape or does not fit int64
     (its moments are then ``None``)."""
-    c = max(len(p.kinds) for p in plans)
-    checks = max(p.checks for p in plans)
-    usable = all(p.fits and not p.unfolded for p in plans)
+    compiled = [p.forms() for p in plans]
+    c = max(len(f.kinds) for f in compiled)
+    checks = max(f.checks for f in compiled)
+    usable = all(f.fits and not p.unfolded for p, f in zip(plans, compiled, strict=True))
     rows, constant, buffers = [], [], []
     arrays: list[list[list[int]]] = [[], [], [], []]
-    for p in plans:
+    for p in compiled:
         k = len(p.kinds)
         m = p.matrix if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64)
         width = m.shape[1] if len(m) else _FIRST_BLOCK
@@ -1199,10 +1323,12 @@ def _layer_by_layer(
     gather: Gather = Gather(),
     stage: Stage = Stage(),
     grad_buffer: int = 0,
-) -> tuple[Point, ...]:
-    """Play one step layer by layer and return every point of the timeline: the reference
-    that :class:`StepPlan` plays by segments, and what :attr:`Timeline.points` holds (see
-    :func:`step_timeline` for the arguments)."""
+) -> tuple[tuple[Point, ...], int, int, int, int]:
+    """Play one step layer by layer: every point of the timeline -- what
+    :attr:`Timeline.points` holds, and the reference :class:`StepPlan` is held to -- what
+    one micro-batch keeps at the end of its forward, the logits held, the model state's
+    parameters and the optimizer's temporaries (see :func:`step_timeline` for the
+    arguments)."""
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
     # the hidden-size tensors between blocks: split over tp under sequence parallelism
@@ -1393,7 +1519,13 @@ def _layer_by_layer(
     temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
     add("optimizer", None, "optimizer step", params, grads, opt_states + temp, 0)
     add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, 0)
-    return tuple(points)
+    return tuple(points), per_microbatch, held, params, temp
+
+
+def _points(*args: Any) -> tuple[Point, ...]:
+    """Every point of the step (:func:`_layer_by_layer`)."""
+    points: tuple[Point, ...] = _layer_by_layer(*args)[0]
+    return points
 
 
 def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: ModelState) -> int:

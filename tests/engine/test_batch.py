@@ -2,7 +2,6 @@
 many shapes of one strategy at once, and the shapes that make a scenario invalid."""
 
 import dataclasses
-import importlib
 import random
 from typing import Any
 
@@ -13,9 +12,11 @@ from hypothesis import strategies as st
 from engine import batch
 from engine.batch import Totals, totals, totals_over
 from engine.errors import EstimateError
-from engine.estimate import estimate
+from engine.estimate import estimate, forget
+from engine.model_state import model_state
 from engine.presets import load_gpu, load_model
 from engine.scenario_io import scenario_from_dict
+from engine.sharding import make_mesh, shard, tensor_parallel_shard
 from engine.specs import (
     MAX_DIM,
     FreezeSpec,
@@ -219,6 +220,54 @@ def test_the_batched_module_reads_no_shape_from_the_strategy_it_caches() -> None
     (at_first,) = totals_over(s, [first])
     (at_later,) = totals_over(s, [later])
     batch.clear()
-    importlib.import_module("engine.estimate")._share.cache_clear()
+    forget()
     assert totals_over(s, [later]) == [at_later]
     assert totals_over(s, [first]) == [at_first]
+
+
+def at(s: Scenario, b: int, seq: int, a: int) -> Scenario:
+    training = dataclasses.replace(
+        s.training, micro_batch_size=b, sequence_length=seq, gradient_accumulation_steps=a
+    )
+    return dataclasses.replace(s, training=training)
+
+
+@pytest.mark.parametrize("data", CASES, ids=[str(c["model"]) for c in CASES])
+def test_an_estimate_does_not_depend_on_the_shapes_estimated_before_it(
+    data: dict[str, object],
+) -> None:
+    """Estimates keep what holds for every shape of a strategy (model states, shares,
+    step plans); an estimate made after other shapes of its strategy is the one made
+    first, item for item and point for point."""
+    s = case(data)
+    shapes = [(1, 512, 1), (3, 4096, 8)]
+    fresh = []
+    for shape in shapes:
+        forget()
+        fresh.append(estimate(at(s, *shape)))
+    forget()
+    for shape in shapes[::-1]:
+        estimate(at(s, *shape))
+    after = [estimate(at(s, *shape)) for shape in shapes]
+    assert after == fresh
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(scenarios)
+def test_model_states_and_shards_read_no_shape(data: dict[str, Any]) -> None:
+    """What estimates and the batched totals keep for every shape of a strategy is the
+    same at every shape: the model state of every part and its share on a rank."""
+    try:
+        s = scenario_from_dict(data)
+        other = at(s, 7, 1000, 3)
+        mesh = make_mesh(s)
+    except EstimateError:
+        return
+    model = tensor_parallel_shard(s.model, mesh.tp, mesh.ep)
+    for part in ("all", "first", "middle", "last"):
+        try:
+            state = model_state(model, s.training, part)
+        except EstimateError:
+            continue
+        assert model_state(model, other.training, part) == state
+        assert shard(state, s, mesh, model, part) == shard(state, other, mesh, model, part)

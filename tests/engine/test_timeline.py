@@ -3,11 +3,12 @@
 import dataclasses
 import importlib
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 import pytest
 
-from engine.estimate import estimate
+from engine.estimate import estimate, forget
 from engine.graph import simulate
 from engine.layers import Ctx, decoder_layer
 from engine.model_state import model_state
@@ -15,7 +16,7 @@ from engine.presets import load_gpu, load_model, model_names
 from engine.scenario_io import scenario_from_dict
 from engine.sharding import make_mesh, tensor_parallel_shard
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.timeline import Point, Stage, Timeline, step_plan, step_timeline
+from engine.timeline import Gather, Point, Stage, Timeline, _points, step_plan, step_timeline
 from tests.engine.helpers import full_ctx, tiny_model
 
 TINY = tiny_model(num_key_value_heads=4)
@@ -312,11 +313,14 @@ def case(data: dict[str, object]) -> Scenario:
 
 
 def rank_timelines(scenario: Scenario) -> list[Timeline]:
-    """The played step of every pipeline stage of ``scenario``."""
+    """The played step of every pipeline stage of ``scenario``, by its compiled plan (a
+    plan is compiled on its third play)."""
     est_module = importlib.import_module("engine.estimate")  # the package's name is the function
     mesh = make_mesh(scenario)
     model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
-    return [rank.timeline for _, rank in est_module._stages(scenario, model, mesh)]
+    for _ in range(3):
+        stages = est_module._stages(scenario, model, mesh)
+    return [rank.timeline for _, rank in stages]
 
 
 def reference(timeline: Timeline) -> tuple[Point, Point]:
@@ -332,13 +336,19 @@ def test_the_peak_played_by_runs_is_the_highest_point_played_point_by_point(
     data: dict[str, object],
 ) -> None:
     """Every rank group's peak, found by runs of layers, is the step's highest point played
-    layer by layer: the same bytes, and the same moment (the first of equal ones)."""
+    layer by layer: the same bytes, and the same moment (the first of equal ones); and the
+    estimate from compiled plans is the one from steps played point by point."""
     scenario = case(data)
-    for timeline in rank_timelines(scenario):
+    forget()
+    by_points = estimate(scenario)
+    timelines = rank_timelines(scenario)
+    assert not any(t._played for t in timelines)  # by the compiled forms, not point by point
+    for timeline in timelines:
         peak, top = reference(timeline)
         assert timeline.peak == peak
         assert timeline.moments[1] == top
     est = estimate(scenario)
+    assert est == by_points
     peak = max(est.timeline, key=lambda p: p.total)
     assert (est.peak_phase, est.peak_layer) == (
         peak.phase if peak.phase != "before" else "optimizer",
@@ -356,11 +366,12 @@ def test_what_a_micro_batch_keeps_raises_each_schedule_position_as_a_play_would(
     training = scenario.training
     model = scenario.model
     state = model_state(model, training, "middle")
-    one = step_timeline(model, training, state, stage=Stage(False, False, 1))
-    for k in (2, 5):
-        assert step_timeline(model, training, state, stage=Stage(False, False, k)) == (
-            one.in_flight(k - 1)
-        )
+    for _ in range(3):  # played point by point, then compiled
+        one = step_timeline(model, training, state, stage=Stage(False, False, 1))
+        for k in (2, 5):
+            assert step_timeline(model, training, state, stage=Stage(False, False, k)) == (
+                one.in_flight(k - 1)
+            )
 
 
 def test_a_run_of_floored_gradient_shares_is_played_where_it_is_not_monotone() -> None:
@@ -381,13 +392,15 @@ def test_a_run_of_floored_gradient_shares_is_played_where_it_is_not_monotone() -
     )
     state = model_state(model, training)
     for share in (Fraction(1, 5000), Fraction(1, 7), Fraction(1, 896), Fraction(3, 4)):
-        assert step_plan(model, training, state, grad_share=share).checks > 0
-        timeline = step_timeline(model, training, state, grad_share=share)
-        peak, top = reference(timeline)
-        assert timeline.peak == peak
+        plan = step_plan(model, training, state, grad_share=share)
+        assert plan.forms().checks > 0
+        replay = partial(_points, model, training, state, share, Fraction(1), Gather(), Stage(), 0)
+        timeline = plan.play(2, 64, replay)
+        assert bool(timeline._played) == (share == Fraction(1, 5000))  # not monotone
+        played = step_timeline(model, training, state, grad_share=share)
+        peak, top = reference(played)
+        assert timeline.peak == played.peak == peak
         assert timeline.moments[1] == top
-    # the 1/5,000 run is not monotone: its step was played point by point at once
-    assert step_timeline(model, training, state, grad_share=Fraction(1, 5000))._played
 
 
 def test_the_shape_terms_are_those_of_the_blocks() -> None:
