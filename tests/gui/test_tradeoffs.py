@@ -20,7 +20,7 @@ from engine.estimate import GIB
 from engine.presets import load_gpu, load_model
 from engine.solve import max_micro_batch, max_sequence_length, min_gpus
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.sweep import Space, describe, pareto, sweep
+from engine.sweep import Space, default_space, describe, pareto, sweep
 from gui.background import Channel
 from gui.curves import FIELDS, with_checkpointing
 from gui.hardware_compare import on_gpu
@@ -176,10 +176,17 @@ def test_an_edit_during_a_sweep_restarts_it_for_the_new_scenario(
 def test_cancel_stops_a_running_sweep_and_the_view_stays_usable(
     window: MainWindow, qtbot: QtBot
 ) -> None:
-    window.store.reset(cluster())  # the default space: thousands of configurations
+    window.store.reset(cluster())
     view = show(window, qtbot, 0)
+    # the default space on seven GPU types and two sizes each: tens of thousands of
+    # configurations, many seconds even with every cache warm, so Cancel comes first
+    gpus = ("h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "l40s",
+            "mi300x", "a100-sxm-40gb")  # fmt: skip
+    big = dataclasses.replace(
+        default_space(cluster()), hardware=tuple((g, 8, n) for g in gpus for n in (1, 2))
+    )
     with qtbot.waitSignal(view.sweeper.progressed, timeout=WAIT_MS):
-        assert view.start_sweep()
+        assert view.start_sweep(big)
     assert view.cancel_button.isEnabled() and not view.sweep_button.isEnabled()
     with qtbot.waitSignal(view.sweeper.finished, timeout=WAIT_MS) as blocker:
         qtbot.mouseClick(view.cancel_button, Qt.MouseButton.LeftButton)
