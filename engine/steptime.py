@@ -647,49 +647,63 @@ class _Plan:
     #: the optimizer step's bytes per trainable element (0: nothing to update)
     opt_bytes: float
     assumptions: tuple[str, ...]
+    #: the stage blocks of the plan's model and hardware (:func:`_stage_block`)
+    blocks: dict[tuple[object, ...], _Block]
 
 
 @dataclass(frozen=True, slots=True)
 class _Memo:
-    """The plans and stage blocks of one model on one hardware. Held by the identity of
-    the two (a sweep shares them across its configurations), which also keeps them alive
-    so that an identity is never reused while its entry exists."""
+    """The plans and stage blocks of one model on one hardware (a sweep shares them
+    across its configurations)."""
 
-    model: ModelSpec
-    hardware: object
     plans: dict[tuple[object, ...], _Plan]
     blocks: dict[tuple[object, ...], _Block]
 
 
-#: memos by (id(model), id(hardware)), at most :data:`_MEMOS_MAX` of them
-_MEMOS: dict[tuple[int, int], _Memo] = {}
-_MEMOS_MAX = 64
+#: memos by model and hardware, at most :data:`_MEMOS_MAX` of them; and the same by the
+#: identity of the two objects, which saves hashing them (each entry keeps its objects,
+#: so that an identity is never reused while the entry exists)
+_MEMOS: dict[tuple[ModelSpec, object], _Memo] = {}
+_BY_ID: dict[tuple[int, int], tuple[ModelSpec, object, _Memo]] = {}
+_MEMOS_MAX = 256
 #: plans or stage blocks one memo keeps before it starts afresh
 _ENTRIES_MAX = 8192
+
+
+def clear() -> None:
+    """Forget every plan and stage block (the per-layer work stays cached)."""
+    _MEMOS.clear()
+    _BY_ID.clear()
 
 
 def _memo(scenario: Scenario) -> _Memo:
     model, hw = scenario.model, scenario.hardware
     ident = (id(model), id(hw))
-    memo = _MEMOS.get(ident)
-    if memo is None or memo.model is not model or memo.hardware is not hw:
+    held = _BY_ID.get(ident)
+    if held is not None and held[0] is model and held[1] is hw:
+        return held[2]
+    memo = _MEMOS.get((model, hw))
+    if memo is None:
         if len(_MEMOS) >= _MEMOS_MAX:
-            _MEMOS.clear()
-        memo = _MEMOS[ident] = _Memo(model, hw, {}, {})
+            clear()
+        memo = _MEMOS[(model, hw)] = _Memo({}, {})
+    if len(_BY_ID) >= 4 * _MEMOS_MAX:
+        _BY_ID.clear()
+    _BY_ID[ident] = (model, hw, memo)
     return memo
 
 
 def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
-    plans = _memo(scenario).plans
-    plan = plans.get(key)
+    memo = _memo(scenario)
+    plan = memo.plans.get(key)
     if plan is None:
-        if len(plans) >= _ENTRIES_MAX:
-            plans.clear()
-        plan = plans[key] = _make_plan(scenario)
+        if len(memo.plans) >= _ENTRIES_MAX:
+            memo.plans.clear()
+        plan = memo.plans[key] = _make_plan(scenario, memo.blocks)
     return plan
 
 
-def _make_plan(scenario: Scenario) -> _Plan:
+def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
     mesh = make_mesh(scenario)
     dev = device(scenario)
@@ -761,6 +775,7 @@ def _make_plan(scenario: Scenario) -> _Plan:
         gather_bytes=gather_bytes,
         opt_bytes=opt_bytes,
         assumptions=tuple(assumptions),
+        blocks=blocks,
     )
 
 
@@ -793,7 +808,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         training.attention, training.loss, par.sequence_parallel, par.expert_capacity_factor,
         plan.per_rank, plan.recompute_share, plan.selective, plan.amp, plan.trainable_rank,
     )  # fmt: skip
-    blocks = _memo(scenario).blocks
+    blocks = plan.blocks
     found = blocks.get(key)
     if found is not None:
         return found
