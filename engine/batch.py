@@ -59,7 +59,7 @@ from engine.estimate import (
 )
 from engine.overhead import FRAGMENTATION, overhead
 from engine.sharding import make_mesh
-from engine.specs import Scenario, TrainingSpec
+from engine.specs import Scenario, TrainingSpec, reshaped
 from engine.timeline import KINDS, StepPlan, joint, strategy_key
 
 #: (micro_batch_size, sequence_length, gradient_accumulation_steps)
@@ -283,24 +283,10 @@ class _Group:
         return out
 
 
-_TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
-_SCENARIO_FIELDS = tuple(f.name for f in dataclasses.fields(Scenario))
-
-
 def _with_sequence(scenario: Scenario, seq: int) -> Scenario:
-    """``scenario`` at sequence length ``seq``, a length :func:`_valid` accepts. The specs
-    check each shape field on its own, and the rest of ``scenario`` passed its checks, so
-    this copy is what building it anew would give; it is made without checking it all
-    again (a fifth of a sweep's time)."""
-    training = object.__new__(TrainingSpec)
-    for name in _TRAINING_FIELDS:
-        object.__setattr__(training, name, getattr(scenario.training, name))
-    object.__setattr__(training, "sequence_length", seq)
-    out = object.__new__(Scenario)
-    for name in _SCENARIO_FIELDS:
-        object.__setattr__(out, name, getattr(scenario, name))
-    object.__setattr__(out, "training", training)
-    return out
+    """``scenario`` at sequence length ``seq``, a length :func:`_valid` accepts
+    (:func:`engine.specs.reshaped`)."""
+    return reshaped(scenario, sequence_length=seq)
 
 
 def _group(scenario: Scenario) -> _Group:

@@ -93,7 +93,7 @@ _TARGET_ROLES = {
 _ALL_ROLES = frozenset(r for roles in _TARGET_ROLES.values() for r in roles)
 
 #: Components that ``FreezeSpec.trainable`` names map onto.
-_FREEZE_COMPONENTS = {
+FREEZE_COMPONENTS = {
     "embeddings": ("embeddings",),
     "attention": ("attention",),
     "mlp": ("mlp", "experts"),
@@ -273,7 +273,7 @@ def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup
 
 def _is_trainable_part(g: TensorGroup, model: ModelSpec, training: TrainingSpec) -> bool:
     spec = training.freeze
-    parts = {c for name in spec.trainable for c in _FREEZE_COMPONENTS[name]}
+    parts = {c for name in spec.trainable for c in FREEZE_COMPONENTS[name]}
     if g.component in parts:
         return True
     if g.module == "embed_tokens.weight" and model.tie_word_embeddings and "lm_head" in parts:

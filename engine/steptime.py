@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from engine.model_state import lora_targets, model_state
+from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.sharding import Mesh, make_mesh, stage_layers
 from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
@@ -299,12 +299,12 @@ def _act_bytes(training: TrainingSpec) -> int:
     return 4 if training.precision == "fp32" else 2
 
 
-def _trainable(g: TensorGroup, method: str, trainable: tuple[str, ...]) -> bool:
+def _trains(component: str, method: str, trainable: tuple[str, ...]) -> bool:
+    """Whether the weights of ``component`` get gradients (LoRA's base never does)."""
     if method == "full":
         return True
     if method == "freeze":
-        parts = {"mlp": ("mlp", "experts"), "lm_head": ("lm_head", "pooler")}
-        return any(g.component in parts.get(p, (p,)) for p in trainable)
+        return any(component in FREEZE_COMPONENTS[p] for p in trainable)
     return False
 
 
@@ -339,7 +339,8 @@ class _Work:
     ep: int
 
 
-def _work(training: TrainingSpec, mesh: Mesh) -> _Work:
+def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
+    """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``."""
     return _Work(
         training.method,
         training.lora.targets,
@@ -347,8 +348,8 @@ def _work(training: TrainingSpec, mesh: Mesh) -> _Work:
         training.freeze.trainable,
         training.precision,
         training.attention,
-        training.micro_batch_size,
-        training.sequence_length,
+        b,
+        s,
         training.parallelism.sequence_parallel,
         training.parallelism.expert_capacity_factor,
         mesh.tp,
@@ -399,7 +400,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
             k, n = in_f, out_f / tp  # column-parallel
         flops = 2 * m_rows * k * n * count
         fwd = _gemm(m_rows, k, n, dt, dev, count)
-        train_w = _trainable(g, work.method, work.trainable)
+        train_w = _trains(g.component, work.method, work.trainable)
         mm_f += fwd
         mm_b += fwd * (2 if train_w else 1)
         fl_f += flops
@@ -416,7 +417,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     heads = model.num_attention_heads / tp
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
     d_v = model.v_head_dim if model.kv_lora_rank else model.head_dim
-    kernel = "eager" if work.attention == "eager" else "flash"
+    kernel = _kernel_of(work.attention)
     causal = model.architecture == "decoder"
     window = model.sliding_window if 0 < model.sliding_window < s else s
     if kernel == "eager":
@@ -488,10 +489,10 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     )
 
 
-def _kernel_of(training: TrainingSpec) -> str:
-    if training.attention == "eager":
-        return "eager"
-    return "flash"
+def _kernel_of(attention: str) -> str:
+    """The attention core's cost model: eager materialises the scores; SDPA, flash and
+    memory-efficient kernels run the core in one fused kernel."""
+    return "eager" if attention == "eager" else "flash"
 
 
 def _span(g: TensorGroup) -> int:
@@ -718,9 +719,7 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         "full": 1.0,
         "every-k-layers": math.ceil(model.num_layers / k) / model.num_layers,
     }.get(mode, 0.0)
-    head_train = training.method == "full" or (
-        training.method == "freeze" and "lm_head" in training.freeze.trainable
-    )
+    head_train = _trains("lm_head", training.method, training.freeze.trainable)
     # per stage: the layers it holds (the first holds the embedding, the last the head)
     counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
     per_rank = tuple(sum(counts[r + j * mesh.pp] for j in range(mesh.vpp)) for r in range(mesh.pp))
@@ -757,7 +756,7 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         mesh=mesh,
         dev=dev,
         recompute_share=recompute_share,
-        selective=mode == "selective" and _kernel_of(training) == "eager",
+        selective=mode == "selective" and _kernel_of(training.attention) == "eager",
         head_train=head_train,
         amp=_mode(training) == "amp",
         per_rank=per_rank,
@@ -819,21 +818,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     recompute_share, selective, head_train = plan.recompute_share, plan.selective, plan.head_train
     tp_ring, cp_ring, ep_ring, pp_ring = plan.tp_ring, plan.cp_ring, plan.ep_ring, plan.pp_ring
     trainable_rank = plan.trainable_rank
-    work = _Work(
-        training.method,
-        training.lora.targets,
-        training.lora.rank,
-        training.freeze.trainable,
-        training.precision,
-        training.attention,
-        b,
-        s,
-        par.sequence_parallel,
-        par.expert_capacity_factor,
-        mesh.tp,
-        mesh.cp,
-        mesh.ep,
-    )
+    work = _work(training, mesh, b, s)
     dense = _layer(model, work, dev, False)
     moe = _layer(model, work, dev, True) if model.is_moe else None
     moe_share = plan.moe_share

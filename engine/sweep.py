@@ -28,11 +28,12 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from engine import specs
 from engine.batch import totals, totals_over
 from engine.errors import EstimateError
 from engine.scenario_io import scenario_to_dict
 from engine.solve import hardware_with
-from engine.specs import Scenario, TrainingSpec
+from engine.specs import Scenario
 from engine.steptime import StepTime, step_time, step_times
 
 #: the columns of a sweep's CSV
@@ -187,26 +188,11 @@ def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strat
 
 
 def reshaped(scenario: Scenario, micro_batch_size: int, accumulation: int) -> Scenario:
-    """``scenario`` with another micro-batch size and accumulation: equal to
-    ``dataclasses.replace`` of them, without running every field's checks again. Only for
-    values already checked (:func:`engine.batch.totals_over` checks each shape field as
-    :class:`~engine.specs.TrainingSpec` does)."""
-    t = scenario.training
-    if (t.micro_batch_size, t.gradient_accumulation_steps) == (micro_batch_size, accumulation):
-        return scenario
-    training = object.__new__(TrainingSpec)
-    for name in _TRAINING_FIELDS:
-        object.__setattr__(training, name, getattr(t, name))
-    object.__setattr__(training, "micro_batch_size", micro_batch_size)
-    object.__setattr__(training, "gradient_accumulation_steps", accumulation)
-    out = object.__new__(Scenario)
-    object.__setattr__(out, "model", scenario.model)
-    object.__setattr__(out, "hardware", scenario.hardware)
-    object.__setattr__(out, "training", training)
-    return out
-
-
-_TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
+    """``scenario`` with another micro-batch size and accumulation, both checked already
+    (:func:`engine.specs.reshaped`)."""
+    return specs.reshaped(
+        scenario, micro_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation
+    )
 
 
 def configs(scenario: Scenario, space: Space | None = None) -> Iterator[Scenario]:

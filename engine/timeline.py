@@ -67,7 +67,7 @@ import numpy as np
 
 from engine.graph import TERMS, Block, BlockResult, Profile, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
-from engine.model_state import ModelState, lora_targets
+from engine.model_state import FREEZE_COMPONENTS, ModelState, lora_targets
 from engine.params import model_tensors
 from engine.specs import ModelSpec, TrainingSpec
 
@@ -209,8 +209,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     if method == "full":
         trainable = frozenset({"all"})
     elif method == "freeze":
-        parts = {"mlp": ("mlp", "experts"), "lm_head": ("lm_head", "pooler")}
-        trainable = frozenset(c for p in training.freeze.trainable for c in parts.get(p, (p,)))
+        trainable = frozenset(c for p in training.freeze.trainable for c in FREEZE_COMPONENTS[p])
     else:
         trainable = frozenset()
     roles: frozenset[str] = frozenset()
