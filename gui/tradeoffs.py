@@ -25,7 +25,7 @@ exports its plot as PNG or SVG and its data as CSV.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +115,21 @@ def current_point(store: ScenarioStore) -> Point | None:
     return Point(
         est.scenario, est.device_bytes, est.budget_bytes, est.capacity_bytes, est.verdict, est.time
     )
+
+
+def _lay_out(tab: QWidget, bar: Sequence[QWidget | tuple[QWidget, int]], view: QWidget) -> QWidget:
+    """A sub-tab: a bar of controls (a widget, or a widget and its stretch) over its view."""
+    row = QHBoxLayout()
+    row.setContentsMargins(4, 4, 4, 0)
+    for item in bar:
+        widget, stretch = item if isinstance(item, tuple) else (item, 0)
+        row.addWidget(widget, stretch)
+    layout = QVBoxLayout(tab)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.setSpacing(2)
+    layout.addLayout(row)
+    layout.addWidget(view, 1)
+    return tab
 
 
 def _export_button(
@@ -240,20 +255,13 @@ class TradeoffsView(QWidget):
         reset.clicked.connect(lambda: self.map.reset_view())
         export = _export_button(tab, self._export_map_dialog, ("png", "svg", "csv"))
 
-        bar = QHBoxLayout()
-        bar.setContentsMargins(4, 4, 4, 0)
-        for w in (self.sweep_button, self.cancel_button, self.progress):
-            bar.addWidget(w)
-        bar.addWidget(self.sweep_status, 1)
-        bar.addWidget(QLabel("Y axis:"))
-        for w in (self.metric, self.show_oom, reset, export):
-            bar.addWidget(w)
         self.map = SweepMap()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(2)
-        layout.addLayout(bar)
-        layout.addWidget(self.map, 1)
+        _lay_out(
+            tab,
+            [self.sweep_button, self.cancel_button, self.progress, (self.sweep_status, 1),
+             QLabel("Y axis:"), self.metric, self.show_oom, reset, export],
+            self.map,
+        )  # fmt: skip
         self._update_metric_choice()
         return tab
 
@@ -262,17 +270,8 @@ class TradeoffsView(QWidget):
         self.curves_status = QLabel()
         self.curves_status.setTextFormat(Qt.TextFormat.PlainText)
         export = _export_button(tab, self._export_curves_dialog, ("png", "svg", "csv"))
-        bar = QHBoxLayout()
-        bar.setContentsMargins(4, 4, 4, 0)
-        bar.addWidget(self.curves_status, 1)
-        bar.addWidget(export)
         self.curves_view = CurvesView()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(2)
-        layout.addLayout(bar)
-        layout.addWidget(self.curves_view, 1)
-        return tab
+        return _lay_out(tab, [(self.curves_status, 1), export], self.curves_view)
 
     def _build_hardware_tab(self) -> QWidget:
         tab = QWidget()
@@ -284,19 +283,13 @@ class TradeoffsView(QWidget):
         self.hardware_status = QLabel()
         self.hardware_status.setTextFormat(Qt.TextFormat.PlainText)
         export = _export_button(tab, self._export_hardware_dialog, ("png", "svg", "csv"))
-        bar = QHBoxLayout()
-        bar.setContentsMargins(4, 4, 4, 0)
-        bar.addWidget(self.hardware_status, 1)
-        bar.addWidget(self.hardware_progress)
-        bar.addWidget(self.hardware_cancel)
-        bar.addWidget(export)
         self.hardware_view = HardwareView()
         self.hardware_view.selectionChanged.connect(self._on_gpus_ticked)
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(2)
-        layout.addLayout(bar)
-        layout.addWidget(self.hardware_view, 1)
+        _lay_out(
+            tab,
+            [(self.hardware_status, 1), self.hardware_progress, self.hardware_cancel, export],
+            self.hardware_view,
+        )
         self._on_hardware_busy(False)
         return tab
 
@@ -306,17 +299,8 @@ class TradeoffsView(QWidget):
         self.fit_status.setTextFormat(Qt.TextFormat.PlainText)
         export = _export_button(tab, self._export_fixes_dialog, ("png", "svg", "csv"))
         export.setToolTip("Save this table as PNG or SVG, or its rows as CSV")
-        bar = QHBoxLayout()
-        bar.setContentsMargins(4, 4, 4, 0)
-        bar.addWidget(self.fit_status, 1)
-        bar.addWidget(export)
         self.fit_view = FitView()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(2)
-        layout.addLayout(bar)
-        layout.addWidget(self.fit_view, 1)
-        return tab
+        return _lay_out(tab, [(self.fit_status, 1), export], self.fit_view)
 
     def sizeHint(self) -> QSize:
         return QSize(900, 700)
