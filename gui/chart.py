@@ -103,6 +103,15 @@ def gib_text(n_bytes: int) -> str:
     return f"{gib:.2g} GiB"
 
 
+def view_point(plot_item: pg.PlotItem, scene_pos: QPointF) -> QPointF | None:
+    """``scene_pos`` in the data coordinates of ``plot_item``; ``None`` outside its view."""
+    view = plot_item.getViewBox()
+    if not view.sceneBoundingRect().contains(scene_pos):
+        return None
+    point: QPointF = view.mapSceneToView(scene_pos)
+    return point
+
+
 @dataclass(frozen=True, slots=True)
 class _Bar:
     """One bar as drawn: its tick label and note, the items it stacks, its total."""
@@ -730,11 +739,7 @@ class BreakdownChart(QWidget):
     # -- mouse ----------------------------------------------------------------------------
 
     def _view_point(self, scene_pos: QPointF) -> QPointF | None:
-        view = self.plot_item.getViewBox()
-        if not view.sceneBoundingRect().contains(scene_pos):
-            return None
-        point: QPointF = view.mapSceneToView(scene_pos)
-        return point
+        return view_point(self.plot_item, scene_pos)
 
     @Slot(object)
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:

@@ -43,6 +43,7 @@ from gui.plot_style import (
     capacity_colour,
     is_dark_background,
     line_label_fill,
+    palette_changed,
     palette_colours,
     series_colour,
     style_plot,
@@ -484,9 +485,7 @@ class CurvesView(QWidget):
     # -- light and dark --------------------------------------------------------------------
 
     def changeEvent(self, event: QEvent) -> None:
-        palette_events = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
-        # getattr: a palette event may come while QWidget's constructor runs
-        if event.type() in palette_events and getattr(self, "_built", False):
+        if palette_changed(self, event):
             self.apply_palette()
         super().changeEvent(event)
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import pyqtgraph as pg
+from PySide6.QtCore import QEvent
 from PySide6.QtGui import QBrush, QColor, QPalette
 
 from gui.chart import CAPACITY_COLOUR, VERDICTS
@@ -26,6 +27,13 @@ SERIES_COLOURS = {
     "none": ("#0072B2", "#56B4E9"),
     "full": ("#D55E00", "#E69F00"),
 }
+
+
+def palette_changed(widget: object, event: QEvent) -> bool:
+    """``event`` changes the palette of ``widget``, once the widget is built (a palette
+    event may come while QWidget's constructor runs, before ``_built`` is set)."""
+    kinds = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
+    return event.type() in kinds and getattr(widget, "_built", False)
 
 
 def is_dark_background(colour: QColor) -> bool:

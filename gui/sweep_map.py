@@ -29,12 +29,13 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.estimate import GIB
 from engine.sweep import Point, describe, pareto
-from gui.chart import gib_text, rich_text
+from gui.chart import gib_text, rich_text, view_point
 from gui.plot_style import (
     VERDICT_WORDS,
     capacity_colour,
     is_dark_background,
     line_label_fill,
+    palette_changed,
     palette_colours,
     style_plot,
     verdict_colour,
@@ -451,11 +452,7 @@ class SweepMap(QWidget):
     # -- mouse -----------------------------------------------------------------------------
 
     def _view_point(self, scene_pos: QPointF) -> QPointF | None:
-        view = self.plot_item.getViewBox()
-        if not view.sceneBoundingRect().contains(scene_pos):
-            return None
-        point: QPointF = view.mapSceneToView(scene_pos)
-        return point
+        return view_point(self.plot_item, scene_pos)
 
     @Slot(object)
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:
@@ -477,9 +474,7 @@ class SweepMap(QWidget):
     # -- light and dark --------------------------------------------------------------------
 
     def changeEvent(self, event: QEvent) -> None:
-        palette_events = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
-        # getattr: a palette event may come while QWidget's constructor runs
-        if event.type() in palette_events and getattr(self, "_built", False):
+        if palette_changed(self, event):
             self.apply_palette()
         super().changeEvent(event)
 
