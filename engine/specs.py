@@ -74,9 +74,43 @@ METHODS = ("full", "lora", "qlora", "freeze")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
-CHECKPOINTING = ("none", "selective", "full", "every-k-layers")
+#: ``selective``: Korthikanti et al.'s recomputation of the attention core (or the stack's
+#: own selective policy: see :data:`engine.stacks`); ``per-op``: torchtitan's per-op
+#: selective checkpointing (the outputs of every other matmul and of attention are saved,
+#: the rest of each layer is recomputed)
+CHECKPOINTING = ("none", "selective", "full", "every-k-layers", "per-op")
 ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
-LOSSES = ("standard", "chunked")
+#: standard: transformers' ``ForCausalLMLoss`` (the whole logits upcast to fp32);
+#: chunked: a fused linear cross-entropy that never materializes the logits (Liger,
+#: Unsloth); no-upcast: ``F.cross_entropy`` on the compute-dtype logits (LitGPT, plain
+#: loops); chunked-output: the LM head and an fp32 cross-entropy per chunk of the sequence,
+#: every chunk's logits kept (torchtune's ``CEWithChunkedOutputLoss``)
+LOSSES = ("standard", "chunked", "no-upcast", "chunked-output")
+#: the training stacks, one ``resources/stacks/NAME.json`` each (see :mod:`engine.stacks`)
+STACKS = (
+    "hf-trainer",
+    "trl-sft",
+    "accelerate-loop",
+    "lightning",
+    "torchtune",
+    "axolotl",
+    "torchtitan",
+    "deepspeed",
+    "megatron",
+    "custom",
+)
+#: storage dtype of frozen, non-quantized weights; ``auto``: the precision's compute dtype
+#: (fp32 under fp32), what ``from_pretrained`` gives for a 16-bit checkpoint
+FROZEN_DTYPES = ("auto", "fp32", "bf16", "fp16")
+#: dtype of LoRA adapters (and so of their gradients and optimizer states); ``auto``: the
+#: trainable weights' dtype under the precision (fp32, bf16 under pure bf16)
+ADAPTER_DTYPES = ("auto", "fp32", "bf16")
+#: what ``nvidia-smi`` shows beyond PyTorch's pool depends on the CUDA runtime: lazy module
+#: loading (the default since CUDA 12.2) or eager loading of every kernel of the libraries
+CUDA_RUNTIMES = ("cuda12-lazy", "cuda12-eager", "cuda11-eager")
+#: transformers' experts implementation: grouped GEMMs over the sorted tokens, or the
+#: per-expert loop
+MOE_IMPLEMENTATIONS = ("grouped", "eager")
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 ACTIVATION_OFFLOAD = ("none", "cpu")
@@ -424,6 +458,8 @@ class HardwareSpec:
     price_per_gpu_hour: float | None = None
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
+    #: :data:`CUDA_RUNTIMES`: what the CUDA context takes beyond PyTorch's pool
+    cuda_runtime: str = "cuda12-lazy"
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSpec):
@@ -434,6 +470,7 @@ class HardwareSpec:
         if self.memory_gib is not None:
             check_float("hardware.memory_gib", self.memory_gib, *MEMORY_GIB)
         check_float("hardware.utilization_target", self.utilization_target, 0.1, 1.0)
+        check_choice("hardware.cuda_runtime", self.cuda_runtime, CUDA_RUNTIMES)
         if self.host_memory_gib is not None:
             check_float("hardware.host_memory_gib", self.host_memory_gib, 1.0, 1 << 20)
         if self.network is not None and self.network not in NETWORKS:
@@ -479,9 +516,13 @@ class LoraSpec:
     alpha: float = 32.0
     targets: tuple[str, ...] = ("q_proj", "v_proj")
     dropout: float = 0.0
+    #: a name of :data:`ADAPTER_DTYPES`; None: the training stack's convention
+    adapter_dtype: str | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "training.lora.")
+        if self.adapter_dtype is not None:
+            check_choice("training.lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
         check_int("training.lora.rank", self.rank, 1, 65536)
         check_float("training.lora.alpha", self.alpha, 0.0, 1e6)
         check_float("training.lora.dropout", self.dropout, 0.0, 0.99)
@@ -621,6 +662,20 @@ class TrainingSpec:
     attention: str = "sdpa"
     #: "chunked": a fused/chunked cross-entropy that never materializes the logits
     loss: str = "standard"
+    #: chunks of the sequence ``chunked-output`` computes the LM head and the loss in
+    loss_chunks: int = 8
+    #: the training stack whose conventions fill the fields below left at None
+    #: (:mod:`engine.stacks`); an explicit value overrides the stack's
+    stack: str = "hf-trainer"
+    #: the model output (the logits; with ``kv_cache_in_outputs`` the KV cache) stays
+    #: referenced through backward and the optimizer step, or is released before backward
+    outputs_held_through_backward: bool | None = None
+    #: transformers builds a KV cache in training (``use_cache``), never under checkpointing
+    kv_cache_in_outputs: bool | None = None
+    #: storage dtype of frozen, non-quantized weights (:data:`FROZEN_DTYPES`)
+    frozen_weights_dtype: str | None = None
+    #: :data:`MOE_IMPLEMENTATIONS`
+    moe_implementation: str = "grouped"
     #: tokens the whole run trains on, for its wall time, GPU-hours and cost (None: not asked)
     token_budget: int | None = None
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -652,6 +707,11 @@ class TrainingSpec:
         check_int(t + "checkpoint_every_k", self.checkpoint_every_k, 1, MAX_LAYERS)
         check_choice(t + "attention", self.attention, ATTENTION_KERNELS)
         check_choice(t + "loss", self.loss, LOSSES)
+        check_int(t + "loss_chunks", self.loss_chunks, 1, 4096)
+        check_choice(t + "stack", self.stack, STACKS)
+        if self.frozen_weights_dtype is not None:
+            check_choice(t + "frozen_weights_dtype", self.frozen_weights_dtype, FROZEN_DTYPES)
+        check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
         if self.token_budget is not None:
             check_int(t + "token_budget", self.token_budget, 1, 10**16)
 

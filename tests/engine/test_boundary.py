@@ -75,8 +75,8 @@ def wrong_values(kind: Any) -> list[Any]:
         return ["64", 64.0, True, None] if kind is int else ["64", 64.0, True]
     if kind in (float, float | None):
         return ["0.5", float("nan"), float("inf"), True] + ([None] if kind is float else [])
-    if kind is bool:
-        return ["false", "no", 0, 1, None]
+    if kind in (bool, bool | None):
+        return ["false", "no", 0, 1] + ([None] if kind is bool else [])
     if kind in (str, str | None):
         return [1, "\ud800", "a\x1b[31m", ["a"]] + ([None] if kind is str else [])
     if typing.get_origin(kind) is tuple:

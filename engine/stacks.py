@@ -1,0 +1,244 @@
+"""Training stacks: the conventions of the loop that really runs the step.
+
+Two runs of the same model, batch and precision can differ by tens of percent in peak
+memory because their training stacks differ in a few conventions that no hyper-parameter
+names (each read from the stack's source; the file and version are in its JSON):
+
+* whether the **model output** -- the logits and, in transformers, the KV cache it builds
+  in training -- stays referenced through backward (``outputs = model(**batch);
+  outputs.loss.backward()``) or is dropped before it (the Trainer's ``compute_loss``
+  returns only the loss);
+* the **dtype of frozen weights** under mixed precision (Lightning's ``bf16-mixed`` keeps
+  every weight in fp32; ``from_pretrained`` loads a 16-bit checkpoint in 16 bits);
+* the **dtype of LoRA adapters** (PEFT's ``autocast_adapter_dtype=True`` keeps them fp32);
+* what **selective checkpointing** means (Korthikanti's attention core, or torchtitan's
+  per-op policy), and the loss and optimizer implementation a stack's recipes use.
+
+A stack is data, ``resources/stacks/NAME.json``::
+
+    {"memfit_stack": 1, "name": "lightning", "label": "...", "description": "...",
+     "source": "file and version the conventions were read from",
+     "conventions": {"outputs_held_through_backward": true, "kv_cache_in_outputs": false,
+                     "frozen_weights_dtype": {"bf16-mixed": "fp32", "default": "auto"},
+                     "lora.adapter_dtype": "auto", "selective_checkpointing": "attention-core"},
+     "why": {"outputs_held_through_backward": "..."},
+     "defaults": {"loss": "no-upcast"}}
+
+``conventions`` fill the scenario fields left at None (a value, or one per precision);
+``defaults`` are the stack's choices of ordinary fields (loss, optimizer implementation),
+applied when a stack is chosen and the field is not given (:func:`apply_defaults`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+from engine.errors import EstimateError
+from engine.presets import resources_dir
+from engine.specs import (
+    ADAPTER_DTYPES,
+    FROZEN_DTYPES,
+    LOSSES,
+    OPTIMIZER_IMPLS,
+    STACKS,
+    TrainingSpec,
+)
+
+#: what ``activation_checkpointing="selective"`` means in a stack
+SELECTIVE_POLICIES = ("attention-core", "per-op")
+#: the convention keys of a stack file and the accepted values of each
+CONVENTIONS: dict[str, tuple[Any, ...]] = {
+    "outputs_held_through_backward": (True, False),
+    "kv_cache_in_outputs": (True, False),
+    "frozen_weights_dtype": FROZEN_DTYPES,
+    "lora.adapter_dtype": ADAPTER_DTYPES,
+    "selective_checkpointing": SELECTIVE_POLICIES,
+}
+#: the ordinary training fields a stack may choose, and their accepted values
+DEFAULTS: dict[str, tuple[Any, ...]] = {"loss": LOSSES, "optimizer_impl": OPTIMIZER_IMPLS}
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    name: str
+    label: str
+    description: str
+    source: str
+    #: convention key -> a value, or {precision or "default": value}
+    conventions: dict[str, Any]
+    why: dict[str, str]
+    defaults: dict[str, Any]
+
+    def convention(self, key: str, precision: str) -> Any:
+        value = self.conventions[key]
+        if isinstance(value, dict):
+            return value.get(precision, value["default"])
+        return value
+
+
+def _check_value(where: str, value: Any, accepted: tuple[Any, ...]) -> None:
+    # bools compare equal to 0 and 1: check the type as well as the value
+    if not any(type(value) is type(a) and value == a for a in accepted):
+        shown = ", ".join(json.dumps(a) for a in accepted)
+        raise EstimateError(where, f"got {json.dumps(value)}, expected one of {shown}")
+
+
+def _parse(name: str, data: Any) -> Stack:
+    where = f"stacks/{name}.json"
+    if not isinstance(data, dict) or data.get("memfit_stack") != 1:
+        raise EstimateError(where, 'expected a JSON object with "memfit_stack": 1')
+    if data.get("name") != name:
+        raise EstimateError(f"{where}: name", f"got {data.get('name')!r}, expected {name!r}")
+    for key in ("label", "description", "source"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise EstimateError(f"{where}: {key}", "expected a non-empty string")
+    conventions = data.get("conventions")
+    if not isinstance(conventions, dict) or set(conventions) != set(CONVENTIONS):
+        raise EstimateError(f"{where}: conventions", f"expected the keys {', '.join(CONVENTIONS)}")
+    for key, value in conventions.items():
+        values = value.values() if isinstance(value, dict) else [value]
+        if isinstance(value, dict) and "default" not in value:
+            raise EstimateError(
+                f"{where}: conventions.{key}", 'a per-precision value needs "default"'
+            )
+        for v in values:
+            _check_value(f"{where}: conventions.{key}", v, CONVENTIONS[key])
+    defaults = data.get("defaults", {})
+    for key, value in defaults.items():
+        if key not in DEFAULTS:
+            raise EstimateError(f"{where}: defaults.{key}", "unknown key")
+        _check_value(f"{where}: defaults.{key}", value, DEFAULTS[key])
+    why = data.get("why", {})
+    return Stack(
+        name, data["label"], data["description"], data["source"], conventions, why, defaults
+    )
+
+
+@cache
+def load_stack(name: str) -> Stack:
+    """The stack ``name`` (one of :data:`engine.specs.STACKS`), read from its JSON file."""
+    if name not in STACKS:
+        raise EstimateError("training.stack", f"got {name!r}, expected one of {', '.join(STACKS)}")
+    path = resources_dir() / "stacks" / f"{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EstimateError(f"stacks/{name}.json", f"cannot be read: {exc}") from exc
+    return _parse(name, data)
+
+
+def stacks() -> tuple[Stack, ...]:
+    return tuple(load_stack(n) for n in STACKS)
+
+
+@dataclass(frozen=True, slots=True)
+class Convention:
+    """One convention an estimate used: the field, its value, and where it came from."""
+
+    field: str
+    value: Any
+    #: "scenario" (set explicitly) or "stack" (the stack's default)
+    origin: str
+    #: what the value means for the step, from the stack file when it came from there
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Conventions:
+    """The conventions of one step, resolved: the scenario's values, else its stack's."""
+
+    stack: str
+    outputs_held: bool
+    #: the KV cache is built (and held with the outputs): never under checkpointing
+    kv_cache: bool
+    #: storage dtype of frozen, non-quantized weights: "fp32", "bf16" or "fp16"
+    frozen_dtype: str
+    #: dtype of LoRA adapters: "fp32" or "bf16"
+    adapter_dtype: str
+    #: the checkpointing policy run: ``activation_checkpointing`` with "selective" read
+    #: as the stack's selective policy
+    checkpointing: str
+    used: tuple[Convention, ...]
+
+
+def auto_frozen_dtype(training: TrainingSpec) -> str:
+    """``auto``: QLoRA's compute dtype; else the precision's compute dtype (fp32 under
+    fp32, fp16 under fp16-mixed, bf16 otherwise)."""
+    if training.method == "qlora":
+        return training.qlora.compute_dtype
+    return {"fp32": "fp32", "fp16-mixed": "fp16"}.get(training.precision, "bf16")
+
+
+def auto_adapter_dtype(training: TrainingSpec) -> str:
+    """``auto``: the trainable weights' dtype (bf16 under pure bf16, else fp32)."""
+    return "bf16" if training.precision == "bf16" else "fp32"
+
+
+@lru_cache(maxsize=4096)
+def conventions(training: TrainingSpec) -> Conventions:
+    """The conventions ``training`` runs with (its fields, else its stack's)."""
+    stack = load_stack(training.stack)
+    precision = training.precision
+    used: list[Convention] = []
+
+    def pick(key: str, explicit: Any) -> Any:
+        if explicit is not None:
+            used.append(Convention(key, explicit, "scenario", stack.why.get(key, "")))
+            return explicit
+        value = stack.convention(key, precision)
+        used.append(Convention(key, value, "stack", stack.why.get(key, "")))
+        return value
+
+    held = pick("outputs_held_through_backward", training.outputs_held_through_backward)
+    cache_on = pick("kv_cache_in_outputs", training.kv_cache_in_outputs)
+    frozen = pick("frozen_weights_dtype", training.frozen_weights_dtype)
+    lora = training.method in ("lora", "qlora")
+    adapter = pick("lora.adapter_dtype", training.lora.adapter_dtype) if lora else "auto"
+    policy = stack.convention("selective_checkpointing", precision)
+    checkpointing = training.activation_checkpointing
+    if checkpointing == "selective":
+        used.append(
+            Convention(
+                "selective_checkpointing",
+                policy,
+                "stack",
+                stack.why.get("selective_checkpointing", ""),
+            )
+        )
+        if policy == "per-op":
+            checkpointing = "per-op"
+    return Conventions(
+        stack=stack.name,
+        outputs_held=held,
+        # transformers turns the cache off under gradient checkpointing
+        kv_cache=cache_on and training.activation_checkpointing == "none",
+        frozen_dtype=auto_frozen_dtype(training) if frozen == "auto" else frozen,
+        adapter_dtype=auto_adapter_dtype(training) if adapter == "auto" else adapter,
+        checkpointing=checkpointing,
+        used=tuple(used),
+    )
+
+
+def apply_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A scenario file's ``training`` section with its stack's :attr:`Stack.defaults`
+    filled in where the section does not give them (a copy; the stack's name must be
+    valid, else it is left for :class:`TrainingSpec` to refuse)."""
+    name = data.get("stack", "hf-trainer")
+    if name not in STACKS:
+        return data
+    stack = load_stack(name)
+    out = dict(data)
+    for key, value in stack.defaults.items():
+        out.setdefault(key, value)
+    return out
+
+
+def with_stack(training: TrainingSpec, name: str) -> TrainingSpec:
+    """``training`` run on stack ``name``: the stack's defaults of ordinary fields, and
+    every convention left to the stack (explicit convention values are kept)."""
+    stack = load_stack(name)
+    return dataclasses.replace(training, stack=name, **stack.defaults)
