@@ -226,11 +226,26 @@ class _Group:
         act = stages("activations") + (holds - 1) * stages("per_microbatch")
         params, grads = stages("parameters"), stages("gradients")
         top = params + grads + stages("optimizer_states") + act
-        wins = (top > c["before"]) & (top >= c["step"]) & (top >= c["after"])
-        p = np.where(wins, params, c["p"])
-        g = np.where(wins, grads, c["g"])
-        a = np.where(wins, act, c["a"])
-        phase = np.where(wins, _PHASE[kind], c["phase"])
+        # a model output held by the loop lives through the optimizer step and zero_grad
+        output = stages("logits")
+        step, after = c["step"] + output, c["after"] + output
+        # the first highest of the point before the step, the step and after zero_grad
+        first_before = (c["before"] >= step) & (c["before"] >= after)
+        first_step = ~first_before & (step >= after)
+
+        def first(name: str) -> np.ndarray:
+            chosen: np.ndarray = np.where(
+                first_before,
+                c["before_" + name],
+                np.where(first_step, c["step_" + name], c["after_" + name]),
+            )
+            return chosen
+
+        wins = (top > c["before"]) & (top >= step) & (top >= after)
+        p = np.where(wins, params, first("p"))
+        g = np.where(wins, grads, first("g"))
+        a = np.where(wins, act, first("a") + np.where(first_before, 0, output))
+        phase = np.where(wins, _PHASE[kind], first("phase"))
         if int(a.max()) >= _EXACT_FLOAT:
             return [None] * n
         # the items at the peak, added up (engine.estimate._items_at_peak)
@@ -309,23 +324,28 @@ def _group(scenario: Scenario) -> _Group:
         sharded, plan = _share(scenario, slot.model, mesh, slot.key[3], slot.stage, slot.chunk)
         parts = _parts(sharded.state)
         large = _large_blocks(slot.model)
-        extra = overhead(arch, large, 0)
+        extra = overhead(arch, large, 0, scenario.hardware.cuda_runtime)
         _, _, nccl = _fixed_overheads(
             arch, large, extra.rounding, extra.context, extra.workspace, mesh
         )
-        first = max((plan.before, plan.step, plan.after), key=lambda p: p.total)
         keys.append(slot.key)
         plans.append(plan)
+        moments = {"before": plan.before, "step": plan.step, "after": plan.after}
         rows.append(
             {
-                "before": plan.before.total,
-                "step": plan.step.total,
-                "after": plan.after.total,
-                # the first highest of those three, where it is the peak
-                "p": first.parameters,
-                "g": first.gradients,
-                "a": first.activations,
-                "phase": _PHASES.index(first.phase),
+                **{name: point.total for name, point in moments.items()},
+                # each of those three, for where it is the peak (the step and the point
+                # after zero_grad with the model output held, if it is)
+                **{
+                    f"{name}_{key}": value
+                    for name, point in moments.items()
+                    for key, value in (
+                        ("p", point.parameters),
+                        ("g", point.gradients),
+                        ("a", point.activations),
+                        ("phase", _PHASES.index(point.phase)),
+                    )
+                },
                 "params": plan.params,
                 "temp": plan.temp,
                 # the model state items at the peak (parameters, overhead, gradient

@@ -44,12 +44,14 @@ from engine.specs import (
     ATTENTION_KERNELS,
     CHECKPOINTING,
     FRAMEWORKS,
+    LOSSES,
     METHODS,
     OFFLOAD_TARGETS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PP_SCHEDULES,
     PRECISIONS,
+    STACKS,
     Scenario,
 )
 from engine.steptime import StepTime
@@ -76,6 +78,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "memory_gib": (("hardware", "memory_gib"), float),
     "host_memory_gib": (("hardware", "host_memory_gib"), float),
     "budget": (("hardware", "utilization_target"), float),
+    "stack": (("training", "stack"), str),
+    "loss": (("training", "loss"), str),
     "method": (("training", "method"), str),
     "precision": (("training", "precision"), str),
     "optimizer": (("training", "optimizer"), str),
@@ -179,6 +183,16 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f}"
 
 
+def convention_line(est: Estimate) -> str:
+    """The training stack and the conventions the estimate used, on one line."""
+    conv = est.conventions
+    shown = ", ".join(
+        f"{c.field}={json.dumps(c.value)}" + (" (set)" if c.origin == "scenario" else "")
+        for c in conv.used
+    )
+    return f"Stack        {conv.stack}: {shown}"
+
+
 def format_table(est: Estimate) -> str:
     """A readable report of ``est`` (GiB = 2^30 bytes)."""
     s = est.scenario
@@ -199,6 +213,7 @@ def format_table(est: Estimate) -> str:
         f"Parameters   total {est.total_params:,}   trainable {est.trainable_params:,}"
         f" ({share:.3g} %)",
         f"Bytes/param  {est.bytes_per_param_formula}",
+        convention_line(est),
     ]
     if est.bytes_per_frozen_param:
         lines.append(
@@ -316,6 +331,12 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
         "--host-memory-gib", type=float, help="host RAM per node in GiB, to check offload"
     )
     t = p.add_argument_group("training")
+    t.add_argument(
+        "--stack",
+        choices=STACKS,
+        help="the training stack whose conventions the step follows (default hf-trainer)",
+    )
+    t.add_argument("--loss", choices=LOSSES)
     t.add_argument("--method", choices=METHODS)
     t.add_argument("--precision", choices=PRECISIONS)
     t.add_argument("--optimizer", choices=OPTIMIZERS)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from engine.errors import EstimateError
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
 from engine.params import model_tensors
@@ -33,6 +34,7 @@ from engine.sharding import (
     tensor_parallel_shard,
 )
 from engine.specs import ModelSpec, Scenario, TrainingSpec
+from engine.stacks import Conventions, conventions
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
     _PLAYED_FIRST,
@@ -140,6 +142,11 @@ class Estimate:
         return self.capacity_bytes - self.device_bytes
 
     @property
+    def conventions(self) -> Conventions:
+        """The training stack's conventions the step ran with (:mod:`engine.stacks`)."""
+        return conventions(self.scenario.training)
+
+    @property
     def time(self) -> StepTime:
         """The step time of the scenario (:mod:`engine.steptime`)."""
         return step_time(self.scenario)
@@ -189,6 +196,11 @@ class Estimate:
             ],
             "mesh": dataclasses.asdict(self.mesh) if self.mesh else None,
             "time": self.time.as_dict(),
+            "stack": self.conventions.stack,
+            "conventions": [
+                {"field": c.field, "value": c.value, "origin": c.origin, "why": c.why}
+                for c in self.conventions.used
+            ],
             "worst_group": self.worst_group,
             "ranks": [
                 {
@@ -389,6 +401,13 @@ def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
     key = (model, strategy_key(training))
     state = _WHOLE.get(key)
     if state is None:
+        if conventions(training).checkpointing == "per-op":
+            raise EstimateError(
+                "training.activation_checkpointing",
+                "per-op selective checkpointing (torchtitan's 'selective', option 'op') is "
+                "not modelled yet; choose none, full, every-k-layers, or selective on a "
+                "stack whose selective policy is the attention core",
+            )
         if len(_WHOLE) >= _KEPT:
             _WHOLE.clear()
         state = _WHOLE[key] = model_state(model, training)
@@ -513,7 +532,7 @@ def _rank(
     allocated = sum(i.bytes for i in items)
     large_blocks = _large_blocks(model)
     arch = scenario.hardware.gpu.architecture
-    extra = overhead(arch, large_blocks, peak.activations)
+    extra = overhead(arch, large_blocks, peak.activations, scenario.hardware.cuda_runtime)
     rounded, after, nccl = _fixed_overheads(
         arch, large_blocks, extra.rounding, extra.context, extra.workspace, mesh
     )
@@ -802,15 +821,18 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
             )
         )
     if peak.activations:
-        logits = min(timeline.logits, peak.activations)
+        # the model output exists from the LM head on: through backward where the loop
+        # holds it, and through the optimizer step
+        after_head = peak.phase != "forward" or peak.layer is None
+        logits = min(timeline.logits, peak.activations) if after_head else 0
         if logits:
             items.append(
                 MemoryItem(
-                    "logits held by the model output",
+                    "model output held by the loop (logits, KV cache)",
                     "activations",
                     logits,
-                    "b x s x vocab in the compute dtype",
-                    "ForCausalLMLoss",
+                    "b x s x vocab in the compute dtype (+ keys and values per layer)",
+                    "engine.stacks: outputs_held_through_backward, kv_cache_in_outputs",
                 )
             )
         items.append(

@@ -87,6 +87,17 @@ class Ctx:
     capacity: float = 1.0
     #: experts each token is routed to (MoE models)
     topk: int = 0
+    #: the training stack's conventions (:func:`engine.stacks.conventions`): the model
+    #: output (the logits, with ``kv_cache`` the KV cache) held through backward, the
+    #: adapters' bytes per element, and the loss
+    outputs_held: bool = True
+    kv_cache: bool = False
+    #: bytes per element of the stored embedding weight (the residual stream's dtype
+    #: under autocast follows it)
+    embedding_bytes: int = 4
+    adapter_bytes: int = 4
+    loss: str = "standard"
+    loss_chunks: int = 8
     #: build blocks with symbolic sizes (:class:`~engine.graph.Lin`) instead of at
     #: ``batch`` x ``seq``: one build then serves every shape (:func:`engine.graph.profile`)
     symbolic: bool = False
@@ -121,8 +132,14 @@ class Ctx:
 
     @property
     def res(self) -> int:
-        """Bytes of the residual stream: fp32 weights make fp32 hidden states under AMP."""
-        return 2 if self.mode == "half" else 4
+        """Bytes of the residual stream: fp32 weights make fp32 hidden states under AMP;
+        a frozen 16-bit embedding starts a 16-bit stream, which 16-bit norms and autocast's
+        16-bit matmuls keep (``embedding_bytes``)."""
+        if self.mode == "half":
+            return 2
+        if self.mode == "amp" and self.embedding_bytes == 2:
+            return 2
+        return 4
 
     def hidden_bytes(self, hidden_size: int) -> int:
         """A hidden-size tensor between blocks (residual dtype; a sequence shard under SP)."""
@@ -162,6 +179,8 @@ class Net:
         self.n = 0
         #: sequence parallelism: gathered tensor -> the shard it was gathered from
         self.shard_of: dict[str, str] = {}
+        #: autocast's cache: weight -> its cast copy
+        self.cached: dict[tuple[str, str | None, int, int, int], str] = {}
 
     def new(self, prefix: str, elems: Size, dtype: int, rg: bool) -> str:
         self.n += 1
@@ -284,11 +303,22 @@ class Net:
             deq = self.new("deq", in_f * out_f * weights, 2, False)
             self._op("dequantize", [], [deq])
             redo = 2 * in_f * out_f * weights
+        elif ctx.mode == "amp" and w_dtype == 4 and trainable:
+            # autocast's cast of an fp32 weight, cached for the forward, kept for backward;
+            # a second call on the same weight (a chunked LM head) finds it in the cache
+            key = (component, role, in_f, out_f, weights)
+            weight = self.cached.get(key, "")
+            if not weight:
+                weight = self.cached[key] = self.new("wcast", in_f * out_f * weights, 2, True)
+                self.block.weight_copies += 2 * in_f * out_f * weights
+                self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
         elif ctx.mode == "amp" and w_dtype == 4:
-            # autocast's cast of an fp32 weight, cached for the forward, kept for backward
-            weight = self.new("wcast", in_f * out_f * weights, 2, trainable)
-            self.block.weight_copies += 2 * in_f * out_f * weights
-            self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
+            # a frozen fp32 weight (Lightning's bf16-mixed keeps the base in fp32): autocast
+            # caches casts only of leaf tensors that require grad, so every call casts it
+            # again; the copy lives while the matmul runs, and on through backward only
+            # where the matmul saves it (its input needs a gradient)
+            weight = self.new("wcast", in_f * out_f * weights, 2, False)
+            self._op("cast_weight", [], [weight])
         y = self.new("lin", tokens * out_f, ctx.act, self.rg[xin] or trainable)
         saved_in = xin
         if x in self.shard_of:  # sequence parallel: keep the shard, gather again later
@@ -305,28 +335,31 @@ class Net:
             # gradient arrives in that transposed layout and AccumulateGrad, whose layout
             # contract it breaks, clones it into a contiguous .grad: briefly two copies
             redo += w_grad or 4 * in_f * out_f * weights
-        inputs = [xin] + ([weight] if weight and trainable else [])
+        inputs = [xin] + ([weight] if weight else [])
         self._op("mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
         if role and role in ctx.lora_roles:
             y = self._lora(x, y, in_f, out_f, tokens)
         return y
 
     def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:
-        """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``; A and B, and so
-        their gradients, fp32 under AMP and fp32, 16-bit on a 16-bit module (pure bf16, and
-        the 16-bit module weights of DeepSpeed and Megatron)."""
+        """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``. A and B, and so
+        their gradients, are in the adapter dtype (``Ctx.adapter_bytes``: PEFT's default
+        keeps them fp32 on a 16-bit base). Outside autocast PEFT casts the input to the
+        adapters' dtype, the adapter path computes in it, and the sum is cast back to the
+        base output's dtype; under autocast the matmuls run in the compute dtype."""
         ctx, r = self.ctx, self.ctx.lora_rank
-        adapter_dtype = 2 if ctx.mode == "half" else 4
+        adapter_dtype = ctx.adapter_bytes
         xin = self.cast(x, adapter_dtype) if ctx.mode != "amp" else x
         xin = self.dropout(xin, ctx.dropout)
         if ctx.mode == "amp":
             xin = self.cast(xin, 2)
-        a = self.new("loraA", tokens * r, ctx.act, True)
+        out_dtype = ctx.act if ctx.mode == "amp" else adapter_dtype
+        a = self.new("loraA", tokens * r, out_dtype, True)
         self._op("lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * in_f)
-        b = self.new("loraB", tokens * out_f, ctx.act, True)
+        b = self.new("loraB", tokens * out_f, out_dtype, True)
         self._op("lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * out_f)
         scaled = self.unary("scale", b)
-        return self.binary("add", base, scaled)
+        return self.cast(self.binary("add", base, scaled), self.dtype[base])
 
     def rms_norm(self, x: str, h: int, component: str = "norms") -> str:
         """HF ``LlamaRMSNorm``: fp32 variance, ``weight * (x * rsqrt(mean(x^2) + eps))``."""
@@ -495,6 +528,10 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     if not m.is_mla:
         if m.position_embedding == "rotary":
             q, k = _rope(net, q), _rope(net, k)
+        if ctx.outputs_held and ctx.kv_cache:
+            # transformers' DynamicCache keeps each layer's keys (after RoPE) and values
+            # in the model output: alive until the output is released, after the step
+            net.block.held.update((k, v))
         attn = net.attention(q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim)
     o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
     o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
@@ -637,14 +674,25 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
 
 
 def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[Block, str]:
-    """Final norm, LM head and the cross-entropy loss of transformers' ``ForCausalLMLoss``.
+    """Final norm, LM head and the cross-entropy loss, as ``ctx.loss`` computes it.
 
-    The logits (``b s V`` in the compute dtype) are returned in the model output and stay
-    alive until it is released after backward; the loss upcasts them to fp32 and
-    ``log_softmax`` keeps its fp32 output, so just after the forward ``2 + 4`` bytes per
-    logit are live (``4 + 4`` when the weights are fp32 without autocast) and the backward
-    adds the fp32 gradient of the log-probabilities. A chunked/fused cross-entropy (Liger,
-    torchtune, Unsloth) never materializes them: only a chunk of rows at a time.
+    * ``standard`` -- transformers' ``ForCausalLMLoss``: the logits (``b s V`` in the
+      compute dtype) are upcast to fp32 and ``log_softmax`` keeps its fp32 output, so just
+      after the forward ``2 + 4`` bytes per logit are live (``4 + 4`` when the weights are
+      fp32 without autocast) and the backward adds the fp32 gradient of the
+      log-probabilities;
+    * ``no-upcast`` -- ``F.cross_entropy`` on the logits as they are (LitGPT, plain
+      loops): ``log_softmax`` reads them and writes fp32 under autocast (it is on
+      autocast's fp32 list), the logits' dtype otherwise;
+    * ``chunked-output`` -- torchtune's ``CEWithChunkedOutputLoss``: the LM head runs on
+      ``loss_chunks`` chunks of the sequence (``torch.chunk``) and each chunk of logits is
+      upcast and reduced on its own: every chunk's fp32 log-probabilities are kept, but
+      only one chunk's upcast copy and gradients are live at a time;
+    * ``chunked`` (``chunked`` is True) -- a fused linear cross-entropy (Liger, Unsloth)
+      that never materializes them: only a chunk of rows at a time.
+
+    With ``ctx.outputs_held`` the model output keeps the logits alive until it is released
+    after the step; released before backward, they die with their last use.
     """
     h, tokens, vocab = m.hidden_size, ctx.shape().tokens, m.vocab_size
     net = Net("lm_head_loss", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
@@ -661,14 +709,38 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
         logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
         return net.block, loss
+    fp32_out = F32 if ctx.mode == "amp" else 0
+    if ctx.loss == "chunked-output" and m.architecture == "decoder":
+        if ctx.symbolic:  # torch.chunk's sizes are ceilings: not linear forms of the shape
+            raise TypeError("chunked-output builds at concrete shapes only")
+        seq = ctx.seq * ctx.sp  # the whole sequence after the gather
+        size = -(-seq // ctx.loss_chunks)
+        # each chunk's matmul casts its slice of the hidden states under autocast: one
+        # cast in all, saved for the head's weight gradient
+        x = net.cast(x, 2) if ctx.mode == "amp" else x
+        losses = []
+        for start in range(0, seq, size):
+            rows = ctx.batch * min(size, seq - start)
+            chunk = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
+            if ctx.outputs_held:
+                net.block.held.add(chunk)
+            logp = net.unary("log_softmax", net.cast(chunk, F32), save_out=True)
+            losses.append(net.unary("nll_loss", logp, elems=1))
+        loss = losses[0]
+        for other in losses[1:]:
+            loss = net.binary("add_loss", loss, other)
+        return net.block, loss
     logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
-    # ForCausalLMLoss calls logits.float(), a full fp32 copy. BERT's masked-LM loss does
-    # not: under autocast, log_softmax (on the fp32 list with an output dtype) reads the
-    # 16-bit logits and writes fp32 without a copy of its input; in pure bf16 it stays bf16
-    upcast = net.cast(logits, F32) if m.architecture == "decoder" else logits
-    out_dtype = F32 if ctx.mode == "amp" else net.dtype[upcast]
-    logp = net.unary("log_softmax", upcast, save_out=True, dtype=out_dtype)
+    if ctx.loss == "no-upcast":
+        upcast = logits
+    else:
+        # ForCausalLMLoss calls logits.float(), a full fp32 copy. BERT's masked-LM loss
+        # does not: under autocast, log_softmax (on the fp32 list with an output dtype)
+        # reads the 16-bit logits and writes fp32 without a copy of its input; in pure
+        # bf16 it stays bf16
+        upcast = net.cast(logits, F32) if m.architecture == "decoder" else logits
+    logp = net.unary("log_softmax", upcast, save_out=True, dtype=fp32_out or net.dtype[upcast])
     loss = net.unary("nll_loss", logp, elems=1)
-    # the model output holds the logits until it is dropped after backward
-    net.block.held.add(logits)
+    if ctx.outputs_held:  # the model output holds the logits until it is dropped
+        net.block.held.add(logits)
     return net.block, loss

@@ -44,6 +44,7 @@ from math import ceil
 from engine.errors import EstimateError
 from engine.params import TensorGroup, model_tensors
 from engine.specs import ModelSpec, TrainingSpec
+from engine.stacks import conventions
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
 
@@ -158,18 +159,25 @@ def trainable_dtype(precision: str) -> str:
 
 
 def frozen_dtype(precision: str) -> str:
-    """Storage dtype of frozen (non-quantized) weights: the compute dtype."""
+    """Storage dtype of frozen (non-quantized) weights by default: the compute dtype."""
     return {"fp32": "fp32", "fp16-mixed": "fp16"}.get(precision, "bf16")
 
 
+def weight_dtypes(training: TrainingSpec) -> tuple[str, str]:
+    """The storage dtypes of the trainable and of the frozen (not quantized) weights under
+    ``training``'s conventions (:func:`engine.stacks.conventions`): LoRA adapters in the
+    adapter dtype (PEFT keeps them fp32 by default), frozen weights in the frozen dtype
+    (Lightning's bf16-mixed keeps them fp32; QLoRA's default is its compute dtype)."""
+    conv = conventions(training)
+    lora = training.method in ("lora", "qlora")
+    trained = conv.adapter_dtype if lora else trainable_dtype(training.precision)
+    return trained, conv.frozen_dtype
+
+
 def storage_bytes(training: TrainingSpec) -> tuple[int, int]:
-    """Bytes per element of the trainable and of the frozen (not quantized) weights; QLoRA
-    keeps its unquantized frozen tensors in its compute dtype."""
-    frozen = training.qlora.compute_dtype if training.method == "qlora" else None
-    return (
-        DTYPE_BYTES[trainable_dtype(training.precision)],
-        DTYPE_BYTES[frozen or frozen_dtype(training.precision)],
-    )
+    """Bytes per element of the trainable and of the frozen (not quantized) weights."""
+    trained, frozen = weight_dtypes(training)
+    return DTYPE_BYTES[trained], DTYPE_BYTES[frozen]
 
 
 def optimizer_state(optimizer: str, shape: tuple[int, ...], param_bytes: int) -> tuple[int, str]:
@@ -340,10 +348,8 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
     its blocks (see :func:`_on_stage`); "all" is the whole model.
     """
     precision, method, opt = training.precision, training.method, training.optimizer
-    t_dtype, f_dtype = trainable_dtype(precision), frozen_dtype(precision)
-    if method == "qlora":
-        f_dtype = training.qlora.compute_dtype
-    t_bytes, f_bytes = storage_bytes(training)
+    t_dtype, f_dtype = weight_dtypes(training)
+    t_bytes, f_bytes = DTYPE_BYTES[t_dtype], DTYPE_BYTES[f_dtype]
     split = split_tensors(model, training, stage)
     trainable, frozen, quantized = split.trainable, split.frozen, split.quantized
     base = (*frozen, *quantized, *(g for g in trainable if not g.adapter))

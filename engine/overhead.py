@@ -37,6 +37,12 @@ CONTEXT_MIB = {
     "cdna3": 300,
 }
 DEFAULT_CONTEXT_MIB = 450
+#: what eager module loading adds to the context, MiB: every kernel of PyTorch's CUDA
+#: libraries is loaded at start instead of on first use. CUDA's lazy loading (opt-in from
+#: 11.7, the default from 12.2: ``CUDA_MODULE_LOADING``) exists for this saving; nvidia-smi
+#: tables of CUDA 11 stacks show contexts of 1-1.5 GiB where lazy ones show 0.3-0.6 GiB
+#: (CUDA C++ Programming Guide, "Lazy Loading"). An estimate of the middle of that range.
+EAGER_MODULES_MIB = {"cuda12-lazy": 0, "cuda12-eager": 600, "cuda11-eager": 800}
 #: cuBLAS workspace: CUBLAS_WORKSPACE_CONFIG's default ":4096:8" is 8 x 4 MiB per handle;
 #: Hopper's cuBLASLt takes 32 MiB more.
 CUBLAS_MIB = {"hopper": 64, "blackwell": 64}
@@ -104,11 +110,15 @@ class Overhead:
         return self.context + self.workspace
 
 
-def overhead(architecture: str, large_blocks: int, peak_activations: int) -> Overhead:
-    """The terms that lift allocated to reserved and reserved to device bytes."""
+def overhead(
+    architecture: str, large_blocks: int, peak_activations: int, runtime: str = "cuda12-lazy"
+) -> Overhead:
+    """The terms that lift allocated to reserved and reserved to device bytes; ``runtime``
+    is the CUDA runtime's module loading (:data:`engine.specs.CUDA_RUNTIMES`)."""
+    context = CONTEXT_MIB.get(architecture, DEFAULT_CONTEXT_MIB) + EAGER_MODULES_MIB[runtime]
     return Overhead(
         rounding=large_blocks * ROUNDING_PER_LARGE_BLOCK,
         fragmentation=int(peak_activations * FRAGMENTATION),
-        context=CONTEXT_MIB.get(architecture, DEFAULT_CONTEXT_MIB) * MIB,
+        context=context * MIB,
         workspace=CUBLAS_MIB.get(architecture, DEFAULT_CUBLAS_MIB) * MIB,
     )

@@ -42,6 +42,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
+from engine.stacks import apply_defaults
 
 SCENARIO_VERSION = 1
 SUFFIX = ".memfit.json"
@@ -159,6 +160,8 @@ def training_from_dict(data: Any) -> TrainingSpec:
             kwargs[key] = build_strict(_SUBSECTIONS[key], sub, f"training.{key}")
         else:
             kwargs[key] = value
+    if "stack" in data:  # a stack chosen in the file brings its loss and optimizer defaults
+        kwargs = apply_defaults(kwargs)
     return TrainingSpec(**kwargs)
 
 

@@ -67,9 +67,10 @@ import numpy as np
 
 from engine.graph import TERMS, Block, BlockResult, Profile, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
-from engine.model_state import FREEZE_COMPONENTS, ModelState, lora_targets
+from engine.model_state import DTYPE_BYTES, FREEZE_COMPONENTS, ModelState, lora_targets
 from engine.params import model_tensors
 from engine.specs import ModelSpec, TrainingSpec
+from engine.stacks import conventions
 
 CATS = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
 
@@ -215,14 +216,18 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     roles: frozenset[str] = frozenset()
     if method in ("lora", "qlora"):
         roles = lora_targets(model, training.lora.targets)[0]
-    precision = training.precision
-    frozen = 4 if precision == "fp32" else 2
+    conv = conventions(training)
+    mode = _mode(training)
+    frozen = DTYPE_BYTES[conv.frozen_dtype]
+    # DeepSpeed's and Megatron's 16-bit modules compute their adapters in 16 bits too
+    framework_half = mode == "half" and training.precision.endswith("-mixed")
+    adapter = 2 if framework_half else DTYPE_BYTES[conv.adapter_dtype]
     par = training.parallelism
     sp = par.tp if par.sequence_parallel and model.architecture == "decoder" else 1
     return Ctx(
         batch=training.micro_batch_size,
         seq=training.sequence_length // par.cp,
-        mode=_mode(training),
+        mode=mode,
         attention=training.attention,
         lora_rank=training.lora.rank,
         lora_roles=roles,
@@ -238,6 +243,12 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         ep=model.expert_shards,
         capacity=par.expert_capacity_factor if model.expert_shards > 1 else 1.0,
         topk=model.num_experts_per_tok,
+        embedding_bytes=4 if "all" in trainable or "embeddings" in trainable else frozen,
+        outputs_held=conv.outputs_held,
+        kv_cache=conv.kv_cache,
+        adapter_bytes=adapter,
+        loss=training.loss,
+        loss_chunks=training.loss_chunks,
     )
 
 
@@ -721,7 +732,7 @@ def _compile(
         for b, on, c in unit:
             p = params + i * unit_b + g_fwd if gathered else params + copies + c
             add(_LAYER_F, i, p, grad_buffer, nothing, fixed + kept + peak(b, 1) - c * one)
-            kept = kept + (ckpt_input if on else linear(b, 0) - c * one)
+            kept = kept + (ckpt_input if on else linear(b, 0) - c * one + linear(b, 6))
             copies += c
             i += 1
         return kept
@@ -730,8 +741,21 @@ def _compile(
         """What a repetition of ``unit`` adds to the activations kept."""
         out = nothing
         for b, on, c in unit:
+            out = out + (ckpt_input if on else linear(b, 0) - c * one + linear(b, 6))
+        return out
+
+    def shrink(unit: tuple[_Layer, ...]) -> np.ndarray:
+        """What a repetition of ``unit`` releases in backward: all it kept but what it
+        handed to the model output (the KV cache), which lives on with it."""
+        out = nothing
+        for b, on, c in unit:
             out = out + (ckpt_input if on else linear(b, 0) - c * one)
         return out
+
+    cache = nothing
+    for b, on, _ in layers:
+        if not on:
+            cache = cache + linear(b, 6)
 
     copies = 0
     for start, unit, reps in _runs(layers, 0, 1):
@@ -799,7 +823,7 @@ def _compile(
             continue
         kept, copies, grads, units, grad_in, reducing = state
         n, rest = len(unit), reps - 1
-        d_kept = growth(unit)
+        d_kept = shrink(unit)
         d_grads = sum((linear(b, 5) for b, _, _ in unit), nothing)
         d_copies = sum(c for _, on, c in unit if not on)
         d_units = n * unit_b
@@ -820,8 +844,9 @@ def _compile(
     if trains_embeddings:
         p = params + units + g_bwd if gathered else params
         own = grads + (dense_grad - tied) * one
-        add(_EMBED_B, -1, p, buffers(reducing), own, fixed + grad_in + tied * one)
-    return cands, per_microbatch, waiting, held, checks
+        add(_EMBED_B, -1, p, buffers(reducing), own, fixed + cache + grad_in + tied * one)
+    # the model output, with what the layers handed to it, lives through the optimizer step
+    return cands, per_microbatch, waiting, held + cache, checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -1177,7 +1202,11 @@ class StepPlan:
         else:  # a run whose floored gradient share is not monotone: every point
             played.append(replay())
             top = max((p for p in played[0] if p.phase in _PLAYED), key=_total)
-        moments = (self.before, top, self.step, self.after)
+        step, after = self.step, self.after
+        if held:  # a model output held by the loop lives through the step and zero_grad
+            step = dataclasses.replace(step, activations=int(held))
+            after = dataclasses.replace(after, activations=int(held))
+        moments = (self.before, top, step, after)
         peak = max(moments, key=_total)
         return Timeline(
             peak,
@@ -1412,8 +1441,9 @@ def _layer_by_layer(
             opt_states,
             fixed + kept_act + res.forward_peak - c,
         )
-        # checkpointing keeps only the layer's input; autocast's cache keeps the copies
-        kept_act += ckpt_input if ckpt[i] else res.kept - c
+        # checkpointing keeps only the layer's input; autocast's cache keeps the copies;
+        # what the layer hands to the model output (the KV cache) stays with it
+        kept_act += ckpt_input if ckpt[i] else res.kept - c + res.held
         copies += c
         units_held += gather.unit
     if not stage.last:  # the output goes to the next stage; its gradient comes back
@@ -1499,6 +1529,8 @@ def _layer_by_layer(
         grad_in = res.input_grad
         units_held -= gather.unit
         reducing = gather.reduce
+    # what is left of the layers' activations is what they handed to the model output
+    cache = sum(res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on)
     if trains_embeddings:
         dense_grad = model.vocab_size * h * (2 if training.precision == "bf16" else 4)
         tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's grad
@@ -1509,15 +1541,17 @@ def _layer_by_layer(
             params,
             grads + dense_grad - tied,
             opt_states,
-            fixed + grad_in + tied,
+            fixed + cache + grad_in + tied,
         )
     # the step's gradients are what model_state counts; backward may differ by rounding
     grads = state.category_bytes("gradients")
 
     # optimizer
     temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
-    add("optimizer", None, "optimizer step", params, grads, opt_states + temp, 0)
-    add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, 0)
+    # a model output held by the loop lives through the optimizer step and zero_grad
+    held += cache
+    add("optimizer", None, "optimizer step", params, grads, opt_states + temp, held)
+    add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, held)
     return tuple(points), per_microbatch, held, params, temp
 
 

@@ -39,11 +39,14 @@ from engine.sharding import make_mesh, shard, tensor_parallel_shard
 from engine.specs import (
     ATTENTION_KERNELS,
     FRAMEWORKS,
+    FROZEN_DTYPES,
+    LOSSES,
     METHODS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PP_SCHEDULES,
     PRECISIONS,
+    STACKS,
     Scenario,
 )
 from engine.timeline import _direct, block_result, make_ctx
@@ -98,7 +101,10 @@ scenarios = st.fixed_dictionaries(
                 ),
                 "checkpoint_every_k": st.integers(1, 4),
                 "attention": st.sampled_from(ATTENTION_KERNELS),
-                "loss": st.sampled_from(["standard", "chunked"]),
+                "loss": st.sampled_from(LOSSES),
+                # torchtitan's 'selective' is per-op checkpointing, refused until modelled
+                "stack": st.sampled_from([n for n in STACKS if n != "torchtitan"]),
+                "frozen_weights_dtype": st.sampled_from(FROZEN_DTYPES),
                 "lora": st.fixed_dictionaries(
                     {
                         "rank": st.sampled_from([1, 8, 64]),

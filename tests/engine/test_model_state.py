@@ -107,13 +107,36 @@ def expected_bytes(precision: str, optimizer: str, method: str) -> dict[str, int
 
 
 def training(precision: str, optimizer: str, method: str) -> TrainingSpec:
+    # adapters in the trainable weights' dtype (``auto``): bf16 under pure bf16
     return TrainingSpec(
         method=method,
         precision=precision,
         optimizer=optimizer,
-        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj")),
+        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), adapter_dtype="auto"),
         freeze=FreezeSpec(trainable=("lm_head", "norms")),
     )
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_peft_keeps_adapters_in_fp32_and_lightning_its_frozen_base(precision: str) -> None:
+    """The Trainer's stack (PEFT's ``autocast_adapter_dtype=True``) keeps adapters, their
+    gradients and their AdamW moments in fp32 even on a pure-bf16 base; Lightning's
+    ``bf16-mixed`` keeps the frozen base in fp32, its ``bf16-true`` in bf16."""
+    lora = LoraSpec(rank=8, targets=("q_proj", "v_proj"))
+    trainer = model_state(TINY, TrainingSpec(method="lora", precision=precision, lora=lora))
+    auto = model_state(TINY, training(precision, "adamw", "lora"))
+    n = trainer.trainable_params
+    assert trainer.category_bytes("gradients") == 4 * n
+    assert trainer.category_bytes("optimizer_states") == 8 * n
+    extra = 0 if precision == "bf16-mixed" else 2 * n
+    assert trainer.category_bytes("parameters") == auto.category_bytes("parameters") + extra
+    lightning = model_state(
+        TINY, TrainingSpec(method="lora", precision=precision, lora=lora, stack="lightning")
+    )
+    adapter = 4 if precision == "bf16-mixed" else 2  # Lightning: the module's own dtype
+    frozen = lightning.category_bytes("parameters") - adapter * n
+    base = auto.category_bytes("parameters") - adapter * n
+    assert frozen == (2 * base if precision == "bf16-mixed" else base)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -1,0 +1,34 @@
+"""The conventions the tracing harness (``validation/step.py``) runs a step with.
+
+The harness holds the model output through backward and the optimizer step (``out =
+model(...)``; ``out.loss.backward()``; ``del out`` after ``zero_grad``), lets transformers
+build its KV cache, keeps adapters in the trainable weights' dtype and frozen weights in
+the compute dtype; a third step releases the output before backward. A traced case's
+scenario states its conventions where it differs; these fill in the rest.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+HARNESS = {
+    "stack": "custom",
+    "outputs_held_through_backward": True,
+    "kv_cache_in_outputs": True,
+    "frozen_weights_dtype": "auto",
+}
+
+
+def as_traced(scenario: dict[str, Any], released: bool = False) -> dict[str, Any]:
+    """``scenario`` with the harness's conventions wherever it does not set them;
+    ``released``: the step that releases the model output before backward."""
+    out = copy.deepcopy(scenario)
+    training = out.setdefault("training", {})
+    for key, value in HARNESS.items():
+        training.setdefault(key, value)
+    if released:
+        training["outputs_held_through_backward"] = False
+    if "lora" in training:
+        training["lora"].setdefault("adapter_dtype", "auto")
+    return out
