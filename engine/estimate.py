@@ -408,6 +408,11 @@ def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
                 "not modelled yet; choose none, full, every-k-layers, or selective on a "
                 "stack whose selective policy is the attention core",
             )
+        if training.moe_implementation != "grouped" and model.is_moe:
+            raise EstimateError(
+                "training.moe_implementation",
+                "the per-expert eager loop is not modelled yet; expected grouped",
+            )
         if len(_WHOLE) >= _KEPT:
             _WHOLE.clear()
         state = _WHOLE[key] = model_state(model, training)

@@ -43,7 +43,7 @@ from math import ceil
 
 from engine.errors import EstimateError
 from engine.params import TensorGroup, model_tensors
-from engine.specs import ModelSpec, TrainingSpec
+from engine.specs import LORA_MODULE_NAMES, ModelSpec, TrainingSpec
 from engine.stacks import conventions
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
@@ -244,7 +244,11 @@ def lora_targets(model: ModelSpec, targets: Iterable[str]) -> tuple[frozenset[st
     chosen: set[str] = set()
     missed: list[str] = []
     for target in targets:
-        wanted = _ALL_ROLES if target == "all-linear" else frozenset(_TARGET_ROLES[target])
+        if target == "all-linear":
+            wanted = _ALL_ROLES
+        else:  # a role, or a module name that stands for roles
+            named = LORA_MODULE_NAMES.get(target, (target,))
+            wanted = frozenset(r for role in named for r in _TARGET_ROLES[role])
         roles = wanted & present
         if not roles:
             missed.append(target)

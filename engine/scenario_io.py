@@ -59,6 +59,7 @@ _HARDWARE_KEYS = (
     "price_per_gpu_hour",
     "matmul_efficiency",
     "attention_efficiency",
+    "cuda_runtime",
 )
 _SUBSECTIONS: dict[str, type[Any]] = {
     "lora": LoraSpec,

@@ -145,6 +145,33 @@ LORA_TARGETS = (
     "kv_b_proj",
     "all-linear",
 )
+#: LoRA targets as PEFT users write them: a family's module names (PEFT matches the end of
+#: a module's name), each with the roles of :data:`LORA_TARGETS` it stands for. Names that
+#: mean different layers in different families (``dense``) are left out.
+LORA_MODULE_NAMES = {
+    "c_attn": ("q_proj", "k_proj", "v_proj"),  # GPT-2, GPT-BigCode: fused q, k, v
+    "query_key_value": ("q_proj", "k_proj", "v_proj"),  # GPT-NeoX, Falcon, BLOOM
+    "Wqkv": ("q_proj", "k_proj", "v_proj"),  # MPT, MosaicBERT
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),  # Phi-3
+    "gate_up_proj": ("gate_proj", "up_proj"),  # Phi-3
+    "query": ("q_proj",),  # BERT, RoBERTa
+    "key": ("k_proj",),
+    "value": ("v_proj",),
+    "c_proj": ("o_proj", "down_proj"),  # GPT-2: attn.c_proj and mlp.c_proj both end so
+    "c_fc": ("up_proj",),  # GPT-2
+    "dense_h_to_4h": ("up_proj",),  # GPT-NeoX, Falcon
+    "dense_4h_to_h": ("down_proj",),
+    "out_proj": ("o_proj",),  # Mixtral-style attention in some ports, MPT
+    "fc1": ("up_proj",),  # Phi-1/2
+    "fc2": ("down_proj",),
+    "w1": ("gate_proj",),  # Mixtral's experts, Meta's Llama
+    "w2": ("down_proj",),
+    "w3": ("up_proj",),
+    "wq": ("q_proj",),  # Meta's Llama, torchtitan
+    "wk": ("k_proj",),
+    "wv": ("v_proj",),
+    "wo": ("o_proj",),
+}
 #: Parts that ``method="freeze"`` can leave trainable.
 FREEZE_PARTS = ("embeddings", "attention", "mlp", "norms", "router", "lm_head")
 
@@ -532,7 +559,10 @@ class LoraSpec:
                 f"got an empty list, expected a non-empty list of {', '.join(LORA_TARGETS)}",
             )
         for target in self.targets:
-            check_choice("training.lora.targets", target, LORA_TARGETS)
+            if target not in LORA_MODULE_NAMES:
+                check_choice(
+                    "training.lora.targets", target, LORA_TARGETS + tuple(LORA_MODULE_NAMES)
+                )
 
 
 @dataclass(frozen=True, slots=True)

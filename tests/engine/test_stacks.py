@@ -1,0 +1,167 @@
+"""Training stacks: the data files, how conventions resolve, and what they change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.presets import resources_dir
+from engine.scenario_io import scenario_from_dict, scenario_to_dict
+from engine.specs import STACKS, LoraSpec
+from engine.stacks import CONVENTIONS, conventions, load_stack, stacks, with_stack
+
+
+def scenario(**training: object) -> dict[str, object]:
+    return {
+        "memfit_scenario": 1,
+        "model": {"preset": "llama-3.2-1b"},
+        "hardware": {"gpu": "h100-sxm-80gb"},
+        "training": {"micro_batch_size": 2, "sequence_length": 1024, **training},
+    }
+
+
+def test_every_stack_has_a_file_with_every_convention_and_its_source() -> None:
+    files = sorted(p.stem for p in (resources_dir() / "stacks").glob("*.json"))
+    assert files == sorted(STACKS)
+    for stack in stacks():
+        assert set(stack.conventions) == set(CONVENTIONS)
+        assert stack.source and stack.label and stack.description
+        assert "loss" in stack.defaults
+        assert set(stack.why) == set(CONVENTIONS), stack.name
+
+
+def test_an_old_file_is_the_trainer_and_an_explicit_field_overrides_the_stack() -> None:
+    old = scenario_from_dict(scenario())
+    assert old.training.stack == "hf-trainer"
+    conv = conventions(old.training)
+    assert not conv.outputs_held and all(c.origin == "stack" for c in conv.used)
+    held = scenario_from_dict(scenario(outputs_held_through_backward=True))
+    conv = conventions(held.training)
+    assert conv.outputs_held
+    assert [c.origin for c in conv.used if c.field == "outputs_held_through_backward"] == [
+        "scenario"
+    ]
+
+
+def test_a_stack_named_in_a_file_brings_its_defaults_unless_the_file_gives_them() -> None:
+    tune = scenario_from_dict(scenario(stack="torchtune"))
+    assert (tune.training.loss, tune.training.optimizer_impl) == ("chunked-output", "fused")
+    mine = scenario_from_dict(scenario(stack="torchtune", loss="standard"))
+    assert mine.training.loss == "standard"
+    moved = with_stack(mine.training, "lightning")
+    assert (moved.stack, moved.loss) == ("lightning", "no-upcast")
+
+
+def test_conventions_round_trip_through_a_scenario_file() -> None:
+    data = scenario(
+        stack="lightning", frozen_weights_dtype="bf16", method="lora",
+        lora={"adapter_dtype": "fp32"},
+    )  # fmt: skip
+    first = scenario_from_dict(data)
+    again = scenario_from_dict(json.loads(json.dumps(scenario_to_dict(first))))
+    assert again == first
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("stack", "keras"),
+        ("frozen_weights_dtype", "fp8"),
+        ("outputs_held_through_backward", "yes"),
+        ("loss", "focal"),
+        ("loss_chunks", 0),
+    ],
+)
+def test_bad_convention_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(EstimateError) as info:
+        scenario_from_dict(scenario(**{field: value}))
+    assert info.value.field == f"training.{field}"
+
+
+def test_a_held_output_costs_its_logits_and_the_kv_cache() -> None:
+    released = estimate(scenario_from_dict(scenario(stack="hf-trainer")))
+    held = estimate(scenario_from_dict(scenario(stack="accelerate-loop")))
+    model = held.scenario.model
+    logits = 2 * 1024 * model.vocab_size * 2
+    assert held.allocated_bytes - released.allocated_bytes >= logits
+    item = [i for i in held.items if i.name.startswith("model output held")]
+    assert item and item[0].bytes >= logits
+
+
+def test_lightning_bf16_mixed_keeps_the_frozen_base_in_fp32() -> None:
+    lora = {"method": "lora", "lora": {"rank": 8}}
+    trainer = estimate(scenario_from_dict(scenario(**lora)))
+    lightning = estimate(scenario_from_dict(scenario(stack="lightning", **lora)))
+    frozen = trainer.total_params - trainer.trainable_params
+    assert lightning.breakdown["parameters"] - trainer.breakdown["parameters"] == 2 * frozen
+    assert lightning.allocated_bytes > trainer.allocated_bytes
+
+
+def test_peft_adapters_stay_fp32_on_a_pure_bf16_base() -> None:
+    lora = {"method": "lora", "precision": "bf16", "lora": {"rank": 8}}
+    peft = estimate(scenario_from_dict(scenario(**lora)))
+    auto = estimate(
+        scenario_from_dict(scenario(**{**lora, "lora": {"rank": 8, "adapter_dtype": "auto"}}))
+    )
+    # weight, gradient and AdamW's two moments: fp32 (PEFT) or bf16 (the base's dtype)
+    assert (peft.bytes_per_trainable_param, auto.bytes_per_trainable_param) == (16.0, 8.0)
+
+
+def test_the_cuda_runtime_moves_the_device_total_only() -> None:
+    lazy = estimate(scenario_from_dict(scenario()))
+    data = scenario()
+    data["hardware"] = {"gpu": "h100-sxm-80gb", "cuda_runtime": "cuda11-eager"}
+    eager = estimate(scenario_from_dict(data))
+    assert eager.allocated_bytes == lazy.allocated_bytes
+    assert eager.device_bytes - lazy.device_bytes == 800 * 2**20
+
+
+def test_the_losses_order_as_their_memory_does() -> None:
+    peaks = {
+        loss: estimate(
+            scenario_from_dict(scenario(loss=loss, micro_batch_size=4, sequence_length=4096))
+        ).allocated_bytes
+        for loss in ("standard", "no-upcast", "chunked-output", "chunked")
+    }
+    assert peaks["chunked"] < peaks["chunked-output"] < peaks["standard"]
+    assert peaks["no-upcast"] < peaks["standard"]
+
+
+def test_per_op_checkpointing_and_the_eager_expert_loop_are_refused_clearly() -> None:
+    with pytest.raises(EstimateError) as info:
+        estimate(
+            scenario_from_dict(scenario(stack="torchtitan", activation_checkpointing="selective"))
+        )
+    assert info.value.field == "training.activation_checkpointing"
+    data = scenario(moe_implementation="eager")
+    data["model"] = {"preset": "mixtral-8x7b"}
+    with pytest.raises(EstimateError) as info:
+        estimate(scenario_from_dict(data))
+    assert info.value.field == "training.moe_implementation"
+
+
+def test_lora_targets_by_module_name_equal_their_roles() -> None:
+    gpt2 = {"preset": "gpt2"}
+    by_name, by_role = (
+        estimate(
+            scenario_from_dict({**scenario(method="lora", lora={"targets": t}), "model": gpt2})
+        )
+        for t in (["c_attn", "c_fc"], ["q_proj", "up_proj"])
+    )
+    assert by_name.trainable_params == by_role.trainable_params > 0
+    assert dataclasses.replace(LoraSpec(), targets=("query_key_value",)).targets == (
+        "query_key_value",
+    )
+    with pytest.raises(EstimateError):
+        LoraSpec(targets=("c_atn",))
+
+
+def test_every_stack_loads_and_estimates() -> None:
+    for name in STACKS:
+        assert load_stack(name).name == name
+        if name != "torchtitan":
+            assert estimate(scenario_from_dict(scenario(stack=name))).allocated_bytes > 0
