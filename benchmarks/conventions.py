@@ -1,0 +1,80 @@
+"""The traced dataset by training-stack convention: allocated peak, |relative error|.
+
+Every case of ``tests/validation/dataset.json`` is compared twice -- the step as traced
+(the model output held through backward and the optimizer step) and the traced step that
+releases it before backward -- and the cases of ``dataset_conventions.json`` (where it
+exists) with the conventions each one states. Run: ``python benchmarks/conventions.py
+[--markdown]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.scenario_io import scenario_from_dict
+from engine.stacks import conventions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.validation.traced import as_traced
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "validation"
+
+
+def _groups(scenario: dict, error: float, out: dict[str, list[float]]) -> None:
+    s = scenario_from_dict(scenario)
+    conv = conventions(s.training)
+    out["all"].append(error)
+    out[f"outputs {'held' if conv.outputs_held else 'released'}"].append(error)
+    if s.training.method != "full":
+        out[f"frozen weights {conv.frozen_dtype}"].append(error)
+    if s.training.method in ("lora", "qlora"):
+        out[f"adapters {conv.adapter_dtype}"].append(error)
+    out[f"loss {s.training.loss}"].append(error)
+    out[f"checkpointing {s.training.activation_checkpointing}"].append(error)
+    out[f"stack {conv.stack}"].append(error)
+
+
+def main(markdown: bool) -> None:
+    groups: dict[str, list[float]] = defaultdict(list)
+    refused: list[str] = []
+    for case in json.loads((DATA / "dataset.json").read_text()):
+        for released in (False, True):
+            scenario = as_traced(case["scenario"], released)
+            m = case["measured"]
+            if released:
+                m = m["outputs_released_before_backward"]
+            est = estimate(scenario_from_dict(scenario)).allocated_bytes
+            _groups(scenario, est / m["peak_allocated_bytes"] - 1, groups)
+    extra = DATA / "dataset_conventions.json"
+    if extra.exists():
+        for case in json.loads(extra.read_text()):
+            scenario = as_traced(case["scenario"])
+            try:
+                est = estimate(scenario_from_dict(scenario)).allocated_bytes
+            except EstimateError as exc:
+                refused.append(f"{case['id']}: {exc}")
+                continue
+            _groups(scenario, est / case["measured"]["peak_allocated_bytes"] - 1, groups)
+    rows = sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))
+    if markdown:
+        print("| convention | cases | median | p90 | max |")
+        print("|---|---:|---:|---:|---:|")
+    for name, errs in rows:
+        a = sorted(abs(e) for e in errs)
+        p90 = a[min(len(a) - 1, int(0.9 * len(a)))]
+        if markdown:
+            print(f"| {name} | {len(a)} | {statistics.median(a):.2%} | {p90:.2%} | {a[-1]:.2%} |")
+        else:
+            print(f"{name:<32}{len(a):>5}{statistics.median(a):>9.2%}{p90:>9.2%}{a[-1]:>9.2%}")
+    for line in refused:
+        print(f"not estimated: {line}")
+
+
+if __name__ == "__main__":
+    main("--markdown" in sys.argv)
