@@ -7,9 +7,14 @@
    total of the same kind (allocated, reserved or nvidia-smi = device; "unknown" is
    compared with device). Not tuned per case; each case is tagged with what it uses
    (several GPUs, torch.compile -- whose fusion MemFit does not model --, offload, packing).
+   Every published case records the training stack that produced it (``stack``: its loop's
+   conventions, see ``engine.stacks``); the errors are also grouped by stack, and the
+   single-GPU cases are summed up as one group, "single GPU, stack recorded".
 
 Run: ``python benchmarks/accuracy.py [--cases] [--markdown]`` (``--cases`` lists every
-traced case; ``--markdown`` prints the published tables as the README shows them).
+traced case; ``--markdown`` prints the published tables as the README shows them, the
+per-stack table among them). A case the engine cannot estimate (an ``EstimateError``: a
+field it does not accept yet) is listed as "cannot estimate" and counted per stack.
 """
 
 from __future__ import annotations
@@ -33,15 +38,29 @@ def rel(est: int, measured: float) -> float:
     return (est - measured) / measured
 
 
+def summary(errs: list[float]) -> tuple[int, float, float, float]:
+    """n, median, p90 and max of the absolute relative errors (``errs`` non-empty)."""
+    a = sorted(abs(e) for e in errs)
+    p90 = a[min(len(a) - 1, int(0.9 * len(a)))]
+    return len(a), statistics.median(a), p90, a[-1]
+
+
 def table(title: str, rows: list[tuple[str, list[float]]]) -> None:
     print(title)
     print(f"  {'group':<34}{'n':>4}{'median':>9}{'p90':>9}{'max':>9}   (|relative error|)")
     for name, errs in rows:
         if not errs:
             continue
-        a = sorted(abs(e) for e in errs)
-        p90 = a[min(len(a) - 1, int(0.9 * len(a)))]
-        print(f"  {name:<34}{len(a):>4}{statistics.median(a):>9.1%}{p90:>9.1%}{a[-1]:>9.1%}")
+        n, median, p90, worst = summary(errs)
+        print(f"  {name:<34}{n:>4}{median:>9.1%}{p90:>9.1%}{worst:>9.1%}")
+
+
+def markdown_table(first: str, rows: list[tuple[str, list[float]]]) -> None:
+    print(f"\n| {first} | n | median | p90 | max |\n|---|---:|---:|---:|---:|")
+    for name, errs in rows:
+        if errs:
+            n, median, p90, worst = summary(errs)
+            print(f"| {name} | {n} | {median:.1%} | {p90:.1%} | {worst:.1%} |")
 
 
 def traced(show_cases: bool) -> list[float]:
@@ -103,17 +122,25 @@ def traced_multi() -> list[float]:
     return errors
 
 
+#: the group of every single-GPU case that records its training stack
+SINGLE_STACKED = "single GPU, stack recorded"
+
+
 def published(markdown: bool = False) -> list[float]:
     cases = json.loads((DATA / "published.json").read_text())
     groups: dict[str, list[float]] = defaultdict(list)
+    by_stack: dict[str, list[float]] = defaultdict(list)
+    unestimated: dict[str, int] = defaultdict(int)
     errors = []
     rows: list[str] = []
     print(f"Published measurements: {len(cases)} cases")
     for case in cases:
+        stack = case.get("stack")
         try:
             est: Estimate = estimate(scenario_from_dict(case["scenario"]))
         except EstimateError as exc:
             print(f"  {case['id']}: cannot estimate: {exc}")
+            unestimated[stack or "(none)"] += 1
             rows.append(f"| {case['id']} | {case['measure']} | {case['measured_gib']:.2f} | "
                         f"cannot estimate: {exc} | |")  # fmt: skip
             continue
@@ -127,6 +154,10 @@ def published(markdown: bool = False) -> list[float]:
         groups[f"measure={case['measure']}"].append(e)
         kind = "multi-GPU" if multi else "single GPU"
         groups[f"{kind}, torch.compile" if compiled else f"{kind}, eager"].append(e)
+        if stack:
+            by_stack[f"stack={stack}"].append(e)
+            if not multi:
+                by_stack[SINGLE_STACKED].append(e)
         # every published case is listed: the README quotes the table
         tags = ([f"{case['num_gpus']} GPUs"] if multi else []) + flags
         note = "  [" + ", ".join(tags) + "]" if tags else ""
@@ -138,12 +169,15 @@ def published(markdown: bool = False) -> list[float]:
         rows.append(f"| {case['id']}{note} | {case['measure']} | {case['measured_gib']:.2f} | "
                     f"{ours:.2f} | {e:+.1%} |")  # fmt: skip
     table("Published measurements, error by group", [("all", errors), *sorted(groups.items())])
+    stack_rows = sorted((k, v) for k, v in by_stack.items() if k != SINGLE_STACKED)
+    stack_rows.append((SINGLE_STACKED, by_stack[SINGLE_STACKED]))
+    table("Published measurements, error by training stack", stack_rows)
+    if unestimated:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(unestimated.items()))
+        print(f"  cannot estimate: {sum(unestimated.values())} cases ({counts})")
     if markdown:
-        print("\n| group | n | median | p90 | max |\n|---|---:|---:|---:|---:|")
-        for name, errs in [("all", errors), *sorted(groups.items())]:
-            a = sorted(abs(x) for x in errs)
-            p90 = a[min(len(a) - 1, int(0.9 * len(a)))]
-            print(f"| {name} | {len(a)} | {statistics.median(a):.1%} | {p90:.1%} | {a[-1]:.1%} |")
+        markdown_table("group", [("all", errors), *sorted(groups.items())])
+        markdown_table("stack", [(k.removeprefix("stack="), v) for k, v in stack_rows])
         print("\n| case | measure | measured GiB | MemFit GiB | error |\n|---|---|---:|---:|---:|")
         print("\n".join(rows))
     return errors
