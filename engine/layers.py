@@ -197,14 +197,18 @@ class Net:
         weight_grad: Size = 0,
         transient: Size = 0,
     ) -> None:
+        grads = [t for t in inputs if self.rg.get(t)]
+        # autograd records an op only when an input or its weight needs a gradient: an op
+        # of a frozen layer whose input needs none saves nothing
+        recorded = bool(grads) or bool(weight_grad)
         self.block.op(
             name,
             inputs,
             [(t, self.elems[t] * self.dtype[t]) for t in out],
-            saves=[t for t in saves if t],
-            grads=[t for t in inputs if self.rg.get(t)],
+            saves=[t for t in saves if t] if recorded else [],
+            grads=grads,
             weight_grad=weight_grad,
-            transient_backward=transient,
+            transient_backward=transient if recorded else 0,
         )
 
     # -- elementwise ---------------------------------------------------------------------

@@ -255,9 +255,41 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
 def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> tuple[Block, str]:
     if kind == "head":
         return head_and_loss(model, ctx, True, chunked)
+    if kind.endswith(TRAINED):  # one of the last layers ``freeze`` trains whole
+        ctx = dataclasses.replace(ctx, trainable=ctx.trainable | {"all"})
+        kind = kind.removesuffix(TRAINED)
     if model.architecture == "encoder":
         return bert_layer(model, ctx, x_grad)
     return decoder_layer(model, ctx, x_grad, kind == "moe")
+
+
+#: the suffix of a layer kind that trains every weight of the layer (``freeze``'s last
+#: layers)
+TRAINED = "+trained"
+#: components every layer has a part of
+_LAYER_PARTS = frozenset({"all", "attention", "mlp", "experts", "norms", "router"})
+
+
+def layer_kinds(
+    model: ModelSpec, training: TrainingSpec, ctx: Ctx, embed_grad: bool
+) -> list[tuple[str, bool]]:
+    """Each layer's block kind and whether its input needs a gradient: the first layer's
+    does when the embedding's output does (``embed_grad``); a later layer's when an
+    earlier layer trains anything. Autograd saves nothing for a layer that neither trains
+    nor has an input that needs a gradient -- the frozen lower layers of ``freeze``."""
+    n = model.num_layers
+    trained_from = n
+    if training.method == "freeze" and training.freeze.last_layers:
+        trained_from = n - training.freeze.last_layers
+    every_layer = bool(ctx.lora_roles) or bool(ctx.trainable & _LAYER_PARTS)
+    out: list[tuple[str, bool]] = []
+    grad = embed_grad
+    for i in range(n):
+        kind = "moe" if model.is_moe and i >= model.first_dense_layers else "dense"
+        trained = i >= trained_from
+        out.append((kind + TRAINED if trained else kind, grad))
+        grad = grad or every_layer or trained
+    return out
 
 
 #: (batch, sequence length / sp) at which every new profile is checked against the block
@@ -309,25 +341,22 @@ def block_result(
     return _direct(model, ctx, kind, x_grad, chunked), copies
 
 
-def _blocks(
-    model: ModelSpec, ctx: Ctx, chunked: bool, embed_grad: bool
-) -> tuple[
-    tuple[BlockResult, int],
-    tuple[BlockResult, int] | None,
-    tuple[BlockResult, int],
-    tuple[BlockResult, int],
-]:
-    key = dataclasses.replace(ctx, batch=1, seq=1)
-
-    def at(kind: str, x_grad: bool) -> tuple[BlockResult, int]:
-        return block_result(model, ctx, kind, x_grad, chunked, key)
-
-    first_kind = "moe" if model.is_moe and model.first_dense_layers == 0 else "dense"
+def embedding_output_grad(
+    model: ModelSpec, training: TrainingSpec, first_stage: bool, checkpointing: bool
+) -> bool:
+    """Whether the embedding's output needs a gradient: its weight trains (full training,
+    ``freeze`` of the embeddings, or of a head tied to them, or of the norms of an
+    embedding with a LayerNorm); with checkpointing, HF makes it require grad (LoRA
+    included); a later pipeline stage receives activations that require grad."""
+    if not first_stage or checkpointing or training.method == "full":
+        return True
+    if training.method != "freeze":
+        return False
+    parts = training.freeze.trainable
     return (
-        at("dense", True),
-        at("moe", True) if model.is_moe else None,
-        at(first_kind, embed_grad),
-        at("head", True),
+        "embeddings" in parts
+        or (model.tie_word_embeddings and "lm_head" in parts)
+        or (model.embedding_norm and "norms" in parts)
     )
 
 
@@ -992,9 +1021,8 @@ class StepPlan:
             or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
         )
         ckpt = checkpointed(training, model.num_layers)
-        embed_grad = trains_embeddings or any(ckpt) or not stage.first
+        embed_grad = embedding_output_grad(model, training, stage.first, any(ckpt))
         chunked = training.loss == "chunked"
-        first_kind = "moe" if model.is_moe and model.first_dense_layers == 0 else "dense"
         blocks: list[tuple[str, bool]] = []
 
         def block(kind: str, x_grad: bool) -> int:
@@ -1003,10 +1031,7 @@ class StepPlan:
             return blocks.index((kind, x_grad))
 
         of_layer = [
-            block(first_kind, embed_grad)
-            if i == 0
-            else block("moe" if model.is_moe and i >= model.first_dense_layers else "dense", True)
-            for i in range(model.num_layers)
+            block(kind, x_grad) for kind, x_grad in layer_kinds(model, training, ctx, embed_grad)
         ]
         head = block("head", True) if stage.last else -1
         found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
@@ -1368,12 +1393,10 @@ def _layer_by_layer(
     )
     ckpt = checkpointed(training, model.num_layers)
     checkpointing = any(ckpt)
-    # with checkpointing, HF makes the embedding output require grad (LoRA included)
-    # a later pipeline stage receives activations that require grad
-    embed_grad = trains_embeddings or checkpointing or not stage.first
-    (dense, dense_copies), moe_res, (first, first_copies), (head, head_copies) = _blocks(
-        model, ctx, training.loss == "chunked", embed_grad
-    )
+    embed_grad = embedding_output_grad(model, training, stage.first, checkpointing)
+    chunked = training.loss == "chunked"
+    key = dataclasses.replace(ctx, batch=1, seq=1)
+    head, head_copies = block_result(model, ctx, "head", True, chunked, key)
 
     params = state.category_bytes("parameters")
     opt_states = state.category_bytes("optimizer_states")
@@ -1411,13 +1434,10 @@ def _layer_by_layer(
     # once per forward and kept by every layer's attention until backward
     bool_mask = ctx.batch * ctx.seq * ctx.seq if ctx.masked and not mask else 0
     base_act = batch_tensors + rope + bool_mask
-    layers = []
-    for i in range(model.num_layers):
-        is_moe = model.is_moe and i >= model.first_dense_layers
-        if i == 0:
-            layers.append((first, first_copies))
-        else:
-            layers.append(moe_res if is_moe and moe_res else (dense, dense_copies))
+    layers = [
+        block_result(model, ctx, kind, x_grad, chunked, key)
+        for kind, x_grad in layer_kinds(model, training, ctx, embed_grad)
+    ]
 
     # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
     # and the layer's own peak (its input, the previous output, included)

@@ -49,7 +49,7 @@ from engine.specs import (
     STACKS,
     Scenario,
 )
-from engine.timeline import _direct, block_result, make_ctx
+from engine.timeline import _direct, block_result, embedding_output_grad, make_ctx
 
 
 def _with_schedule(p: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +188,12 @@ def input_grad_bound(scenario: Scenario) -> int:
 
 
 def check_checkpointing(scenario: Scenario, est: Estimate) -> None:
+    t = scenario.training
+    if not embedding_output_grad(scenario.model, t, True, False):
+        # nothing before the layers trains: without checkpointing autograd saves nothing
+        # in layers that train nothing, while HF's checkpointing makes the embedding
+        # output require grad, so every layer keeps its input -- checkpointing costs more
+        return
     levels: dict[str, int] = {}
     for mode in ("none", "selective", "every-k-layers", "full"):
         if mode == scenario.training.activation_checkpointing:
