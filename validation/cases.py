@@ -110,6 +110,15 @@ MODELS: dict[str, dict[str, Any]] = {
         "attention_probs_dropout_prob": 0.0, "hidden_dropout_prob": 0.0,
         "tie_word_embeddings": True,
     },
+    # multi-query attention (one K/V head); used by the conventions cases
+    "falcon-7b": {
+        "model_type": "falcon", "architectures": ["FalconForCausalLM"],
+        "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+        "vocab_size": 65024, "multi_query": True, "new_decoder_architecture": False,
+        "parallel_attn": True, "alibi": False, "bias": False, "layer_norm_epsilon": 1e-05,
+        "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+    },
 }  # fmt: skip
 
 FAMILY = {
@@ -124,6 +133,7 @@ FAMILY = {
     "mixtral-8x7b": "mixtral",
     "bert-base-uncased": "bert",
     "bert-large-uncased": "bert",
+    "falcon-7b": "falcon",
 }
 
 #: models with grouped-query attention (no fp32 + sdpa cases on them)

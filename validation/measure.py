@@ -35,19 +35,30 @@ def _peak_phase(phase: str) -> str:
 
 def measure_case(case: dict[str, Any], sdpa_order: str = "") -> dict[str, Any]:
     """Measure one case (in this process); return its dataset record."""
-    # isort: off
     from validation import fakecuda  # noqa: F401  (before torch: it registers the CUDA hooks)
-    import peft
-    import torch
-    import transformers
-    # isort: on
-
     from validation.sdpa import GpuProfile, parse_order
     from validation.step import measure, spec_from_scenario
 
     profile = GpuProfile(order=parse_order(sdpa_order) if sdpa_order else ())
     started = time.perf_counter()
     m = measure(spec_from_scenario(case["scenario"]), profile)
+    return record(case, m, profile, started)
+
+
+def _variant(step: Any) -> dict[str, Any]:
+    return {
+        "peak_allocated_bytes": step.peak_rounded,
+        "peak_phase": _peak_phase(step.peak_phase),
+        "phase_peaks": {k: step.phase_peaks.get(k, 0) for k in PHASES},
+    }
+
+
+def record(case: dict[str, Any], m: Any, profile: Any, started: float) -> dict[str, Any]:
+    """The dataset record of ``case`` from its measurement ``m`` (a ``step.Measurement``)."""
+    import peft
+    import torch
+    import transformers
+
     s1, s2 = m.first, m.second
     phases = {k: s2.phase_peaks.get(k, 0) for k in PHASES}
     return {
@@ -77,11 +88,7 @@ def measure_case(case: dict[str, Any], sdpa_order: str = "") -> dict[str, Any]:
             "param_bytes": m.param_bytes,
             "logits_bytes": m.logits_bytes,
             "optimizer_impl_used": m.optimizer_impl_used,
-            "outputs_released_before_backward": {
-                "peak_allocated_bytes": m.released.peak_rounded,
-                "peak_phase": _peak_phase(m.released.peak_phase),
-                "phase_peaks": {k: m.released.phase_peaks.get(k, 0) for k in PHASES},
-            },
+            "outputs_released_before_backward": _variant(m.released),
         },
         "env": {
             "torch": torch.__version__,

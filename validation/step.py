@@ -18,6 +18,24 @@ The step mirrors MemFit's scenario semantics (see ``engine/model_state.py``):
   as Hugging Face's ``Trainer`` does (its ``compute_loss`` returns only the loss): that peak
   lacks the logits (and, without checkpointing, the KV cache HF builds in training).
 
+The conventions of other training stacks, each a scenario field (absent: the step above):
+
+* ``outputs_held_through_backward``: ``true`` reports the step that holds ``out`` through
+  backward, ``false`` the one that releases it first; both are measured (the case's own
+  convention twice, then the other once);
+* ``kv_cache_in_outputs`` ``false``: the model is called with ``use_cache=False``;
+* ``frozen_weights_dtype`` (``auto``, ``fp32``, ``bf16``, ``fp16``): the storage dtype of
+  every frozen parameter; ``lora.adapter_dtype`` (``auto``, ``fp32``, ``bf16``): the
+  adapters' dtype;
+* ``loss`` ``no-upcast``: the model is called without labels and the loop takes
+  ``F.cross_entropy`` of the logits as they come; ``chunked-output``: torchtune's
+  ``CEWithChunkedOutputLoss``, the LM head applied to ``loss_chunks`` pieces of the last
+  hidden state, each piece's loss upcast to fp32 on its own;
+* ``activation_checkpointing`` ``per-op``: torchtitan's per-op selective checkpointing of
+  every decoder layer (:func:`per_op_policy`);
+* ``moe_implementation`` ``eager``: transformers' per-expert loop instead of ``grouped_mm``
+  (:func:`_eager_experts`).
+
 Everything runs on fake CUDA tensors (:mod:`validation.fakecuda`) with the CUDA kernel
 choice of ``scaled_dot_product_attention`` emulated (:mod:`validation.sdpa`).
 """
@@ -28,13 +46,15 @@ import contextlib
 import gc
 import logging
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 # isort: off
 from validation import fakecuda  # first: registers the fake CUDA hooks before torch loads
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 # isort: on
 
@@ -48,6 +68,9 @@ LORA_MODULES: dict[str, dict[str, list[str]]] = {
     "bert": {"q_proj": ["query"], "k_proj": ["key"], "v_proj": ["value"],
              "o_proj": ["attention.output.dense"], "up_proj": ["intermediate.dense"],
              "down_proj": ["output.dense"]},
+    "falcon": {"q_proj": ["query_key_value"], "k_proj": ["query_key_value"],
+               "v_proj": ["query_key_value"], "o_proj": ["self_attention.dense"],
+               "up_proj": ["dense_h_to_4h"], "down_proj": ["dense_4h_to_h"]},
 }  # fmt: skip
 
 #: Dropout keys set to 0.0 unless a case asks for dropout
@@ -82,6 +105,61 @@ class StepSpec:
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     freeze_trainable: tuple[str, ...] = ("lm_head",)
     freeze_last_layers: int = 0
+    #: None (the field absent): the original dataset's order -- held, held, released, the
+    #: held step reported; True/False: the case's convention reported, the other measured too
+    outputs_held_through_backward: bool | None = None
+    kv_cache_in_outputs: bool = True
+    frozen_weights_dtype: str = "auto"
+    adapter_dtype: str = "auto"
+    loss: str = "standard"
+    loss_chunks: int = 8
+    moe_implementation: str = "grouped"
+
+
+#: the values each convention field takes
+CONVENTIONS: dict[str, tuple[Any, ...]] = {
+    "frozen_weights_dtype": ("auto", "fp32", "bf16", "fp16"),
+    "adapter_dtype": ("auto", "fp32", "bf16"),
+    "loss": ("standard", "no-upcast", "chunked-output"),
+    "checkpointing": ("none", "full", "per-op"),
+    "moe_implementation": ("grouped", "eager"),
+}
+
+#: the frozen weights' dtypes measured under each precision: without autocast every frozen
+#: weight has the compute dtype; under autocast any of them is cast to bf16 where it is used
+FROZEN_DTYPES: dict[str, tuple[str, ...]] = {
+    "fp32": ("auto", "fp32"),
+    "bf16-mixed": ("auto", "fp32", "bf16", "fp16"),
+    "bf16": ("auto", "bf16"),
+}
+#: the adapters' dtypes measured under each precision (PEFT casts a LoRA layer's input to
+#: the adapter's dtype, so fp32 adapters on a bf16 base run without autocast too)
+ADAPTER_DTYPES: dict[str, tuple[str, ...]] = {
+    "fp32": ("auto", "fp32"),
+    "bf16-mixed": ("auto", "fp32", "bf16"),
+    "bf16": ("auto", "fp32", "bf16"),
+}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_spec(spec: StepSpec) -> None:
+    """Refuse a combination the harness would not run faithfully (``ValueError``)."""
+    for name, values in CONVENTIONS.items():
+        if getattr(spec, name) not in values:
+            raise ValueError(f"{name} {getattr(spec, name)!r}: expected one of {values}")
+    allowed = FROZEN_DTYPES.get(spec.precision, ("auto",))
+    if spec.method != "full" and spec.frozen_weights_dtype not in allowed:
+        raise ValueError(
+            f"frozen_weights_dtype {spec.frozen_weights_dtype!r} under {spec.precision}: "
+            "without autocast every weight has the compute dtype"
+        )
+    if spec.method == "lora" and spec.adapter_dtype not in ADAPTER_DTYPES.get(spec.precision, ()):
+        raise ValueError(f"adapter_dtype {spec.adapter_dtype!r} under {spec.precision}")
+    bert = _family(spec.hf_config) == "bert"
+    if bert and (spec.loss != "standard" or spec.checkpointing == "per-op"):
+        raise ValueError("BERT is measured with its own masked-LM loss and full checkpointing")
+    if spec.loss_chunks < 1:
+        raise ValueError("loss_chunks must be at least 1")
 
 
 def spec_from_scenario(scenario: dict[str, Any]) -> StepSpec:
@@ -103,6 +181,13 @@ def spec_from_scenario(scenario: dict[str, Any]) -> StepSpec:
         lora_targets=tuple(lora.get("targets", ("q_proj", "v_proj"))),
         freeze_trainable=tuple(freeze.get("trainable", ("lm_head",))),
         freeze_last_layers=freeze.get("last_layers", 0),
+        outputs_held_through_backward=t.get("outputs_held_through_backward"),
+        kv_cache_in_outputs=t.get("kv_cache_in_outputs", True),
+        frozen_weights_dtype=t.get("frozen_weights_dtype", "auto"),
+        adapter_dtype=lora.get("adapter_dtype", "auto"),
+        loss=t.get("loss", "standard"),
+        loss_chunks=t.get("loss_chunks", 8),
+        moe_implementation=t.get("moe_implementation", "grouped"),
     )
 
 
@@ -136,6 +221,16 @@ def part_of(family: str, name: str) -> str:
         if ".ln_" in n or n.startswith("transformer.ln_f"):
             return "norms"
         if ".attn." in n:
+            return "attention"
+        return "mlp"
+    if family == "falcon":
+        if n.startswith("lm_head"):
+            return "lm_head"
+        if "word_embeddings" in n:
+            return "embeddings"
+        if "layernorm" in n or ".ln_" in n or n.startswith("transformer.ln_f"):
+            return "norms"
+        if ".self_attention." in n:
             return "attention"
         return "mlp"
     if n.startswith("lm_head"):
@@ -186,17 +281,30 @@ def _hf_config(spec: StepSpec) -> Any:
     return config
 
 
+def frozen_dtype(spec: StepSpec) -> torch.dtype:
+    """The storage dtype of the frozen (non-trainable) weights.
+
+    ``auto``: fp32 under ``fp32``, bf16 otherwise (a LoRA base is built in bf16; under
+    ``bf16-mixed`` the frozen parts of ``freeze`` are cast to bf16).
+    """
+    if spec.frozen_weights_dtype == "auto":
+        return torch.float32 if spec.precision == "fp32" else torch.bfloat16
+    return _DTYPES[spec.frozen_weights_dtype]
+
+
 def _build_model(spec: StepSpec) -> tuple[torch.nn.Module, str]:
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
     config = _hf_config(spec)
     family = _family(spec.hf_config)
-    if spec.method == "lora":
-        dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
+    if spec.method == "lora":  # the base is built in the frozen weights' dtype
+        dtype = frozen_dtype(spec)
     else:
         dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
     auto = AutoModelForMaskedLM if family == "bert" else AutoModelForCausalLM
     kwargs: dict[str, Any] = {"attn_implementation": spec.attention, "dtype": dtype}
+    if spec.moe_implementation == "eager":  # transformers' own switch (default: grouped_mm)
+        kwargs["experts_implementation"] = "eager"
     model = auto.from_config(config, **kwargs)
     model.train()
     return model, family
@@ -213,8 +321,8 @@ def _apply_method(model: torch.nn.Module, family: str, spec: StepSpec) -> torch.
             is_tied = tied and p is out_emb.weight
             keep = _trainable_in_freeze(family, name, spec, num_layers, is_tied)
             p.requires_grad_(keep)
-            if not keep and spec.precision == "bf16-mixed":
-                p.data = p.data.to(torch.bfloat16)
+            if not keep and p.dtype != frozen_dtype(spec):
+                p.data = p.data.to(frozen_dtype(spec))
         return model
     if spec.method == "lora":
         from peft import LoraConfig, get_peft_model
@@ -237,7 +345,18 @@ def _apply_method(model: torch.nn.Module, family: str, spec: StepSpec) -> torch.
             bias="none",
             fan_in_fan_out=family == "gpt2",
         )
-        return get_peft_model(model, lcfg, autocast_adapter_dtype=spec.precision != "bf16")
+        if spec.adapter_dtype == "auto":  # fp32, except bf16 under pure bf16
+            return get_peft_model(model, lcfg, autocast_adapter_dtype=spec.precision != "bf16")
+        # fp32: PEFT's default upcast of adapters on a 16-bit base; bf16: adapters in the
+        # base's dtype, cast to bf16 where the base is not
+        peft_model = get_peft_model(
+            model, lcfg, autocast_adapter_dtype=spec.adapter_dtype == "fp32"
+        )
+        target = _DTYPES[spec.adapter_dtype]
+        for p in peft_model.parameters():
+            if p.requires_grad and p.dtype != target:
+                p.data = p.data.to(target)
+        return peft_model
     raise ValueError(f"method {spec.method!r} is not measured by this harness")
 
 
@@ -255,13 +374,93 @@ def _make_optimizer(params: list[torch.nn.Parameter], spec: StepSpec) -> torch.o
     raise ValueError(f"optimizer {spec.optimizer!r} is not measured by this harness")
 
 
-def _enable_checkpointing(model: torch.nn.Module) -> None:
-    kwargs = {"use_reentrant": False}
+def _enable_checkpointing(model: torch.nn.Module, per_op: bool = False) -> None:
+    """HF's non-reentrant checkpointing of every decoder layer; ``per_op``: with torchtitan's
+    per-op selective policy (:func:`per_op_context`) as the checkpoint's ``context_fn``."""
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if per_op:
+        kwargs["context_fn"] = per_op_context
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:  # older transformers
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.enable_input_require_grads()
+    for module in model.modules():
+        fn = getattr(module, "_gradient_checkpointing_func", None)
+        if fn is not None:
+            module._gradient_checkpointing_func = _lifting_in_recompute(fn)
+
+
+def _lifting_in_recompute(checkpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """``checkpoint`` whose recomputation makes tensors from Python data as the forward did.
+
+    A fake tensor mode makes ``torch.tensor(data)`` (and indexing with a list, as Falcon's
+    ``fused_qkv[..., [-2], :]``) build a CPU tensor and lift it into the mode; the switch for
+    that (``torch._C._set_only_lift_cpu_tensors``) is thread-local, and the recomputation runs
+    on the autograd engine's device thread, where it is off and such a tensor would be
+    created on the (absent) CUDA device. The switch is set around the checkpointed function.
+    """
+
+    def run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def lifting(*a: Any, **k: Any) -> Any:
+            previous = torch._C._only_lift_cpu_tensors()
+            torch._C._set_only_lift_cpu_tensors(True)
+            try:
+                return function(*a, **k)
+            finally:
+                torch._C._set_only_lift_cpu_tensors(previous)
+
+        return checkpoint(lifting, *args, **kwargs)
+
+    return run
+
+
+def _save_list() -> set[Any]:
+    """The ops whose outputs torchtitan's per-op policy saves (every second ``mm`` excepted)."""
+    aten = torch.ops.aten
+    return {
+        aten.mm.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten.max.default,
+    }
+
+
+#: the per-op policy's decisions over one measurement: ``(op, mode, "save" | "recompute")``
+#: -> calls (what a Hugging Face decoder layer emits; cleared by :func:`measure`)
+POLICY_LOG: Counter[tuple[str, str, str]] = Counter()
+
+
+def per_op_policy(counts: Counter[str]) -> Callable[..., Any]:
+    """torchtitan's per-op selective checkpointing policy (``selective_ac_option: "op"``).
+
+    Saves (``MUST_SAVE``) the outputs of the attention kernels and ``aten.max`` and of every
+    odd-numbered ``aten.mm`` of the layer -- the 1st, 3rd, 5th... counted separately in the
+    forward pass and in the recomputation -- and recomputes everything else
+    (``PREFER_RECOMPUTE``). ``counts`` is one layer call's counter.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    saved = _save_list()
+    mm = torch.ops.aten.mm.default
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == mm:
+            counts[mode] += 1
+        save = func in saved and not (func == mm and counts[mode] % 2 == 0)
+        POLICY_LOG[(str(func), mode, "save" if save else "recompute")] += 1
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def per_op_context() -> tuple[Any, Any]:
+    """The checkpoint ``context_fn`` of one layer call: a fresh ``mm`` counter per call."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(per_op_policy(Counter()))
 
 
 # ---------------------------------------------------------------------------- result
@@ -304,9 +503,12 @@ def optimizer_impl(opt: Any) -> str:
 @dataclass
 class Measurement:
     first: StepMeasurement
+    #: the reported step: the case's convention (held, where the scenario does not say)
     second: StepMeasurement
-    #: a third step whose model output is released before ``backward`` (HF Trainer style)
+    #: the step whose model output is released before ``backward`` (HF Trainer style)
     released: StepMeasurement
+    #: the step whose model output is held through ``backward`` and the optimizer step
+    held: StepMeasurement
     attention_kernels: list[str]
     params_total: int
     params_trainable: int
@@ -398,6 +600,59 @@ def _grouped_mm_fallback_for_non_bf16() -> Iterator[None]:
         moe._can_use_grouped_mm = original
 
 
+def _eager_experts(
+    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """transformers' eager experts loop (``MixtralExperts.forward``) with a balanced router.
+
+    The loop reads the routing's values: which experts were chosen at all (``nonzero`` of
+    the one-hot mask) and which tokens each one got (``torch.where``) -- values fake tensors
+    do not have. Here every expert takes the same share of the ``tokens x top_k``
+    assignments (the first experts one more where they do not divide evenly), and the loop
+    runs the same operations as transformers' on index tensors of those sizes: per expert,
+    the gathered tokens (``hidden_states[token_idx]``), ``F.linear`` with that expert's
+    slice of ``gate_up_proj``, the activation times ``up``, ``F.linear`` with its
+    ``down_proj`` slice, the product with its routing weights and ``index_add_`` into the
+    output. ``tests/validation/test_dataset_conventions.py`` checks it against
+    transformers' loop on real CPU tensors routed that way.
+    """
+    tokens, experts = hidden_states.size(0), self.num_experts
+    device = hidden_states.device
+    final = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        expert_mask = F.one_hot(top_k_index, num_classes=experts + 1).permute(2, 1, 0)
+        torch.greater(expert_mask.sum(dim=(-1, -2)), 0)  # its nonzero(): every expert
+        expert_hit = torch.zeros((experts, 1), dtype=torch.long, device=device)
+    share, extra = divmod(tokens * top_k_index.size(-1), experts)
+    for e in range(experts):
+        n = share + (1 if e < extra else 0)
+        # torch.where(expert_mask[e]): the (n, 2) indices nonzero() returns, unbound
+        top_k_pos, token_idx = torch.zeros((n, 2), dtype=torch.long, device=device).unbind(1)
+        current = hidden_states[token_idx]
+        gate, up = F.linear(current, self.gate_up_proj[e]).chunk(2, dim=-1)
+        h = self.act_fn(gate) * up
+        h = F.linear(h, self.down_proj[e])
+        h = h * top_k_weights[token_idx, top_k_pos, None]
+        final.index_add_(0, token_idx, h.to(final.dtype))
+    del expert_mask, expert_hit  # live through the loop, as in transformers'
+    return final
+
+
+@contextlib.contextmanager
+def _balanced_eager_experts() -> Iterator[None]:
+    """Run ``experts_implementation="eager"`` MoE layers as :func:`_eager_experts`."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:  # older transformers: no experts switch
+        yield
+        return
+    ALL_EXPERTS_FUNCTIONS["eager"] = _eager_experts
+    try:
+        yield
+    finally:
+        del ALL_EXPERTS_FUNCTIONS["eager"]
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     loggers = [logging.getLogger(n) for n in ("transformers", "peft")]
@@ -420,8 +675,52 @@ def _output_module(model: torch.nn.Module, family: str) -> torch.nn.Module:
     return base.get_output_embeddings()
 
 
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def forward_and_loss(
+    model: torch.nn.Module, ids: torch.Tensor, spec: StepSpec, on_logits: Callable[[], None]
+) -> tuple[torch.Tensor, list[Any]]:
+    """The model call and the loss in the case's convention: ``(loss, what the forward
+    returned)`` -- the second is what a loop that holds its outputs keeps through backward.
+    ``on_logits`` is called once the (last) logits exist, where the loss phase begins."""
+    kwargs: dict[str, Any] = {}
+    if not spec.kv_cache_in_outputs and _family(spec.hf_config) != "bert":
+        kwargs["use_cache"] = False
+    if spec.loss == "standard":  # HF's own loss from labels: upcast, log-softmax, NLL
+        out = model(input_ids=ids, labels=ids, **kwargs)
+        return out.loss, [out]
+    # labels shifted by padding, as HF's ForCausalLMLoss does (no copy of the logits)
+    labels = F.pad(ids, (0, 1), value=-100)[..., 1:].contiguous()
+    if spec.loss == "no-upcast":  # F.cross_entropy on the logits as the model returns them
+        out = model(input_ids=ids, **kwargs)
+        logits = out.logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return loss, [out]
+    # chunked-output: torchtune's CEWithChunkedOutputLoss over the LM head applied per chunk
+    lm = _causal_lm(model)
+    out = lm.base_model(input_ids=ids, **kwargs)
+    head = lm.get_output_embeddings()
+    chunks = [head(h) for h in out.last_hidden_state.chunk(spec.loss_chunks, dim=1)]
+    on_logits()
+    tokens = (labels != -100).sum()
+    total: Any = 0.0
+    for logit, label in zip(chunks, labels.chunk(spec.loss_chunks, dim=1), strict=True):
+        part = logit.reshape(-1, logit.size(-1)).float()
+        total = total + F.cross_entropy(part, label.reshape(-1), reduction="sum")
+    return total / tokens, [out, chunks]
+
+
 def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
-    """Run two steps of ``spec`` on fake CUDA tensors; return what the tracker saw."""
+    """Run three steps of ``spec`` on fake CUDA tensors; return what the tracker saw.
+
+    The first two follow the case's convention (the second is reported); the third holds
+    or releases the model output the other way. Without a convention (the original
+    dataset): held, held, released.
+    """
+    check_spec(spec)
+    POLICY_LOG.clear()
     gpu = gpu or GpuProfile()
     log = KernelLog()
     mode = FakeTensorMode()
@@ -429,6 +728,7 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
         _quiet(),
         _unpacked_inputs(),
         _grouped_mm_fallback_for_non_bf16(),
+        _balanced_eager_experts(),
         fakecuda.installed((gpu.major, gpu.minor)),
         mode,
         cuda_sdpa(gpu, log),
@@ -436,8 +736,8 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
         with fakecuda.FakeInit(), torch.device("cuda"), _swappable_fake_params(mode):
             model, family = _build_model(spec)
             model = _apply_method(model, family, spec)
-            if spec.checkpointing == "full":
-                _enable_checkpointing(model)
+            if spec.checkpointing in ("full", "per-op"):
+                _enable_checkpointing(model, per_op=spec.checkpointing == "per-op")
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
         opt = _make_optimizer(trainable, spec)
@@ -449,22 +749,27 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
         tracker.watch(list(model.parameters()), [opt])
 
         logits_bytes = 0
+        chunked = spec.loss == "chunked-output"
 
         def after_logits(_m: Any, _i: Any, out: Any) -> None:
             nonlocal logits_bytes
             t = out[0] if isinstance(out, tuple) else out
-            logits_bytes = t.numel() * t.element_size()
-            tracker.set_phase("loss")
+            logits_bytes += t.numel() * t.element_size()
+            if not chunked:  # chunks: the loss phase begins after the last one
+                tracker.set_phase("loss")
 
         hook = _output_module(model, family).register_forward_hook(after_logits)
+        held = spec.outputs_held_through_backward
+        order = (False, False, True) if held is None or held else (True, True, False)
         results: list[StepMeasurement] = []
         with tracker:
-            # steps 1 and 2 as written (the model output stays referenced through backward
-            # and the optimizer step); step 3 drops it before backward, as HF's Trainer does
-            for release_outputs in (False, False, True):
+            # steps 1 and 2 in the case's convention; step 3 the other way: with the model
+            # output released before backward (HF's Trainer) or held through the step
+            for release_outputs in order:
                 gc.collect()
                 tracker.reset_peaks()
                 before = tracker.rounded
+                logits_bytes = 0
                 tracker.set_phase("forward")
                 ctx = (
                     torch.autocast("cuda", dtype=torch.bfloat16)
@@ -472,22 +777,19 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
                     else contextlib.nullcontext()
                 )
                 with ctx:
-                    out = model(input_ids=ids, labels=ids)
+                    loss, outputs = forward_and_loss(
+                        model, ids, spec, lambda: tracker.set_phase("loss")
+                    )
                 if release_outputs:
-                    loss = out.loss
-                    del out
+                    del outputs
                 tracker.set_phase("backward")
-                if release_outputs:
-                    loss.backward()
-                else:
-                    out.loss.backward()
+                loss.backward()
                 tracker.set_phase("optimizer")
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                if release_outputs:
-                    del loss
-                else:
-                    del out
+                del loss
+                if not release_outputs:
+                    del outputs
                 gc.collect()
                 tracker.set_phase("idle")
                 results.append(StepMeasurement.of(tracker, before))
@@ -499,7 +801,8 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
         m = Measurement(
             first=results[0],
             second=results[1],
-            released=results[2],
+            released=results[1] if order[1] else results[2],
+            held=results[2] if order[1] else results[1],
             attention_kernels=log.distinct() if spec.attention == "sdpa" else ["eager"],
             params_total=sum(p.numel() for p in params),
             params_trainable=sum(p.numel() for p in params if p.requires_grad),
