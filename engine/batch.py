@@ -59,7 +59,7 @@ from engine.estimate import (
 )
 from engine.overhead import FRAGMENTATION, overhead
 from engine.sharding import make_mesh
-from engine.specs import Scenario, TrainingSpec, reshaped
+from engine.specs import Scenario, TrainingSpec, reshaped, window_masks
 from engine.timeline import KINDS, StepPlan, joint, strategy_key
 
 #: (micro_batch_size, sequence_length, gradient_accumulation_steps)
@@ -386,7 +386,7 @@ class _Strategy:
             try:
                 scenario = _with_sequence(self.scenario, seq)
                 make_mesh(scenario)  # the mesh checks the sequence length
-                masked = 0 < scenario.model.sliding_window < seq
+                masked = window_masks(scenario.model, seq)
                 group = self.masked.get(masked)
                 if group is None:
                     group = self.masked[masked] = _group(scenario)

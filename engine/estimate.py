@@ -33,7 +33,7 @@ from engine.sharding import (
     stage_layers,
     tensor_parallel_shard,
 )
-from engine.specs import ModelSpec, Scenario, TrainingSpec
+from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
 from engine.stacks import Conventions, conventions
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
@@ -358,7 +358,7 @@ def _entry(
     or gradient accumulation, but the plan whether a sliding window masks the
     sequence."""
     training = scenario.training
-    masked = 0 < model.sliding_window < training.sequence_length
+    masked = window_masks(model, training.sequence_length)
     key = (model, mesh, part, stage, chunk, masked, strategy_key(training))
     found = _SHARES.get(key)
     if found is None:

@@ -233,6 +233,8 @@ def _falcon(cfg: Config, name: str) -> dict[str, Any]:
         "activation": "gelu",
         "norm": "layernorm",
         "norms_per_layer": 2 if new_arch or not parallel else 1,
+        # FalconAttention hands SDPA the single key/value head as it is, with a mask
+        "sdpa_math": not new_arch and kv == 1 < heads,
         "attention_bias": bias,
         "attention_out_bias": bias,
         "mlp_bias": bias,

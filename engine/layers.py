@@ -92,6 +92,8 @@ class Ctx:
     #: adapters' bytes per element, and the loss
     outputs_held: bool = True
     kv_cache: bool = False
+    #: SDPA runs its math fallback (see ``ModelSpec.sdpa_math``)
+    sdpa_math: bool = False
     #: bytes per element of the stored embedding weight (the residual stream's dtype
     #: under autocast follows it)
     embedding_bytes: int = 4
@@ -181,6 +183,8 @@ class Net:
         self.shard_of: dict[str, str] = {}
         #: autocast's cache: weight -> its cast copy
         self.cached: dict[tuple[str, str | None, int, int, int], str] = {}
+        #: weights whose gradient an op of the block already produced
+        self.graded: set[tuple[str, str | None, int, int, int]] = set()
 
     def new(self, prefix: str, elems: Size, dtype: int, rg: bool) -> str:
         self.n += 1
@@ -334,6 +338,14 @@ class Net:
             w_grad = w_dtype * in_f * out_f * weights
         if bias and trainable:
             w_grad += w_dtype * out_f * weights
+        key = (component, role, in_f, out_f, weights)
+        if w_grad and key in self.graded:
+            # a weight used again (a chunked LM head): its gradient is summed into the
+            # one .grad, each new part a transient while it is added
+            redo += w_grad
+            w_grad = 0
+        elif w_grad:
+            self.graded.add(key)
         if weights > 1 and trainable:
             # transformers runs experts as grouped GEMMs on weight.transpose(-2, -1); the
             # gradient arrives in that transposed layout and AccumulateGrad, whose layout
@@ -426,6 +438,8 @@ class Net:
         kernel = self.kernel()
         if kernel == "eager":
             return self._eager(q, k, v, heads, kv_heads, head_dim)
+        if ctx.sdpa_math and ctx.attention == "sdpa":
+            return self._math(q, k, v, heads, kv_heads, head_dim)
         if ctx.mode == "amp":
             q, k, v = self.cast(q, 2), self.cast(k, 2), self.cast(v, 2)
         tokens = self.s.tokens
@@ -497,6 +511,30 @@ class Net:
             transient=redo,
         )
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
+
+    def _math(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
+        """SDPA's math fallback (``_scaled_dot_product_attention_math``), recorded op by op
+        by autograd. It computes 16-bit inputs in fp32: q, k and v are upcast, q and k
+        scaled by the square root of the scale, the fp32 scores get the mask as a bias,
+        softmax keeps its fp32 output, and the product with v is cast back. Autograd keeps
+        the scaled q, k (a single key/value head stays one head: ``matmul`` broadcasts it
+        as a view), the probabilities and v."""
+        ctx = self.ctx
+        pairs = self.s.pairs
+        dtype = self.dtype[q] if ctx.mode != "amp" else 2
+        q, k, v = self.cast(q, F32), self.cast(k, F32), self.cast(v, F32)
+        qs, ks = self.unary("scale_q", q), self.unary("scale_k", k)
+        scores = self.new("scores", heads * pairs, F32, True)
+        self._op("matmul_qk", [qs, ks], [scores], saves=[qs, ks])
+        bias = self.new("attn_bias", pairs, dtype, False)
+        self._op("mask_to_bias", [], [bias])
+        masked = self.binary("add_mask", scores, bias)
+        probs = self.unary("softmax", masked, save_out=True)
+        probs = self.dropout(probs, ctx.attention_dropout)
+        out = self.new("attn", self.s.tokens * heads * head_dim, F32, True)
+        self._op("matmul_pv", [probs, v], [out], saves=[probs, v])
+        out = self.cast(out, dtype)
+        return self.unary("transpose", out)  # .permute(0, 2, 1, 3).reshape(...)
 
 
 def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Block, str]:
@@ -722,17 +760,22 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
         # each chunk's matmul casts its slice of the hidden states under autocast: one
         # cast in all, saved for the head's weight gradient
         x = net.cast(x, 2) if ctx.mode == "amp" else x
+        # the model returns the list of chunks; the loss then upcasts and reduces each
+        chunks = [
+            net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=ctx.batch * rows)
+            for rows in (min(size, seq - start) for start in range(0, seq, size))
+        ]
         losses = []
-        for start in range(0, seq, size):
-            rows = ctx.batch * min(size, seq - start)
-            chunk = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
-            if ctx.outputs_held:
-                net.block.held.add(chunk)
+        for chunk in chunks:
             logp = net.unary("log_softmax", net.cast(chunk, F32), save_out=True)
             losses.append(net.unary("nll_loss", logp, elems=1))
         loss = losses[0]
         for other in losses[1:]:
             loss = net.binary("add_loss", loss, other)
+        if ctx.outputs_held:
+            net.block.held.update(chunks)
+        else:  # the list of chunks lives until the loss is computed (torchtune's `del`)
+            net.block.op("release_logits", chunks, [])
         return net.block, loss
     logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
     if ctx.loss == "no-upcast":

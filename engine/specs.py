@@ -266,6 +266,10 @@ class ModelSpec:
     fused_gate_up: bool = False
     parallel_attention: bool = False
     sliding_window: int = 0
+    #: the transformers module calls SDPA with multi-query keys and values it does not
+    #: repeat, and a mask: CUDA has no fused kernel for that and runs the math fallback,
+    #: which materializes the scores (Falcon's original architecture)
+    sdpa_math: bool = False
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     # Mixture of experts
@@ -768,6 +772,13 @@ class Scenario:
                 f"got {rank}, expected an integer in [1, {self.model.hidden_size}] "
                 f"(the model's hidden_size)",
             )
+
+
+def window_masks(model: ModelSpec, seq: int) -> bool:
+    """Whether transformers passes SDPA a sliding-window mask at sequence length ``seq``:
+    from the window's own length on (at ``seq == window`` nothing is masked yet, but the
+    mask is built and the causal shortcut is lost)."""
+    return 0 < model.sliding_window <= seq
 
 
 #: the training fields a sweep varies; each is checked on its own (no check of another

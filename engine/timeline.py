@@ -69,7 +69,7 @@ from engine.graph import TERMS, Block, BlockResult, Profile, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
 from engine.model_state import DTYPE_BYTES, FREEZE_COMPONENTS, ModelState, lora_targets
 from engine.params import model_tensors
-from engine.specs import ModelSpec, TrainingSpec
+from engine.specs import ModelSpec, TrainingSpec, window_masks
 from engine.stacks import conventions
 
 CATS = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
@@ -237,7 +237,9 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         dropout=training.lora.dropout,
         attention_dropout=model.attention_dropout,
         selective=training.activation_checkpointing == "selective",
-        masked=0 < model.sliding_window < training.sequence_length,
+        masked=window_masks(model, training.sequence_length)
+        or (model.sdpa_math and training.attention == "sdpa"),
+        sdpa_math=model.sdpa_math,
         sp=sp,
         cp=par.cp,
         ep=model.expert_shards,
@@ -469,7 +471,7 @@ def _plan_key(
 ) -> tuple[object, ...]:
     """What a step plan is built from: the model, the strategy, whether a sliding window
     masks the sequence (the one thing of the shape a plan reads), the rank's share."""
-    masked = 0 < model.sliding_window < training.sequence_length
+    masked = window_masks(model, training.sequence_length)
     key: tuple[object, ...] = (model, strategy_key(training), masked, state, grad_share)
     return (*key, optimizer_share, gather, stage, grad_buffer)
 
