@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from engine.errors import EstimateError
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
 from engine.params import model_tensors
@@ -401,18 +400,6 @@ def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
     key = (model, strategy_key(training))
     state = _WHOLE.get(key)
     if state is None:
-        if conventions(training).checkpointing == "per-op":
-            raise EstimateError(
-                "training.activation_checkpointing",
-                "per-op selective checkpointing (torchtitan's 'selective', option 'op') is "
-                "not modelled yet; choose none, full, every-k-layers, or selective on a "
-                "stack whose selective policy is the attention core",
-            )
-        if training.moe_implementation != "grouped" and model.is_moe:
-            raise EstimateError(
-                "training.moe_implementation",
-                "the per-expert eager loop is not modelled yet; expected grouped",
-            )
         if len(_WHOLE) >= _KEPT:
             _WHOLE.clear()
         state = _WHOLE[key] = model_state(model, training)

@@ -94,6 +94,8 @@ class Ctx:
     kv_cache: bool = False
     #: SDPA runs its math fallback (see ``ModelSpec.sdpa_math``)
     sdpa_math: bool = False
+    #: the routed experts run transformers' eager loop (:func:`_moe_eager`)
+    moe_eager: bool = False
     #: bytes per element of the stored embedding weight (the residual stream's dtype
     #: under autocast follows it)
     embedding_bytes: int = 4
@@ -290,13 +292,20 @@ class Net:
         bias: bool = False,
         tokens: Size | None = None,
         weights: int = 1,
+        slice_of: int = 1,
+        slice_grad: bool = False,
     ) -> str:
         """``nn.Linear`` (or GPT-2's ``Conv1D``), with autocast casts and a LoRA adapter.
 
         ``weights`` > 1 stands for the routed experts: ``tokens`` rows in all go through
         ``weights`` matrices of ``in_f x out_f`` (grouped GEMM), so weight-sized terms --
         casts, gradients, dequantization -- count every expert's matrix.
+        ``slice_of`` > 1: the weight is one matrix of a 3-D parameter of that many
+        (transformers' eager experts loop, :func:`_moe_eager`); ``slice_grad``: this call's
+        backward, the first to run, makes the gradient the later ones are summed into.
         """
+        if slice_of > 1:
+            return self._sliced_linear(x, in_f, out_f, component, tokens, slice_of, slice_grad)
         ctx = self.ctx
         tokens = tokens if tokens is not None else self.s.tokens
         trainable = ctx.trains(component)
@@ -352,9 +361,44 @@ class Net:
             # contract it breaks, clones it into a contiguous .grad: briefly two copies
             redo += w_grad or 4 * in_f * out_f * weights
         inputs = [xin] + ([weight] if weight else [])
-        self._op("mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
+        # routed experts run as grouped GEMMs, not as ``aten.mm``
+        op = "grouped_mm" if weights > 1 else "mm"
+        self._op(op, inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
         if role and role in ctx.lora_roles:
             y = self._lora(x, y, in_f, out_f, tokens)
+        return y
+
+    def _sliced_linear(
+        self,
+        x: str,
+        in_f: int,
+        out_f: int,
+        component: str,
+        tokens: Size | None,
+        count: int,
+        first: bool,
+    ) -> str:
+        """``F.linear`` on ``param[e]``, one matrix of a 3-D parameter of ``count``. The
+        slice is no leaf, so autocast casts it at every call; its gradient goes back
+        through the indexing, whose backward makes a zero-filled gradient of the whole
+        parameter: autograd keeps the first (``first``: the last call, whose backward
+        runs first) and sums each later one into it, a transient while it is added."""
+        ctx = self.ctx
+        rows = tokens if tokens is not None else self.s.tokens
+        trainable = ctx.trains(component)
+        w_dtype = ctx.weight_bytes(component)
+        xin = self.cast(x, 2) if ctx.mode == "amp" else x
+        whole = w_dtype * count * in_f * out_f if trainable else 0
+        weight = ""
+        w_grad, redo = (whole, 0) if first else (0, whole)
+        if ctx.mode == "amp" and w_dtype == 4:
+            weight = self.new("wcast", in_f * out_f, 2, trainable)
+            self._op("cast_weight", [], [weight], weight_grad=w_grad, transient=redo)
+            w_grad = redo = 0
+        y = self.new("lin", rows * out_f, ctx.act, self.rg[xin] or trainable)
+        saves = [xin if trainable else "", weight if self.rg[xin] else ""]
+        inputs = [xin] + ([weight] if weight else [])
+        self._op("mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
         return y
 
     def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:
@@ -579,7 +623,10 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
 
     def mlp(x: str) -> str:
-        y = _moe(net, m, x) if moe else _gated_mlp(net, m, x, m.intermediate_size, "mlp", tokens)
+        if moe:
+            y = _moe_eager(net, m, x) if ctx.moe_eager else _moe(net, m, x)
+        else:
+            y = _gated_mlp(net, m, x, m.intermediate_size, "mlp", tokens)
         return net.dropout(net.scatter_seq(y), m.hidden_dropout)
 
     if m.parallel_attention:
@@ -692,6 +739,51 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
     if m.num_shared_experts:
         inter = m.shared_expert_intermediate_size or m.moe_intermediate_size * m.num_shared_experts
         out = net.binary("add", out, _gated_mlp(net, m, x, inter, "mlp", tokens))
+    return out
+
+
+def _moe_eager(net: Net, m: ModelSpec, x: str) -> str:
+    """transformers' eager experts loop (``experts_implementation="eager"``): the router as
+    in :func:`_moe`, then expert by expert the tokens routed to it gathered
+    (``hidden_states[token_idx]``), ``F.linear`` with its slice of ``gate_up_proj``, the
+    activation times ``up`` (both halves views of one output, which their saves keep
+    whole), ``F.linear`` with its slice of ``down_proj``, the product with its routing
+    weights and ``index_add_`` into the output. Tokens per expert are balanced: the
+    ``tokens x k`` assignments shared evenly, the first experts one more where they do
+    not divide."""
+    ctx, h, inter = net.ctx, m.hidden_size, m.moe_intermediate_size
+    if ctx.symbolic:  # floors of the share per expert: not linear forms of the shape
+        raise TypeError("the eager experts loop builds at concrete shapes only")
+    if ctx.ep > 1:
+        raise TypeError("the eager experts loop does not run under expert parallelism")
+    tokens, k, experts = ctx.tokens, m.num_experts_per_tok, m.local_experts
+    logits = net.linear(x, h, m.num_experts, "router", None, False)
+    probs = net.unary("router_softmax", net.cast(logits, F32), save_out=True)
+    weights = net.unary("topk", probs, elems=tokens * k)
+    out = net.new("moe_out", tokens * h, net.dtype[x], True)
+    net._op("zeros_like", [], [out])
+    share, extra = divmod(tokens * k, experts)
+    for e in range(experts):
+        n = share + (1 if e < extra else 0)
+        if n == 0:
+            continue
+        current = net.unary("gather", x, elems=n * h)
+        last = e == (experts - 1 if share else extra - 1)  # the last expert with tokens
+        gu = net.linear(
+            current, h, 2 * inter, "experts", "gate_up", tokens=n, slice_of=experts,
+            slice_grad=last,
+        )  # fmt: skip
+        act = net.unary("silu", gu, save_in=True, elems=n * inter)
+        prod = net.binary("mul", act, gu, saves="both", elems=n * inter)
+        down = net.linear(
+            prod, inter, h, "experts", "down_proj", tokens=n, slice_of=experts, slice_grad=last
+        )
+        routed_w = net.unary("index_weights", weights, elems=n)
+        weighted = net.binary("mul_weight", down, routed_w, saves="both", elems=n * h)
+        net._op("index_add", [weighted, out], [])
+    if m.num_shared_experts:
+        inter = m.shared_expert_intermediate_size or m.moe_intermediate_size * m.num_shared_experts
+        out = net.binary("add", out, _gated_mlp(net, m, x, inter, "mlp", net.s.tokens))
     return out
 
 

@@ -65,6 +65,7 @@ from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.sharding import Mesh, make_mesh, stage_layers
 from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
+from engine.stacks import conventions
 from engine.timeline import _mode
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
@@ -599,6 +600,28 @@ def step_times(scenario: Scenario, shapes: Sequence[tuple[int, int, int]]) -> li
     return [_evaluate(plan, b, s, m, budget) for b, s, m in shapes]
 
 
+def per_op_recompute_share(model: ModelSpec) -> float:
+    """The share of a layer's matmul FLOPs that torchtitan's per-op checkpointing runs
+    again in backward: it keeps the outputs of every odd-numbered ``mm`` of the layer (in
+    the order the layer calls them) and recomputes the even ones; routed experts run as
+    grouped GEMMs, which it does not keep, and are recomputed whole."""
+    h, q, kv = model.hidden_size, model.num_attention_heads * model.head_dim, 0
+    kv = model.num_key_value_heads * model.head_dim
+    attention = [h * (q + 2 * kv), q * h] if model.fused_qkv else [h * q, h * kv, h * kv, q * h]
+    inter = model.intermediate_size
+    if model.mlp == "gated":
+        mlp = [2 * h * inter, inter * h] if model.fused_gate_up else [h * inter] * 3
+    else:
+        mlp = [h * inter, inter * h]
+    experts = 0
+    if model.is_moe:
+        mlp = [h * model.num_experts]  # the router
+        experts = 3 * h * model.moe_intermediate_size * model.num_experts_per_tok
+    sizes = attention + mlp
+    again = sum(sizes[1::2]) + experts
+    return again / (sum(sizes) + experts)
+
+
 def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
     """``scenario`` and the cache key of its plan within its model and hardware:
     everything else but the shape and the token budget (the plan reads nothing else)."""
@@ -612,6 +635,7 @@ def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
         t.checkpoint_every_k,
         t.attention,
         t.loss,
+        t.stack,
         t.lora,
         t.freeze,
         t.parallelism,
@@ -629,6 +653,8 @@ class _Plan:
     mesh: Mesh
     dev: Device
     recompute_share: float
+    #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
+    per_op: bool
     selective: bool
     head_train: bool
     amp: bool
@@ -714,10 +740,11 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         assumptions.append("network: " + dev.network)
     n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
     # which layers recompute their forward in backward
-    mode, k = training.activation_checkpointing, training.checkpoint_every_k
+    mode, k = conventions(training).checkpointing, training.checkpoint_every_k
     recompute_share = {
         "full": 1.0,
         "every-k-layers": math.ceil(model.num_layers / k) / model.num_layers,
+        "per-op": per_op_recompute_share(model),
     }.get(mode, 0.0)
     head_train = _trains("lm_head", training.method, training.freeze.trainable)
     # per stage: the layers it holds (the first holds the embedding, the last the head)
@@ -756,6 +783,7 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         mesh=mesh,
         dev=dev,
         recompute_share=recompute_share,
+        per_op=mode == "per-op",
         selective=mode == "selective" and _kernel_of(training.attention) == "eager",
         head_train=head_train,
         amp=_mode(training) == "amp",
@@ -853,7 +881,9 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         fwd = lt["matmul_fwd"] + lt["attn_fwd"]
         bwd = lt["matmul_bwd"] + lt["attn_bwd"]
         ew = lt["elementwise_fwd"] + lt["elementwise_bwd"]
-        rec = recompute_share * (lt["matmul_fwd"] + lt["attn_fwd"] + lt["elementwise_fwd"])
+        # per-op checkpointing keeps the attention kernel's outputs: it is not run again
+        attn_again = 0.0 if plan.per_op else lt["attn_fwd"]
+        rec = recompute_share * (lt["matmul_fwd"] + attn_again + lt["elementwise_fwd"])
         if selective:
             rec += lt["attn_fwd"]
         deq = lt["dequant"] * (2 + recompute_share)

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.graph import TERMS, Block, BlockResult, Profile, profile, simulate
+from engine.graph import TERMS, Block, BlockResult, Profile, Size, _coefs, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
 from engine.model_state import DTYPE_BYTES, FREEZE_COMPONENTS, ModelState, lora_targets
 from engine.params import model_tensors
@@ -240,6 +240,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         masked=window_masks(model, training.sequence_length)
         or (model.sdpa_math and training.attention == "sdpa"),
         sdpa_math=model.sdpa_math,
+        moe_eager=training.moe_implementation == "eager",
         sp=sp,
         cp=par.cp,
         ep=model.expert_shards,
@@ -363,11 +364,47 @@ def embedding_output_grad(
 
 
 def checkpointed(training: TrainingSpec, layers: int) -> list[bool]:
-    """Which layers keep only their input: full, every layer; every-k-layers, layers 0, k,
-    2k, ... (Chen et al. 2016's sqrt(n) schedule with k ~ sqrt(n)); selective, none (the
-    attention core is recomputed inside the layer instead)."""
-    mode, k = training.activation_checkpointing, training.checkpoint_every_k
-    return [mode == "full" or (mode == "every-k-layers" and i % k == 0) for i in range(layers)]
+    """Which layers keep only their input (and, per-op, what the policy saves): full and
+    per-op, every layer; every-k-layers, layers 0, k, 2k, ... (Chen et al. 2016's sqrt(n)
+    schedule with k ~ sqrt(n)); selective, none (the attention core is recomputed inside
+    the layer instead)."""
+    mode, k = conventions(training).checkpointing, training.checkpoint_every_k
+    whole = mode in ("full", "per-op")
+    return [whole or (mode == "every-k-layers" and i % k == 0) for i in range(layers)]
+
+
+#: the op names of :mod:`engine.layers` that are ``aten.mm`` in PyTorch, and those of the
+#: attention kernels, for torchtitan's per-op policy
+_MM_OPS = ("mm", "lora_A", "lora_B")
+
+
+def per_op_saved(block: Block) -> Size:
+    """Bytes torchtitan's per-op selective checkpointing keeps of a layer beyond its input
+    (``selective_ac_option = "op"``): the outputs of the attention kernel and of every
+    odd-numbered ``mm`` of the layer (the 1st, 3rd, ...); everything else is recomputed
+    in backward, where the kept outputs are used as they are."""
+    total: Size = 0
+    count = 0
+    for op in block.ops:
+        if op.name in _MM_OPS:
+            count += 1
+            if count % 2:
+                total = total + sum((size for _, size in op.outputs), start=0)
+        elif op.name.startswith("sdpa_"):
+            total = total + sum((size for _, size in op.outputs), start=0)
+    return total
+
+
+def _whole_bytes(size: Size) -> int:
+    if not isinstance(size, int):
+        raise TypeError("a symbolic size where a concrete one was expected")
+    return size
+
+
+@lru_cache(maxsize=4096)
+def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
+    """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
+    return per_op_saved(_build(model, ctx, kind, x_grad, False)[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,6 +725,7 @@ def _compile(
     tied: int,
     denominator: int,
     dtype: type,
+    per_op: Sequence[Size] = (),
 ) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
     for point; return the points that can be its highest -- every point outside runs,
@@ -736,6 +774,17 @@ def _compile(
     gathered = gather.active
     unit_b, g_fwd, g_bwd = gather.unit, gather.forward, gather.backward
     ckpt_input = nothing if training.offload.activations == "cpu" else hidden
+
+    def saved_form(size_of: Size) -> np.ndarray:
+        v: np.ndarray = np.zeros(size, dtype=dtype)
+        for j, a in enumerate(_coefs(size_of)):
+            if a != int(a):
+                raise ValueError("a per-op saved size that is not whole bytes")
+            v[j] = int(a)
+        return v
+
+    # what a checkpointed layer of each block keeps: its input, and what per-op saves
+    kept_on = [ckpt_input + saved_form(per_op[b] if per_op else 0) for b in range(len(profiles))]
     rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
     eager = ctx.attention == "eager"
     base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
@@ -763,7 +812,7 @@ def _compile(
         for b, on, c in unit:
             p = params + i * unit_b + g_fwd if gathered else params + copies + c
             add(_LAYER_F, i, p, grad_buffer, nothing, fixed + kept + peak(b, 1) - c * one)
-            kept = kept + (ckpt_input if on else linear(b, 0) - c * one + linear(b, 6))
+            kept = kept + (kept_on[b] if on else linear(b, 0) - c * one + linear(b, 6))
             copies += c
             i += 1
         return kept
@@ -772,7 +821,7 @@ def _compile(
         """What a repetition of ``unit`` adds to the activations kept."""
         out = nothing
         for b, on, c in unit:
-            out = out + (ckpt_input if on else linear(b, 0) - c * one + linear(b, 6))
+            out = out + (kept_on[b] if on else linear(b, 0) - c * one + linear(b, 6))
         return out
 
     def shrink(unit: tuple[_Layer, ...]) -> np.ndarray:
@@ -780,7 +829,7 @@ def _compile(
         handed to the model output (the KV cache), which lives on with it."""
         out = nothing
         for b, on, c in unit:
-            out = out + (ckpt_input if on else linear(b, 0) - c * one)
+            out = out + (kept_on[b] if on else linear(b, 0) - c * one)
         return out
 
     cache = nothing
@@ -830,7 +879,7 @@ def _compile(
         for b, on, c in unit:
             g = buffers(reducing)
             if on:
-                kept = kept - ckpt_input
+                kept = kept - kept_on[b]
                 p = params + units + g_bwd if gathered else params + copies + c
                 add(_RECOMPUTE, i, p, g, grads, fixed + kept + grad_in + peak(b, 1) - c * one)
                 add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - c * one)
@@ -908,7 +957,7 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        layers, head, training, gather, grad_buffer, opt, trains_embeddings = plan.recipe
+        layers, head, training, gather, grad_buffer, opt, trains_embeddings, per_op = plan.recipe
         model, stage, profiles = plan.model, plan.stage, plan.profiles
         # every coefficient of a form is a sum over the layers of profile coefficients and
         # constants, raised by the micro-batches in flight: int64 where that fits
@@ -939,6 +988,7 @@ class _Forms:
             plan.tied,
             plan.grad_share.denominator,
             dtype,
+            per_op,
         )
         matrix = np.stack(
             [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
@@ -1047,7 +1097,15 @@ class StepPlan:
         temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
         dense_grad = model.vocab_size * model.hidden_size * (4 - 2 * (training.precision == "bf16"))
         tied = dense_grad if model.tie_word_embeddings else 0
-        recipe = (layers, head, training, gather, grad_buffer, opt, trains_embeddings)
+        # the per-op policy's saved outputs of each block, as linear forms of the shape
+        per_op: tuple[Size, ...] = (0,) * len(blocks)
+        if conventions(training).checkpointing == "per-op":
+            symbolic = dataclasses.replace(ctx, symbolic=True)
+            per_op = tuple(
+                _per_op(model, symbolic, kind, x_grad) if kind != "head" else 0
+                for kind, x_grad in blocks
+            )
+        recipe = (layers, head, training, gather, grad_buffer, opt, trains_embeddings, per_op)
         return StepPlan(
             model=model,
             ctx=ctx,
@@ -1436,9 +1494,14 @@ def _layer_by_layer(
     # once per forward and kept by every layer's attention until backward
     bool_mask = ctx.batch * ctx.seq * ctx.seq if ctx.masked and not mask else 0
     base_act = batch_tensors + rope + bool_mask
-    layers = [
-        block_result(model, ctx, kind, x_grad, chunked, key)
-        for kind, x_grad in layer_kinds(model, training, ctx, embed_grad)
+    kinds = layer_kinds(model, training, ctx, embed_grad)
+    layers = [block_result(model, ctx, kind, x_grad, chunked, key) for kind, x_grad in kinds]
+    # what a checkpointed layer keeps: its input, and under the per-op policy the outputs
+    # it saves
+    per_op = conventions(training).checkpointing == "per-op"
+    kept_of = [
+        ckpt_input + (_whole_bytes(_per_op(model, ctx, kind, x_grad)) if per_op else 0)
+        for kind, x_grad in kinds
     ]
 
     # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
@@ -1465,7 +1528,7 @@ def _layer_by_layer(
         )
         # checkpointing keeps only the layer's input; autocast's cache keeps the copies;
         # what the layer hands to the model output (the KV cache) stays with it
-        kept_act += ckpt_input if ckpt[i] else res.kept - c + res.held
+        kept_act += kept_of[i] if ckpt[i] else res.kept - c + res.held
         copies += c
         units_held += gather.unit
     if not stage.last:  # the output goes to the next stage; its gradient comes back
@@ -1516,7 +1579,7 @@ def _layer_by_layer(
     for i in range(model.num_layers - 1, -1, -1):
         res, c = layers[i]
         if ckpt[i]:
-            kept_act -= ckpt_input
+            kept_act -= kept_of[i]
             add(
                 "backward",
                 i,

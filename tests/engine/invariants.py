@@ -102,8 +102,7 @@ scenarios = st.fixed_dictionaries(
                 "checkpoint_every_k": st.integers(1, 4),
                 "attention": st.sampled_from(ATTENTION_KERNELS),
                 "loss": st.sampled_from(LOSSES),
-                # torchtitan's 'selective' is per-op checkpointing, refused until modelled
-                "stack": st.sampled_from([n for n in STACKS if n != "torchtitan"]),
+                "stack": st.sampled_from(STACKS),
                 "frozen_weights_dtype": st.sampled_from(FROZEN_DTYPES),
                 "lora": st.fixed_dictionaries(
                     {
