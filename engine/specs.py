@@ -745,6 +745,16 @@ class TrainingSpec:
         check_choice(t + "stack", self.stack, STACKS)
         if self.frozen_weights_dtype is not None:
             check_choice(t + "frozen_weights_dtype", self.frozen_weights_dtype, FROZEN_DTYPES)
+            compute = "fp16" if self.precision == "fp16-mixed" else "bf16"
+            other = {"bf16": "fp16", "fp16": "bf16"}[compute]
+            if self.precision.endswith("-mixed") and self.frozen_weights_dtype == other:
+                # the engine tells dtypes apart by their size: an fp16 base cast to bf16
+                # at every use (and fp16 + bf16 promoting to fp32) is not modelled
+                raise EstimateError(
+                    t + "frozen_weights_dtype",
+                    f"got {other!r} under {self.precision}, whose compute dtype is "
+                    f"{compute}: not modelled; expected auto, fp32 or {compute}",
+                )
         check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
         if self.token_budget is not None:
             check_int(t + "token_budget", self.token_budget, 1, 10**16)
