@@ -1,14 +1,14 @@
 """The traced dataset by training-stack convention: allocated peak, |relative error|.
 
-Every case of ``tests/validation/dataset.json`` is compared twice -- the step as traced
-(the model output held through backward and the optimizer step) and the traced step that
-releases it before backward -- and the cases of ``dataset_conventions.json`` (where it
-exists) with the conventions each one states. Run: ``python benchmarks/conventions.py
-[--markdown]``.
+Every case of ``tests/validation/dataset.json`` and ``dataset_conventions.json`` is
+compared twice -- with the model output held through backward and the optimizer step, and
+released before backward -- each with the conventions its trace ran. Run:
+``python benchmarks/conventions.py [--markdown]``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
@@ -43,24 +43,25 @@ def _groups(scenario: dict, error: float, out: dict[str, list[float]]) -> None:
 def main(markdown: bool) -> None:
     groups: dict[str, list[float]] = defaultdict(list)
     refused: list[str] = []
-    for case in json.loads((DATA / "dataset.json").read_text()):
-        for released in (False, True):
-            scenario = as_traced(case["scenario"], released)
-            m = case["measured"]
-            if released:
-                m = m["outputs_released_before_backward"]
-            est = estimate(scenario_from_dict(scenario)).allocated_bytes
-            _groups(scenario, est / m["peak_allocated_bytes"] - 1, groups)
-    extra = DATA / "dataset_conventions.json"
-    if extra.exists():
-        for case in json.loads(extra.read_text()):
-            scenario = as_traced(case["scenario"])
-            try:
-                est = estimate(scenario_from_dict(scenario)).allocated_bytes
-            except EstimateError as exc:
-                refused.append(f"{case['id']}: {exc}")
-                continue
-            _groups(scenario, est / case["measured"]["peak_allocated_bytes"] - 1, groups)
+    for name in ("dataset.json", "dataset_conventions.json"):
+        for case in json.loads((DATA / name).read_text()):
+            own = as_traced(case["scenario"])["training"]["outputs_held_through_backward"]
+            for held in (True, False):
+                scenario = copy.deepcopy(as_traced(case["scenario"]))
+                scenario["training"]["outputs_held_through_backward"] = held
+                m = case["measured"]
+                if held != own:
+                    m = m[
+                        "outputs_held_through_backward"
+                        if held
+                        else "outputs_released_before_backward"
+                    ]
+                try:
+                    est = estimate(scenario_from_dict(scenario)).allocated_bytes
+                except EstimateError as exc:
+                    refused.append(f"{case['id']}: {exc}")
+                    continue
+                _groups(scenario, est / m["peak_allocated_bytes"] - 1, groups)
     rows = sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))
     if markdown:
         print("| convention | cases | median | p90 | max |")
@@ -72,7 +73,7 @@ def main(markdown: bool) -> None:
             print(f"| {name} | {len(a)} | {statistics.median(a):.2%} | {p90:.2%} | {a[-1]:.2%} |")
         else:
             print(f"{name:<32}{len(a):>5}{statistics.median(a):>9.2%}{p90:>9.2%}{a[-1]:>9.2%}")
-    for line in refused:
+    for line in dict.fromkeys(refused):
         print(f"not estimated: {line}")
 
 
