@@ -28,7 +28,7 @@ from engine.estimate import GIB, Estimate, estimate
 from engine.files import read_json, write_text
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
-from engine.report import mesh_text, peak_phase, shows_host, shows_ranks
+from engine.report import conventions_text, mesh_text, peak_phase, shows_host, shows_ranks
 from engine.scenario_io import save_scenario, scenario_from_dict, scenario_to_dict
 from engine.solve import (
     SERVER_GPUS,
@@ -183,16 +183,6 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f}"
 
 
-def convention_line(est: Estimate) -> str:
-    """The training stack and the conventions the estimate used, on one line."""
-    conv = est.conventions
-    shown = ", ".join(
-        f"{c.field}={json.dumps(c.value)}" + (" (set)" if c.origin == "scenario" else "")
-        for c in conv.used
-    )
-    return f"Stack        {conv.stack}: {shown}"
-
-
 def format_table(est: Estimate) -> str:
     """A readable report of ``est`` (GiB = 2^30 bytes)."""
     s = est.scenario
@@ -213,7 +203,7 @@ def format_table(est: Estimate) -> str:
         f"Parameters   total {est.total_params:,}   trainable {est.trainable_params:,}"
         f" ({share:.3g} %)",
         f"Bytes/param  {est.bytes_per_param_formula}",
-        convention_line(est),
+        f"Stack        {conventions_text(est)}",
     ]
     if est.bytes_per_frozen_param:
         lines.append(

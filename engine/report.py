@@ -4,8 +4,9 @@ All three carry the same rows -- every named item with its category, bytes (an e
 integer), GiB (2^30 bytes) and formula -- and the totals. Runs on more than one GPU also get
 one row per distinct rank group (category ``rank``: what each pipeline stage holds), and
 runs that offload to host memory, or that give the host RAM per node, get the ``host`` rows
-(host RAM per node and its verdict). Only the five breakdown categories sum to the device
-total; :func:`breakdown_rows` returns just those.
+(host RAM per node and its verdict); the ``convention`` rows name the training stack and
+each convention the step was estimated with. Only the five breakdown categories sum to the
+device total; :func:`breakdown_rows` returns just those.
 
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
@@ -121,9 +122,34 @@ def host_rows(est: Estimate) -> list[Row]:
     return out
 
 
+def conventions_text(est: Estimate) -> str:
+    """The training stack and every convention the estimate used, on one line; "(set)"
+    marks the ones the scenario sets itself, the rest are the stack's."""
+    conv = est.conventions
+    used = ", ".join(
+        f"{c.field}={json.dumps(c.value)}" + (" (set)" if c.origin == "scenario" else "")
+        for c in conv.used
+    )
+    return f"{conv.stack}: {used}"
+
+
+def convention_rows(est: Estimate) -> list[Row]:
+    """The stack, then one row per convention: its value (formula) and where it came from
+    with what it means (source); no bytes."""
+    conv = est.conventions
+    out = [_row("convention", "training.stack", 0, conv.stack, "scenario")]
+    for c in conv.used:
+        out.append(_row("convention", c.field, 0, json.dumps(c.value), f"{c.origin}: {c.why}"))
+    return out
+
+
 def rows(est: Estimate) -> list[Row]:
-    """Items, totals, then the rank groups and host rows where they apply."""
-    return breakdown_rows(est) + total_rows(est) + rank_rows(est) + host_rows(est)
+    """Items, totals, the rank groups and host rows where they apply, then the
+    conventions."""
+    return (
+        breakdown_rows(est) + total_rows(est) + rank_rows(est) + host_rows(est)
+        + convention_rows(est)
+    )  # fmt: skip
 
 
 def to_csv(est: Estimate) -> str:
@@ -168,6 +194,7 @@ def to_markdown(est: Estimate) -> str:
     for r in total_rows(est):
         lines.append(f"| **{r['item']}** | | **{r['gib']}** | |")
     lines += ["", f"Verdict: **{est.verdict}**. GiB = 2^30 bytes."]
+    lines.append(f"Training stack {conventions_text(est)}.")
     if est.not_modelled:
         lines.append("Not yet modelled: " + "; ".join(est.not_modelled) + ".")
     if shows_ranks(est):

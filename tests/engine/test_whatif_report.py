@@ -170,10 +170,15 @@ def test_every_unavailable_whatif_says_why() -> None:
 def test_csv_rows_match_the_estimate() -> None:
     est = estimate(scenario(method="lora"))
     parsed = list(csv.DictReader(io.StringIO(to_csv(est))))
-    items = [r for r in parsed if r["category"] != "total"]
+    items = [r for r in parsed if r["category"] not in ("total", "convention")]
     assert [(r["item"], int(r["bytes"])) for r in items] == [(i.name, i.bytes) for i in est.items]
     totals = {r["item"]: int(r["bytes"]) for r in parsed if r["category"] == "total"}
     assert totals["device"] == est.device_bytes and totals["budget"] == est.budget_bytes
+    conventions = {r["item"]: r for r in parsed if r["category"] == "convention"}
+    assert conventions["training.stack"]["formula"] == "hf-trainer"
+    held = conventions["outputs_held_through_backward"]
+    assert held["formula"] == "false" and held["source"].startswith("stack: ")
+    assert conventions["lora.adapter_dtype"]["formula"] == '"fp32"'
 
 
 def test_json_is_the_cli_shape() -> None:
@@ -185,8 +190,10 @@ def test_markdown_table() -> None:
     est = estimate(scenario(method="qlora"))
     text = to_markdown(est)
     assert "| category | item | GiB | formula |" in text
-    assert text.count("\n| ") == len(rows(est)) + 1  # header + one line per row
+    table = [r for r in rows(est) if r["category"] != "convention"]
+    assert text.count("\n| ") == len(table) + 1  # header + one line per row
     assert "GiB = 2^30 bytes" in text
+    assert "Training stack hf-trainer: outputs_held_through_backward=false" in text
 
 
 def pipeline_offload() -> Estimate:
@@ -231,7 +238,7 @@ def test_csv_has_rank_groups_and_host_ram() -> None:
 def test_single_gpu_reports_have_no_rank_or_host_rows() -> None:
     est = estimate(scenario(method="lora"))
     assert not shows_ranks(est) and not shows_host(est)
-    assert {r["category"] for r in rows(est)} <= {*CATEGORIES, "total"}
+    assert {r["category"] for r in rows(est)} <= {*CATEGORIES, "total", "convention"}
     assert "Mesh:" not in to_markdown(est) and "Host RAM" not in to_markdown(est)
 
 
