@@ -35,6 +35,7 @@ from engine.estimate import Estimate, estimate
 from engine.layers import attention_kernel
 from engine.sharding import make_mesh
 from engine.specs import Scenario, TrainingSpec
+from engine.stacks import conventions
 from engine.steptime import step_time
 
 #: A change: the new training spec, or the reason it does not apply to this scenario.
@@ -118,6 +119,13 @@ def _flash(s: Scenario) -> TrainingSpec | str:
     return dataclasses.replace(t, attention="flash")
 
 
+def _release_outputs(s: Scenario) -> TrainingSpec | str:
+    t = s.training
+    if not conventions(t).outputs_held:
+        return f"the {t.stack} loop already releases the model output before backward"
+    return dataclasses.replace(t, outputs_held_through_backward=False)
+
+
 @dataclass(frozen=True, slots=True)
 class WhatIf:
     """One change to a scenario, and why it changes the step time (by how much is
@@ -186,6 +194,12 @@ WHATIFS: tuple[WhatIf, ...] = (
         "CPU offload",
         _cpu_offload,
         "optimizer step on the CPU; gradients and weights cross the host link every step",
+    ),
+    WhatIf(
+        "release-outputs",
+        "Release outputs before backward",
+        _release_outputs,
+        "no compute change: the loop keeps only the loss (loss = out.loss; del out)",
     ),
     WhatIf(
         "flash-attention",

@@ -176,3 +176,20 @@ def test_every_stack_loads_and_estimates() -> None:
     for name in STACKS:
         assert load_stack(name).name == name
         assert estimate(scenario_from_dict(scenario(stack=name))).allocated_bytes > 0
+
+
+def test_the_release_outputs_whatif_follows_the_held_convention() -> None:
+    from engine.whatif import WHATIFS_BY_KEY, assess
+
+    release = WHATIFS_BY_KEY["release-outputs"]
+    trainer = scenario_from_dict(scenario())
+    assert "already releases" in (release.unavailable(trainer) or "")
+    loop = scenario_from_dict(scenario(stack="accelerate-loop"))
+    assert release.unavailable(loop) is None
+    current = estimate(loop)
+    result = assess(loop, current, "release-outputs")
+    assert not isinstance(result, str)
+    assert result.saved_bytes > 0 and result.compute_factor == 1.0
+    changed = release.apply(loop)
+    assert changed is not None and not conventions(changed.training).outputs_held
+    assert estimate(changed).allocated_bytes < current.allocated_bytes
