@@ -18,6 +18,7 @@ the attention input (q, k, v are separate calls) and no s^2 term with flash atte
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from engine.graph import TERMS, Block, Lin, Size, larger
@@ -185,8 +186,8 @@ class Net:
         self.shard_of: dict[str, str] = {}
         #: autocast's cache: weight -> its cast copy
         self.cached: dict[tuple[str, str | None, int, int, int], str] = {}
-        #: weights whose gradient an op of the block already produced
-        self.graded: set[tuple[str, str | None, int, int, int]] = set()
+        #: weights whose gradient an op of the block produces: the op's index
+        self.graded: dict[tuple[str, str | None, int, int, int], int] = {}
 
     def new(self, prefix: str, elems: Size, dtype: int, rg: bool) -> str:
         self.n += 1
@@ -202,11 +203,14 @@ class Net:
         saves: list[str] | tuple[str, ...] = (),
         weight_grad: Size = 0,
         transient: Size = 0,
+        trains: bool = False,
     ) -> None:
+        """Append an op; ``trains``: a weight it reads needs a gradient (recorded even
+        when this op's own share of that gradient is 0)."""
         grads = [t for t in inputs if self.rg.get(t)]
         # autograd records an op only when an input or its weight needs a gradient: an op
         # of a frozen layer whose input needs none saves nothing
-        recorded = bool(grads) or bool(weight_grad)
+        recorded = bool(grads) or bool(weight_grad) or trains
         self.block.op(
             name,
             inputs,
@@ -348,13 +352,11 @@ class Net:
         if bias and trainable:
             w_grad += w_dtype * out_f * weights
         key = (component, role, in_f, out_f, weights)
-        if w_grad and key in self.graded:
-            # a weight used again (a chunked LM head): its gradient is summed into the
-            # one .grad, each new part a transient while it is added
-            redo += w_grad
-            w_grad = 0
-        elif w_grad:
-            self.graded.add(key)
+        if w_grad:
+            # a weight used again (a chunked LM head): backward runs the last use first,
+            # whose gradient becomes .grad; each earlier use's part is a transient while
+            # it is summed in
+            self._regrade(key)
         if weights > 1 and trainable:
             # transformers runs experts as grouped GEMMs on weight.transpose(-2, -1); the
             # gradient arrives in that transposed layout and AccumulateGrad, whose layout
@@ -363,10 +365,22 @@ class Net:
         inputs = [xin] + ([weight] if weight else [])
         # routed experts run as grouped GEMMs, not as ``aten.mm``
         op = "grouped_mm" if weights > 1 else "mm"
-        self._op(op, inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
+        self._op(op, inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable)
         if role and role in ctx.lora_roles:
             y = self._lora(x, y, in_f, out_f, tokens)
         return y
+
+    def _regrade(self, key: tuple[str, str | None, int, int, int]) -> None:
+        """The next op appended produces the gradient of the weight ``key``: it becomes
+        the weight's one ``.grad`` (backward reaches it first); an earlier op that made
+        it keeps it only as a transient, the part summed in."""
+        prev = self.graded.get(key)
+        if prev is not None:
+            op = self.block.ops[prev]
+            self.block.ops[prev] = dataclasses.replace(
+                op, weight_grad=0, transient_backward=op.transient_backward + op.weight_grad
+            )
+        self.graded[key] = len(self.block.ops)
 
     def _sliced_linear(
         self,
@@ -393,12 +407,16 @@ class Net:
         w_grad, redo = (whole, 0) if first else (0, whole)
         if ctx.mode == "amp" and w_dtype == 4:
             weight = self.new("wcast", in_f * out_f, 2, trainable)
-            self._op("cast_weight", [], [weight], weight_grad=w_grad, transient=redo)
+            self._op(
+                "cast_weight", [], [weight], weight_grad=w_grad, transient=redo, trains=trainable
+            )
             w_grad = redo = 0
         y = self.new("lin", rows * out_f, ctx.act, self.rg[xin] or trainable)
         saves = [xin if trainable else "", weight if self.rg[xin] else ""]
         inputs = [xin] + ([weight] if weight else [])
-        self._op("mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo)
+        self._op(
+            "mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable
+        )
         return y
 
     def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:

@@ -447,12 +447,16 @@ def shard(
             target = "cpu"  # the optimizer step runs on the host: gradients go there
         elif item.category == "parameters":
             target = offload.parameters
+        if item.category == "gradients" and training.optimizer_in_backward:
+            continue  # each gradient is freed by its own step, inside backward
         if item.category == "gradients" and target == "none" and laid.persistent:
             buffer += item.bytes
             item = replace(item, role=item.role if item.role in BUFFERS else "gradient-buffer")
         place(item, target)
 
-    if pipelined_fsdp or (framework == "megatron" and training.precision in MIXED):
+    if training.optimizer_in_backward:
+        grad_share = Fraction(0)  # stepped and freed parameter by parameter in backward
+    elif pipelined_fsdp or (framework == "megatron" and training.precision in MIXED):
         grad_share = Fraction(0)  # the gradients are a buffer that lives through the step
     elif offload.optimizer != "none":
         grad_share = Fraction(0)  # nothing of the backward's gradients stays as .grad
@@ -461,8 +465,8 @@ def shard(
     else:
         grad_share = Fraction(1, mesh.shard) if stage >= 2 else Fraction(1)
     optimizer_share = Fraction(1, mesh.shard) if stage >= 1 else Fraction(1)
-    if offload.optimizer != "none" or framework != "pytorch":
-        optimizer_share = Fraction(0)  # on the host, or a fused multi-tensor kernel
+    if offload.optimizer != "none" or framework != "pytorch" or training.optimizer_in_backward:
+        optimizer_share = Fraction(0)  # on the host, a fused kernel, or one tensor at a time
     gather = gather_buffers(training, model or scenario.model, part, mesh.pp)
     new_state = replace(state, items=tuple(items))
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)

@@ -710,6 +710,10 @@ class TrainingSpec:
     frozen_weights_dtype: str | None = None
     #: :data:`MOE_IMPLEMENTATIONS`
     moe_implementation: str = "grouped"
+    #: the optimizer steps each parameter in backward as soon as its gradient is ready and
+    #: frees the gradient (torchtune's ``optimizer_in_bwd``: a post-accumulate-grad hook
+    #: per parameter): no gradient outlives its own step
+    optimizer_in_backward: bool = False
     #: tokens the whole run trains on, for its wall time, GPU-hours and cost (None: not asked)
     token_budget: int | None = None
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -756,6 +760,12 @@ class TrainingSpec:
                     f"{compute}: not modelled; expected auto, fp32 or {compute}",
                 )
         check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
+        if self.optimizer_in_backward and self.gradient_accumulation_steps != 1:
+            raise EstimateError(
+                t + "optimizer_in_backward",
+                f"needs gradient_accumulation_steps 1 (got {self.gradient_accumulation_steps}):"
+                " a gradient is stepped and freed as soon as it is ready",
+            )
         if self.token_budget is not None:
             check_int(t + "token_budget", self.token_budget, 1, 10**16)
 

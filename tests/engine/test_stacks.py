@@ -193,3 +193,19 @@ def test_the_release_outputs_whatif_follows_the_held_convention() -> None:
     changed = release.apply(loop)
     assert changed is not None and not conventions(changed.training).outputs_held
     assert estimate(changed).allocated_bytes < current.allocated_bytes
+
+
+def test_an_optimizer_in_backward_keeps_no_gradient_buffer() -> None:
+    """torchtune's optimizer_in_bwd: each gradient is stepped and freed in backward, so
+    the peak loses the full gradient buffer (here the backward's end, with all of them)."""
+    base = {"precision": "bf16", "optimizer": "sgd", "sequence_length": 1024, "micro_batch_size": 1}
+    data = scenario(**base)
+    data["model"] = {"preset": "llama-2-7b"}
+    plain = estimate(scenario_from_dict(data))
+    data["training"]["optimizer_in_backward"] = True
+    inside = estimate(scenario_from_dict(data))
+    assert plain.breakdown["gradients"] > 0 and inside.breakdown["gradients"] == 0
+    assert inside.allocated_bytes < plain.allocated_bytes
+    with pytest.raises(EstimateError) as info:
+        scenario_from_dict(scenario(optimizer_in_backward=True, gradient_accumulation_steps=2))
+    assert info.value.field == "training.optimizer_in_backward"
