@@ -14,13 +14,17 @@ decimal box its decimals to hold the value. Two kinds of rejected input exist:
 * the scenario is stored but the estimate rejects it (tp = 3 on 8 GPUs): the message
   appears under the field it names, and the chart says its bars are out of date.
 
+Rows can go into a folding section (:class:`Collapsible`, with :meth:`FormPanel.rows_in`);
+a message shown under one of its rows unfolds it.
+
 Messages are plain text: they carry file and model names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
@@ -30,9 +34,11 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
     QLabel,
     QSizePolicy,
     QSpinBox,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -117,6 +123,8 @@ class Row:
     set: Setter
     read: Callable[[], Any]
     write: Callable[[Any], None]
+    #: the form the row is in: the panel's, or one of a :class:`Collapsible` section
+    form: QFormLayout
 
 
 class FormPanel(QGroupBox):
@@ -150,6 +158,8 @@ class FormPanel(QGroupBox):
         self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
         outer.addLayout(self.form)
+        # the form new rows go into (see :meth:`rows_in`)
+        self._target = self.form
         # errors change only with the scenario: refresh shows the store's error too
         store.scenarioChanged.connect(self.refresh)
 
@@ -183,11 +193,35 @@ class FormPanel(QGroupBox):
         widget.setToolTip(tip)
         widget.setStatusTip(tip)
         widget.setAccessibleName(label)
-        self.form.addRow(label, box)
-        row = Row(path, label, widget, error, get, set_, read, write)
+        self._target.addRow(label, box)
+        row = Row(path, label, widget, error, get, set_, read, write, self._target)
         self.rows[path] = row
         write(get(self.store.scenario))
         return row
+
+    @contextlib.contextmanager
+    def rows_in(self, form: QFormLayout) -> Iterator[None]:
+        """Put the rows added inside the ``with`` block into ``form`` (a section's)."""
+        outer, self._target = self._target, form
+        try:
+            yield
+        finally:
+            self._target = outer
+
+    def add_beside(self, path: str, widget: QWidget) -> None:
+        """Put ``widget`` (a small button) at the right of the field of ``path``."""
+        field = self.rows[path].widget
+        box = field.parentWidget()
+        assert box is not None
+        lay = box.layout()
+        assert isinstance(lay, QVBoxLayout)
+        lay.removeWidget(field)
+        line = QHBoxLayout()
+        line.setContentsMargins(0, 0, 0, 0)
+        line.setSpacing(2)
+        line.addWidget(field, 1)
+        line.addWidget(widget)
+        lay.insertLayout(0, line)
 
     def add_spin(
         self,
@@ -397,12 +431,18 @@ class FormPanel(QGroupBox):
         row.error.setText(detail)
         row.error.show()
         self.set_row_visible(row.path, True)  # never a hidden error
+        parent = row.widget.parentWidget()
+        while parent is not None and parent is not self:
+            if isinstance(parent, Collapsible):
+                parent.set_expanded(True)
+            parent = parent.parentWidget()
 
     def set_row_visible(self, path: str, visible: bool) -> None:
         """Show or hide the row of ``path`` with its label (options that need another)."""
-        box = self.rows[path].widget.parentWidget()
+        row = self.rows[path]
+        box = row.widget.parentWidget()
         if box is not None:
-            self.form.setRowVisible(box, visible)
+            row.form.setRowVisible(box, visible)
 
     def _row_for_prefix(self, field: str) -> Row | None:
         if field in self.section_rows:
@@ -423,6 +463,61 @@ class FormPanel(QGroupBox):
             self.show_error(last.path, message.replace(field + ": ", last.path + ": ", 1))
             return
         self.show_error(field, message)
+
+
+class Collapsible(QWidget):
+    """A section that folds: a header button with an arrow, a one-line :attr:`summary`
+    that stays visible while folded, and a :attr:`form` of rows shown when unfolded.
+
+    A panel adds its rows with ``with panel.rows_in(section.form): ...``; an error shown
+    under one of them unfolds the section (:meth:`FormPanel._show_on`)."""
+
+    expandedChanged = Signal(bool)
+
+    def __init__(self, title: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.button = QToolButton()
+        self.button.setText(title)
+        self.button.setCheckable(True)
+        self.button.setAutoRaise(True)
+        self.button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.button.setArrowType(Qt.ArrowType.RightArrow)
+        font = self.button.font()
+        font.setBold(True)
+        self.button.setFont(font)
+        # a heading, not a push button: no sunken look while unfolded
+        self.button.setStyleSheet("QToolButton { border: none; padding: 1px 0; }")
+        self.button.setAccessibleName(f"Show or hide {title}")
+        self.button.toggled.connect(self._toggled)
+        self.summary = QLabel()
+        self.summary.setObjectName("sectionSummary")
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)
+        self.summary.setWordWrap(True)
+        self.summary.setContentsMargins(4, 0, 0, 0)
+        self.body = QWidget()
+        self.form = QFormLayout(self.body)
+        self.form.setContentsMargins(12, 0, 0, 0)
+        self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
+        self.body.hide()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 2, 0, 2)
+        lay.setSpacing(2)
+        lay.addWidget(self.button)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.body)
+
+    def is_expanded(self) -> bool:
+        return self.button.isChecked()
+
+    def set_expanded(self, expanded: bool) -> None:
+        self.button.setChecked(expanded)
+
+    @Slot(bool)
+    def _toggled(self, expanded: bool) -> None:
+        self.button.setArrowType(Qt.ArrowType.DownArrow if expanded else Qt.ArrowType.RightArrow)
+        self.body.setVisible(expanded)
+        self.expandedChanged.emit(expanded)
 
 
 def section(form: QFormLayout, text: str) -> QLabel:

@@ -452,6 +452,8 @@ class MainWindow(QMainWindow):
             bad.append("window/splitter")
         table = self._setting("view/table", bad, bool)
         self.table_act.setChecked(table if isinstance(table, bool) else True)
+        conventions = self._setting("view/conventions", bad, bool)
+        self.training_panel.conventions.set_expanded(conventions is True)
         theme = self._setting("view/theme", bad, str)
         if theme is not None and theme not in self.theme_acts:
             bad.append("view/theme")
@@ -499,6 +501,7 @@ class MainWindow(QMainWindow):
         self._put_setting("window/geometry", self.saveGeometry())
         self._put_setting("window/splitter", self.splitter.saveState())
         self._put_setting("view/table", self.table_act.isChecked())
+        self._put_setting("view/conventions", self.training_panel.conventions.is_expanded())
         if isinstance(self.settings, QSettings) and settings_problem(
             Path(self.settings.fileName())
         ):

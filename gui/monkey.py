@@ -7,7 +7,8 @@ each the way a user does it:
   press Enter; or press Up / Down;
 * combos (the fields, the preset picker and its filters): Up, Down, Home, End or PageDown
   on the focused combo; the preset search box: type a word;
-* check boxes (fields and LoRA targets) and the what-if toggles: Space;
+* check boxes (fields and LoRA targets), the what-if toggles and the heading of a folding
+  section (Conventions): Space; a row's reset button: a click;
 * undo and redo, New, Open (valid files, files the estimate rejects, malformed files, a
   FIFO, a folder, a file too big, a missing one), Open Recent, Save, Compare all / Clear
   what-ifs, and double-clicking a ghost bar to apply it.
@@ -59,7 +60,7 @@ from engine.presets import model_names
 from engine.scenario_io import save_scenario
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui.chart import VERDICTS, gib_text
-from gui.forms import FormPanel, Row
+from gui.forms import Collapsible, FormPanel, Row
 from gui.store import default_scenario
 
 Button = QMessageBox.StandardButton
@@ -222,6 +223,32 @@ def scenario_files(folder: Path) -> list[Path]:
             "training": {"method": "lora", "lora": {"targets": ["kv_a_proj"]}},
         },
     )
+    text(
+        "stack.memfit.json",
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": "qwen2.5-7b"},
+            "hardware": {"gpu": "l4"},
+            "training": {
+                "method": "qlora",
+                "stack": "lightning",
+                "outputs_held_through_backward": False,
+                "frozen_weights_dtype": "fp16",
+                "loss": "chunked-output",
+                "loss_chunks": 4,
+                "lora": {"adapter_dtype": "bf16"},
+            },
+        },
+    )
+    text(
+        "bad-stack.memfit.json",
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": "gpt2"},
+            "hardware": {"gpu": "l4"},
+            "training": {"stack": "no-such-stack"},
+        },
+    )
     text("<img src=x onerror=alert(1)>.memfit.json", '{"memfit_scenario": 1, "model": 5}')
     text("malformed.memfit.json", "{oops")
     text(
@@ -260,6 +287,8 @@ class Monkey:
             ("combo", 20, self.combo),
             ("check", 8, self.check),
             ("whatif", 8, self.whatif),
+            ("fold", 3, self.fold),
+            ("reset", 2, self.reset),
             ("search", 3, self.search),
             ("undo", 8, self.undo),
             ("redo", 4, self.redo),
@@ -422,6 +451,17 @@ class Monkey:
         buttons = [b for b in self.window.whatif.buttons.values() if b.isEnabled()]
         if buttons:
             QTest.keyClick(self.rng.choice(buttons), Qt.Key.Key_Space)
+
+    def fold(self) -> None:
+        sections = [c for p in self.window.panels for c in p.findChildren(Collapsible)]
+        if sections:
+            QTest.keyClick(self.rng.choice(sections).button, Qt.Key.Key_Space)
+
+    def reset(self) -> None:
+        panel = self.window.training_panel
+        buttons = [b for b in panel.resets.values() if b.isVisibleTo(panel) and b.isEnabled()]
+        if buttons:
+            QTest.mouseClick(self.rng.choice(buttons), Qt.MouseButton.LeftButton)
 
     def search(self) -> None:
         words = ["", "llama", "8b", "qwen", "mixtral", "zzz", "gemma 2", "deepseek"]

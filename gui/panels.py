@@ -1,12 +1,17 @@
 """The input panels of the left column: model, hardware, training strategy, and
-parallelism with offload."""
+parallelism with offload.
+
+The training strategy starts with the training stack (:mod:`engine.stacks`) and its
+Conventions section: one row per convention, each showing "from stack (its value)" until
+the scenario sets it, with a button that gives it back to the stack."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
-from PySide6.QtCore import QSignalBlocker, Signal, Slot
+from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -15,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QSizePolicy,
+    QToolButton,
     QWidget,
 )
 
@@ -25,14 +31,36 @@ from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
 from engine.sharding import make_mesh
 from engine.specs import (
-    CHECKPOINTING,
+    ADAPTER_DTYPES,
     FREEZE_PARTS,
+    FROZEN_DTYPES,
     LORA_TARGETS,
     OPTIMIZER_IMPLS,
+    STACKS,
     GpuSpec,
     Scenario,
+    TrainingSpec,
 )
-from gui.forms import FormPanel, Row, hardware_field, model_field, section, training_field
+from engine.stacks import (
+    Stack,
+    auto_adapter_dtype,
+    auto_frozen_dtype,
+    conventions,
+    load_stack,
+    with_stack,
+)
+from gui.chart import rich_text
+from gui.forms import (
+    Collapsible,
+    FormPanel,
+    Getter,
+    Row,
+    Setter,
+    hardware_field,
+    model_field,
+    section,
+    training_field,
+)
 from gui.store import ScenarioStore
 
 SIZE_BUCKETS = (
@@ -58,6 +86,57 @@ OPTIMIZER_CHOICES = (("AdamW", "adamw"), ("AdamW 8-bit", "adamw-8bit"),
                      ("Paged AdamW 8-bit", "paged-adamw-8bit"), ("SGD", "sgd"),
                      ("SGD + momentum", "sgd-momentum"), ("Adafactor", "adafactor"),
                      ("Lion", "lion"))  # fmt: skip
+CHECKPOINT_CHOICES = (("none", "none"), ("selective (attention core)", "selective"),
+                      ("full", "full"), ("every k layers", "every-k-layers"),
+                      ("per-op (torchtitan)", "per-op"))  # fmt: skip
+LOSS_CHOICES = (("full logits, upcast to fp32", "standard"),
+                ("chunked / fused (Liger)", "chunked"),
+                ("full logits, no upcast", "no-upcast"),
+                ("logits per chunk (torchtune)", "chunked-output"))  # fmt: skip
+LOSS_TEXT = {value: text for text, value in LOSS_CHOICES}
+#: the loss as the Conventions summary names it
+LOSS_SHORT = {"standard": "loss on fp32 logits", "chunked": "chunked loss",
+              "no-upcast": "loss on 16-bit logits"}  # fmt: skip
+MOE_CHOICES = (("grouped GEMM", "grouped"), ("eager loop (expert by expert)", "eager"))
+CUDA_CHOICES = (("CUDA 12, lazy loading", "cuda12-lazy"),
+                ("CUDA 12, eager loading", "cuda12-eager"),
+                ("CUDA 11 (eager loading)", "cuda11-eager"))  # fmt: skip
+#: what a convention combo holds for "from the stack" (the scenario's field is None)
+FROM_STACK = "stack"
+OUTPUT_CHOICES = (("from stack", FROM_STACK), ("held through backward", True),
+                  ("released before backward", False))  # fmt: skip
+KV_CACHE_CHOICES = (("from stack", FROM_STACK), ("built with the output", True),
+                    ("not built", False))  # fmt: skip
+#: the selective checkpointing policies of :mod:`engine.stacks`, in words
+POLICY_TEXT = {"attention-core": "attention core", "per-op": "per-op"}
+#: convention row -> (stack convention key, what it changes, how its values read)
+CONVENTION_TIPS: dict[str, tuple[str, str, dict[Any, str]]] = {
+    "training.outputs_held_through_backward": (
+        "outputs_held_through_backward",
+        "Whether the model output (the logits and, when built, the KV cache) stays "
+        "referenced through backward and the optimizer step (outputs = model(...); "
+        "outputs.loss.backward()) or is dropped before backward (only the loss kept)",
+        {True: "held", False: "released"},
+    ),
+    "training.kv_cache_in_outputs": (
+        "kv_cache_in_outputs",
+        "Whether the forward builds a KV cache in training (transformers' use_cache); it "
+        "lives as long as the output, and never under gradient checkpointing",
+        {True: "built", False: "not built"},
+    ),
+    "training.frozen_weights_dtype": (
+        "frozen_weights_dtype",
+        "Storage dtype of the frozen, non-quantized weights (LoRA's base, frozen parts); "
+        "auto is the compute dtype of the precision (fp32 under fp32)",
+        {},
+    ),
+    "training.lora.adapter_dtype": (
+        "lora.adapter_dtype",
+        "Dtype of the LoRA adapters, and so of their gradients and optimizer states; auto "
+        "is fp32, bf16 under pure bf16",
+        {},
+    ),
+}
 #: LoRA targets of multi-head latent attention (DeepSeek-V2/V3), shown for such models
 MLA_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
 TARGETS = tuple(t for t in LORA_TARGETS if t != "all-linear")
@@ -66,6 +145,67 @@ TARGETS = tuple(t for t in LORA_TARGETS if t != "all-linear")
 def gpu_text(gpu: GpuSpec) -> str:
     """``NVIDIA H100 SXM 80GB  (79.6 GiB)``: a GPU combo item."""
     return f"{gpu.display_name}  ({gpu.memory_bytes / GIB:.1f} GiB)"
+
+
+def stack_tip(stack: Stack) -> str:
+    """A stack's description and where its conventions were read, for a tooltip."""
+    return rich_text(f"{stack.label}: {stack.description}\nSource: {stack.source}")
+
+
+def convention_field(name: str) -> tuple[Getter, Setter]:
+    """The training field ``name`` as a convention combo holds it: :data:`FROM_STACK`
+    for ``None`` (the stack's value), else the value itself."""
+    get, set_ = training_field(name)
+
+    def read(s: Scenario) -> Any:
+        value = get(s)
+        return FROM_STACK if value is None else value
+
+    def write(s: Scenario, value: Any) -> Scenario:
+        return set_(s, None if value == FROM_STACK else value)
+
+    return read, write
+
+
+def _stack_field() -> tuple[Getter, Setter]:
+    """The training stack; choosing one applies its defaults (:func:`with_stack`)."""
+
+    def set_(s: Scenario, name: str) -> Scenario:
+        return dataclasses.replace(s, training=with_stack(s.training, name))
+
+    return (lambda s: s.training.stack), set_
+
+
+def conventions_summary(training: TrainingSpec) -> str:
+    """``outputs released · KV cache built · adapters fp32 · loss on fp32 logits``: the
+    conventions of ``training`` in one line (those that apply to its method), a ``*``
+    after those the scenario sets."""
+    try:
+        c = conventions(training)
+    except EstimateError as exc:
+        return f"unknown: {exc}"
+    set_here = {u.field for u in c.used if u.origin == "scenario"}
+
+    def part(key: str, text: str) -> str:
+        return text + ("*" if key in set_here else "")
+
+    held = "held" if c.outputs_held else "released"
+    parts = [
+        part("outputs_held_through_backward", f"outputs {held}"),
+        part("kv_cache_in_outputs", "KV cache built" if c.kv_cache else "no KV cache"),
+    ]
+    if training.method != "full":
+        parts.append(part("frozen_weights_dtype", f"frozen {c.frozen_dtype}"))
+    if training.method in ("lora", "qlora"):
+        parts.append(part("lora.adapter_dtype", f"adapters {c.adapter_dtype}"))
+    if training.loss == "chunked-output":
+        parts.append(f"loss in {training.loss_chunks} chunks")
+    else:
+        parts.append(LOSS_SHORT.get(training.loss, training.loss))
+    if c.checkpointing == "per-op" and training.activation_checkpointing == "selective":
+        parts.append("selective = per-op")
+    text = " · ".join(parts)
+    return text + ("  (* set here)" if set_here else "")
 
 
 def human_count(n: int) -> str:
@@ -325,6 +465,16 @@ class HardwarePanel(FormPanel):
             "run and per million tokens (Tradeoffs); 0 takes the GPU preset's price",
             decimals=2,
         )
+        self.add_combo(
+            "hardware.cuda_runtime",
+            "CUDA runtime",
+            CUDA_CHOICES,
+            hardware_field("cuda_runtime"),
+            "What the CUDA context takes beyond PyTorch's pool (what nvidia-smi shows and "
+            "torch.cuda.memory_reserved does not): CUDA 12 loads kernels lazily, when first "
+            "used (the default since 12.2); eager loading (CUDA 11, or "
+            "CUDA_MODULE_LOADING=EAGER) loads every kernel of the libraries at start",
+        )
         self.after_refresh(store.scenario)
 
     def after_refresh(self, scenario: Scenario) -> None:
@@ -361,11 +511,16 @@ class TargetsWidget(QWidget):
         self.boxes: dict[str, QCheckBox] = {}
         plain = [t for t in TARGETS if t not in MLA_TARGETS]
         latent = [t for t in TARGETS if t in MLA_TARGETS]
-        for i, name in enumerate((*plain, "all-linear", *latent)):
+        cell = 0  # three to a line, all-linear two wide: no name is cut in a narrow column
+        for name in (*plain, "all-linear", *latent):
             box = QCheckBox(name.removesuffix("_proj"))
             box.setToolTip(name)
             self.boxes[name] = box
-            grid.addWidget(box, i // 4, i % 4)
+            span = 2 if name == "all-linear" else 1
+            if cell % 3 + span > 3:
+                cell += 3 - cell % 3
+            grid.addWidget(box, cell // 3, cell % 3, 1, span)
+            cell += span
             box.toggled.connect(self._user_toggled)
         self.boxes["all-linear"].toggled.connect(self._enable_parts)
         self.show_latent(False)
@@ -400,10 +555,30 @@ class TargetsWidget(QWidget):
 
 
 class TrainingPanel(FormPanel):
-    """Method, adapters, precision, optimizer, shapes, checkpointing, attention kernel."""
+    """Training stack and its conventions, method, adapters, precision, optimizer, shapes,
+    checkpointing, attention kernel."""
 
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Training strategy", store, parent)
+        self._stacks = self._read_stacks()
+        stack = self.add_combo(
+            "training.stack",
+            "Training stack",
+            [(self._stacks[n].label if n in self._stacks else n, n) for n in STACKS],
+            _stack_field(),
+            "The loop that runs the step: its conventions fill those the scenario leaves "
+            "to it, and choosing it sets its loss and optimizer implementation",
+        )
+        for index, name in enumerate(STACKS):
+            known = self._stacks.get(name)
+            tip = stack_tip(known) if known else rich_text(f"{name}: its file cannot be read")
+            stack.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
+        self.conventions = Collapsible("Conventions")
+        self.conventions.setObjectName("conventions")
+        self.form.addRow(self.conventions)
+        self.resets: dict[str, QToolButton] = {}
+        with self.rows_in(self.conventions.form):
+            self._add_conventions()
         self.add_combo("training.method", "Method", METHOD_CHOICES, training_field("method"))
         self.add_spin(
             "training.lora.rank",
@@ -473,8 +648,11 @@ class TrainingPanel(FormPanel):
         self.add_combo(
             "training.activation_checkpointing",
             "Checkpointing",
-            [(v, v) for v in CHECKPOINTING],
+            CHECKPOINT_CHOICES,
             training_field("activation_checkpointing"),
+            "none keeps every activation; selective recomputes part of each layer (what "
+            "part is the stack's policy); full keeps only each layer's input; per-op is "
+            "torchtitan's policy (every other matmul and attention saved)",
         )
         self.add_spin(
             "training.checkpoint_every_k",
@@ -489,22 +667,22 @@ class TrainingPanel(FormPanel):
             "training.attention",
             "Attention kernel",
             [
-                ("SDPA (flash for 16-bit, mem-efficient for fp32)", "sdpa"),
+                ("SDPA (flash or mem-efficient)", "sdpa"),
                 ("flash attention", "flash"),
                 ("memory-efficient", "mem-efficient"),
                 ("eager (s x s scores kept)", "eager"),
             ],
             training_field("attention"),
+            "The attention kernel: SDPA runs flash attention for 16-bit compute and the "
+            "memory-efficient kernel for fp32; eager keeps the s x s scores",
         )
         self.add_combo(
-            "training.loss",
-            "Loss",
-            [
-                ("cross-entropy on full logits", "standard"),
-                ("chunked / fused cross-entropy", "chunked"),
-            ],
-            training_field("loss"),
-            "A chunked cross-entropy (Liger, torchtune) never holds all the logits",
+            "training.moe_implementation",
+            "MoE experts",
+            MOE_CHOICES,
+            training_field("moe_implementation"),
+            "How the experts run (MoE models): grouped GEMMs over the tokens sorted by "
+            "expert, or transformers' eager loop over the experts one by one",
         )
         get_budget, set_budget = training_field("token_budget")
         budget = self.add_double(
@@ -521,6 +699,69 @@ class TrainingPanel(FormPanel):
         )
         budget.setSpecialValueText("not given")
         self.after_refresh(store.scenario)
+
+    @staticmethod
+    def _read_stacks() -> dict[str, Stack]:
+        """The stacks whose files can be read (a broken one is named, not fatal)."""
+        out = {}
+        for name in STACKS:
+            with contextlib.suppress(EstimateError):
+                out[name] = load_stack(name)
+        return out
+
+    def _add_conventions(self) -> None:
+        self.add_combo(
+            "training.outputs_held_through_backward",
+            "Model output",
+            OUTPUT_CHOICES,
+            convention_field("outputs_held_through_backward"),
+        )
+        self.add_combo(
+            "training.kv_cache_in_outputs",
+            "KV cache",
+            KV_CACHE_CHOICES,
+            convention_field("kv_cache_in_outputs"),
+        )
+        self.add_combo(
+            "training.frozen_weights_dtype",
+            "Frozen weights",
+            (("from stack", FROM_STACK), *((d, d) for d in FROZEN_DTYPES)),
+            convention_field("frozen_weights_dtype"),
+        )
+        self.add_combo(
+            "training.lora.adapter_dtype",
+            "LoRA adapters",
+            (("from stack", FROM_STACK), *((d, d) for d in ADAPTER_DTYPES)),
+            convention_field("lora.adapter_dtype"),
+        )
+        self.add_combo("training.loss", "Loss", LOSS_CHOICES, training_field("loss"))
+        self.add_spin(
+            "training.loss_chunks",
+            "Loss chunks",
+            1,
+            4096,
+            training_field("loss_chunks"),
+            "Chunks of the sequence the LM head and the loss run in, one at a time "
+            "(chunked-output only; 1 to 4096)",
+        )
+        for path in (*CONVENTION_TIPS, "training.loss"):
+            button = QToolButton()
+            button.setText("↺")
+            button.setAutoRaise(True)
+            button.setAccessibleName(f"Give {self.rows[path].label} back to the stack")
+            button.clicked.connect(lambda _c=False, p=path: self._reset(p))
+            self.resets[path] = button
+            self.add_beside(path, button)
+
+    def _reset(self, path: str) -> None:
+        """Give the row of ``path`` back to the stack (the loss: the stack's loss)."""
+        row = self.rows[path]
+        if path != "training.loss":
+            self.commit(row, FROM_STACK)
+            return
+        stack = self._stacks.get(self.store.scenario.training.stack)
+        if stack is not None and "loss" in stack.defaults:
+            self.commit(row, stack.defaults["loss"])
 
     def _add_targets(self) -> Row:
         get, set_ = training_field("lora.targets")
@@ -547,10 +788,90 @@ class TrainingPanel(FormPanel):
             "training.freeze.last_layers": method == "freeze",
             "training.checkpoint_every_k": scenario.training.activation_checkpointing
             == "every-k-layers",
+            "training.moe_implementation": scenario.model.is_moe
+            or scenario.training.moe_implementation != "grouped",
         }
         for path, show in visible.items():
             self.set_row_visible(path, show)
         self.targets.show_latent(scenario.model.is_mla)
+        self._show_conventions(scenario.training)
+
+    def _show_conventions(self, training: TrainingSpec) -> None:
+        """The stack's tooltip, each convention row's "from stack" text, tooltip, reset
+        button and whether it applies, and the section's summary."""
+        stack = self._stacks.get(training.stack)
+        rows = self.rows
+        rows["training.stack"].widget.setToolTip(
+            stack_tip(stack) if stack else rich_text(f"{training.stack}: its file cannot be read")
+        )
+        self.conventions.summary.setText(conventions_summary(training))
+        #: why a convention does not apply to this method ("" where it does)
+        unused = {
+            "training.outputs_held_through_backward": "",
+            "training.kv_cache_in_outputs": "",
+            "training.frozen_weights_dtype": "full fine-tuning freezes no weight"
+            if training.method == "full"
+            else "",
+            "training.lora.adapter_dtype": ""
+            if training.method in ("lora", "qlora")
+            else "only LoRA and QLoRA train adapters",
+        }
+        auto = {
+            "training.frozen_weights_dtype": auto_frozen_dtype(training),
+            "training.lora.adapter_dtype": auto_adapter_dtype(training),
+        }
+        for path, (key, words, shown) in CONVENTION_TIPS.items():
+            combo = rows[path].widget
+            assert isinstance(combo, QComboBox)
+            lines = [words]
+            if stack is None:
+                combo.setItemText(0, "from stack (unknown)")
+            else:
+                value = stack.convention(key, training.precision)
+                text = shown.get(value, str(value))
+                if value == "auto":
+                    text = f"auto: {auto[path]}"
+                combo.setItemText(0, f"from stack ({text})")
+                lines.append(f"{stack.label}: {text} — {stack.why.get(key, '')}".rstrip(" —"))
+            if path in auto:
+                combo.setItemText(combo.findData("auto"), f"auto ({auto[path]})")
+            explicit = combo.currentData() != FROM_STACK
+            if explicit:
+                lines.append("Set in this scenario; ↺ gives it back to the stack.")
+            if unused[path]:
+                lines.append(f"Not used here: {unused[path]}.")
+            combo.setEnabled(not unused[path])
+            combo.setToolTip(rich_text("\n".join(lines)))
+            self.resets[path].setEnabled(explicit and not unused[path])
+            self.resets[path].setToolTip(
+                rich_text("Back to the stack's value" if explicit else "The stack's value")
+            )
+        checkpointing = rows["training.activation_checkpointing"].widget
+        assert isinstance(checkpointing, QComboBox)
+        policy = stack.convention("selective_checkpointing", training.precision) if stack else ""
+        checkpointing.setItemText(
+            checkpointing.findData("selective"),
+            f"selective ({POLICY_TEXT.get(policy, 'its policy')})",
+        )
+        self._show_loss(training, stack)
+
+    def _show_loss(self, training: TrainingSpec, stack: Stack | None) -> None:
+        loss = self.rows["training.loss"].widget
+        default = stack.defaults.get("loss") if stack else None
+        lines = [
+            "How the loss is computed from the last hidden states: the full logits upcast "
+            "to fp32 (transformers), in chunks that never hold all the logits (Liger, "
+            "Unsloth), on the 16-bit logits (LitGPT, plain loops), or the LM head and the "
+            "loss per chunk with every chunk's logits kept (torchtune)"
+        ]
+        if stack is not None and default is not None:
+            lines.append(f"{stack.label} uses: {LOSS_TEXT[default]}")
+        loss.setToolTip(rich_text("\n".join(lines)))
+        differs = default is not None and training.loss != default
+        reset = self.resets["training.loss"]
+        reset.setEnabled(differs)
+        reset.setToolTip(rich_text("Back to the stack's loss" if differs else "The stack's loss"))
+        self.rows["training.loss_chunks"].widget.setEnabled(training.loss == "chunked-output")
 
 
 def canonical_parts(parts: tuple[str, ...]) -> tuple[str, ...]:

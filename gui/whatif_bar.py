@@ -2,7 +2,8 @@
 
 A toggle that does not apply is disabled, and its tooltip says why (the engine's
 :func:`~engine.whatif.assess`); with no valid estimate of the current scenario every toggle
-is disabled and no ghost is drawn.
+is disabled and no ghost is drawn. The toggles of :data:`ONLY_WHEN_OFFERED` are hidden
+instead: they undo a convention of the training stack that most stacks do not have.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from gui.store import ScenarioStore
 
 #: toggles per row of the what-if bar, so that it fits a 1280-pixel window
 PER_ROW = 5
+#: what-ifs shown only where they apply; the shown toggles close up, so no gap is left
+ONLY_WHEN_OFFERED = frozenset({"release-outputs"})
 
 
 def saving_note(result: WhatIfResult) -> str:
@@ -38,7 +41,7 @@ class WhatIfBar(QWidget):
         super().__init__(parent)
         self.store = store
         self.results: dict[str, WhatIfResult] = {}
-        layout = QGridLayout(self)
+        self._grid = layout = QGridLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setHorizontalSpacing(4)
         layout.setVerticalSpacing(2)
@@ -49,8 +52,8 @@ class WhatIfBar(QWidget):
         )
         layout.addWidget(title, 0, 0)
         self.buttons: dict[str, QToolButton] = {}
-        for index, whatif in enumerate(WHATIFS):
-            button = QToolButton()
+        for whatif in WHATIFS:
+            button = QToolButton(self)
             button.setText(whatif.label)
             button.setCheckable(True)
             button.setAutoRaise(False)
@@ -64,11 +67,23 @@ class WhatIfBar(QWidget):
             button.setAccessibleName(f"What if: {whatif.label}")
             button.toggled.connect(self.update_ghosts)
             self.buttons[whatif.key] = button
-            row, col = divmod(index, PER_ROW)
-            layout.addWidget(button, row, col + 1)
+        self._shown: tuple[str, ...] = ()
         layout.setColumnStretch(PER_ROW + 1, 1)
         store.estimateChanged.connect(self.update_ghosts)
         self.update_ghosts()
+
+    def _place(self, shown: tuple[str, ...]) -> None:
+        """Lay out the toggles ``shown``, :data:`PER_ROW` to a row in the engine's order;
+        hide the others."""
+        if shown == self._shown:
+            return
+        self._shown = shown
+        for key, button in self.buttons.items():
+            self._grid.removeWidget(button)
+            button.setVisible(key in shown)
+        for index, key in enumerate(shown):
+            row, col = divmod(index, PER_ROW)
+            self._grid.addWidget(self.buttons[key], row, col + 1)
 
     def checked(self) -> list[str]:
         return [key for key, b in self.buttons.items() if b.isChecked() and b.isEnabled()]
@@ -85,6 +100,7 @@ class WhatIfBar(QWidget):
                 button.setToolTip(
                     rich_text(f"{whatif.label}: not available while the scenario is invalid")
                 )
+            self._place(tuple(w.key for w in WHATIFS if w.key not in ONLY_WHEN_OFFERED))
             return
         for whatif in WHATIFS:
             result = assess(scenario, current, whatif.key)
@@ -98,6 +114,9 @@ class WhatIfBar(QWidget):
             button.setToolTip(
                 rich_text(f"{whatif.label}: {saving_note(result)}\n{result.compute_note}")
             )
+        self._place(
+            tuple(w.key for w in WHATIFS if w.key in self.results or w.key not in ONLY_WHEN_OFFERED)
+        )
         ghosts = [
             Ghost(
                 key,

@@ -1,0 +1,422 @@
+"""The training stack and its Conventions in the strategy panel: choosing a stack, the
+values each convention takes from it, overriding them and giving them back, the CUDA
+runtime, the what-if that releases the outputs, and files that keep all of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QComboBox, QToolButton
+from pytestqt.qtbot import QtBot
+
+import engine.stacks
+from engine.errors import EstimateError
+from engine.presets import load_model
+from engine.scenario_io import load_scenario, save_scenario, scenario_from_dict, scenario_to_dict
+from engine.specs import STACKS, Scenario
+from engine.stacks import conventions, load_stack, with_stack
+from engine.whatif import WHATIFS
+from gui.main_window import MainWindow
+from gui.panels import FROM_STACK, TrainingPanel, conventions_summary
+from gui.store import ScenarioStore, default_scenario
+from gui.whatif_bar import WhatIfBar
+from tests.gui.helpers import bad_mesh, field_mismatches, ini
+
+CONVENTION_ROWS = (
+    "training.outputs_held_through_backward",
+    "training.kv_cache_in_outputs",
+    "training.frozen_weights_dtype",
+    "training.lora.adapter_dtype",
+)
+
+
+def combo(panel: TrainingPanel, path: str) -> QComboBox:
+    widget = panel.rows[path].widget
+    assert isinstance(widget, QComboBox)
+    return widget
+
+
+def choose(panel: TrainingPanel, path: str, value: object) -> None:
+    """Pick the item of ``value`` in the combo of ``path``, as a user does."""
+    box = combo(panel, path)
+    index = box.findData(value)
+    assert index >= 0, (path, value)
+    box.setCurrentIndex(index)
+
+
+def on_stack(name: str, **fields: object) -> Scenario:
+    s = default_scenario()
+    training = dataclasses.replace(with_stack(s.training, name), **fields)  # type: ignore[arg-type]
+    return dataclasses.replace(s, training=training)
+
+
+# -- the stack ---------------------------------------------------------------------------
+
+
+def test_choosing_a_stack_sets_it_with_its_defaults(window: MainWindow) -> None:
+    panel = window.training_panel
+    stack = combo(panel, "training.stack")
+    assert [stack.itemData(i) for i in range(stack.count())] == list(STACKS)
+    torchtune = load_stack("torchtune")
+    index = stack.findData("torchtune")
+    assert stack.itemText(index) == torchtune.label
+    tip = stack.itemData(index, Qt.ItemDataRole.ToolTipRole)
+    assert tip.startswith("<qt>") and torchtune.source[:40] in tip
+    choose(panel, "training.stack", "torchtune")
+    t = window.store.scenario.training
+    assert t.stack == "torchtune"
+    assert (t.loss, t.optimizer_impl) == ("chunked-output", "fused")  # the stack's defaults
+    assert combo(panel, "training.loss").currentData() == "chunked-output"
+    assert panel.rows["training.loss_chunks"].widget.isEnabled()
+    assert "torchtune" in stack.toolTip()
+    window.undo_act.trigger()  # one undoable step
+    assert window.store.scenario.training.stack == "hf-trainer"
+    assert field_mismatches(window) == []
+
+
+def test_an_explicit_convention_survives_a_change_of_stack(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.outputs_held_through_backward", True)
+    choose(panel, "training.stack", "torchtitan")
+    t = window.store.scenario.training
+    assert (t.stack, t.outputs_held_through_backward) == ("torchtitan", True)
+
+
+# -- the Conventions section -------------------------------------------------------------
+
+
+def test_the_section_is_folded_and_its_summary_shows_the_values(window: MainWindow) -> None:
+    panel = window.training_panel
+    section = panel.conventions
+    assert not section.is_expanded()
+    assert section.summary.isVisibleTo(panel)
+    assert not panel.rows["training.frozen_weights_dtype"].widget.isVisibleTo(panel)
+    # the default scenario: LoRA on the Hugging Face Trainer
+    assert section.summary.text() == (
+        "outputs released · KV cache built · frozen bf16 · adapters fp32 · loss on fp32 logits"
+    )
+    QTest.keyClick(section.button, Qt.Key.Key_Space)
+    assert section.is_expanded()
+    assert panel.rows["training.frozen_weights_dtype"].widget.isVisibleTo(panel)
+
+
+def test_each_row_shows_the_stacks_value_and_why(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.stack", "lightning")  # bf16-mixed: frozen weights kept in fp32
+    lightning = load_stack("lightning")
+    texts = {path: combo(panel, path).itemText(0) for path in CONVENTION_ROWS}
+    assert texts == {
+        "training.outputs_held_through_backward": "from stack (held)",
+        "training.kv_cache_in_outputs": "from stack (not built)",
+        "training.frozen_weights_dtype": "from stack (fp32)",
+        "training.lora.adapter_dtype": "from stack (auto: fp32)",
+    }
+    for path in CONVENTION_ROWS:
+        assert combo(panel, path).currentData() == FROM_STACK
+        assert not panel.resets[path].isEnabled()
+    tip = combo(panel, "training.outputs_held_through_backward").toolTip()
+    assert lightning.label in tip and lightning.why["outputs_held_through_backward"][:30] in tip
+    summary = panel.conventions.summary.text()
+    assert summary.startswith("outputs held · no KV cache · frozen fp32 · adapters fp32")
+    assert "*" not in summary
+    auto = combo(panel, "training.frozen_weights_dtype")
+    assert auto.itemText(auto.findData("auto")) == "auto (bf16)"
+
+
+def test_overriding_writes_the_value_and_from_stack_writes_none(window: MainWindow) -> None:
+    panel = window.training_panel
+    values = {
+        "training.outputs_held_through_backward": (True, "outputs held*"),
+        "training.kv_cache_in_outputs": (False, "no KV cache*"),
+        "training.frozen_weights_dtype": ("fp32", "frozen fp32*"),
+        "training.lora.adapter_dtype": ("bf16", "adapters bf16*"),
+    }
+    for path, (value, words) in values.items():
+        choose(panel, path, value)
+        assert panel.rows[path].get(window.store.scenario) == value
+        assert panel.resets[path].isEnabled()
+        assert words in panel.conventions.summary.text()
+    t = window.store.scenario.training
+    assert t.outputs_held_through_backward is True and t.kv_cache_in_outputs is False
+    assert (t.frozen_weights_dtype, t.lora.adapter_dtype) == ("fp32", "bf16")
+    assert conventions(t).outputs_held
+    assert panel.conventions.summary.text().endswith("(* set here)")
+    # back to the stack: by the combo's first item, or by the row's reset button
+    choose(panel, "training.outputs_held_through_backward", FROM_STACK)
+    assert window.store.scenario.training.outputs_held_through_backward is None
+    for path in CONVENTION_ROWS[1:]:
+        panel.resets[path].click()
+        assert panel.rows[path].get(window.store.scenario) == FROM_STACK
+        assert not panel.resets[path].isEnabled()
+    t = window.store.scenario.training
+    assert (t.kv_cache_in_outputs, t.frozen_weights_dtype, t.lora.adapter_dtype) == (None,) * 3
+    assert "*" not in panel.conventions.summary.text()
+
+
+def test_the_adapter_dtype_applies_to_lora_only(window: MainWindow) -> None:
+    panel = window.training_panel
+    adapters = combo(panel, "training.lora.adapter_dtype")
+    frozen = combo(panel, "training.frozen_weights_dtype")
+    assert adapters.isEnabled() and frozen.isEnabled()  # LoRA
+    choose(panel, "training.method", "full")
+    assert not adapters.isEnabled() and "only LoRA and QLoRA" in adapters.toolTip()
+    assert not frozen.isEnabled() and "freezes no weight" in frozen.toolTip()
+    assert "adapters" not in panel.conventions.summary.text()
+    assert "frozen" not in panel.conventions.summary.text()
+    choose(panel, "training.method", "freeze")
+    assert frozen.isEnabled() and not adapters.isEnabled()
+    choose(panel, "training.method", "qlora")
+    assert adapters.isEnabled()
+
+
+def test_an_adapter_dtype_left_from_lora_shows_but_cannot_be_reset(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.lora.adapter_dtype", "bf16")
+    choose(panel, "training.method", "full")  # the value stays in the scenario, unused
+    assert combo(panel, "training.lora.adapter_dtype").currentData() == "bf16"
+    assert not panel.resets["training.lora.adapter_dtype"].isEnabled()
+    assert field_mismatches(window) == []
+
+
+def test_the_loss_choices_chunks_and_the_stacks_loss(window: MainWindow) -> None:
+    panel = window.training_panel
+    loss = combo(panel, "training.loss")
+    assert [loss.itemData(i) for i in range(loss.count())] == [
+        "standard",
+        "chunked",
+        "no-upcast",
+        "chunked-output",
+    ]
+    chunks = panel.rows["training.loss_chunks"].widget
+    reset = panel.resets["training.loss"]
+    assert not chunks.isEnabled() and not reset.isEnabled()
+    choose(panel, "training.loss", "chunked-output")
+    assert chunks.isEnabled() and reset.isEnabled()
+    chunks.setValue(16)  # type: ignore[attr-defined]
+    assert window.store.scenario.training.loss_chunks == 16
+    assert "loss in 16 chunks" in panel.conventions.summary.text()
+    reset.click()  # the Trainer's loss
+    assert window.store.scenario.training.loss == "standard"
+    assert not chunks.isEnabled()
+
+
+def test_checkpointing_offers_per_op_and_names_the_stacks_selective_policy(
+    window: MainWindow,
+) -> None:
+    panel = window.training_panel
+    box = combo(panel, "training.activation_checkpointing")
+    assert box.itemText(box.findData("per-op")) == "per-op (torchtitan)"
+    selective = box.findData("selective")
+    assert box.itemText(selective) == "selective (attention core)"
+    choose(panel, "training.stack", "torchtitan")
+    assert box.itemText(selective) == "selective (per-op)"
+    choose(panel, "training.activation_checkpointing", "selective")
+    assert "selective = per-op" in panel.conventions.summary.text()
+    choose(panel, "training.activation_checkpointing", "per-op")
+    assert window.store.scenario.training.activation_checkpointing == "per-op"
+
+
+def test_moe_experts_show_for_moe_models(window: MainWindow) -> None:
+    panel = window.training_panel
+    row = panel.rows["training.moe_implementation"].widget
+    assert not row.isVisibleTo(panel)  # Llama 3 8B is dense
+    mixtral = dataclasses.replace(window.store.scenario, model=load_model("mixtral-8x7b"))
+    window.store.edit(mixtral)
+    assert row.isVisibleTo(panel)
+    choose(panel, "training.moe_implementation", "eager")
+    assert window.store.scenario.training.moe_implementation == "eager"
+
+
+def test_the_cuda_runtime_is_in_the_hardware_panel(window: MainWindow) -> None:
+    rows = window.hardware_panel.rows
+    box = rows["hardware.cuda_runtime"].widget
+    assert isinstance(box, QComboBox) and box.currentData() == "cuda12-lazy"
+    assert "nvidia-smi" in box.toolTip()
+    box.setCurrentIndex(box.findData("cuda11-eager"))
+    assert window.store.scenario.hardware.cuda_runtime == "cuda11-eager"
+
+
+def test_the_sections_fold_is_kept_between_sessions(qtbot: QtBot, tmp_path: Path) -> None:
+    first = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json")
+    qtbot.addWidget(first)
+    first.training_panel.conventions.set_expanded(True)
+    first.close()
+    second = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json")
+    qtbot.addWidget(second)
+    assert second.training_panel.conventions.is_expanded()
+
+
+# -- bad states --------------------------------------------------------------------------
+
+
+def test_a_rejected_convention_shows_its_reason_and_unfolds_the_section(
+    window: MainWindow,
+) -> None:
+    panel = window.training_panel
+    before = window.store.scenario
+    choose(panel, "training.frozen_weights_dtype", "fp16")  # under bf16 mixed: not modelled
+    assert window.store.scenario == before  # nothing stored: the value is pending
+    assert panel.is_pending("training.frozen_weights_dtype")
+    assert panel.conventions.is_expanded()
+    error = panel.rows["training.frozen_weights_dtype"].error
+    assert error.isVisibleTo(panel) and error.text()
+    window.undo_act.trigger()  # Undo discards it first
+    assert combo(panel, "training.frozen_weights_dtype").currentData() == FROM_STACK
+    assert field_mismatches(window) == []
+
+
+def test_every_value_on_every_stack_keeps_the_fields_in_step(window: MainWindow) -> None:
+    panel = window.training_panel
+    for name in STACKS:
+        choose(panel, "training.stack", name)
+        for method in ("full", "lora", "qlora", "freeze"):
+            choose(panel, "training.method", method)
+            for path in CONVENTION_ROWS:
+                box = combo(panel, path)
+                for index in range(box.count()):
+                    box.setCurrentIndex(index)
+                    assert field_mismatches(window) == []
+                box.setCurrentIndex(0)
+    assert conventions_summary(window.store.scenario.training)
+
+
+def test_an_invalid_scenario_still_shows_its_conventions(window: MainWindow) -> None:
+    window.store.edit(
+        dataclasses.replace(bad_mesh(), training=with_stack(bad_mesh().training, "megatron"))
+    )
+    assert window.store.error
+    panel = window.training_panel
+    assert panel.conventions.summary.text().startswith("outputs released · no KV cache")
+    assert combo(panel, "training.stack").currentData() == "megatron"
+
+
+def test_a_stack_file_that_cannot_be_read_is_named_not_fatal(
+    qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = engine.stacks.load_stack
+
+    def broken(name: str) -> engine.stacks.Stack:
+        if name == "axolotl":
+            raise EstimateError("stacks/axolotl.json", "cannot be read: broken")
+        return real(name)
+
+    monkeypatch.setattr(engine.stacks, "load_stack", broken)
+    monkeypatch.setattr("gui.panels.load_stack", broken)
+    conventions.cache_clear()
+    store = ScenarioStore(on_stack("hf-trainer"))
+    panel = TrainingPanel(store)
+    qtbot.addWidget(panel)
+    stack = combo(panel, "training.stack")
+    assert stack.itemText(stack.findData("axolotl")) == "axolotl"
+    training = dataclasses.replace(store.scenario.training, stack="axolotl")
+    store.edit(dataclasses.replace(store.scenario, training=training))
+    assert "cannot be read" in panel.conventions.summary.text()
+    assert combo(panel, "training.outputs_held_through_backward").itemText(0) == (
+        "from stack (unknown)"
+    )
+    assert "cannot be read" in stack.toolTip()
+    conventions.cache_clear()
+
+
+def test_a_file_with_an_unknown_stack_is_refused_with_its_reason(
+    window: MainWindow, tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.memfit.json"
+    data = scenario_to_dict(default_scenario())
+    data["training"]["stack"] = "no-such-stack"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    before = window.store.scenario
+    assert not window.open_path(path)
+    assert window.store.scenario == before
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+def test_a_saved_scenario_keeps_its_stack_and_overrides(window: MainWindow, tmp_path: Path) -> None:
+    panel = window.training_panel
+    choose(panel, "training.stack", "lightning")
+    choose(panel, "training.outputs_held_through_backward", False)
+    choose(panel, "training.frozen_weights_dtype", "bf16")
+    choose(panel, "training.lora.adapter_dtype", "bf16")
+    choose(panel, "training.loss", "chunked-output")
+    scenario = window.store.scenario
+    assert scenario_from_dict(json.loads(json.dumps(scenario_to_dict(scenario)))) == scenario
+    path = tmp_path / "stack.memfit.json"
+    assert window.save_to(path)
+    window.new_act.trigger()
+    assert window.store.scenario.training.stack == "hf-trainer"
+    assert window.open_path(path)
+    assert window.store.scenario == scenario
+    assert combo(panel, "training.stack").currentData() == "lightning"
+    assert combo(panel, "training.outputs_held_through_backward").currentData() is False
+    assert combo(panel, "training.kv_cache_in_outputs").currentData() == FROM_STACK
+
+
+def test_an_old_file_opens_on_the_hugging_face_trainer(window: MainWindow, tmp_path: Path) -> None:
+    path = tmp_path / "old.memfit.json"
+    old = {
+        "memfit_scenario": 1,
+        "model": {"preset": "llama-3-8b"},
+        "hardware": {"gpu": "h100-sxm-80gb"},
+        "training": {"method": "lora", "micro_batch_size": 2},
+    }
+    path.write_text(json.dumps(old), encoding="utf-8")
+    assert window.open_path(path)
+    t = window.store.scenario.training
+    assert t.stack == "hf-trainer"
+    assert t.outputs_held_through_backward is None and t.kv_cache_in_outputs is None
+    assert t.frozen_weights_dtype is None and t.lora.adapter_dtype is None
+    for path_ in CONVENTION_ROWS:
+        assert combo(window.training_panel, path_).currentData() == FROM_STACK
+
+
+def test_a_saved_scenario_keeps_its_cuda_runtime(tmp_path: Path) -> None:
+    s = default_scenario()
+    s = dataclasses.replace(
+        s, hardware=dataclasses.replace(s.hardware, cuda_runtime="cuda11-eager")
+    )
+    save_scenario(s, tmp_path / "cuda.memfit.json")
+    assert load_scenario(tmp_path / "cuda.memfit.json") == s
+
+
+# -- the what-if -------------------------------------------------------------------------
+
+
+def places(bar: WhatIfBar) -> list[str]:
+    """The keys of the shown toggles in their order on the bar (row by row)."""
+    at = {}
+    for key, button in bar.buttons.items():
+        index = bar._grid.indexOf(button)
+        if index >= 0 and not button.isHidden():
+            row, col, _, _ = bar._grid.getItemPosition(index)
+            at[(row, col)] = key
+    return [at[p] for p in sorted(at)]
+
+
+def test_the_release_outputs_toggle_follows_the_held_convention(qtbot: QtBot) -> None:
+    key = "release-outputs"
+    store = ScenarioStore(on_stack("lightning"))  # holds the outputs through backward
+    bar = WhatIfBar(store)
+    qtbot.addWidget(bar)
+    bar.show()
+    button: QToolButton = bar.buttons[key]
+    assert button.isVisible() and button.isEnabled()
+    assert places(bar) == [w.key for w in WHATIFS]
+    button.setChecked(True)
+    bar.apply(key)
+    assert store.scenario.training.outputs_held_through_backward is False
+    assert not button.isVisible()  # released now: nothing to offer
+    store.edit(on_stack("hf-trainer"))
+    assert not button.isVisible()
+    # the others close up: no gap where it was
+    assert places(bar) == [w.key for w in WHATIFS if w.key != key]
+    store.edit(on_stack("hf-trainer", outputs_held_through_backward=True))
+    assert button.isVisible() and button.isEnabled()
+    store.edit(dataclasses.replace(bad_mesh(), training=with_stack(bad_mesh().training, "custom")))
+    assert store.estimate is None and not button.isVisible()
