@@ -373,12 +373,16 @@ class Net:
     def _regrade(self, key: tuple[str, str | None, int, int, int]) -> None:
         """The next op appended produces the gradient of the weight ``key``: it becomes
         the weight's one ``.grad`` (backward reaches it first); an earlier op that made
-        it keeps it only as a transient, the part summed in."""
+        it keeps it only as a transient, the part summed in. Autograd sums out of place
+        (traced on real tensors: a weight used n times peaks at three gradients' worth,
+        the sum so far, the new part and their sum)."""
         prev = self.graded.get(key)
         if prev is not None:
+            # autograd sums a gradient from several uses out of place: the sum so far, the
+            # new part and their sum are live at once
             op = self.block.ops[prev]
             self.block.ops[prev] = dataclasses.replace(
-                op, weight_grad=0, transient_backward=op.transient_backward + op.weight_grad
+                op, weight_grad=0, transient_backward=op.transient_backward + 2 * op.weight_grad
             )
         self.graded[key] = len(self.block.ops)
 
@@ -404,7 +408,8 @@ class Net:
         xin = self.cast(x, 2) if ctx.mode == "amp" else x
         whole = w_dtype * count * in_f * out_f if trainable else 0
         weight = ""
-        w_grad, redo = (whole, 0) if first else (0, whole)
+        # the later slices' gradients are summed into it out of place (see _regrade)
+        w_grad, redo = (whole, 0) if first else (0, 2 * whole)
         if ctx.mode == "amp" and w_dtype == 4:
             weight = self.new("wcast", in_f * out_f, 2, trainable)
             self._op(
