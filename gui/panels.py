@@ -645,6 +645,14 @@ class TrainingPanel(FormPanel):
             1 << 20,
             training_field("gradient_accumulation_steps"),
         )
+        self.add_check(
+            "training.optimizer_in_backward",
+            "Optimizer in backward",
+            training_field("optimizer_in_backward"),
+            "Step each parameter as soon as its gradient is ready and free the gradient "
+            "(torchtune's optimizer_in_bwd): no full gradient buffer; needs gradient "
+            "accumulation 1",
+        )
         self.add_combo(
             "training.activation_checkpointing",
             "Checkpointing",

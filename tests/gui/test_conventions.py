@@ -232,6 +232,21 @@ def test_moe_experts_show_for_moe_models(window: MainWindow) -> None:
     assert window.store.scenario.training.moe_implementation == "eager"
 
 
+def test_the_optimizer_in_backward_box_needs_no_gradient_accumulation(window: MainWindow) -> None:
+    panel = window.training_panel
+    box = panel.rows["training.optimizer_in_backward"].widget
+    box.setChecked(True)
+    assert window.store.scenario.training.optimizer_in_backward
+    assert window.store.estimate is not None
+    assert window.store.estimate.breakdown["gradients"] == 0
+    accumulation = panel.rows["training.gradient_accumulation_steps"].widget
+    accumulation.setValue(4)  # refused with the field's message, nothing stored
+    assert window.store.scenario.training.gradient_accumulation_steps == 1
+    assert panel.is_pending("training.gradient_accumulation_steps")
+    window.undo_act.trigger()
+    assert field_mismatches(window) == []
+
+
 def test_the_cuda_runtime_is_in_the_hardware_panel(window: MainWindow) -> None:
     rows = window.hardware_panel.rows
     box = rows["hardware.cuda_runtime"].widget
