@@ -34,6 +34,7 @@ from engine.specs import (
     ADAPTER_DTYPES,
     FREEZE_PARTS,
     FROZEN_DTYPES,
+    LORA_MODULE_NAMES,
     LORA_TARGETS,
     OPTIMIZER_IMPLS,
     STACKS,
@@ -489,7 +490,9 @@ class HardwarePanel(FormPanel):
 
 
 def canonical_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
-    """LoRA targets in the engine's order without repeats; ``all-linear`` covers all."""
+    """LoRA targets in the engine's order without repeats; ``all-linear`` covers all; a
+    module name (``c_attn``) stands for the roles it adapts, which an edit then writes."""
+    targets = tuple(r for t in targets for r in LORA_MODULE_NAMES.get(t, (t,)))
     if "all-linear" in targets:
         return ("all-linear",)
     return tuple(t for t in TARGETS if t in targets)

@@ -435,3 +435,18 @@ def test_the_release_outputs_toggle_follows_the_held_convention(qtbot: QtBot) ->
     assert button.isVisible() and button.isEnabled()
     store.edit(dataclasses.replace(bad_mesh(), training=with_stack(bad_mesh().training, "custom")))
     assert store.estimate is None and not button.isVisible()
+
+
+def test_lora_targets_given_as_module_names_check_their_roles(qtbot: QtBot, tmp_path: Path) -> None:
+    s = scenario_from_dict(
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": "gpt2"},
+            "hardware": {"gpu": "l4"},
+            "training": {"method": "lora", "lora": {"targets": ["c_attn", "c_fc"]}},
+        }
+    )
+    w = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json", scenario=s)
+    qtbot.addWidget(w)
+    assert w.store.scenario.training.lora.targets == ("c_attn", "c_fc")  # kept as written
+    assert w.training_panel.targets.value() == ("q_proj", "k_proj", "v_proj", "up_proj")
