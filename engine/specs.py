@@ -78,7 +78,9 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: own selective policy: see :data:`engine.stacks`); ``per-op``: torchtitan's per-op
 #: selective checkpointing (the outputs of every other matmul and of attention are saved,
 #: the rest of each layer is recomputed)
-CHECKPOINTING = ("none", "selective", "full", "every-k-layers", "per-op")
+#: ``first-k-layers``: Megatron's ``--recompute-method block --recompute-num-layers k``,
+#: the first k layers of each pipeline stage checkpointed (``checkpoint_every_k`` is k)
+CHECKPOINTING = ("none", "selective", "full", "every-k-layers", "first-k-layers", "per-op")
 ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
 #: standard: transformers' ``ForCausalLMLoss`` (the whole logits upcast to fp32);
 #: chunked: a fused linear cross-entropy that never materializes the logits (Liger,

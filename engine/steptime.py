@@ -744,6 +744,7 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
     recompute_share = {
         "full": 1.0,
         "every-k-layers": math.ceil(model.num_layers / k) / model.num_layers,
+        "first-k-layers": min(k, model.num_layers) / model.num_layers,
         "per-op": per_op_recompute_share(model),
     }.get(mode, 0.0)
     head_train = _trains("lm_head", training.method, training.freeze.trainable)

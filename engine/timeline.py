@@ -366,11 +366,15 @@ def embedding_output_grad(
 def checkpointed(training: TrainingSpec, layers: int) -> list[bool]:
     """Which layers keep only their input (and, per-op, what the policy saves): full and
     per-op, every layer; every-k-layers, layers 0, k, 2k, ... (Chen et al. 2016's sqrt(n)
-    schedule with k ~ sqrt(n)); selective, none (the attention core is recomputed inside
-    the layer instead)."""
+    schedule with k ~ sqrt(n)); first-k-layers, the first k of the stage (Megatron's
+    block method); selective, none (the attention core is recomputed inside the layer
+    instead)."""
     mode, k = conventions(training).checkpointing, training.checkpoint_every_k
     whole = mode in ("full", "per-op")
-    return [whole or (mode == "every-k-layers" and i % k == 0) for i in range(layers)]
+    return [
+        whole or (mode == "every-k-layers" and i % k == 0) or (mode == "first-k-layers" and i < k)
+        for i in range(layers)
+    ]
 
 
 #: the op names of :mod:`engine.layers` that are ``aten.mm`` in PyTorch, and those of the

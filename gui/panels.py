@@ -89,6 +89,7 @@ OPTIMIZER_CHOICES = (("AdamW", "adamw"), ("AdamW 8-bit", "adamw-8bit"),
                      ("Lion", "lion"))  # fmt: skip
 CHECKPOINT_CHOICES = (("none", "none"), ("selective (attention core)", "selective"),
                       ("full", "full"), ("every k layers", "every-k-layers"),
+                      ("first k layers (Megatron block)", "first-k-layers"),
                       ("per-op (torchtitan)", "per-op"))  # fmt: skip
 LOSS_CHOICES = (("full logits, upcast to fp32", "standard"),
                 ("chunked / fused (Liger)", "chunked"),
@@ -667,11 +668,12 @@ class TrainingPanel(FormPanel):
         )
         self.add_spin(
             "training.checkpoint_every_k",
-            "Checkpoint every",
+            "Checkpoint k",
             1,
             4096,
             training_field("checkpoint_every_k"),
-            "With every-k-layers: checkpoint layers 0, k, 2k, ... (1 to 4096)",
+            "k, 1 to 4096: every k layers checkpoints layers 0, k, 2k, ...; first k layers "
+            "checkpoints the first k layers of each pipeline stage (Megatron's block method)",
             suffix=" layers",
         )
         self.add_combo(
@@ -798,7 +800,7 @@ class TrainingPanel(FormPanel):
             "training.freeze.trainable": method == "freeze",
             "training.freeze.last_layers": method == "freeze",
             "training.checkpoint_every_k": scenario.training.activation_checkpointing
-            == "every-k-layers",
+            in ("every-k-layers", "first-k-layers"),
             "training.moe_implementation": scenario.model.is_moe
             or scenario.training.moe_implementation != "grouped",
         }

@@ -97,7 +97,7 @@ scenarios = st.fixed_dictionaries(
                 "sequence_length": st.sampled_from([1, 7, 64, 512, 1000, 2048, 8192]),
                 "gradient_accumulation_steps": st.integers(1, 8),
                 "activation_checkpointing": st.sampled_from(
-                    ["none", "selective", "full", "every-k-layers"]
+                    ["none", "selective", "full", "every-k-layers", "first-k-layers", "per-op"]
                 ),
                 "checkpoint_every_k": st.integers(1, 4),
                 "attention": st.sampled_from(ATTENTION_KERNELS),

@@ -209,3 +209,22 @@ def test_an_optimizer_in_backward_keeps_no_gradient_buffer() -> None:
     with pytest.raises(EstimateError) as info:
         scenario_from_dict(scenario(optimizer_in_backward=True, gradient_accumulation_steps=2))
     assert info.value.field == "training.optimizer_in_backward"
+
+
+def test_first_k_layers_checkpoints_the_first_k_of_a_stage() -> None:
+    from engine.timeline import checkpointed
+
+    t = scenario_from_dict(
+        scenario(activation_checkpointing="first-k-layers", checkpoint_every_k=3)
+    ).training
+    assert checkpointed(t, 8) == [True] * 3 + [False] * 5
+    peaks = [
+        estimate(
+            scenario_from_dict(
+                scenario(activation_checkpointing="first-k-layers", checkpoint_every_k=k)
+            )
+        ).allocated_bytes
+        for k in (1, 8, 16)
+    ]
+    none = estimate(scenario_from_dict(scenario())).allocated_bytes
+    assert none >= peaks[0] >= peaks[1] >= peaks[2]
