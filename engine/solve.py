@@ -28,6 +28,7 @@ from engine.batch import totals
 from engine.errors import EstimateError
 from engine.presets import load_gpu
 from engine.specs import MAX_DIM, HardwareSpec, Scenario
+from engine.stacks import conventions
 from engine.steptime import StepTime, step_time
 
 #: the largest world size :func:`min_gpus` tries
@@ -227,6 +228,14 @@ def _micro_one(s: Scenario) -> Scenario | None:
     )
 
 
+def _release_outputs(s: Scenario) -> Scenario | None:
+    """The loop keeps only the loss (``loss = out.loss; del out``), where it held the
+    output (logits, KV cache) through backward."""
+    if not conventions(s.training).outputs_held:
+        return None
+    return _with(s, outputs_held_through_backward=False)
+
+
 def _mixed(s: Scenario) -> Scenario | None:
     return _with(s, precision="bf16-mixed") if s.training.precision == "fp32" else None
 
@@ -244,6 +253,7 @@ CHANGES: tuple[Change, ...] = (
     Change("pure-bf16", "pure bf16 weights and states", _training(precision="bf16")),
     Change("flash-attention", "flash attention (SDPA)", _flash),
     Change("chunked-loss", "chunked cross-entropy", _training(loss="chunked")),
+    Change("release-outputs", "release the model output before backward", _release_outputs),
     Change("fused-optimizer", "fused optimizer", _training(optimizer_impl="fused")),
     Change("8bit-optimizer", "8-bit AdamW", _eight_bit),
     Change(

@@ -228,3 +228,13 @@ def test_first_k_layers_checkpoints_the_first_k_of_a_stage() -> None:
     ]
     none = estimate(scenario_from_dict(scenario())).allocated_bytes
     assert none >= peaks[0] >= peaks[1] >= peaks[2]
+
+
+def test_make_it_fit_can_release_held_outputs() -> None:
+    from engine.solve import CHANGES_BY_KEY
+
+    release = CHANGES_BY_KEY["release-outputs"]
+    assert release.apply(scenario_from_dict(scenario())) is None  # the Trainer releases them
+    loop = scenario_from_dict(scenario(stack="accelerate-loop"))
+    changed = release.apply(loop)
+    assert changed is not None and not conventions(changed.training).outputs_held
