@@ -24,7 +24,8 @@ A stack is data, ``resources/stacks/NAME.json``::
      "why": {"outputs_held_through_backward": "..."},
      "defaults": {"loss": "no-upcast"}}
 
-``conventions`` fill the scenario fields left at None (a value, or one per precision);
+``conventions`` fill the scenario fields left at None (a value, or one per method or
+precision, with a ``default``);
 ``defaults`` are the stack's choices of ordinary fields (loss, optimizer implementation),
 applied when a stack is chosen and the field is not given (:func:`apply_defaults`).
 """
@@ -73,10 +74,12 @@ class Stack:
     why: dict[str, str]
     defaults: dict[str, Any]
 
-    def convention(self, key: str, precision: str) -> Any:
+    def convention(self, key: str, precision: str, method: str = "full") -> Any:
+        """The stack's value of ``key``: one for all, or by method, else by precision,
+        else its ``default``."""
         value = self.conventions[key]
         if isinstance(value, dict):
-            return value.get(precision, value["default"])
+            return value.get(method, value.get(precision, value["default"]))
         return value
 
 
@@ -189,7 +192,7 @@ def conventions(training: TrainingSpec) -> Conventions:
         if explicit is not None:
             used.append(Convention(key, explicit, "scenario", stack.why.get(key, "")))
             return explicit
-        value = stack.convention(key, precision)
+        value = stack.convention(key, precision, training.method)
         used.append(Convention(key, value, "stack", stack.why.get(key, "")))
         return value
 
@@ -198,7 +201,7 @@ def conventions(training: TrainingSpec) -> Conventions:
     frozen = pick("frozen_weights_dtype", training.frozen_weights_dtype)
     lora = training.method in ("lora", "qlora")
     adapter = pick("lora.adapter_dtype", training.lora.adapter_dtype) if lora else "auto"
-    policy = stack.convention("selective_checkpointing", precision)
+    policy = stack.convention("selective_checkpointing", precision, training.method)
     checkpointing = training.activation_checkpointing
     if checkpointing == "selective":
         used.append(

@@ -840,7 +840,7 @@ class TrainingPanel(FormPanel):
             if stack is None:
                 combo.setItemText(0, "from stack (unknown)")
             else:
-                value = stack.convention(key, training.precision)
+                value = stack.convention(key, training.precision, training.method)
                 text = shown.get(value, str(value))
                 if value == "auto":
                     text = f"auto: {auto[path]}"
@@ -861,7 +861,11 @@ class TrainingPanel(FormPanel):
             )
         checkpointing = rows["training.activation_checkpointing"].widget
         assert isinstance(checkpointing, QComboBox)
-        policy = stack.convention("selective_checkpointing", training.precision) if stack else ""
+        policy = (
+            stack.convention("selective_checkpointing", training.precision, training.method)
+            if stack
+            else ""
+        )
         checkpointing.setItemText(
             checkpointing.findData("selective"),
             f"selective ({POLICY_TEXT.get(policy, 'its policy')})",

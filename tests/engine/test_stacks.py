@@ -238,3 +238,13 @@ def test_make_it_fit_can_release_held_outputs() -> None:
     loop = scenario_from_dict(scenario(stack="accelerate-loop"))
     changed = release.apply(loop)
     assert changed is not None and not conventions(changed.training).outputs_held
+
+
+def test_trl_and_axolotl_upcast_the_unquantized_weights_of_a_4_bit_base() -> None:
+    for name in ("trl-sft", "axolotl"):
+        qlora = conventions(scenario_from_dict(scenario(stack=name, method="qlora")).training)
+        assert qlora.frozen_dtype == "fp32"
+        lora = conventions(scenario_from_dict(scenario(stack=name, method="lora")).training)
+        assert lora.frozen_dtype == "bf16"
+    trainer = conventions(scenario_from_dict(scenario(method="qlora")).training)
+    assert trainer.frozen_dtype == "bf16"  # the Trainer itself prepares nothing
