@@ -317,13 +317,16 @@ class Net:
         xin = self.cast(x, 2) if ctx.mode == "amp" else x
         weight = ""
         redo: Size = 0
+        keeps_input = False
         if ctx.quantized and not trainable and component not in ("embeddings", "lm_head"):
             # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight to the compute
-            # dtype for the matmul, keeps only the 4-bit weight, and dequantizes again in
-            # backward
+            # dtype for the matmul and dequantizes it again in backward; it keeps its
+            # input with the 4-bit weight (``ctx.tensors = (A, B)``) whenever either needs
+            # a gradient, though the input's gradient needs only the weight
             deq = self.new("deq", in_f * out_f * weights, 2, False)
             self._op("dequantize", [], [deq])
             redo = 2 * in_f * out_f * weights
+            keeps_input = True
         elif ctx.mode == "amp" and w_dtype == 4 and trainable:
             # autocast's cast of an fp32 weight, cached for the forward, kept for backward;
             # a second call on the same weight (a chunked LM head) finds it in the cache
@@ -345,7 +348,10 @@ class Net:
         if x in self.shard_of:  # sequence parallel: keep the shard, gather again later
             saved_in = self.shard_of[x]
             redo += self.elems[x] * self.dtype[xin] if trainable else 0
-        saves = [saved_in if trainable else "", weight if self.rg[xin] else ""]
+        saves = [
+            saved_in if trainable or (keeps_input and self.rg[xin]) else "",
+            weight if self.rg[xin] else "",
+        ]
         w_grad: Size = 0
         if trainable and not weight:  # fp32 or pure 16-bit: the gradient lands directly
             w_grad = w_dtype * in_f * out_f * weights

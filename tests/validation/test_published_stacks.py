@@ -72,7 +72,7 @@ def test_row_quotes_its_source(case: dict) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the single-GPU median is 14.2 % against the 10 % target: QLoRA rows whose "
+    reason="the single-GPU median is 13.5 % against the 10 % target: QLoRA rows whose "
     "figure includes the model load, the optimizer step fused into backward and compiled "
     "chunked losses are not modelled yet (strict: this fails once the target is met)",
 )
