@@ -203,12 +203,12 @@ def format_table(est: Estimate) -> str:
         f"Parameters   total {est.total_params:,}   trainable {est.trainable_params:,}"
         f" ({share:.3g} %)",
         f"Bytes/param  {est.bytes_per_param_formula}",
-        f"Stack        {conventions_text(est)}",
     ]
     if est.bytes_per_frozen_param:
         lines.append(
             f"             frozen weights: {est.bytes_per_frozen_param:.4g} B per parameter"
         )
+    lines.append(f"Stack        {conventions_text(est)}")
     lines += ["", f"{'Per GPU, GiB (2^30 B)':<58}{'GiB':>10}"]
     if len(est.rank_groups) > 1:
         lines.append(f"(the worst rank group: {est.worst_group})")
