@@ -26,6 +26,15 @@ For 3, ``Tensor.to``/``Tensor.cuda`` are replaced by the same argument parsing f
 dispatch key, its op lists and its weight-cast cache -- is used, also when activation
 checkpointing re-enters autocast during recomputation.
 
+A fifth difference changes the count, not whether the step runs: an operator that has a
+CUDA kernel *and* a CompositeImplicitAutograd formula is decomposed into that formula on
+a CPU-only build (there is no CUDA kernel to take precedence), so its intermediate tensors,
+which a GPU never allocates, would pass the tracker. :data:`FUSED_ON_CUDA` lists those met
+in a training step; from the first :func:`installed` on, each has a stand-in CUDA kernel
+registered for the process, which fake tensors never run (``FakeTensorMode`` handles the
+call, below the tracker), so the operator reaches the tracker whole and only its output is
+counted, as on a GPU. ``silu_backward``'s formula keeps five temporaries the size of its input.
+
 Activation checkpointing stashes the CUDA RNG state (a small CPU tensor on a real run);
 without a CUDA runtime that call fails, so the stash is left empty, which changes no device
 memory. Random initialization on fake CUDA tensors is decomposed through a CUDA generator
@@ -190,6 +199,23 @@ def _cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **
     return _to(self, target, non_blocking=non_blocking)
 
 
+#: operators a CUDA build runs as one kernel that a CPU-only build decomposes
+FUSED_ON_CUDA = ("silu_backward",)
+
+
+def _unreachable(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("a stand-in CUDA kernel ran: fake tensors are handled before it")
+
+
+def _register_fused() -> None:
+    """Give each :data:`FUSED_ON_CUDA` operator a CUDA kernel, once per process."""
+    if _STATE.get("fused") is None:
+        library = torch.library.Library("aten", "IMPL")
+        for name in FUSED_ON_CUDA:
+            library.impl(name, _unreachable, "CUDA")
+        _STATE["fused"] = library
+
+
 @contextlib.contextmanager
 def installed(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
     """Make fake CUDA tensors usable for a training step while inside this block.
@@ -208,6 +234,7 @@ def installed(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
     import torch.cuda.amp.common as amp_common
     import torch.utils.checkpoint as ckpt
 
+    _register_fused()
     if _STATE["depth"] == 0:
         _STATE["saved"] = (
             amp_common.amp_definitely_not_available,

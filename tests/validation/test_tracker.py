@@ -286,3 +286,37 @@ def test_fake_cuda_autocast_keeps_cast_weights_until_the_region_ends() -> None:
     assert int(inside) == 2 * weight_bf16 + 3 * act_bf16  # x, h, y in bf16 and both casts
     assert int(after) == weight_bf16 + 3 * act_bf16  # lin1's cast is not needed by backward
     assert (dtype, grad_dtype) == ("torch.bfloat16", "torch.float32")
+
+
+def test_fake_cuda_silu_backward_allocates_only_its_output() -> None:
+    """A GPU runs ``silu_backward`` as one kernel; a CPU-only build would decompose it for
+    fake CUDA tensors into its formula and five temporaries the size of its input.
+    ``fakecuda.FUSED_ON_CUDA`` keeps it whole: the backward's peak over the saved input
+    and the incoming gradient is the one output. (A subprocess: the hooks load first.)"""
+    code = textwrap.dedent(
+        """
+        from validation import fakecuda
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from validation.tracker import StorageTracker
+        with fakecuda.installed(), FakeTensorMode():
+            with fakecuda.FakeInit(), torch.device("cuda"):
+                x = torch.zeros(1024, 1024, requires_grad=True)
+            y = torch.nn.functional.silu(x)
+            g = torch.zeros(1024, 1024, device="cuda")
+            tr = StorageTracker()
+            tr.adopt([x, y, g])
+            base = tr.rounded
+            with tr:
+                tr.reset_peaks()
+                y.backward(g)
+            print(tr.peak.rounded - base, sorted({str(k) for k in tr.ops_by_phase}))
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    extra = int(done.stdout.split()[0])
+    assert extra == 1024 * 1024 * 4  # the input's gradient, nothing more
