@@ -363,11 +363,6 @@ class Net:
             # whose gradient becomes .grad; each earlier use's part is a transient while
             # it is summed in
             self._regrade(key)
-        if weights > 1 and trainable:
-            # transformers runs experts as grouped GEMMs on weight.transpose(-2, -1); the
-            # gradient arrives in that transposed layout and AccumulateGrad, whose layout
-            # contract it breaks, clones it into a contiguous .grad: briefly two copies
-            redo += w_grad or 4 * in_f * out_f * weights
         inputs = [xin] + ([weight] if weight else [])
         # routed experts run as grouped GEMMs, not as ``aten.mm``
         op = "grouped_mm" if weights > 1 else "mm"

@@ -1,4 +1,4 @@
-"""MemFit's allocated peak against the traced datasets: 1 % median, 4 % p90, 18 % worst.
+"""MemFit's allocated peak against the traced datasets: 1 % median, 4 % p90, 14 % worst.
 
 Each case of ``dataset.json`` and ``dataset_conventions.json`` is one real PyTorch training
 step of a Hugging Face model, traced without a GPU (``validation/``); the engine never sees
@@ -7,9 +7,9 @@ through backward and the optimizer step (a plain loop) and released before backw
 Trainer), each estimated with the conventions the trace ran (``traced.as_traced``).
 
 The target is 5 % on every case; the worst cases are above it (see the README's accuracy
-section): Mixtral's experts in pure bf16 with SGD, a frozen fp16 base under bf16 autocast
-(fp16 and bf16 are the same size to the engine), Mistral's full training under
-checkpointing.
+section): Mixtral LoRA on an fp32 frozen base (+11 %) and with eager attention under
+checkpointing (-9 %). A frozen fp16 base under bf16 autocast is refused (fp16 and bf16 are
+the same size to the engine).
 """
 
 import copy
@@ -37,7 +37,7 @@ ALL = json.loads((HERE / "dataset.json").read_text()) + json.loads(
 CASES = [case for case in ALL if case["id"] not in REFUSED]
 MEDIAN_TARGET = 0.01
 P90_TARGET = 0.04
-MAX_TARGET = 0.18
+MAX_TARGET = 0.14
 
 
 def measured(case: dict, held: bool) -> int:
