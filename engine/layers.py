@@ -97,6 +97,8 @@ class Ctx:
     sdpa_math: bool = False
     #: the routed experts run transformers' eager loop (:func:`_moe_eager`)
     moe_eager: bool = False
+    #: the 16-bit compute dtype is fp16 (fp16-mixed), not bf16
+    fp16: bool = False
     #: bytes per element of the stored embedding weight (the residual stream's dtype
     #: under autocast follows it)
     embedding_bytes: int = 4
@@ -562,6 +564,11 @@ class Net:
         scaled = self.unary("scale", scores)
         masked = self.new("masked", heads * pairs, max(self.dtype[scaled], self.ctx.res), True)
         self._op("add_mask", [scaled], [masked])
+        if self.dtype[masked] == 2 and not ctx.fp16:
+            # softmax(x, dtype=float32) converts a bf16 input to fp32 first (only fp16 has
+            # CUDA's half-to-float kernel): an fp32 copy of the scores, and in backward an
+            # fp32 gradient of it before the cast back
+            masked = self.cast(masked, F32)
         probs = self.new("softmax", heads * pairs, F32, True)
         self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
         probs = self.cast(probs, query_dtype)

@@ -241,6 +241,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         or (model.sdpa_math and training.attention == "sdpa"),
         sdpa_math=model.sdpa_math,
         moe_eager=training.moe_implementation == "eager",
+        fp16=training.precision == "fp16-mixed",
         sp=sp,
         cp=par.cp,
         ep=model.expert_shards,

@@ -6,10 +6,9 @@ the measurements except here. Every case is compared twice: with the model outpu
 through backward and the optimizer step (a plain loop) and released before backward (the
 Trainer), each estimated with the conventions the trace ran (``traced.as_traced``).
 
-The target is 5 % on every case; the worst cases are above it (see the README's accuracy
-section): Mixtral LoRA on an fp32 frozen base (+11 %) and with eager attention under
-checkpointing (-9 %). A frozen fp16 base under bf16 autocast is refused (fp16 and bf16 are
-the same size to the engine).
+The target is 5 % on every case; one case is above it (see the README's accuracy
+section): Mixtral LoRA on an fp32 frozen base (+11 %). A frozen fp16 base under bf16
+autocast is refused (fp16 and bf16 are the same size to the engine).
 """
 
 import copy
