@@ -577,27 +577,75 @@ def _grouped_mm_fallback_for_non_bf16() -> Iterator[None]:
     Hugging Face runs experts through ``torch.nn.functional.grouped_mm`` on CUDA whatever the
     dtype; PyTorch's CUDA ``_grouped_mm`` takes its fast path for bf16 only and loops over
     the experts with ``mm`` otherwise, while its fake-tensor (meta) implementation accepts
-    bf16 only. For other dtypes HF's own looped fallback operator is used here instead: it
-    allocates the same output and gradients, ``(S, out)``, ``(S, in)`` and
-    ``(experts, in, out)``, and saves the same tensors for backward.
+    bf16 only. For other dtypes :class:`_LoopedGroupedMM` stands in: the CUDA loop's output,
+    ``(S, out)``, the input saved for a weight that trains and the weight for an input that
+    needs a gradient (as for ``mm``), and in backward only the gradients autograd asks for --
+    ``(S, in)`` and ``(experts, in, out)`` (transformers' own fallback operator saves and
+    makes both every time).
     """
     try:
         import transformers.integrations.moe as moe
     except ImportError:  # older transformers: no grouped experts
         yield
         return
-    original = moe._can_use_grouped_mm
+    original = moe._grouped_mm
 
-    def can_use(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> bool:
-        if weight.dtype != torch.bfloat16:
-            return False
-        return bool(original(input, weight, offs))
+    def grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        if weight.dtype == torch.bfloat16:
+            return original(input, weight, offs)
+        out: torch.Tensor = _LoopedGroupedMM.apply(input.to(weight.dtype), weight, offs)
+        return out
 
-    moe._can_use_grouped_mm = can_use
+    moe._grouped_mm = grouped_mm
     try:
         yield
     finally:
-        moe._can_use_grouped_mm = original
+        moe._grouped_mm = original
+
+
+class _LoopedGroupedMM(torch.autograd.Function):
+    """``_grouped_mm`` as PyTorch's CUDA build runs it for non-bf16 weights: one ``mm`` per
+    expert on its rows (``offs``: cumulative rows per expert)."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> Any:
+        # as autograd's formulas for mm: the input for the weight's gradient, the weight for
+        # the input's
+        needs_input, needs_weight = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+        ctx.offs, ctx.experts, ctx.rows = offs, weight.size(0), input.size(0)
+        out = input.new_empty(input.size(0), weight.size(2))
+        for e, (start, end) in enumerate(_expert_rows(offs, weight.size(0), input.size(0))):
+            torch.mm(input[start:end], weight[e], out=out[start:end])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        input, weight = ctx.saved_tensors
+        rows = _expert_rows(ctx.offs, ctx.experts, ctx.rows)
+        grad_input = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_input = grad.new_empty(ctx.rows, weight.size(1))
+            for e, (start, end) in enumerate(rows):
+                torch.mm(grad[start:end], weight[e].T, out=grad_input[start:end])
+        if ctx.needs_input_grad[1]:
+            grad_weight = input.new_empty(ctx.experts, input.size(1), grad.size(1))
+            for e, (start, end) in enumerate(rows):
+                torch.mm(input[start:end].T, grad[start:end], out=grad_weight[e])
+        return grad_input, grad_weight, None
+
+
+def _expert_rows(offs: torch.Tensor, experts: int, rows: int) -> list[tuple[int, int]]:
+    """Each expert's rows: fake tensors have no values to read ``offs`` from, so the rows are
+    shared evenly, as the balanced routing the measurement assumes (the sizes of the
+    tensors allocated do not depend on the split)."""
+    share, extra = divmod(rows, experts)
+    out, start = [], 0
+    for e in range(experts):
+        end = start + share + (1 if e < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
 
 
 def _eager_experts(
