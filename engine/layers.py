@@ -316,7 +316,11 @@ class Net:
         tokens = tokens if tokens is not None else self.s.tokens
         trainable = ctx.trains(component)
         w_dtype = ctx.weight_bytes(component)
-        xin = self.cast(x, 2) if ctx.mode == "amp" else x
+        # transformers' grouped experts are not on autocast's lists: the input is cast to
+        # the weights' dtype, so frozen fp32 experts compute in fp32, their weights uncast
+        # (trainable ones are taken as cast once, as autocast would)
+        fp32_experts = ctx.mode == "amp" and weights > 1 and w_dtype == 4 and not trainable
+        xin = self.cast(x, F32 if fp32_experts else 2) if ctx.mode == "amp" else x
         weight = ""
         redo: Size = 0
         keeps_input = False
@@ -338,14 +342,15 @@ class Net:
                 weight = self.cached[key] = self.new("wcast", in_f * out_f * weights, 2, True)
                 self.block.weight_copies += 2 * in_f * out_f * weights
                 self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
-        elif ctx.mode == "amp" and w_dtype == 4:
+        elif ctx.mode == "amp" and w_dtype == 4 and not fp32_experts:
             # a frozen fp32 weight (Lightning's bf16-mixed keeps the base in fp32): autocast
             # caches casts only of leaf tensors that require grad, so every call casts it
             # again; the copy lives while the matmul runs, and on through backward only
             # where the matmul saves it (its input needs a gradient)
             weight = self.new("wcast", in_f * out_f * weights, 2, False)
             self._op("cast_weight", [], [weight])
-        y = self.new("lin", tokens * out_f, ctx.act, self.rg[xin] or trainable)
+        out_dtype = F32 if fp32_experts else ctx.act
+        y = self.new("lin", tokens * out_f, out_dtype, self.rg[xin] or trainable)
         saved_in = xin
         if x in self.shard_of:  # sequence parallel: keep the shard, gather again later
             saved_in = self.shard_of[x]

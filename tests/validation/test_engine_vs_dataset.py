@@ -1,4 +1,4 @@
-"""MemFit's allocated peak against the traced datasets: 1 % median, 4 % p90, 14 % worst.
+"""MemFit's allocated peak against the traced datasets: 1 % median, 4 % p90, 5 % worst.
 
 Each case of ``dataset.json`` and ``dataset_conventions.json`` is one real PyTorch training
 step of a Hugging Face model, traced without a GPU (``validation/``); the engine never sees
@@ -6,9 +6,8 @@ the measurements except here. Every case is compared twice: with the model outpu
 through backward and the optimizer step (a plain loop) and released before backward (the
 Trainer), each estimated with the conventions the trace ran (``traced.as_traced``).
 
-The target is 5 % on every case; one case is above it (see the README's accuracy
-section): Mixtral LoRA on an fp32 frozen base (+11 %). A frozen fp16 base under bf16
-autocast is refused (fp16 and bf16 are the same size to the engine).
+Every case is within the 5 % target. A frozen fp16 base under bf16 autocast is refused
+(fp16 and bf16 are the same size to the engine).
 """
 
 import copy
@@ -36,7 +35,7 @@ ALL = json.loads((HERE / "dataset.json").read_text()) + json.loads(
 CASES = [case for case in ALL if case["id"] not in REFUSED]
 MEDIAN_TARGET = 0.01
 P90_TARGET = 0.04
-MAX_TARGET = 0.14
+MAX_TARGET = 0.05
 
 
 def measured(case: dict, held: bool) -> int:
