@@ -8,7 +8,6 @@ released before backward -- each with the conventions its trace ran. Run:
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import sys
@@ -21,7 +20,7 @@ from engine.scenario_io import scenario_from_dict
 from engine.stacks import conventions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.validation.traced import as_traced
+from tests.validation.traced import as_traced, traced_peak
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "validation"
 
@@ -45,23 +44,14 @@ def main(markdown: bool) -> None:
     refused: list[str] = []
     for name in ("dataset.json", "dataset_conventions.json"):
         for case in json.loads((DATA / name).read_text()):
-            own = as_traced(case["scenario"])["training"]["outputs_held_through_backward"]
             for held in (True, False):
-                scenario = copy.deepcopy(as_traced(case["scenario"]))
-                scenario["training"]["outputs_held_through_backward"] = held
-                m = case["measured"]
-                if held != own:
-                    m = m[
-                        "outputs_held_through_backward"
-                        if held
-                        else "outputs_released_before_backward"
-                    ]
+                scenario = as_traced(case["scenario"], held)
                 try:
                     est = estimate(scenario_from_dict(scenario)).allocated_bytes
                 except EstimateError as exc:
                     refused.append(f"{case['id']}: {exc}")
                     continue
-                _groups(scenario, est / m["peak_allocated_bytes"] - 1, groups)
+                _groups(scenario, est / traced_peak(case, held) - 1, groups)
     rows = sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))
     if markdown:
         print("| convention | cases | median | p90 | max |")

@@ -43,7 +43,7 @@ from math import ceil
 
 from engine.errors import EstimateError
 from engine.params import TensorGroup, model_tensors
-from engine.specs import LORA_MODULE_NAMES, ModelSpec, TrainingSpec
+from engine.specs import ModelSpec, TrainingSpec, target_names
 from engine.stacks import conventions
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
@@ -247,8 +247,7 @@ def lora_targets(model: ModelSpec, targets: Iterable[str]) -> tuple[frozenset[st
         if target == "all-linear":
             wanted = _ALL_ROLES
         else:  # a role, or a module name that stands for roles
-            named = LORA_MODULE_NAMES.get(target, (target,))
-            wanted = frozenset(r for role in named for r in _TARGET_ROLES[role])
+            wanted = frozenset(r for role in target_names((target,)) for r in _TARGET_ROLES[role])
         roles = wanted & present
         if not roles:
             missed.append(target)

@@ -174,6 +174,14 @@ LORA_MODULE_NAMES = {
     "wv": ("v_proj",),
     "wo": ("o_proj",),
 }
+
+
+def target_names(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """LoRA targets with each module name (:data:`LORA_MODULE_NAMES`) replaced by the
+    target names of :data:`LORA_TARGETS` it stands for."""
+    return tuple(r for t in targets for r in LORA_MODULE_NAMES.get(t, (t,)))
+
+
 #: Parts that ``method="freeze"`` can leave trainable.
 FREEZE_PARTS = ("embeddings", "attention", "mlp", "norms", "router", "lm_head")
 

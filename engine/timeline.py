@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.graph import TERMS, Block, BlockResult, Profile, Size, _coefs, profile, simulate
+from engine.graph import TERMS, Block, BlockResult, Profile, Size, _coefs, _int, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
 from engine.model_state import DTYPE_BYTES, FREEZE_COMPONENTS, ModelState, lora_targets
 from engine.params import model_tensors
@@ -400,12 +400,6 @@ def per_op_saved(block: Block) -> Size:
     return total
 
 
-def _whole_bytes(size: Size) -> int:
-    if not isinstance(size, int):
-        raise TypeError("a symbolic size where a concrete one was expected")
-    return size
-
-
 @lru_cache(maxsize=4096)
 def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
     """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
@@ -539,7 +533,7 @@ def step_plan(
 ) -> StepPlan:
     """The part of :func:`step_timeline` that holds for every shape, built once per model,
     strategy (:func:`strategy_key`) and rank share. The sequence length enters only
-    through whether a sliding window is shorter than it (a mask then)."""
+    through whether a sliding window masks it (:func:`engine.specs.window_masks`)."""
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
     key = _plan_key(*args)
     return _PLANS.get(key) or _keep(key, StepPlan.build(*args))
@@ -1505,7 +1499,7 @@ def _layer_by_layer(
     # it saves
     per_op = conventions(training).checkpointing == "per-op"
     kept_of = [
-        ckpt_input + (_whole_bytes(_per_op(model, ctx, kind, x_grad)) if per_op else 0)
+        ckpt_input + (_int(_per_op(model, ctx, kind, x_grad)) if per_op else 0)
         for kind, x_grad in kinds
     ]
 

@@ -34,13 +34,13 @@ from engine.specs import (
     ADAPTER_DTYPES,
     FREEZE_PARTS,
     FROZEN_DTYPES,
-    LORA_MODULE_NAMES,
     LORA_TARGETS,
     OPTIMIZER_IMPLS,
     STACKS,
     GpuSpec,
     Scenario,
     TrainingSpec,
+    target_names,
 )
 from engine.stacks import (
     Stack,
@@ -493,7 +493,7 @@ class HardwarePanel(FormPanel):
 def canonical_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
     """LoRA targets in the engine's order without repeats; ``all-linear`` covers all; a
     module name (``c_attn``) stands for the roles it adapts, which an edit then writes."""
-    targets = tuple(r for t in targets for r in LORA_MODULE_NAMES.get(t, (t,)))
+    targets = target_names(targets)
     if "all-linear" in targets:
         return ("all-linear",)
     return tuple(t for t in TARGETS if t in targets)

@@ -34,20 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.specs import STACKS
 from validation.cases import FAMILY, GQA, case_id, scenario
-
-STACKS = (
-    "hf-trainer",
-    "trl-sft",
-    "accelerate-loop",
-    "lightning",
-    "torchtune",
-    "axolotl",
-    "torchtitan",
-    "deepspeed",
-    "megatron",
-    "custom",
-)
 
 #: decoder families only; MQA is Falcon-7B (one K/V head)
 MHA, MQA, MOE = "llama-2-7b", "falcon-7b", "mixtral-8x7b"

@@ -21,20 +21,9 @@ import pytest
 from engine.errors import EstimateError
 from engine.estimate import GIB, estimate
 from engine.scenario_io import scenario_from_dict
+from engine.specs import STACKS
 
 CASES = json.loads((Path(__file__).parent / "published.json").read_text(encoding="utf-8"))
-STACKS = (
-    "hf-trainer",
-    "trl-sft",
-    "accelerate-loop",
-    "lightning",
-    "torchtune",
-    "axolotl",
-    "torchtitan",
-    "deepspeed",
-    "megatron",
-    "custom",
-)
 #: the estimate's total each kind of published figure is compared with
 KIND = {
     "allocated": "allocated_bytes",

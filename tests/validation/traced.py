@@ -20,15 +20,25 @@ HARNESS = {
 }
 
 
-def as_traced(scenario: dict[str, Any], released: bool = False) -> dict[str, Any]:
-    """``scenario`` with the harness's conventions wherever it does not set them;
-    ``released``: the step that releases the model output before backward."""
+def as_traced(scenario: dict[str, Any], held: bool | None = None) -> dict[str, Any]:
+    """``scenario`` with the harness's conventions wherever it does not set them; ``held``:
+    the output held through backward or released before it, whatever the scenario says."""
     out = copy.deepcopy(scenario)
     training = out.setdefault("training", {})
     for key, value in HARNESS.items():
         training.setdefault(key, value)
-    if released:
-        training["outputs_held_through_backward"] = False
+    if held is not None:
+        training["outputs_held_through_backward"] = held
     if "lora" in training:
         training["lora"].setdefault("adapter_dtype", "auto")
     return out
+
+
+def traced_peak(case: dict[str, Any], held: bool) -> int:
+    """The traced allocated peak of ``case`` with the output held or released (a record
+    holds its own convention's peak and the other one's beside it)."""
+    m = case["measured"]
+    own = as_traced(case["scenario"])["training"]["outputs_held_through_backward"]
+    if held != own:
+        m = m["outputs_held_through_backward" if held else "outputs_released_before_backward"]
+    return int(m["peak_allocated_bytes"])
