@@ -60,6 +60,7 @@ from engine.estimate import (
 from engine.overhead import FRAGMENTATION, overhead
 from engine.sharding import make_mesh
 from engine.specs import Scenario, TrainingSpec, reshaped, window_masks
+from engine.stacks import built
 from engine.timeline import KINDS, StepPlan, joint, strategy_key
 
 #: (micro_batch_size, sequence_length, gradient_accumulation_steps)
@@ -308,6 +309,7 @@ def _group(scenario: Scenario) -> _Group:
     """The parts of ``scenario`` that hold for every batch size and gradient accumulation
     and every sequence length as masked as its own (raises the scenario's error where it
     is invalid)."""
+    scenario = built(scenario)
     training = scenario.training
     mesh = make_mesh(scenario)
     _whole(scenario.model, training)  # estimate() raises its errors here

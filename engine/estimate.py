@@ -33,7 +33,7 @@ from engine.sharding import (
     tensor_parallel_shard,
 )
 from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
-from engine.stacks import Conventions, conventions
+from engine.stacks import Conventions, built, conventions
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
     _PLAYED_FIRST,
@@ -676,6 +676,7 @@ def estimate(scenario: Scenario) -> Estimate:
     micro-batches each keeps in flight, :func:`inflight`); the worst stage is the headline
     and decides the verdict, and ``ranks`` lists them all.
     """
+    given, scenario = scenario, built(scenario)
     ready = _prepared(scenario)
     mesh, whole = ready.mesh, ready.whole
     stages = _stages(scenario, ready.model, mesh, ready.slots)
@@ -684,7 +685,7 @@ def estimate(scenario: Scenario) -> Estimate:
     peak = worst.timeline.peak
     state, sharded = worst.sharded.state, worst.sharded
     return Estimate(
-        scenario=scenario,
+        scenario=given,
         items=worst.items,
         allocated_bytes=worst.allocated,
         reserved_bytes=worst.reserved,

@@ -169,6 +169,10 @@ class Block:
     held: set[str] = field(default_factory=set)
     #: bytes of autocast's cached weight copies among the block's tensors
     weight_copies: int = 0
+    #: tensors a custom autograd function keeps as an attribute of its ``ctx`` instead of
+    #: ``save_for_backward`` (bitsandbytes' 4-bit matmul keeps its input): backward does
+    #: not release them; they live as long as the graph does
+    kept_by_functions: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes

@@ -105,6 +105,12 @@ class Ctx:
     adapter_bytes: int = 4
     loss: str = "standard"
     loss_chunks: int = 8
+    #: QLoRA quantizes the LM head too (Lightning's plugin: every ``nn.Linear``)
+    quantized_head: bool = False
+    #: QLoRA's dequantization returns another dtype than the compute dtype (the quant
+    #: state's, fp16 where Lightning quantized ``weight.to(torch.half)``), of these bytes:
+    #: 0 when it returns the compute dtype itself
+    dequant_other: int = 0
     #: build blocks with symbolic sizes (:class:`~engine.graph.Lin`) instead of at
     #: ``batch`` x ``seq``: one build then serves every shape (:func:`engine.graph.profile`)
     symbolic: bool = False
@@ -112,6 +118,13 @@ class Ctx:
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+    def quantizes(self, component: str) -> bool:
+        """Whether QLoRA stores ``component``'s matrices in 4 bits: every linear but the
+        embedding, and the LM head where the stack quantizes it."""
+        if component == "lm_head":
+            return self.quantized_head
+        return component != "embeddings"
 
     def terms(self) -> tuple[int, ...]:
         """The values of the shape terms (:data:`engine.graph.TERMS`) at this step."""
@@ -324,14 +337,25 @@ class Net:
         weight = ""
         redo: Size = 0
         keeps_input = False
-        if ctx.quantized and not trainable and component not in ("embeddings", "lm_head"):
-            # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight to the compute
-            # dtype for the matmul and dequantizes it again in backward; it keeps its
-            # input with the 4-bit weight (``ctx.tensors = (A, B)``) whenever either needs
-            # a gradient, though the input's gradient needs only the weight
-            deq = self.new("deq", in_f * out_f * weights, 2, False)
-            self._op("dequantize", [], [deq])
-            redo = 2 * in_f * out_f * weights
+        dequant_again: Size = 0
+        if ctx.quantized and not trainable and ctx.quantizes(component):
+            # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight
+            # (``F.dequantize_4bit(B, quant_state).to(A.dtype)``) for the matmul and
+            # dequantizes it again in backward; it keeps its input with the 4-bit weight
+            # (``ctx.tensors = (A, B)``) whenever either needs a gradient, though the
+            # input's gradient needs only the weight. Dequantization returns the quant
+            # state's dtype: where that is not the compute dtype, ``.to`` makes a second
+            # copy, both alive for the cast
+            n = in_f * out_f * weights
+            deq = self.new("deq", n, 2, False)
+            if ctx.dequant_other:
+                raw = self.new("deq", n, ctx.dequant_other, False)
+                self._op("dequantize", [], [raw])
+                self._op("to", [raw], [deq])
+                dequant_again = (ctx.dequant_other + 2) * n
+            else:
+                self._op("dequantize", [], [deq])
+            redo = 2 * n
             keeps_input = True
         elif ctx.mode == "amp" and w_dtype == 4 and trainable:
             # autocast's cast of an fp32 weight, cached for the forward, kept for backward;
@@ -374,6 +398,13 @@ class Net:
         # routed experts run as grouped GEMMs, not as ``aten.mm``
         op = "grouped_mm" if weights > 1 else "mm"
         self._op(op, inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable)
+        if keeps_input and self.rg[xin]:
+            self.block.kept_by_functions.add(saved_in)
+        if dequant_again and self.rg[xin]:
+            # backward dequantizes before it computes the input's gradient: the two copies
+            # of the cast are alive together, the gradient not yet (this op runs just
+            # before the matmul's backward)
+            self.block.op("dequantize_backward", [], [], transient_backward=dequant_again)
         if role and role in ctx.lora_roles:
             y = self._lora(x, y, in_f, out_f, tokens)
         return y

@@ -293,9 +293,12 @@ def _is_trainable_part(g: TensorGroup, model: ModelSpec, training: TrainingSpec)
     return spec.last_layers > 0 and g.layers is not None and g.layers[0] >= first
 
 
-def quantizable(g: TensorGroup) -> bool:
-    """bitsandbytes replaces every ``nn.Linear`` but the output layer with ``Linear4bit``."""
-    return g.matrix and g.component not in ("embeddings", "lm_head")
+def quantizable(g: TensorGroup, head: bool = False) -> bool:
+    """bitsandbytes replaces every ``nn.Linear`` but the output layer with ``Linear4bit``
+    (``head``: the output layer too, as Lightning's plugin does)."""
+    if g.component == "lm_head":
+        return head and g.matrix
+    return g.matrix and g.component != "embeddings"
 
 
 def _on_stage(g: TensorGroup, model: ModelSpec, stage: str) -> bool:
@@ -329,12 +332,13 @@ def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") 
     trainable: list[TensorGroup] = []
     frozen: list[TensorGroup] = []
     quantized: list[TensorGroup] = []
+    head = method == "qlora" and conventions(training).quantize_head
     for g in model_tensors(model, cuts):
         if not _on_stage(g, model, stage):
             continue
         if method == "full" or (method == "freeze" and _is_trainable_part(g, model, training)):
             trainable.append(g)
-        elif method == "qlora" and quantizable(g):
+        elif method == "qlora" and quantizable(g, head):
             quantized.append(g)
         else:
             frozen.append(g)

@@ -107,6 +107,13 @@ FROZEN_DTYPES = ("auto", "fp32", "bf16", "fp16")
 #: dtype of LoRA adapters (and so of their gradients and optimizer states); ``auto``: the
 #: trainable weights' dtype under the precision (fp32, bf16 under pure bf16)
 ADAPTER_DTYPES = ("auto", "fp32", "bf16")
+#: the modeling code that builds the model: transformers' classes, or LitGPT's own ``GPT``
+#: (fused q/k/v, no weight tying, its own LoRA layers)
+MODEL_IMPLEMENTATIONS = ("transformers", "litgpt")
+#: dtype QLoRA's dequantization returns: the dtype the weights were quantized from
+#: (bitsandbytes keeps it in the quant state); ``auto``: the compute dtype. Another dtype
+#: than the compute dtype costs a second copy of each weight for the cast
+DEQUANT_DTYPES = ("auto", "fp16", "bf16", "fp32")
 #: what ``nvidia-smi`` shows beyond PyTorch's pool depends on the CUDA runtime: lazy module
 #: loading (the default since CUDA 12.2) or eager loading of every kernel of the libraries
 CUDA_RUNTIMES = ("cuda12-lazy", "cuda12-eager", "cuda11-eager")
@@ -587,9 +594,16 @@ class QuantSpec:
     block_size: int = 64
     double_quant: bool = True
     compute_dtype: str = "bf16"
+    #: the LM head is quantized too (Lightning's bitsandbytes plugin replaces every
+    #: ``nn.Linear``); None: the training stack's convention
+    quantize_lm_head: bool | None = None
+    #: a name of :data:`DEQUANT_DTYPES`; None: the training stack's convention
+    dequant_dtype: str | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "training.qlora.")
+        if self.dequant_dtype is not None:
+            check_choice("training.qlora.dequant_dtype", self.dequant_dtype, DEQUANT_DTYPES)
         check_choice("training.qlora.quant_type", self.quant_type, QUANT_TYPES)
         if self.block_size not in QUANT_BLOCKS:
             raise EstimateError(
@@ -718,6 +732,13 @@ class TrainingSpec:
     kv_cache_in_outputs: bool | None = None
     #: storage dtype of frozen, non-quantized weights (:data:`FROZEN_DTYPES`)
     frozen_weights_dtype: str | None = None
+    #: the modeling code that builds the model (:data:`MODEL_IMPLEMENTATIONS`); None: the
+    #: training stack's
+    model_implementation: str | None = None
+    #: the loop's variables (``loss = ...``, ``outputs = model(...)``) keep the previous
+    #: step's autograd graph and model output alive until the next step rebinds them;
+    #: None: the training stack's convention
+    previous_step_held: bool | None = None
     #: :data:`MOE_IMPLEMENTATIONS`
     moe_implementation: str = "grouped"
     #: the optimizer steps each parameter in backward as soon as its gradient is ready and
@@ -770,6 +791,10 @@ class TrainingSpec:
                     f"{compute}: not modelled; expected auto, fp32 or {compute}",
                 )
         check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
+        if self.model_implementation is not None:
+            check_choice(
+                t + "model_implementation", self.model_implementation, MODEL_IMPLEMENTATIONS
+            )
         if self.optimizer_in_backward and self.gradient_accumulation_steps != 1:
             raise EstimateError(
                 t + "optimizer_in_backward",

@@ -42,10 +42,14 @@ from engine.errors import EstimateError
 from engine.presets import resources_dir
 from engine.specs import (
     ADAPTER_DTYPES,
+    DEQUANT_DTYPES,
     FROZEN_DTYPES,
     LOSSES,
+    MODEL_IMPLEMENTATIONS,
     OPTIMIZER_IMPLS,
     STACKS,
+    ModelSpec,
+    Scenario,
     TrainingSpec,
 )
 
@@ -58,6 +62,10 @@ CONVENTIONS: dict[str, tuple[Any, ...]] = {
     "frozen_weights_dtype": FROZEN_DTYPES,
     "lora.adapter_dtype": ADAPTER_DTYPES,
     "selective_checkpointing": SELECTIVE_POLICIES,
+    "model_implementation": MODEL_IMPLEMENTATIONS,
+    "previous_step_held": (True, False),
+    "qlora.quantize_lm_head": (True, False),
+    "qlora.dequant_dtype": DEQUANT_DTYPES,
 }
 #: the ordinary training fields a stack may choose, and their accepted values
 DEFAULTS: dict[str, tuple[Any, ...]] = {"loss": LOSSES, "optimizer_impl": OPTIMIZER_IMPLS}
@@ -166,6 +174,15 @@ class Conventions:
     #: as the stack's selective policy
     checkpointing: str
     used: tuple[Convention, ...]
+    #: the modeling code: "transformers" or "litgpt"
+    implementation: str = "transformers"
+    #: the previous step's graph and model output live on into this step until the loop
+    #: rebinds its variables
+    previous_held: bool = False
+    #: QLoRA quantizes the LM head as well
+    quantize_head: bool = False
+    #: the dtype QLoRA's dequantization returns: "fp16", "bf16" or "fp32"
+    dequant_dtype: str = "bf16"
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:
@@ -201,6 +218,12 @@ def conventions(training: TrainingSpec) -> Conventions:
     frozen = pick("frozen_weights_dtype", training.frozen_weights_dtype)
     lora = training.method in ("lora", "qlora")
     adapter = pick("lora.adapter_dtype", training.lora.adapter_dtype) if lora else "auto"
+    implementation = pick("model_implementation", training.model_implementation)
+    previous = pick("previous_step_held", training.previous_step_held)
+    qlora = training.method == "qlora"
+    q = training.qlora
+    quantize_head = pick("qlora.quantize_lm_head", q.quantize_lm_head) if qlora else False
+    dequant = pick("qlora.dequant_dtype", q.dequant_dtype) if qlora else "auto"
     policy = stack.convention("selective_checkpointing", precision, training.method)
     checkpointing = training.activation_checkpointing
     if checkpointing == "selective":
@@ -223,7 +246,28 @@ def conventions(training: TrainingSpec) -> Conventions:
         adapter_dtype=auto_adapter_dtype(training) if adapter == "auto" else adapter,
         checkpointing=checkpointing,
         used=tuple(used),
+        implementation=implementation,
+        previous_held=previous,
+        quantize_head=quantize_head,
+        dequant_dtype=q.compute_dtype if dequant == "auto" else dequant,
     )
+
+
+def as_built(model: ModelSpec, training: TrainingSpec) -> ModelSpec:
+    """``model`` as its modeling code builds it: LitGPT's ``GPT`` never ties the LM head
+    to the embedding (its converter copies a tied checkpoint's embedding into
+    ``lm_head.weight``, a parameter of its own)."""
+    if model.tie_word_embeddings and conventions(training).implementation == "litgpt":
+        return dataclasses.replace(model, tie_word_embeddings=False)
+    return model
+
+
+def built(scenario: Scenario) -> Scenario:
+    """``scenario`` with its model as its stack builds it (:func:`as_built`)."""
+    model = as_built(scenario.model, scenario.training)
+    if model is scenario.model:
+        return scenario
+    return dataclasses.replace(scenario, model=model)
 
 
 def apply_defaults(data: dict[str, Any]) -> dict[str, Any]:

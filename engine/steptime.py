@@ -65,7 +65,7 @@ from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.sharding import Mesh, make_mesh, stage_layers
 from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
-from engine.stacks import conventions
+from engine.stacks import built, conventions
 from engine.timeline import _mode
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
@@ -624,7 +624,9 @@ def per_op_recompute_share(model: ModelSpec) -> float:
 
 def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
     """``scenario`` and the cache key of its plan within its model and hardware:
-    everything else but the shape and the token budget (the plan reads nothing else)."""
+    everything else but the shape and the token budget (the plan reads nothing else).
+    The model is the one the stack builds (:func:`engine.stacks.built`)."""
+    scenario = built(scenario)
     t = scenario.training
     key = (
         t.method,

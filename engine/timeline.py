@@ -253,6 +253,11 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         adapter_bytes=adapter,
         loss=training.loss,
         loss_chunks=training.loss_chunks,
+        # a tied head is the embedding, which stays unquantized
+        quantized_head=conv.quantize_head and not model.tie_word_embeddings,
+        dequant_other=0
+        if conv.dequant_dtype == training.qlora.compute_dtype
+        else DTYPE_BYTES[conv.dequant_dtype],
     )
 
 
@@ -404,6 +409,32 @@ def per_op_saved(block: Block) -> Size:
 def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
     """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
     return per_op_saved(_build(model, ctx, kind, x_grad, False)[0])
+
+
+def function_kept(block: Block) -> Size:
+    """Bytes of the tensors custom autograd functions of ``block`` keep on their ``ctx``
+    (:attr:`~engine.graph.Block.kept_by_functions`): they live as long as the graph."""
+    return sum((block.sizes[t] for t in sorted(block.kept_by_functions)), start=0)
+
+
+@lru_cache(maxsize=4096)
+def _function_kept(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> Size:
+    """:func:`function_kept` of a block kind, at ``ctx``'s shape or symbolic. Of the LM
+    head only a 4-bit head keeps anything: its input, the final norm's output, which
+    torchtune's chunked output views in pieces (that head is built at concrete shapes
+    only, so it is read from the unchunked one)."""
+    if kind == "head":
+        if not (ctx.quantized and ctx.quantized_head):
+            return 0
+        if ctx.loss == "chunked-output":
+            ctx = dataclasses.replace(ctx, loss="standard")
+    return function_kept(_build(model, ctx, kind, x_grad, chunked)[0])
+
+
+def carries_previous(training: TrainingSpec, stage: Stage) -> bool:
+    """Whether the previous step lives on into this one's forward (the loop's variables
+    are rebound only as the next step makes them; a pipelined stage is not modelled)."""
+    return conventions(training).previous_held and stage.first and stage.last
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +756,7 @@ def _compile(
     denominator: int,
     dtype: type,
     per_op: Sequence[Size] = (),
+    function_kept_of: Sequence[Size] = (),
 ) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
     for point; return the points that can be its highest -- every point outside runs,
@@ -787,7 +819,17 @@ def _compile(
     rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
     eager = ctx.attention == "eager"
     base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
-    fixed = base + (ctx.res * pairs if eager else nothing)
+    # the previous step's graph (what custom functions keep) and model output, as
+    # _layer_by_layer counts them
+    graph_kept = old_output = nothing
+    if carries_previous(training, stage):
+        for b, on, _ in layers:
+            if not on:
+                graph_kept = graph_kept + saved_form(function_kept_of[b])
+                old_output = old_output + linear(b, 6)
+        graph_kept = graph_kept + saved_form(function_kept_of[head])
+        old_output = old_output + linear(head, 6)
+    fixed = base + (ctx.res * pairs if eager else nothing) + graph_kept + old_output
     cands: list[_Candidate] = []
 
     def add(kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
@@ -855,7 +897,7 @@ def _compile(
     n_layers = len(layers)
     p = params + n_layers * unit_b + g_fwd if gathered else params + copies + head_copies
     kind = _HEAD_F if stage.last else _SEND_F
-    add(kind, -1, p, grad_buffer, nothing, fixed + kept + hv[1] - head_copies * one)
+    add(kind, -1, p, grad_buffer, nothing, fixed - old_output + kept + hv[1] - head_copies * one)
     copies += head_copies
     held = hv[6]
     per_microbatch = kept + held
@@ -956,7 +998,9 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        layers, head, training, gather, grad_buffer, opt, trains_embeddings, per_op = plan.recipe
+        layers, head, training, gather, grad_buffer, opt, trains_embeddings, per_op, kept_of = (
+            plan.recipe
+        )
         model, stage, profiles = plan.model, plan.stage, plan.profiles
         # every coefficient of a form is a sum over the layers of profile coefficients and
         # constants, raised by the micro-batches in flight: int64 where that fits
@@ -988,6 +1032,7 @@ class _Forms:
             plan.grad_share.denominator,
             dtype,
             per_op,
+            kept_of,
         )
         matrix = np.stack(
             [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
@@ -1104,7 +1149,25 @@ class StepPlan:
                 _per_op(model, symbolic, kind, x_grad) if kind != "head" else 0
                 for kind, x_grad in blocks
             )
-        recipe = (layers, head, training, gather, grad_buffer, opt, trains_embeddings, per_op)
+        # what custom functions of each block keep on their ctx, where the previous step's
+        # graph lives on into this one
+        kept_of: tuple[Size, ...] = (0,) * len(blocks)
+        if carries_previous(training, stage):
+            symbolic = dataclasses.replace(ctx, symbolic=True)
+            kept_of = tuple(
+                _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
+            )
+        recipe = (
+            layers,
+            head,
+            training,
+            gather,
+            grad_buffer,
+            opt,
+            trains_embeddings,
+            per_op,
+            kept_of,
+        )
         return StepPlan(
             model=model,
             ctx=ctx,
@@ -1503,9 +1566,24 @@ def _layer_by_layer(
         for kind, x_grad in kinds
     ]
 
+    # the previous step, where the loop's variables keep it: its graph until this step's
+    # loss is computed -- only what custom functions keep on their ctx costs memory (the
+    # inputs of bitsandbytes' 4-bit matmuls) -- and its model output until this forward
+    # returns (the LM head's point counts only the graph: the loss comes after)
+    graph_kept = old_output = 0
+    if carries_previous(training, stage):
+        graph_kept = sum(
+            _int(_function_kept(model, ctx, kind, x_grad, chunked))
+            for (kind, x_grad), on in zip(kinds, ckpt, strict=True)
+            if not on
+        ) + _int(_function_kept(model, ctx, "head", True, chunked))
+        old_output = head.held + sum(
+            res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on
+        )
+
     # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
     # and the layer's own peak (its input, the previous output, included)
-    fixed = base_act + mask
+    fixed = base_act + mask + graph_kept + old_output
     kept_act = 0
     if stage.first:
         # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and the
@@ -1540,7 +1618,7 @@ def _layer_by_layer(
         params + copies + head_copies,
         0,
         opt_states,
-        fixed + kept_act + head.forward_peak - head_copies,
+        fixed - old_output + kept_act + head.forward_peak - head_copies,
     )
     copies += head_copies
     held = head.held

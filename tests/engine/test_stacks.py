@@ -74,12 +74,17 @@ def test_conventions_round_trip_through_a_scenario_file() -> None:
         ("outputs_held_through_backward", "yes"),
         ("loss", "focal"),
         ("loss_chunks", 0),
+        ("model_implementation", "keras"),
+        ("previous_step_held", 1),
+        ("qlora", {"dequant_dtype": "int8"}),
+        ("qlora", {"quantize_lm_head": "yes"}),
     ],
 )
 def test_bad_convention_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(EstimateError) as info:
         scenario_from_dict(scenario(**{field: value}))
-    assert info.value.field == f"training.{field}"
+    named = f"training.{field}" + (f".{next(iter(value))}" if isinstance(value, dict) else "")
+    assert info.value.field == named
 
 
 def test_a_held_output_costs_its_logits_and_the_kv_cache() -> None:
@@ -95,7 +100,9 @@ def test_a_held_output_costs_its_logits_and_the_kv_cache() -> None:
 def test_lightning_bf16_mixed_keeps_the_frozen_base_in_fp32() -> None:
     lora = {"method": "lora", "lora": {"rank": 8}}
     trainer = estimate(scenario_from_dict(scenario(**lora)))
-    lightning = estimate(scenario_from_dict(scenario(stack="lightning", **lora)))
+    # transformers' model: LitGPT's own would add an untied head (below)
+    on_hf = {"model_implementation": "transformers", **lora}
+    lightning = estimate(scenario_from_dict(scenario(stack="lightning", **on_hf)))
     frozen = trainer.total_params - trainer.trainable_params
     assert lightning.breakdown["parameters"] - trainer.breakdown["parameters"] == 2 * frozen
     assert lightning.allocated_bytes > trainer.allocated_bytes
@@ -248,3 +255,65 @@ def test_trl_and_axolotl_upcast_the_unquantized_weights_of_a_4_bit_base() -> Non
         assert lora.frozen_dtype == "bf16"
     trainer = conventions(scenario_from_dict(scenario(method="qlora")).training)
     assert trainer.frozen_dtype == "bf16"  # the Trainer itself prepares nothing
+
+
+def test_litgpt_builds_a_tied_model_with_a_head_of_its_own() -> None:
+    tied = estimate(scenario_from_dict(scenario(method="lora")))
+    assert tied.scenario.model.tie_word_embeddings
+    litgpt = estimate(scenario_from_dict(scenario(method="lora", stack="lightning")))
+    head = tied.scenario.model.vocab_size * tied.scenario.model.hidden_size
+    assert litgpt.total_params - tied.total_params == head
+    # the scenario the estimate reports is the user's, not the one LitGPT builds
+    assert litgpt.scenario.model == tied.scenario.model
+    on_hf = scenario(method="lora", stack="lightning", model_implementation="transformers")
+    assert estimate(scenario_from_dict(on_hf)).total_params == tied.total_params
+
+
+def test_lightning_quantizes_the_head_and_dequantizes_through_fp16() -> None:
+    qlora = {"method": "qlora", "precision": "bf16", "previous_step_held": False}
+    hf = estimate(scenario_from_dict(scenario(model_implementation="litgpt", **qlora)))
+    lit = estimate(scenario_from_dict(scenario(stack="lightning", **qlora)))
+    model = hf.scenario.model
+    head = model.vocab_size * model.hidden_size
+
+    def part(est: object, name: str) -> int:
+        return sum(i.bytes for i in est.items if i.name.startswith(name))  # type: ignore[attr-defined]
+
+    # the head leaves the 16-bit frozen weights for the 4-bit ones
+    assert part(hf, "frozen weights") - part(lit, "frozen weights") == 2 * head
+    assert part(lit, "NF4 base weights") > part(hf, "NF4 base weights")
+    conv = conventions(lit.scenario.training)
+    assert (conv.quantize_head, conv.dequant_dtype) == (True, "fp16")
+    # dequantizing through fp16 costs a second copy of a weight at the moment of the cast:
+    # only the copy, never more than the largest weight (the head) twice
+    bf16 = scenario(stack="lightning", qlora={"dequant_dtype": "bf16"}, **qlora)
+    direct = estimate(scenario_from_dict(bf16))
+    assert 0 <= lit.allocated_bytes - direct.allocated_bytes <= 2 * 2 * head
+
+
+def test_the_previous_step_lives_on_where_the_loop_rebinds_its_variables() -> None:
+    qlora = {"method": "qlora", "precision": "bf16", "stack": "lightning"}
+    freed = estimate(scenario_from_dict(scenario(previous_step_held=False, **qlora)))
+    held = estimate(scenario_from_dict(scenario(**qlora)))
+    assert conventions(held.scenario.training).previous_held
+
+    def head_forward(est: object) -> int:
+        points = est.steps.points  # type: ignore[attr-defined]
+        return next(p.activations for p in points if p.label == "LM head and loss")
+
+    # bitsandbytes' 4-bit matmul keeps its input on its ctx: the inputs of every layer's
+    # linears (but the first layer's q/k/v, whose input needs no gradient) and of the
+    # head, of the previous step, stay until this step's loss is computed
+    model = held.scenario.model
+    tokens, h = 2 * 1024, model.hidden_size
+    per_layer = 2 * tokens * (3 * h + model.intermediate_size)
+    gained = head_forward(held) - head_forward(freed)
+    assert gained == model.num_layers * per_layer - 2 * tokens * h + 2 * tokens * h
+    assert held.allocated_bytes >= freed.allocated_bytes
+    # a 16-bit LoRA keeps nothing on a ctx: the old logits live only through the next
+    # forward, under the loss buffers of this step
+    lora = {"method": "lora", "precision": "bf16", "stack": "lightning"}
+    a = estimate(scenario_from_dict(scenario(previous_step_held=False, **lora)))
+    b = estimate(scenario_from_dict(scenario(**lora)))
+    assert head_forward(a) == head_forward(b)
+    assert a.allocated_bytes == b.allocated_bytes

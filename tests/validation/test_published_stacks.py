@@ -59,12 +59,6 @@ def test_row_quotes_its_source(case: dict) -> None:
     assert case["measured_gib"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the single-GPU median is 13.5 % against the 10 % target: LitGPT QLoRA rows whose "
-    "figure includes loading the checkpoint, torch.compile's fusion and Qwen-1's remote "
-    "modeling code are not modelled (strict: this fails once the target is met)",
-)
 def test_single_gpu_median_error() -> None:
     errors: dict[str, float] = {}
     unestimated: dict[str, str] = {}

@@ -1,7 +1,8 @@
 """The conventions the tracing harness (``validation/step.py``) runs a step with.
 
-The harness holds the model output through backward and the optimizer step (``out =
-model(...)``; ``out.loss.backward()``; ``del out`` after ``zero_grad``), lets transformers
+The harness builds the model with transformers, holds the model output through backward and
+the optimizer step (``out = model(...)``; ``out.loss.backward()``; ``del out`` after
+``zero_grad``, so nothing of a step outlives it), lets transformers
 build its KV cache, keeps adapters in the trainable weights' dtype and frozen weights in
 the compute dtype; a third step releases the output before backward. A traced case's
 scenario states its conventions where it differs; these fill in the rest.
@@ -17,6 +18,8 @@ HARNESS = {
     "outputs_held_through_backward": True,
     "kv_cache_in_outputs": True,
     "frozen_weights_dtype": "auto",
+    "model_implementation": "transformers",
+    "previous_step_held": False,
 }
 
 
