@@ -105,6 +105,10 @@ class Ctx:
     adapter_bytes: int = 4
     loss: str = "standard"
     loss_chunks: int = 8
+    #: the model is LitGPT's own ``GPT`` (:func:`_litgpt_attention`, :meth:`Net._lora_qkv`)
+    litgpt: bool = False
+    #: LitGPT's fused q/k/v LoRA: which of q, k, v carry an adapter
+    qkv_enabled: tuple[bool, bool, bool] = (True, True, True)
     #: QLoRA quantizes the LM head too (Lightning's plugin: every ``nn.Linear``)
     quantized_head: bool = False
     #: QLoRA's dequantization returns another dtype than the compute dtype (the quant
@@ -313,8 +317,12 @@ class Net:
         weights: int = 1,
         slice_of: int = 1,
         slice_grad: bool = False,
+        qkv: tuple[int, int, int] | None = None,
     ) -> str:
         """``nn.Linear`` (or GPT-2's ``Conv1D``), with autocast casts and a LoRA adapter.
+
+        ``qkv``: the widths of q, k and v of a fused projection, for LitGPT's adapter of it
+        (:meth:`_lora_qkv`).
 
         ``weights`` > 1 stands for the routed experts: ``tokens`` rows in all go through
         ``weights`` matrices of ``in_f x out_f`` (grouped GEMM), so weight-sized terms --
@@ -406,6 +414,8 @@ class Net:
             # before the matmul's backward)
             self.block.op("dequantize_backward", [], [], transient_backward=dequant_again)
         if role and role in ctx.lora_roles:
+            if qkv is not None and ctx.litgpt:
+                return self._lora_qkv(x, y, in_f, qkv, tokens)
             y = self._lora(x, y, in_f, out_f, tokens)
         return y
 
@@ -483,8 +493,38 @@ class Net:
         scaled = self.unary("scale", b)
         return self.cast(self.binary("add", base, scaled), self.dtype[base])
 
+    def _lora_qkv(
+        self, x: str, base: str, in_f: int, widths: tuple[int, int, int], tokens: Size
+    ) -> str:
+        """LitGPT's ``LoRAQKVLinear``: one dropout and one ``A`` (``r`` rows per adapted
+        part) for the fused projection, a grouped ``conv1d`` for the ``B`` of each adapted
+        part, and -- unless q, k and v all carry one -- ``zero_pad``: zeros of the whole
+        width with the parts' outputs copied in by ``index_copy_``, which keeps its source
+        for backward; then ``* scaling`` and the sum with the base output."""
+        ctx, r = self.ctx, self.ctx.lora_rank
+        adapter_dtype = ctx.adapter_bytes
+        parts = [w for w, on in zip(widths, ctx.qkv_enabled, strict=True) if on]
+        xin = self.dropout(x, ctx.dropout)
+        if ctx.mode == "amp":
+            xin = self.cast(xin, 2)
+        out_dtype = ctx.act if ctx.mode == "amp" else adapter_dtype
+        a = self.new("loraA", tokens * r * len(parts), out_dtype, True)
+        self._op(
+            "lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * len(parts) * in_f
+        )
+        b = self.new("loraB", tokens * sum(parts), out_dtype, True)
+        self._op("lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * sum(parts))
+        if len(parts) < len(widths):
+            padded = self.new("zero_pad", tokens * sum(widths), out_dtype, True)
+            self._op("index_copy", [b], [padded], saves=[b])
+            b = padded
+        scaled = self.unary("scale", b)
+        return self.binary("add", base, scaled)
+
     def rms_norm(self, x: str, h: int, component: str = "norms") -> str:
         """HF ``LlamaRMSNorm``: fp32 variance, ``weight * (x * rsqrt(mean(x^2) + eps))``."""
+        if self.ctx.litgpt:
+            return self._litgpt_rms_norm(x, h, component)
         rows = self.elems[x] // h
         xf = self.cast(x, F32)
         sq = self.unary("pow", xf, save_in=True)
@@ -504,6 +544,29 @@ class Net:
             weight_grad=w_dtype * h if trains else 0,
         )
         return y
+
+    def _litgpt_rms_norm(self, x: str, h: int, component: str) -> str:
+        """LitGPT's ``RMSNorm``: ``x = x.float()``, ``x * rsqrt(mean(x * x) + eps)``, and
+        the product with ``weight.float()`` in fp32 before the cast back: a trainable
+        weight's gradient needs the fp32 normalized input (transformers keeps it cast)."""
+        rows = self.elems[x] // h
+        xf = self.cast(x, F32)
+        sq = self.binary("mul", xf, xf, saves="both")
+        var = self.unary("mean", sq, elems=rows)
+        var2 = self.unary("add_eps", var)
+        rs = self.unary("rsqrt", var2, save_out=True)
+        hn = self.binary("mul", xf, rs, saves="both")
+        trains = self.ctx.trains(component)
+        w_dtype = self.ctx.weight_bytes(component)
+        y = self.new("norm", self.elems[x], F32, self.rg[hn] or trains)
+        self._op(
+            "mul_weight",
+            [hn],
+            [y],
+            saves=[hn if trains else ""],
+            weight_grad=w_dtype * h if trains else 0,
+        )
+        return self.cast(y, self.dtype[x])
 
     def layer_norm(self, x: str, h: int, component: str = "norms") -> str:
         """``F.layer_norm`` (fp32 under autocast): keeps its input, mean and rstd."""
@@ -669,6 +732,8 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     q_out, kv_out = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     if m.is_mla:
         attn, q_out = _mla(net, m, n1, norm)
+    elif ctx.litgpt:
+        attn = _litgpt_attention(net, m, n1)
     elif m.fused_qkv:
         qkv = net.linear(n1, h, q_out + 2 * kv_out, "attention", "qkv", m.attention_bias)
         q = net.unary("split_q", qkv, elems=tokens * q_out)
@@ -678,7 +743,7 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         q = net.linear(n1, h, q_out, "attention", "q_proj", m.attention_bias)
         k = net.linear(n1, h, kv_out, "attention", "k_proj", m.attention_bias)
         v = net.linear(n1, h, kv_out, "attention", "v_proj", m.attention_bias)
-    if not m.is_mla:
+    if not m.is_mla and not ctx.litgpt:
         if m.position_embedding == "rotary":
             q, k = _rope(net, q), _rope(net, k)
         if ctx.outputs_held and ctx.kv_cache:
@@ -703,6 +768,49 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     r1 = net.binary("residual", "x", o)
     y = mlp(net.gather_seq(norm(r1, h)))
     return net.block, net.binary("residual", r1, y)
+
+
+def _litgpt_attention(net: Net, m: ModelSpec, x: str) -> str:
+    """LitGPT's ``CausalSelfAttention`` (litgpt/model.py): one fused ``qkv`` linear whose
+    q, k and v are views; RoPE's ``torch.cat`` makes new q and k; grouped or multi-query
+    keys and values are ``repeat_interleave``-d to every head before the kernel (so it
+    needs no GQA support, and Falcon's single head runs the fused kernels); with as many
+    key/value heads as queries, the kernel keeps v, a view, and so the whole fused output."""
+    tokens, h = net.s.tokens, m.hidden_size
+    heads, kv_heads, head_dim = m.num_attention_heads, m.num_key_value_heads, m.head_dim
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    widths = (q_out, kv_out, kv_out)
+    qkv = net.linear(x, h, sum(widths), "attention", "qkv", m.attention_bias, qkv=widths)
+    if m.position_embedding == "rotary":
+        q, k = _litgpt_rope(net, qkv, tokens * q_out), _litgpt_rope(net, qkv, tokens * kv_out)
+    else:
+        q = net.unary("split_q", qkv, elems=tokens * q_out)
+        k = net.unary("split_k", qkv, elems=tokens * kv_out)
+    v = qkv
+    if kv_heads != heads:
+        k = net.unary("repeat_interleave", k, elems=tokens * q_out)
+        v = net.unary("repeat_interleave", qkv, elems=tokens * q_out)
+    return net.attention(q, k, v, heads, heads, head_dim)
+
+
+def _litgpt_rope(net: Net, qkv: str, elems: Size) -> str:
+    """LitGPT's ``apply_rope`` on a view of the fused projection: ``cat((-x2, x1))``,
+    ``x * cos + rotated * sin`` in the cos/sin buffers' dtype (fp32 where nothing cast
+    the model's buffers: autocast's fp32 model, the bitsandbytes plugin), cast back, and
+    ``cat`` with the part RoPE leaves (a copy even when it is empty)."""
+    ctx = net.ctx
+    act = net.dtype[qkv]
+    buffers = F32 if ctx.mode != "half" or ctx.quantized else act
+    wide = max(act, buffers)
+    rg = net.rg[qkv]
+    half = net.unary("neg", qkv, elems=elems // 2)
+    rotated = net.binary("cat", half, qkv, elems=elems)
+    cos_term = net.new("rope_cos", elems, wide, rg)
+    net._op("mul_cos", [qkv], [cos_term])
+    sin_term = net.new("rope_sin", elems, wide, rg)
+    net._op("mul_sin", [rotated], [sin_term])
+    roped = net.cast(net.binary("add", cos_term, sin_term), act)
+    return net.unary("cat", roped)
 
 
 def _mla(net: Net, m: ModelSpec, x: str, norm: object) -> tuple[str, int]:

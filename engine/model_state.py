@@ -261,19 +261,42 @@ def lora_targets(model: ModelSpec, targets: Iterable[str]) -> tuple[frozenset[st
     return frozenset(chosen), missed
 
 
+def qkv_adapted(targets: tuple[str, ...]) -> tuple[bool, bool, bool]:
+    """Which of q, k and v LoRA ``targets`` adapt (LitGPT's ``lora_query``, ``lora_key``,
+    ``lora_value`` on its fused projection)."""
+    names = set(target_names(targets))
+    every = "all-linear" in names
+    return every or "q_proj" in names, every or "k_proj" in names, every or "v_proj" in names
+
+
 def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup, ...]:
     """LoRA's ``A`` (``r x in``) and ``B`` (``out x r``) for every targeted linear layer.
 
-    Adapter parameters per layer: ``r (in + out)`` (Hu et al. 2021, section 4.1).
+    Adapter parameters per layer: ``r (in + out)`` (Hu et al. 2021, section 4.1). LitGPT
+    adapts the parts of its fused q/k/v projection that the targets name: ``A`` has
+    ``r`` rows per part, ``B`` the parts' widths (``LoRAQKVLinear``).
     """
     roles, _ = lora_targets(model, training.lora.targets)
     r = training.lora.rank
+    litgpt = conventions(training).implementation == "litgpt"
     out: list[TensorGroup] = []
     for g in model_tensors(model):
         if g.linear in roles:
             out_f, in_f = g.shape
+            rows = r
+            if litgpt and g.linear == "qkv":
+                q_out = model.num_attention_heads * model.head_dim
+                kv_out = model.num_key_value_heads * model.head_dim
+                parts = [
+                    w
+                    for w, on in zip(
+                        (q_out, kv_out, kv_out), qkv_adapted(training.lora.targets), strict=True
+                    )
+                    if on
+                ]
+                rows, out_f = r * len(parts), sum(parts)
             base = g.module.removesuffix(".weight")
-            for name, shape in ((".lora_A", (r, in_f)), (".lora_B", (out_f, r))):
+            for name, shape in ((".lora_A", (rows, in_f)), (".lora_B", (out_f, r))):
                 out.append(
                     TensorGroup(
                         g.component, base + name, shape, g.count, layers=g.layers, adapter=True

@@ -254,12 +254,18 @@ def conventions(training: TrainingSpec) -> Conventions:
 
 
 def as_built(model: ModelSpec, training: TrainingSpec) -> ModelSpec:
-    """``model`` as its modeling code builds it: LitGPT's ``GPT`` never ties the LM head
+    """``model`` as its modeling code builds it. LitGPT's ``GPT`` never ties the LM head
     to the embedding (its converter copies a tied checkpoint's embedding into
-    ``lm_head.weight``, a parameter of its own)."""
-    if model.tie_word_embeddings and conventions(training).implementation == "litgpt":
-        return dataclasses.replace(model, tie_word_embeddings=False)
-    return model
+    ``lm_head.weight``, a parameter of its own), always fuses q, k and v into one linear,
+    keeps an MLP's gate and up projections apart (Phi-3's fused one is split on
+    conversion) and repeats grouped keys and values for the kernel, so no SDPA math
+    fallback."""
+    if conventions(training).implementation != "litgpt" or model.is_mla:
+        return model
+    litgpt = dataclasses.replace(
+        model, tie_word_embeddings=False, fused_qkv=True, fused_gate_up=False, sdpa_math=False
+    )
+    return model if litgpt == model else litgpt
 
 
 def built(scenario: Scenario) -> Scenario:

@@ -67,7 +67,13 @@ import numpy as np
 
 from engine.graph import TERMS, Block, BlockResult, Profile, Size, _coefs, _int, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
-from engine.model_state import DTYPE_BYTES, FREEZE_COMPONENTS, ModelState, lora_targets
+from engine.model_state import (
+    DTYPE_BYTES,
+    FREEZE_COMPONENTS,
+    ModelState,
+    lora_targets,
+    qkv_adapted,
+)
 from engine.params import model_tensors
 from engine.specs import ModelSpec, TrainingSpec, window_masks
 from engine.stacks import conventions
@@ -234,6 +240,8 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         trainable=trainable,
         frozen_bytes=frozen,
         quantized=method == "qlora",
+        litgpt=conv.implementation == "litgpt",
+        qkv_enabled=qkv_adapted(training.lora.targets),
         dropout=training.lora.dropout,
         attention_dropout=model.attention_dropout,
         selective=training.activation_checkpointing == "selective",
