@@ -32,9 +32,11 @@ from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_
 from engine.sharding import make_mesh
 from engine.specs import (
     ADAPTER_DTYPES,
+    DEQUANT_DTYPES,
     FREEZE_PARTS,
     FROZEN_DTYPES,
     LORA_TARGETS,
+    MODEL_IMPLEMENTATIONS,
     OPTIMIZER_IMPLS,
     STACKS,
     GpuSpec,
@@ -109,10 +111,27 @@ OUTPUT_CHOICES = (("from stack", FROM_STACK), ("held through backward", True),
                   ("released before backward", False))  # fmt: skip
 KV_CACHE_CHOICES = (("from stack", FROM_STACK), ("built with the output", True),
                     ("not built", False))  # fmt: skip
+#: the modeling code (:data:`engine.specs.MODEL_IMPLEMENTATIONS`), in words
+IMPLEMENTATION_TEXT = {"transformers": "transformers", "litgpt": "LitGPT"}
+IMPLEMENTATION_CHOICES = (
+    ("from stack", FROM_STACK),
+    *((IMPLEMENTATION_TEXT[m], m) for m in MODEL_IMPLEMENTATIONS),
+)
+PREVIOUS_CHOICES = (("from stack", FROM_STACK), ("held into the next forward", True),
+                    ("released after the step", False))  # fmt: skip
+QUANTIZE_HEAD_CHOICES = (("from stack", FROM_STACK), ("quantized to 4 bits", True),
+                         ("not quantized", False))  # fmt: skip
 #: the selective checkpointing policies of :mod:`engine.stacks`, in words
 POLICY_TEXT = {"attention-core": "attention core", "per-op": "per-op"}
 #: convention row -> (stack convention key, what it changes, how its values read)
 CONVENTION_TIPS: dict[str, tuple[str, str, dict[Any, str]]] = {
+    "training.model_implementation": (
+        "model_implementation",
+        "The modeling code that builds the model: transformers' classes (a tied LM head is "
+        "the embedding matrix) or LitGPT's GPT, which never ties the LM head to the "
+        "embedding (a tied checkpoint gets an LM head of its own)",
+        IMPLEMENTATION_TEXT,
+    ),
     "training.outputs_held_through_backward": (
         "outputs_held_through_backward",
         "Whether the model output (the logits and, when built, the KV cache) stays "
@@ -126,6 +145,13 @@ CONVENTION_TIPS: dict[str, tuple[str, str, dict[Any, str]]] = {
         "lives as long as the output, and never under gradient checkpointing",
         {True: "built", False: "not built"},
     ),
+    "training.previous_step_held": (
+        "previous_step_held",
+        "Whether the previous step's autograd graph and model output stay alive into this "
+        "step's forward (the loop's variables, loss = ... and outputs = model(...), are "
+        "rebound only when the next forward returns) or are gone when the step ends",
+        {True: "held", False: "released"},
+    ),
     "training.frozen_weights_dtype": (
         "frozen_weights_dtype",
         "Storage dtype of the frozen, non-quantized weights (LoRA's base, frozen parts); "
@@ -136,6 +162,19 @@ CONVENTION_TIPS: dict[str, tuple[str, str, dict[Any, str]]] = {
         "lora.adapter_dtype",
         "Dtype of the LoRA adapters, and so of their gradients and optimizer states; auto "
         "is fp32, bf16 under pure bf16",
+        {},
+    ),
+    "training.qlora.quantize_lm_head": (
+        "qlora.quantize_lm_head",
+        "Whether QLoRA quantizes the LM head to 4 bits with the other linear layers "
+        "(Lightning's bitsandbytes plugin) or keeps it unquantized (transformers)",
+        {True: "quantized", False: "not quantized"},
+    ),
+    "training.qlora.dequant_dtype": (
+        "qlora.dequant_dtype",
+        "The dtype QLoRA's dequantization returns; auto is the compute dtype. Any other "
+        "dtype costs a second copy of each weight, cast to the compute dtype at every "
+        "matmul",
         {},
     ),
 }
@@ -181,7 +220,9 @@ def _stack_field() -> tuple[Getter, Setter]:
 def conventions_summary(training: TrainingSpec) -> str:
     """``outputs released · KV cache built · adapters fp32 · loss on fp32 logits``: the
     conventions of ``training`` in one line (those that apply to its method), a ``*``
-    after those the scenario sets."""
+    after those the scenario sets. The modeling code, the previous step and QLoRA's head
+    and dequantization are named only where the scenario sets them or they are not the
+    usual (transformers, released, not quantized, the compute dtype)."""
     try:
         c = conventions(training)
     except EstimateError as exc:
@@ -191,15 +232,34 @@ def conventions_summary(training: TrainingSpec) -> str:
     def part(key: str, text: str) -> str:
         return text + ("*" if key in set_here else "")
 
+    def unusual(key: str, usual: bool) -> bool:
+        """Whether a convention is named: always where the scenario sets it, else only
+        where it is not the usual value."""
+        return key in set_here or not usual
+
     held = "held" if c.outputs_held else "released"
-    parts = [
+    parts = []
+    if unusual("model_implementation", c.implementation == "transformers"):
+        implementation = IMPLEMENTATION_TEXT.get(c.implementation, c.implementation)
+        parts.append(part("model_implementation", f"{implementation} model"))
+    parts += [
         part("outputs_held_through_backward", f"outputs {held}"),
         part("kv_cache_in_outputs", "KV cache built" if c.kv_cache else "no KV cache"),
     ]
+    if unusual("previous_step_held", not c.previous_held):
+        previous = "held" if c.previous_held else "released"
+        parts.append(part("previous_step_held", f"previous step {previous}"))
     if training.method != "full":
         parts.append(part("frozen_weights_dtype", f"frozen {c.frozen_dtype}"))
     if training.method in ("lora", "qlora"):
         parts.append(part("lora.adapter_dtype", f"adapters {c.adapter_dtype}"))
+    if training.method == "qlora":
+        if unusual("qlora.quantize_lm_head", not c.quantize_head):
+            head = "4-bit LM head" if c.quantize_head else "LM head unquantized"
+            parts.append(part("qlora.quantize_lm_head", head))
+        compute = training.qlora.compute_dtype
+        if unusual("qlora.dequant_dtype", c.dequant_dtype == compute):
+            parts.append(part("qlora.dequant_dtype", f"dequant {c.dequant_dtype}"))
     if training.loss == "chunked-output":
         parts.append(f"loss in {training.loss_chunks} chunks")
     else:
@@ -724,6 +784,12 @@ class TrainingPanel(FormPanel):
 
     def _add_conventions(self) -> None:
         self.add_combo(
+            "training.model_implementation",
+            "Modeling code",
+            IMPLEMENTATION_CHOICES,
+            convention_field("model_implementation"),
+        )
+        self.add_combo(
             "training.outputs_held_through_backward",
             "Model output",
             OUTPUT_CHOICES,
@@ -736,6 +802,12 @@ class TrainingPanel(FormPanel):
             convention_field("kv_cache_in_outputs"),
         )
         self.add_combo(
+            "training.previous_step_held",
+            "Previous step",
+            PREVIOUS_CHOICES,
+            convention_field("previous_step_held"),
+        )
+        self.add_combo(
             "training.frozen_weights_dtype",
             "Frozen weights",
             (("from stack", FROM_STACK), *((d, d) for d in FROZEN_DTYPES)),
@@ -746,6 +818,18 @@ class TrainingPanel(FormPanel):
             "LoRA adapters",
             (("from stack", FROM_STACK), *((d, d) for d in ADAPTER_DTYPES)),
             convention_field("lora.adapter_dtype"),
+        )
+        self.add_combo(
+            "training.qlora.quantize_lm_head",
+            "QLoRA LM head",
+            QUANTIZE_HEAD_CHOICES,
+            convention_field("qlora.quantize_lm_head"),
+        )
+        self.add_combo(
+            "training.qlora.dequant_dtype",
+            "QLoRA dequant",
+            (("from stack", FROM_STACK), *((d, d) for d in DEQUANT_DTYPES)),
+            convention_field("qlora.dequant_dtype"),
         )
         self.add_combo("training.loss", "Loss", LOSS_CHOICES, training_field("loss"))
         self.add_spin(
@@ -819,19 +903,25 @@ class TrainingPanel(FormPanel):
         )
         self.conventions.summary.setText(conventions_summary(training))
         #: why a convention does not apply to this method ("" where it does)
+        qlora = "" if training.method == "qlora" else "only QLoRA quantizes the base weights"
         unused = {
+            "training.model_implementation": "",
             "training.outputs_held_through_backward": "",
             "training.kv_cache_in_outputs": "",
+            "training.previous_step_held": "",
             "training.frozen_weights_dtype": "full fine-tuning freezes no weight"
             if training.method == "full"
             else "",
             "training.lora.adapter_dtype": ""
             if training.method in ("lora", "qlora")
             else "only LoRA and QLoRA train adapters",
+            "training.qlora.quantize_lm_head": qlora,
+            "training.qlora.dequant_dtype": qlora,
         }
         auto = {
             "training.frozen_weights_dtype": auto_frozen_dtype(training),
             "training.lora.adapter_dtype": auto_adapter_dtype(training),
+            "training.qlora.dequant_dtype": training.qlora.compute_dtype,
         }
         for path, (key, words, shown) in CONVENTION_TIPS.items():
             combo = rows[path].widget

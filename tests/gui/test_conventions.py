@@ -1,10 +1,12 @@
 """The training stack and its Conventions in the strategy panel: choosing a stack, the
-values each convention takes from it, overriding them and giving them back, the CUDA
-runtime, the what-if that releases the outputs, and files that keep all of it."""
+values each convention takes from it (the modeling code, the previous step and QLoRA's
+head and dequantization as well), overriding them and giving them back, the CUDA runtime,
+the what-if that releases the outputs, and files that keep all of it."""
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from pathlib import Path
 
@@ -33,6 +35,10 @@ CONVENTION_ROWS = (
     "training.frozen_weights_dtype",
     "training.lora.adapter_dtype",
 )
+#: the conventions of the modeling code, the loop's previous step, and QLoRA's
+QLORA_ROWS = ("training.qlora.quantize_lm_head", "training.qlora.dequant_dtype")
+NEW_ROWS = ("training.model_implementation", "training.previous_step_held", *QLORA_ROWS)
+ALL_ROWS = (*CONVENTION_ROWS, *NEW_ROWS)
 
 
 def combo(panel: TrainingPanel, path: str) -> QComboBox:
@@ -122,7 +128,10 @@ def test_each_row_shows_the_stacks_value_and_why(window: MainWindow) -> None:
     tip = combo(panel, "training.outputs_held_through_backward").toolTip()
     assert lightning.label in tip and lightning.why["outputs_held_through_backward"][:30] in tip
     summary = panel.conventions.summary.text()
-    assert summary.startswith("outputs held · no KV cache · frozen fp32 · adapters fp32")
+    assert summary.startswith(
+        "LitGPT model · outputs held · no KV cache · previous step held · frozen fp32 · "
+        "adapters fp32 · loss"
+    )
     assert "*" not in summary
     auto = combo(panel, "training.frozen_weights_dtype")
     assert auto.itemText(auto.findData("auto")) == "auto (bf16)"
@@ -266,6 +275,176 @@ def test_the_sections_fold_is_kept_between_sessions(qtbot: QtBot, tmp_path: Path
     assert second.training_panel.conventions.is_expanded()
 
 
+# -- the modeling code, the previous step, QLoRA's head and dequantization ----------------
+
+
+def test_the_new_rows_show_each_stacks_value_and_why(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.method", "qlora")
+    texts = {path: combo(panel, path).itemText(0) for path in NEW_ROWS}
+    assert texts == {  # the Hugging Face Trainer
+        "training.model_implementation": "from stack (transformers)",
+        "training.previous_step_held": "from stack (released)",
+        "training.qlora.quantize_lm_head": "from stack (not quantized)",
+        "training.qlora.dequant_dtype": "from stack (auto: bf16)",
+    }
+    dequant = combo(panel, "training.qlora.dequant_dtype")
+    assert dequant.itemText(dequant.findData("auto")) == "auto (bf16)"
+    choose(panel, "training.stack", "lightning")
+    lightning = load_stack("lightning")
+    texts = {path: combo(panel, path).itemText(0) for path in NEW_ROWS}
+    assert texts == {
+        "training.model_implementation": "from stack (LitGPT)",
+        "training.previous_step_held": "from stack (held)",
+        "training.qlora.quantize_lm_head": "from stack (quantized)",
+        "training.qlora.dequant_dtype": "from stack (fp16)",
+    }
+    for path in NEW_ROWS:
+        box = combo(panel, path)
+        assert box.isEnabled() and box.currentData() == FROM_STACK
+        assert not panel.resets[path].isEnabled()
+        why = html.escape(lightning.why[path.removeprefix("training.")][:30])
+        assert lightning.label in box.toolTip() and why in box.toolTip()
+    assert panel.conventions.summary.text() == (
+        "LitGPT model · outputs held · no KV cache · previous step held · frozen fp32 · "
+        "adapters fp32 · 4-bit LM head · dequant fp16 · loss on 16-bit logits"
+    )
+
+
+def test_the_usual_new_conventions_stay_out_of_the_summary(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.method", "qlora")  # on the Trainer: transformers, released, ...
+    summary = panel.conventions.summary.text()
+    assert summary == (
+        "outputs released · KV cache built · frozen bf16 · adapters fp32 · loss on fp32 logits"
+    )
+    choose(panel, "training.previous_step_held", False)  # the usual value, but set here
+    assert "previous step released*" in panel.conventions.summary.text()
+    choose(panel, "training.qlora.dequant_dtype", "auto")
+    assert "dequant bf16*" in panel.conventions.summary.text()
+
+
+def test_setting_each_new_convention_writes_its_field(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.method", "qlora")
+    values = {
+        "training.model_implementation": ("litgpt", "LitGPT model*"),
+        "training.previous_step_held": (True, "previous step held*"),
+        "training.qlora.quantize_lm_head": (True, "4-bit LM head*"),
+        "training.qlora.dequant_dtype": ("fp32", "dequant fp32*"),
+    }
+    for path, (value, words) in values.items():
+        choose(panel, path, value)
+        assert panel.rows[path].get(window.store.scenario) == value
+        assert panel.resets[path].isEnabled()
+        assert "Set in this scenario" in combo(panel, path).toolTip()
+        assert words in panel.conventions.summary.text()
+    t = window.store.scenario.training
+    assert (t.model_implementation, t.previous_step_held) == ("litgpt", True)
+    assert (t.qlora.quantize_lm_head, t.qlora.dequant_dtype) == (True, "fp32")
+    c = conventions(t)
+    assert (c.implementation, c.previous_held, c.quantize_head, c.dequant_dtype) == (
+        "litgpt",
+        True,
+        True,
+        "fp32",
+    )
+    assert window.store.estimate is not None
+    assert field_mismatches(window) == []
+    # back to the stack: by the combo's first item, or by the row's reset button
+    choose(panel, "training.model_implementation", FROM_STACK)
+    assert window.store.scenario.training.model_implementation is None
+    for path in NEW_ROWS[1:]:
+        panel.resets[path].click()
+        assert panel.rows[path].get(window.store.scenario) == FROM_STACK
+        assert not panel.resets[path].isEnabled()
+    t = window.store.scenario.training
+    assert (t.previous_step_held, t.qlora.quantize_lm_head, t.qlora.dequant_dtype) == (None,) * 3
+    assert "*" not in panel.conventions.summary.text()
+
+
+def test_quantizing_the_head_shrinks_the_parameters(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.method", "qlora")
+    assert window.store.estimate is not None
+    before = window.store.estimate.breakdown["parameters"]
+    choose(panel, "training.qlora.quantize_lm_head", True)  # Llama 3 8B: an untied head
+    assert window.store.estimate.breakdown["parameters"] < before
+
+
+def test_the_qlora_rows_apply_to_qlora_only(window: MainWindow) -> None:
+    panel = window.training_panel
+    boxes = [combo(panel, path) for path in QLORA_ROWS]
+    for method in ("lora", "full", "freeze"):  # the default scenario is LoRA
+        choose(panel, "training.method", method)
+        for box in boxes:
+            assert not box.isEnabled() and "only QLoRA" in box.toolTip()
+        for path in NEW_ROWS[:2]:  # the modeling code and the previous step apply to all
+            assert combo(panel, path).isEnabled()
+    choose(panel, "training.stack", "lightning")  # quantizes the head, from fp16
+    summary = panel.conventions.summary.text()
+    assert "LM head" not in summary and "dequant" not in summary
+    choose(panel, "training.method", "qlora")
+    assert all(box.isEnabled() for box in boxes)
+    assert "4-bit LM head · dequant fp16" in panel.conventions.summary.text()
+
+
+def test_a_qlora_value_left_from_qlora_shows_but_cannot_be_reset(window: MainWindow) -> None:
+    panel = window.training_panel
+    choose(panel, "training.method", "qlora")
+    choose(panel, "training.qlora.quantize_lm_head", True)
+    choose(panel, "training.qlora.dequant_dtype", "fp16")
+    choose(panel, "training.method", "lora")  # the values stay in the scenario, unused
+    assert combo(panel, "training.qlora.quantize_lm_head").currentData() is True
+    assert combo(panel, "training.qlora.dequant_dtype").currentData() == "fp16"
+    for path in QLORA_ROWS:
+        assert not panel.resets[path].isEnabled()
+    assert "*" not in panel.conventions.summary.text()
+    assert field_mismatches(window) == []
+
+
+def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
+    window: MainWindow, tmp_path: Path
+) -> None:
+    s = on_stack("lightning", method="qlora", model_implementation="transformers")
+    training = dataclasses.replace(
+        s.training,
+        previous_step_held=False,
+        qlora=dataclasses.replace(s.training.qlora, quantize_lm_head=False, dequant_dtype="bf16"),
+    )
+    scenario = dataclasses.replace(s, training=training)
+    path = tmp_path / "new-conventions.memfit.json"
+    save_scenario(scenario, path)
+    assert window.open_path(path)
+    assert window.store.scenario == scenario
+    panel = window.training_panel
+    shown = {p: combo(panel, p).currentData() for p in NEW_ROWS}
+    assert shown == {
+        "training.model_implementation": "transformers",
+        "training.previous_step_held": False,
+        "training.qlora.quantize_lm_head": False,
+        "training.qlora.dequant_dtype": "bf16",
+    }
+    assert all(panel.resets[p].isEnabled() for p in NEW_ROWS)
+    assert panel.conventions.summary.text() == (
+        "transformers model* · outputs held · no KV cache · previous step released* · "
+        "frozen fp32 · adapters fp32 · LM head unquantized* · dequant bf16* · "
+        "loss on 16-bit logits  (* set here)"
+    )
+    assert field_mismatches(window) == []
+    # given back to the stack, each is written as None and saved so
+    for p in NEW_ROWS:
+        choose(panel, p, FROM_STACK)
+    assert window.save_to(path)
+    data = json.loads(path.read_text(encoding="utf-8"))["training"]
+    assert data["model_implementation"] is None and data["previous_step_held"] is None
+    assert data["qlora"]["quantize_lm_head"] is None and data["qlora"]["dequant_dtype"] is None
+    assert load_scenario(path) == window.store.scenario
+    window.undo_act.trigger()  # the dequantization dtype, explicit again
+    assert window.store.scenario.training.qlora.dequant_dtype == "bf16"
+    assert combo(panel, "training.qlora.dequant_dtype").currentData() == "bf16"
+
+
 # -- bad states --------------------------------------------------------------------------
 
 
@@ -291,7 +470,7 @@ def test_every_value_on_every_stack_keeps_the_fields_in_step(window: MainWindow)
         choose(panel, "training.stack", name)
         for method in ("full", "lora", "qlora", "freeze"):
             choose(panel, "training.method", method)
-            for path in CONVENTION_ROWS:
+            for path in ALL_ROWS:
                 box = combo(panel, path)
                 for index in range(box.count()):
                     box.setCurrentIndex(index)
@@ -387,7 +566,9 @@ def test_an_old_file_opens_on_the_hugging_face_trainer(window: MainWindow, tmp_p
     assert t.stack == "hf-trainer"
     assert t.outputs_held_through_backward is None and t.kv_cache_in_outputs is None
     assert t.frozen_weights_dtype is None and t.lora.adapter_dtype is None
-    for path_ in CONVENTION_ROWS:
+    assert t.model_implementation is None and t.previous_step_held is None
+    assert t.qlora.quantize_lm_head is None and t.qlora.dequant_dtype is None
+    for path_ in ALL_ROWS:
         assert combo(window.training_panel, path_).currentData() == FROM_STACK
 
 
