@@ -982,7 +982,14 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     return net.block, out
 
 
-def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[Block, str]:
+#: positions per piece of LitGPT's LM head and loss (``lm_head_chunk_size=128`` in
+#: litgpt/finetune/*.py; ``chunked_cross_entropy``'s ``chunk_size=128``)
+LITGPT_HEAD_CHUNK = 128
+
+
+def head_and_loss(
+    m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool, logits_only: bool = False
+) -> tuple[Block, str]:
     """Final norm, LM head and the cross-entropy loss, as ``ctx.loss`` computes it.
 
     * ``standard`` -- transformers' ``ForCausalLMLoss``: the logits (``b s V`` in the
@@ -992,7 +999,10 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
       log-probabilities;
     * ``no-upcast`` -- ``F.cross_entropy`` on the logits as they are (LitGPT, plain
       loops): ``log_softmax`` reads them and writes fp32 under autocast (it is on
-      autocast's fp32 list), the logits' dtype otherwise;
+      autocast's fp32 list), the logits' dtype otherwise. On LitGPT's model the head and
+      the loss run in pieces of :data:`LITGPT_HEAD_CHUNK` positions (its finetune scripts:
+      ``model(x, lm_head_chunk_size=128)``, ``chunked_cross_entropy``), as torchtune's
+      chunked output does, without the upcast;
     * ``chunked-output`` -- torchtune's ``CEWithChunkedOutputLoss``: the LM head runs on
       ``loss_chunks`` chunks of the sequence (``torch.chunk``) and each chunk of logits is
       upcast and reduced on its own: every chunk's fp32 log-probabilities are kept, but
@@ -1002,6 +1012,8 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
 
     With ``ctx.outputs_held`` the model output keeps the logits alive until it is released
     after the step; released before backward, they die with their last use.
+    ``logits_only``: the block up to the model's output, the logits (the moment the model
+    returns), without the loss.
     """
     h, tokens, vocab = m.hidden_size, ctx.shape().tokens, m.vocab_size
     net = Net("lm_head_loss", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
@@ -1019,11 +1031,12 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
         return net.block, loss
     fp32_out = F32 if ctx.mode == "amp" else 0
-    if ctx.loss == "chunked-output" and m.architecture == "decoder":
+    litgpt = ctx.litgpt and ctx.loss == "no-upcast"
+    if (ctx.loss == "chunked-output" or litgpt) and m.architecture == "decoder":
         if ctx.symbolic:  # torch.chunk's sizes are ceilings: not linear forms of the shape
             raise TypeError("chunked-output builds at concrete shapes only")
         seq = ctx.seq * ctx.sp  # the whole sequence after the gather
-        size = -(-seq // ctx.loss_chunks)
+        size = LITGPT_HEAD_CHUNK if litgpt else -(-seq // ctx.loss_chunks)
         # each chunk's matmul casts its slice of the hidden states under autocast: one
         # cast in all, saved for the head's weight gradient
         x = net.cast(x, 2) if ctx.mode == "amp" else x
@@ -1032,9 +1045,16 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
             net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=ctx.batch * rows)
             for rows in (min(size, seq - start) for start in range(0, seq, size))
         ]
+        if logits_only:  # the model returns the list
+            net.block.held.update(chunks)
+            return net.block, chunks[-1]
         losses = []
         for chunk in chunks:
-            logp = net.unary("log_softmax", net.cast(chunk, F32), save_out=True)
+            if litgpt:
+                out = fp32_out or net.dtype[chunk]
+                logp = net.unary("log_softmax", chunk, save_out=True, dtype=out)
+            else:
+                logp = net.unary("log_softmax", net.cast(chunk, F32), save_out=True)
             losses.append(net.unary("nll_loss", logp, elems=1))
         loss = losses[0]
         for other in losses[1:]:
@@ -1045,6 +1065,8 @@ def head_and_loss(m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool) -> tuple[
             net.block.op("release_logits", chunks, [])
         return net.block, loss
     logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
+    if logits_only:
+        return net.block, logits
     if ctx.loss == "no-upcast":
         upcast = logits
     else:

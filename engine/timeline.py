@@ -272,6 +272,8 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
 def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> tuple[Block, str]:
     if kind == "head":
         return head_and_loss(model, ctx, True, chunked)
+    if kind == HEAD_LOGITS:
+        return head_and_loss(model, ctx, True, chunked, logits_only=True)
     if kind.endswith(TRAINED):  # one of the last layers ``freeze`` trains whole
         ctx = dataclasses.replace(ctx, trainable=ctx.trainable | {"all"})
         kind = kind.removesuffix(TRAINED)
@@ -283,6 +285,9 @@ def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -
 #: the suffix of a layer kind that trains every weight of the layer (``freeze``'s last
 #: layers)
 TRAINED = "+trained"
+#: the LM head up to the model's output (the logits), without the loss: the moment the
+#: previous step's output is still alive (:func:`carries_previous`)
+HEAD_LOGITS = "head-logits"
 #: components every layer has a part of
 _LAYER_PARTS = frozenset({"all", "attention", "mlp", "experts", "norms", "router"})
 
@@ -428,14 +433,15 @@ def function_kept(block: Block) -> Size:
 @lru_cache(maxsize=4096)
 def _function_kept(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> Size:
     """:func:`function_kept` of a block kind, at ``ctx``'s shape or symbolic. Of the LM
-    head only a 4-bit head keeps anything: its input, the final norm's output, which
-    torchtune's chunked output views in pieces (that head is built at concrete shapes
-    only, so it is read from the unchunked one)."""
+    head only a 4-bit head keeps anything: its input, the final norm's output, whatever
+    the loss (a head run in pieces views it; that head is built at concrete shapes only,
+    so it is read from the unchunked one)."""
+    if kind == HEAD_LOGITS:  # the head's own block counts it
+        return 0
     if kind == "head":
         if not (ctx.quantized and ctx.quantized_head):
             return 0
-        if ctx.loss == "chunked-output":
-            ctx = dataclasses.replace(ctx, loss="standard")
+        ctx = dataclasses.replace(ctx, loss="standard")
     return function_kept(_build(model, ctx, kind, x_grad, chunked)[0])
 
 
@@ -443,6 +449,12 @@ def carries_previous(training: TrainingSpec, stage: Stage) -> bool:
     """Whether the previous step lives on into this one's forward (the loop's variables
     are rebound only as the next step makes them; a pipelined stage is not modelled)."""
     return conventions(training).previous_held and stage.first and stage.last
+
+
+def plays_logits_point(training: TrainingSpec, stage: Stage, chunked: bool) -> bool:
+    """Whether the step has a point at the end of the LM head, before the loss: where the
+    previous step's model output is alive until this step's forward returns."""
+    return carries_previous(training, stage) and conventions(training).outputs_held and not chunked
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,9 +658,11 @@ KINDS = (
     ("backward", "embedding"),
     ("optimizer", "optimizer step"),
     ("optimizer", "after zero_grad"),
+    ("forward", "LM head"),
 )
 _EMBED_F, _LAYER_F, _HEAD_F, _SEND_F = 1, 2, 3, 4
 _HEAD_B, _RECV_B, _RECOMPUTE, _LAYER_B, _EMBED_B = 5, 6, 7, 8, 9
+_LOGITS_F = 12
 
 #: the longest group of layers looked for as the repeated unit of a run
 _GROUP = 8
@@ -765,6 +779,8 @@ def _compile(
     dtype: type,
     per_op: Sequence[Size] = (),
     function_kept_of: Sequence[Size] = (),
+    logits_block: int = -1,
+    copies_of: Sequence[int] = (),
 ) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
     for point; return the points that can be its highest -- every point outside runs,
@@ -904,6 +920,10 @@ def _compile(
         hv = [nothing, hidden, nothing, 2 * hidden, hidden, nothing, nothing]
     n_layers = len(layers)
     p = params + n_layers * unit_b + g_fwd if gathered else params + copies + head_copies
+    if logits_block >= 0:
+        c = copies_of[logits_block]
+        q = params + n_layers * unit_b + g_fwd if gathered else params + copies + c
+        add(_LOGITS_F, -1, q, grad_buffer, nothing, fixed + kept + peak(logits_block, 1) - c * one)
     kind = _HEAD_F if stage.last else _SEND_F
     add(kind, -1, p, grad_buffer, nothing, fixed - old_output + kept + hv[1] - head_copies * one)
     copies += head_copies
@@ -1006,9 +1026,18 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        layers, head, training, gather, grad_buffer, opt, trains_embeddings, per_op, kept_of = (
-            plan.recipe
-        )
+        (
+            layers,
+            head,
+            training,
+            gather,
+            grad_buffer,
+            opt,
+            trains_embeddings,
+            per_op,
+            kept_of,
+            logits_block,
+        ) = plan.recipe
         model, stage, profiles = plan.model, plan.stage, plan.profiles
         # every coefficient of a form is a sum over the layers of profile coefficients and
         # constants, raised by the micro-batches in flight: int64 where that fits
@@ -1041,6 +1070,8 @@ class _Forms:
             dtype,
             per_op,
             kept_of,
+            logits_block,
+            plan.copies,
         )
         matrix = np.stack(
             [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
@@ -1138,6 +1169,9 @@ class StepPlan:
             block(kind, x_grad) for kind, x_grad in layer_kinds(model, training, ctx, embed_grad)
         ]
         head = block("head", True) if stage.last else -1
+        logits_block = -1
+        if plays_logits_point(training, stage, chunked):
+            logits_block = block(HEAD_LOGITS, True)
         found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
         profiles = tuple(p for p, _ in found)
         copies = tuple(c for _, c in found)
@@ -1154,7 +1188,7 @@ class StepPlan:
         if conventions(training).checkpointing == "per-op":
             symbolic = dataclasses.replace(ctx, symbolic=True)
             per_op = tuple(
-                _per_op(model, symbolic, kind, x_grad) if kind != "head" else 0
+                _per_op(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else 0
                 for kind, x_grad in blocks
             )
         # what custom functions of each block keep on their ctx, where the previous step's
@@ -1175,6 +1209,7 @@ class StepPlan:
             trains_embeddings,
             per_op,
             kept_of,
+            logits_block,
         )
         return StepPlan(
             model=model,
@@ -1619,6 +1654,17 @@ def _layer_by_layer(
     if not stage.last:  # the output goes to the next stage; its gradient comes back
         head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
         head_copies = 0
+    if plays_logits_point(training, stage, chunked):
+        logits, logit_copies = block_result(model, ctx, HEAD_LOGITS, True, chunked, key)
+        add(
+            "forward",
+            None,
+            "LM head",
+            params + copies + logit_copies,
+            0,
+            opt_states,
+            fixed + kept_act + logits.forward_peak - logit_copies,
+        )
     add(
         "forward",
         None,
