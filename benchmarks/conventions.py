@@ -2,7 +2,8 @@
 
 Every case of ``tests/validation/dataset.json`` and ``dataset_conventions.json`` is
 compared twice -- with the model output held through backward and the optimizer step, and
-released before backward -- each with the conventions its trace ran. Run:
+released before backward -- each with the conventions its trace ran; every case of
+``dataset_litgpt.json`` (LitGPT's own model code and loop) once, as it ran. Run:
 ``python benchmarks/conventions.py [--markdown]``.
 """
 
@@ -37,6 +38,10 @@ def _groups(scenario: dict, error: float, out: dict[str, list[float]]) -> None:
     out[f"loss {s.training.loss}"].append(error)
     out[f"checkpointing {s.training.activation_checkpointing}"].append(error)
     out[f"stack {conv.stack}"].append(error)
+    out[f"model code {conv.implementation}"].append(error)
+    out[f"method {s.training.method}"].append(error)
+    if conv.implementation == "litgpt":
+        out[f"previous step {'held' if conv.previous_held else 'released'}"].append(error)
 
 
 def main(markdown: bool) -> None:
@@ -52,6 +57,9 @@ def main(markdown: bool) -> None:
                     refused.append(f"{case['id']}: {exc}")
                     continue
                 _groups(scenario, est / traced_peak(case, held) - 1, groups)
+    for case in json.loads((DATA / "dataset_litgpt.json").read_text()):
+        est = estimate(scenario_from_dict(case["scenario"])).allocated_bytes
+        _groups(case["scenario"], est / case["measured"]["peak_allocated_bytes"] - 1, groups)
     rows = sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))
     if markdown:
         print("| convention | cases | median | p90 | max |")
