@@ -64,6 +64,17 @@ def test_conventions_round_trip_through_a_scenario_file() -> None:
     first = scenario_from_dict(data)
     again = scenario_from_dict(json.loads(json.dumps(scenario_to_dict(first))))
     assert again == first
+    qlora = scenario(
+        stack="lightning", method="qlora", precision="bf16", model_implementation="transformers",
+        previous_step_held=False, qlora={"quantize_lm_head": False, "dequant_dtype": "bf16"},
+    )  # fmt: skip
+    first = scenario_from_dict(qlora)
+    saved = scenario_to_dict(first)
+    assert saved["training"]["qlora"]["dequant_dtype"] == "bf16"
+    assert scenario_from_dict(json.loads(json.dumps(saved))) == first
+    conv = conventions(first.training)
+    assert (conv.implementation, conv.previous_held) == ("transformers", False)
+    assert (conv.quantize_head, conv.dequant_dtype) == (False, "bf16")
 
 
 @pytest.mark.parametrize(
