@@ -236,6 +236,14 @@ def _release_outputs(s: Scenario) -> Scenario | None:
     return _with(s, outputs_held_through_backward=False)
 
 
+def _release_previous(s: Scenario) -> Scenario | None:
+    """The loop deletes its loss and outputs after each step (``del loss, logits``), where
+    they lived on into the next step's forward."""
+    if not conventions(s.training).previous_held:
+        return None
+    return _with(s, previous_step_held=False)
+
+
 def _mixed(s: Scenario) -> Scenario | None:
     return _with(s, precision="bf16-mixed") if s.training.precision == "fp32" else None
 
@@ -254,6 +262,11 @@ CHANGES: tuple[Change, ...] = (
     Change("flash-attention", "flash attention (SDPA)", _flash),
     Change("chunked-loss", "chunked cross-entropy", _training(loss="chunked")),
     Change("release-outputs", "release the model output before backward", _release_outputs),
+    Change(
+        "release-previous-step",
+        "free the previous step's loss and output (del loss, logits)",
+        _release_previous,
+    ),
     Change("fused-optimizer", "fused optimizer", _training(optimizer_impl="fused")),
     Change("8bit-optimizer", "8-bit AdamW", _eight_bit),
     Change(

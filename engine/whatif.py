@@ -126,6 +126,13 @@ def _release_outputs(s: Scenario) -> TrainingSpec | str:
     return dataclasses.replace(t, outputs_held_through_backward=False)
 
 
+def _release_previous(s: Scenario) -> TrainingSpec | str:
+    t = s.training
+    if not conventions(t).previous_held:
+        return f"the {t.stack} loop already frees each step before the next"
+    return dataclasses.replace(t, previous_step_held=False)
+
+
 @dataclass(frozen=True, slots=True)
 class WhatIf:
     """One change to a scenario, and why it changes the step time (by how much is
@@ -200,6 +207,13 @@ WHATIFS: tuple[WhatIf, ...] = (
         "Release outputs before backward",
         _release_outputs,
         "no compute change: the loop keeps only the loss (loss = out.loss; del out)",
+    ),
+    WhatIf(
+        "release-previous-step",
+        "Free the previous step",
+        _release_previous,
+        "no compute change: the loop deletes its loss and outputs after each step "
+        "(del loss, logits), so the next forward does not carry them",
     ),
     WhatIf(
         "flash-attention",

@@ -46,6 +46,7 @@ from engine.specs import (
 )
 from engine.stacks import (
     Stack,
+    as_built,
     auto_adapter_dtype,
     auto_frozen_dtype,
     conventions,
@@ -441,15 +442,21 @@ class ModelPanel(FormPanel):
             self._select_current()
 
     def after_refresh(self, scenario: Scenario) -> None:
+        # the model the stack's modeling code builds: LitGPT unties a tied head
+        model = scenario.model
         try:
-            total = count_parameters(scenario.model).total
-            trainable = model_state(scenario.model, scenario.training).trainable_params
+            model = as_built(scenario.model, scenario.training)
+            total = count_parameters(model).total
+            trainable = model_state(model, scenario.training).trainable_params
         except EstimateError:
             trainable = 0
-            total = count_parameters(scenario.model).total
+            total = count_parameters(model).total
+        untied = model.tie_word_embeddings != scenario.model.tie_word_embeddings
+        built = "<br>as LitGPT builds it: an LM head of its own" if untied else ""
         self.count.setText(
             f"<b>{total:,}</b> parameters ({human_count(total)})"
             + (f"<br>trainable {trainable:,} ({100 * trainable / total:.3g} %)" if total else "")
+            + built
         )
         self._select_current()
 

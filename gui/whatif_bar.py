@@ -20,7 +20,7 @@ from gui.store import ScenarioStore
 #: toggles per row of the what-if bar, so that it fits a 1280-pixel window
 PER_ROW = 5
 #: what-ifs shown only where they apply; the shown toggles close up, so no gap is left
-ONLY_WHEN_OFFERED = frozenset({"release-outputs"})
+ONLY_WHEN_OFFERED = frozenset({"release-outputs", "release-previous-step"})
 
 
 def saving_note(result: WhatIfResult) -> str:

@@ -328,3 +328,20 @@ def test_the_previous_step_lives_on_where_the_loop_rebinds_its_variables() -> No
     b = estimate(scenario_from_dict(scenario(**lora)))
     assert head_forward(a) == head_forward(b)
     assert a.allocated_bytes == b.allocated_bytes
+
+
+def test_freeing_the_previous_step_is_offered_where_the_loop_carries_it() -> None:
+    from engine.solve import CHANGES_BY_KEY
+    from engine.whatif import WHATIFS_BY_KEY, assess
+
+    free = WHATIFS_BY_KEY["release-previous-step"]
+    trainer = scenario_from_dict(scenario(method="qlora", precision="bf16"))
+    assert "already frees" in (free.unavailable(trainer) or "")
+    assert CHANGES_BY_KEY["release-previous-step"].apply(trainer) is None
+    lit = scenario_from_dict(scenario(method="qlora", precision="bf16", stack="lightning"))
+    assert free.unavailable(lit) is None
+    result = assess(lit, estimate(lit), "release-previous-step")
+    assert not isinstance(result, str)
+    assert result.saved_bytes > 0 and result.compute_factor == 1.0
+    changed = CHANGES_BY_KEY["release-previous-step"].apply(lit)
+    assert changed is not None and not conventions(changed.training).previous_held

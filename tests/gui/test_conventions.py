@@ -21,7 +21,7 @@ from engine.errors import EstimateError
 from engine.presets import load_model
 from engine.scenario_io import load_scenario, save_scenario, scenario_from_dict, scenario_to_dict
 from engine.specs import STACKS, Scenario
-from engine.stacks import conventions, load_stack, with_stack
+from engine.stacks import as_built, conventions, load_stack, with_stack
 from engine.whatif import WHATIFS
 from gui.main_window import MainWindow
 from gui.panels import FROM_STACK, TrainingPanel, conventions_summary
@@ -610,8 +610,9 @@ def test_the_release_outputs_toggle_follows_the_held_convention(qtbot: QtBot) ->
     assert not button.isVisible()  # released now: nothing to offer
     store.edit(on_stack("hf-trainer"))
     assert not button.isVisible()
-    # the others close up: no gap where it was
-    assert places(bar) == [w.key for w in WHATIFS if w.key != key]
+    # the others close up: no gap where it was (the Trainer carries no previous step either)
+    hidden = {key, "release-previous-step"}
+    assert places(bar) == [w.key for w in WHATIFS if w.key not in hidden]
     store.edit(on_stack("hf-trainer", outputs_held_through_backward=True))
     assert button.isVisible() and button.isEnabled()
     store.edit(dataclasses.replace(bad_mesh(), training=with_stack(bad_mesh().training, "custom")))
@@ -631,3 +632,24 @@ def test_lora_targets_given_as_module_names_check_their_roles(qtbot: QtBot, tmp_
     qtbot.addWidget(w)
     assert w.store.scenario.training.lora.targets == ("c_attn", "c_fc")  # kept as written
     assert w.training_panel.targets.value() == ("q_proj", "k_proj", "v_proj", "up_proj")
+
+
+def test_the_model_panel_counts_the_model_litgpt_builds(qtbot: QtBot) -> None:
+    from engine.params import count_parameters
+    from gui.panels import ModelPanel
+
+    tied = load_model("llama-3.2-1b")
+    assert tied.tie_word_embeddings
+    store = ScenarioStore(dataclasses.replace(on_stack("lightning"), model=tied))
+    panel = ModelPanel(store)
+    qtbot.addWidget(panel)
+    built = as_built(tied, store.scenario.training)
+    # LitGPT gives a tied model a head of its own: the panel counts it, and says so
+    assert count_parameters(built).total > count_parameters(tied).total
+    text = panel.count.text()
+    assert f"{count_parameters(built).total:,}" in text
+    assert "LM head of its own" in text
+    store.edit(dataclasses.replace(on_stack("hf-trainer"), model=tied))
+    text = panel.count.text()
+    assert f"{count_parameters(tied).total:,}" in text
+    assert "LitGPT" not in text

@@ -161,7 +161,7 @@ def test_every_toggle_adds_a_ghost_and_applies(window: MainWindow, whatif: str) 
     if whatif == "flash-attention":  # only when the kernel is not already flash
         combo = window.training_panel.rows["training.attention"].widget
         combo.setCurrentIndex(combo.findData("eager"))
-    if whatif == "release-outputs":  # only where the loop holds the outputs: Lightning's
+    if whatif in ("release-outputs", "release-previous-step"):  # only where Lightning's loop
         combo = window.training_panel.rows["training.stack"].widget
         combo.setCurrentIndex(combo.findData("lightning"))
     button = window.whatif.buttons[whatif]
