@@ -5,7 +5,7 @@ A map of the package (no module here imports Qt):
 * :mod:`engine.specs` -- the frozen, validated inputs: ``ModelSpec``, ``GpuSpec``,
   ``HardwareSpec``, ``TrainingSpec`` and ``Scenario``;
 * :mod:`engine.errors` -- ``EstimateError``, the one error for bad input;
-* :mod:`engine.presets` -- model and GPU presets from ``resources/``;
+* :mod:`engine.presets` -- model and GPU presets from ``engine/data/``;
 * :mod:`engine.hf_config` -- Hugging Face ``config.json`` to ``ModelSpec``;
 * :mod:`engine.params` -- every parameter tensor, exact counts by component;
 * :mod:`engine.model_state` -- weights, gradients and optimizer states per tensor;

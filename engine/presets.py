@@ -1,4 +1,6 @@
-"""Model and GPU presets: one JSON file per preset under ``resources/``.
+"""Model and GPU presets: one JSON file per preset, shipped inside the package as
+``engine/data/models/NAME.json`` and ``engine/data/gpus/NAME.json`` and read through
+:mod:`importlib.resources` (so an installed wheel or a frozen bundle finds them too).
 
 A preset file's name is its ``name`` key; it is parsed into the dataclass strictly, so an
 unknown key or a bad value fails loudly with the file and the field named.
@@ -14,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from functools import lru_cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,15 +28,18 @@ from engine.specs import GpuSpec, ModelSpec
 T = TypeVar("T", ModelSpec, GpuSpec)
 
 
-def resources_dir() -> Path:
-    """The ``resources`` folder: ``$MEMFIT_RESOURCES``, a frozen bundle's, or the source tree's."""
+def resources_dir() -> Traversable:
+    """The folder of the presets and stacks (``models/``, ``gpus/``, ``stacks/``):
+    ``$MEMFIT_RESOURCES`` when it is set, else the package's own ``engine/data``.
+
+    The package data is found with :func:`importlib.resources.files`: a plain folder for an
+    installed package, a source checkout or a frozen bundle, but possibly not one on disk
+    (a zip import), so read it with ``/``, ``iterdir()`` and ``read_text()`` only.
+    """
     override = os.environ.get("MEMFIT_RESOURCES")
     if override:
         return Path(override)
-    bundle = getattr(sys, "_MEIPASS", None)
-    if bundle:
-        return Path(bundle) / "resources"
-    return Path(__file__).resolve().parent.parent / "resources"
+    return files("engine") / "data"
 
 
 def build_strict(cls: type[T], data: Any, section: str) -> T:
@@ -53,7 +59,11 @@ def build_strict(cls: type[T], data: Any, section: str) -> T:
 
 def _names(kind: str) -> tuple[str, ...]:
     folder = resources_dir() / kind
-    return tuple(sorted(p.stem for p in folder.glob("*.json")))
+    if not folder.is_dir():
+        return ()
+    return tuple(
+        sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    )
 
 
 @lru_cache(maxsize=1)

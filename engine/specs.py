@@ -1,7 +1,7 @@
 """What a scenario is made of: frozen, validated value objects.
 
-* :class:`ModelSpec` -- the architecture (one preset file in ``resources/models`` each);
-* :class:`GpuSpec` -- one device model (one preset file in ``resources/gpus`` each);
+* :class:`ModelSpec` -- the architecture (one preset file in ``engine/data/models`` each);
+* :class:`GpuSpec` -- one device model (one preset file in ``engine/data/gpus`` each);
 * :class:`HardwareSpec` -- a GPU, how many of them, and an optional memory override;
 * :class:`TrainingSpec` -- method, precision, optimizer, shapes, and their sub-sections
   (:class:`LoraSpec`, :class:`QuantSpec`, :class:`FreezeSpec`, :class:`ParallelismSpec`,
@@ -88,7 +88,7 @@ ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
 #: loops); chunked-output: the LM head and an fp32 cross-entropy per chunk of the sequence,
 #: every chunk's logits kept (torchtune's ``CEWithChunkedOutputLoss``)
 LOSSES = ("standard", "chunked", "no-upcast", "chunked-output")
-#: the training stacks, one ``resources/stacks/NAME.json`` each (see :mod:`engine.stacks`)
+#: the training stacks, one ``engine/data/stacks/NAME.json`` each (see :mod:`engine.stacks`)
 STACKS = (
     "hf-trainer",
     "trl-sft",
@@ -420,7 +420,7 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
-    """One accelerator model, as a preset in ``resources/gpus``.
+    """One accelerator model, as a preset in ``engine/data/gpus``.
 
     ``memory_mib`` is the total that the vendor's tool reports (``nvidia-smi``,
     ``rocm-smi``, ``hl-smi``), not the marketing number: an "80 GB" H100 SXM reports

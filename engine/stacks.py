@@ -14,7 +14,7 @@ names (each read from the stack's source; the file and version are in its JSON):
 * what **selective checkpointing** means (Korthikanti's attention core, or torchtitan's
   per-op policy), and the loss and optimizer implementation a stack's recipes use.
 
-A stack is data, ``resources/stacks/NAME.json``::
+A stack is data, ``engine/data/stacks/NAME.json`` (see :func:`engine.presets.resources_dir`)::
 
     {"memfit_stack": 1, "name": "lightning", "label": "...", "description": "...",
      "source": "file and version the conventions were read from",

@@ -51,10 +51,10 @@ from PySide6.QtWidgets import (
 from engine.errors import EstimateError
 from engine.estimate import GIB, Estimate
 from engine.files import write_text
-from engine.presets import resources_dir
 from engine.report import to_csv, to_json, to_markdown
 from engine.scenario_io import load_scenario, save_scenario
 from engine.specs import Scenario
+from gui.assets import icon_path
 from gui.chart import BreakdownChart, Ghost, rich_text
 from gui.chart_export import chart_image, export_png, export_svg
 from gui.forms import FormPanel
@@ -92,7 +92,7 @@ Button = QMessageBox.StandardButton
 
 
 def app_icon() -> QIcon:
-    return QIcon(str(resources_dir() / "icons" / "memfit.svg"))
+    return QIcon(str(icon_path("memfit.svg")))
 
 
 def message_box(

@@ -25,13 +25,13 @@ while [ $# -gt 0 ]; do
 done
 
 # the files, from a source checkout (packaging/) or from a bundle (its top folder)
-if [ -f "$here/../resources/icons/memfit.svg" ]; then
-  icons="$here/../resources/icons"
-elif [ -f "$here/_internal/resources/icons/memfit.svg" ]; then
-  icons="$here/_internal/resources/icons"
+if [ -f "$here/../gui/icons/memfit.svg" ]; then
+  icons="$here/../gui/icons"
+elif [ -f "$here/_internal/gui/icons/memfit.svg" ]; then
+  icons="$here/_internal/gui/icons"
   [ -n "$EXEC" ] || { [ -x "$here/memfit" ] && EXEC="$here/memfit"; }
 else
-  echo "install-desktop.sh: cannot find resources/icons next to $here" >&2
+  echo "install-desktop.sh: cannot find gui/icons next to $here" >&2
   exit 2
 fi
 desktop_file="$here/memfit.desktop"

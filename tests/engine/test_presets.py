@@ -69,8 +69,11 @@ def test_at_least_20_gpus_with_design_names() -> None:
 
 @pytest.mark.parametrize("kind", ["models", "gpus"])
 def test_file_name_is_name_key(kind: str) -> None:
-    for path in (resources_dir() / kind).glob("*.json"):
-        assert json.loads(path.read_text())["name"] == path.stem
+    files = [p for p in (resources_dir() / kind).iterdir() if p.name.endswith(".json")]
+    assert files
+    for path in files:
+        name = path.name.removesuffix(".json")
+        assert json.loads(path.read_text(encoding="utf-8"))["name"] == name
 
 
 def test_gpu_memory_is_what_the_tool_reports_not_marketing() -> None:
@@ -83,7 +86,7 @@ def test_gpu_memory_is_what_the_tool_reports_not_marketing() -> None:
 
 
 def test_unknown_key_fails_loudly() -> None:
-    data = json.loads((resources_dir() / "gpus" / "l4.json").read_text())
+    data = json.loads((resources_dir() / "gpus" / "l4.json").read_text(encoding="utf-8"))
     data["memory_gb"] = 24
     with pytest.raises(EstimateError, match=r"gpu\.memory_gb: unknown key"):
         build_strict(GpuSpec, data, "gpu")

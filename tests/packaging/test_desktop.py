@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "packaging"))
 import render_icons  # noqa: E402
 
-ICONS = ROOT / "resources" / "icons"
+ICONS = ROOT / "gui" / "icons"
 DESKTOP = ROOT / "packaging" / "memfit.desktop"
 INSTALL = ROOT / "packaging" / "install-desktop.sh"
 
@@ -150,7 +150,7 @@ def test_install_desktop_from_source_and_uninstall(tmp_path: Path) -> None:
 
 def test_install_desktop_from_a_bundle_starts_that_bundle(tmp_path: Path) -> None:
     bundle = tmp_path / "my apps" / "memfit"  # a space, to see the Exec line quoted
-    shutil.copytree(ICONS, bundle / "_internal" / "resources" / "icons")
+    shutil.copytree(ICONS, bundle / "_internal" / "gui" / "icons")
     shutil.copy(INSTALL, bundle)
     shutil.copy(DESKTOP, bundle)
     program = bundle / "memfit"
