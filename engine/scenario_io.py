@@ -7,7 +7,8 @@ The file is a versioned JSON object (``"memfit_scenario": 1``) with ``model``,
 * ``{"spec": {...}}`` -- MemFit's own :class:`~engine.specs.ModelSpec` fields, strict
   (what the app writes once a preset's architecture has been edited);
 * Hugging Face ``config.json`` keys as they are (``num_hidden_layers``, ...); keys the
-  estimate does not need are ignored.
+  estimate does not need are ignored. Beside them, ``"read_as": "llama"`` reads a family
+  without a reader of its own as a look-alike (:func:`engine.hf_config.model_from_hf_config`).
 
 Unknown keys in MemFit's own sections are errors naming the key. Reading never evaluates
 code. Saving writes a temporary file beside the target and renames it over the target, so
@@ -113,8 +114,12 @@ def model_from_dict(data: Any) -> ModelSpec:
         if extra:
             raise EstimateError(f"model.{_key(extra[0])}", "unknown key beside 'spec'")
         return build_strict(ModelSpec, data["spec"], "model.spec")
-    name = data.get("name")
-    return model_from_hf_config(data, name=None if name is None else check_text("model.name", name))
+    name, read_as = data.get("name"), data.get("read_as")
+    return model_from_hf_config(
+        data,
+        name=None if name is None else check_text("model.name", name),
+        read_as=None if read_as is None else check_text("model.read_as", read_as),
+    )
 
 
 def hardware_from_dict(data: Any) -> HardwareSpec:

@@ -305,6 +305,13 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     source: str = ""
+    #: the family (a ``model_type`` of :mod:`engine.hf_config`) whose reader read this
+    #: model's config in place of its own ``family``'s, as the user asked: a look-alike,
+    #: counted as that family's architecture. Empty: read as itself
+    read_as: str = ""
+    #: the multimodal ``model_type`` this is the text model of (``llava``, ``gemma3``, ...);
+    #: its vision tower and projector are not counted. Empty: a text model of its own
+    text_model_of: str = ""
     #: a per-rank view under expert parallelism: the routed experts are split over this
     #: many ranks (each holds ``num_experts / expert_shards``; the router still scores
     #: every expert). 1 for a whole model; set by the engine, not by presets.
