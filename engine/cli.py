@@ -28,7 +28,14 @@ from engine.estimate import GIB, Estimate, estimate
 from engine.files import read_json, write_text
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
-from engine.report import conventions_text, mesh_text, peak_phase, shows_host, shows_ranks
+from engine.report import (
+    conventions_text,
+    mesh_text,
+    model_reading,
+    peak_phase,
+    shows_host,
+    shows_ranks,
+)
 from engine.scenario_io import save_scenario, scenario_from_dict, scenario_to_dict
 from engine.solve import (
     SERVER_GPUS,
@@ -158,6 +165,13 @@ def build_scenario_dict(args: argparse.Namespace) -> dict[str, Any]:
         data["model"] = {"preset": args.model}
     if args.model_config:
         data["model"] = read_json(args.model_config, "model")
+    if args.read_as:
+        model = data.get("model")
+        if not isinstance(model, dict) or "preset" in model or "spec" in model:
+            raise EstimateError(
+                "--read-as", "reads a Hugging Face config: give one with --model-config FILE"
+            )
+        model["read_as"] = args.read_as
     if args.gpu:
         data.setdefault("hardware", {})
         if not isinstance(data["hardware"], dict):
@@ -204,6 +218,8 @@ def format_table(est: Estimate) -> str:
         f" ({share:.3g} %)",
         f"Bytes/param  {est.bytes_per_param_formula}",
     ]
+    if model_reading(s.model):
+        lines.insert(4, f"Model        {model_reading(s.model)}")
     if est.bytes_per_frozen_param:
         lines.append(
             f"             frozen weights: {est.bytes_per_frozen_param:.4g} B per parameter"
@@ -312,6 +328,11 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model and hardware")
     m.add_argument("--model", metavar="PRESET", help="model preset (memfit presets models)")
     m.add_argument("--model-config", metavar="FILE", help="a Hugging Face config.json")
+    m.add_argument(
+        "--read-as",
+        metavar="TYPE",
+        help="read the config as this model_type, for a look-alike family without a reader",
+    )
     m.add_argument("--gpu", metavar="PRESET", help="GPU preset (memfit presets gpus)")
     m.add_argument("--gpus-per-node", type=int)
     m.add_argument("--nodes", type=int)

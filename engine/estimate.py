@@ -272,6 +272,11 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
         )
     if p.pp > 1 and p.pp_schedule == "zero-bubble":
         notes.append("zero-bubble schedules other than ZB-H1 (ZB-H2/ZB-V hold about twice)")
+    if scenario.model.text_model_of:
+        notes.append(
+            f"the vision tower and projector of {scenario.model.text_model_of} (only its "
+            "text model is counted)"
+        )
     return tuple(notes)
 
 

@@ -25,6 +25,7 @@ import io
 import json
 
 from engine.estimate import GIB, Estimate, RankGroup
+from engine.specs import ModelSpec
 
 COLUMNS = ("category", "item", "bytes", "gib", "formula", "source")
 Row = dict[str, str | int]
@@ -122,6 +123,19 @@ def host_rows(est: Estimate) -> list[Row]:
     return out
 
 
+def model_reading(model: ModelSpec) -> str:
+    """How the model's config was read, where not plainly as its own family: the
+    look-alike family it was read as, the multimodal model it is the text model of. Empty
+    for every other model."""
+    parts = []
+    if model.read_as:
+        of = "a config without model_type" if model.family == "unnamed" else model.family
+        parts.append(f"read as {model.read_as} (look-alike of {of})")
+    if model.text_model_of:
+        parts.append(f"the text model of {model.text_model_of} (its vision tower is not counted)")
+    return "; ".join(parts)
+
+
 def conventions_text(est: Estimate) -> str:
     """The training stack and every convention the estimate used, on one line; "(set)"
     marks the ones the scenario sets itself, the rest are the stack's."""
@@ -194,6 +208,8 @@ def to_markdown(est: Estimate) -> str:
     for r in total_rows(est):
         lines.append(f"| **{r['item']}** | | **{r['gib']}** | |")
     lines += ["", f"Verdict: **{est.verdict}**. GiB = 2^30 bytes."]
+    if model_reading(s.model):
+        lines.append(f"Model {model_reading(s.model)}.")
     lines.append(f"Training stack {conventions_text(est)}.")
     if est.not_modelled:
         lines.append("Not yet modelled: " + "; ".join(est.not_modelled) + ".")
