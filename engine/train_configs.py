@@ -1200,7 +1200,7 @@ def _deepspeed_reference(out: _Out, value: Any, key: str) -> None:
     # only a config read from a file names files: text given as such has no folder
     if out.base is not None and target.is_file():
         data = _parse(read_text(target, key, MAX_CONFIG_BYTES), target.name, target.suffix.lower())
-        _deepspeed(out, _Reader(data, f"{key} ({target.name}): ", out), key)
+        _deepspeed(out, _Reader(data, f"{key}[{target.name}].", out), key)
         return
     out.set("parallelism.framework", "deepspeed", key)
     match = _ZERO_NAME.search(Path(path).name)
