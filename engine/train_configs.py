@@ -387,7 +387,6 @@ _SECTIONS: dict[str, type[Any]] = {
     "parallelism": ParallelismSpec,
     "offload": OffloadSpec,
 }
-_HARDWARE_FIELDS = ("gpus_per_node", "nodes")
 
 
 class _Out:
@@ -1062,14 +1061,17 @@ def _deepspeed(out: _Out, ds: _Reader, key: str) -> None:
     """A DeepSpeed config (a file of its own, or the dict a Trainer or accelerate holds)."""
     out.set("parallelism.framework", "deepspeed", key)
     zero = ds.section("zero_optimization")
+    value = zero.raw("stage") if zero is not None else None
     stage = 0
+    if _auto(value):
+        out.note(f'{ds.key("zero_optimization.stage")} is "auto": the launcher sets the stage')
+    elif value is not None:
+        out.set("parallelism.zero_stage", value, ds.key("zero_optimization.stage"))
+        stage = value
+    else:
+        out.set("parallelism.zero_stage", 0, ds.key("zero_optimization.stage"))
+        out.note(f"{ds.key('zero_optimization.stage')} not set: DeepSpeed's default, stage 0")
     if zero is not None:
-        value = zero.raw("stage")
-        if _auto(value):
-            out.note(f'{zero.key("stage")} is "auto": the ZeRO stage is left to the launcher')
-        elif value is not None:
-            out.set("parallelism.zero_stage", value, zero.key("stage"))
-            stage = value
         for section, target in (
             ("offload_optimizer", "offload.optimizer"),
             ("offload_param", "offload.parameters"),
@@ -1265,6 +1267,17 @@ _AXOLOTL_QUIET = frozenset(
 )  # fmt: skip
 
 
+_LIGER = "Liger's fused kernels are not modelled (the unfused activations are counted)"
+_LIGER_KERNELS = (
+    "liger_rope",
+    "liger_rms_norm",
+    "liger_glu_activation",
+    "liger_layer_norm",
+    "liger_swiglu",
+    "liger_cross_entropy",
+)
+
+
 def _axolotl(r: _Reader) -> None:
     out = r.out
     out.set("stack", "axolotl", "(format)")
@@ -1330,26 +1343,7 @@ def _axolotl(r: _Reader) -> None:
         ("reward_model", "reward-model training is not modelled"),
         ("relora_steps", "ReLoRA is not modelled"),
         ("s2_attention", "shifted sparse attention is not modelled"),
-        (
-            "liger_rope",
-            "Liger's fused kernels are not modelled (the unfused activations are counted)",
-        ),
-        (
-            "liger_rms_norm",
-            "Liger's fused kernels are not modelled (the unfused activations are counted)",
-        ),
-        (
-            "liger_glu_activation",
-            "Liger's fused kernels are not modelled (the unfused activations are counted)",
-        ),
-        (
-            "liger_layer_norm",
-            "Liger's fused kernels are not modelled (the unfused activations are counted)",
-        ),
-        (
-            "liger_swiglu",
-            "Liger's fused kernels are not modelled (the unfused activations are counted)",
-        ),
+        *((name, _LIGER) for name in _LIGER_KERNELS),
         (
             "chunked_cross_entropy",
             "Axolotl's chunked cross-entropy is not modelled; the stack's loss is used",
@@ -1539,7 +1533,7 @@ _HF_QUIET = frozenset(
         "logging_strategy", "logging_first_step", "logging_steps", "logging_nan_inf_filter",
         "save_strategy", "save_steps", "save_total_limit", "save_safetensors",
         "save_on_each_node", "save_only_model", "restore_callback_states_from_checkpoint",
-        "no_cuda", "use_mps_device", "seed", "data_seed", "jit_mode_eval", "use_ipex",
+        "use_mps_device", "seed", "data_seed", "jit_mode_eval", "use_ipex",
         "fp16_opt_level", "half_precision_backend", "fp16_backend", "bf16_full_eval",
         "fp16_full_eval", "tf32", "local_rank", "ddp_backend", "tpu_num_cores",
         "tpu_metrics_debug", "debug", "dataloader_drop_last", "eval_steps",
@@ -1560,7 +1554,6 @@ _HF_QUIET = frozenset(
         "include_num_input_tokens_seen", "batch_eval_metrics", "eval_on_start",
         "eval_use_gather_object", "average_tokens_across_devices", "liger_kernel_config",
         "dispatch_batches", "split_batches", "project", "trackio_space_id",
-        "use_cpu",
         # TRL
         "dataset_text_field", "dataset_kwargs", "dataset_num_proc", "dataset_batch_size",
         "eos_token", "pad_token", "truncation_mode", "shuffle_dataset", "pad_to_multiple_of",
@@ -1577,6 +1570,9 @@ _DTYPES = ("bfloat16", "float16", "float32", "auto", "bf16", "fp16", "fp32")
 
 def _training_arguments(r: _Reader) -> None:
     out = r.out
+    for key in ("use_cpu", "no_cuda"):
+        if r.boolean(key):
+            raise EstimateError(key, "training on the CPU is not modelled")
     trl = any(k in r.data for k in _TRL_KEYS)
     out.set("stack", "trl-sft" if trl else "hf-trainer", "(format)")
     if trl:
@@ -1693,6 +1689,16 @@ def _training_arguments(r: _Reader) -> None:
     r.rest(_HF_QUIET)
 
 
+_PEFT_KEYS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "bnb_4bit_quant_type",
+    "use_bnb_nested_quant",
+)
+
+
 def _hf_method(r: _Reader) -> None:
     """PEFT as TRL's ModelConfig says it (``use_peft``, ``lora_*``, ``load_in_4bit``); a
     plain TrainingArguments file does not say, and the scenario's method is kept."""
@@ -1702,7 +1708,7 @@ def _hf_method(r: _Reader) -> None:
     if peft is None:
         lora_keys = [k for k in ("lora_r", "lora_alpha", "lora_target_modules") if r.has(k)]
         if lora_keys:
-            r.seen.update(("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"))
+            r.seen.update(_PEFT_KEYS)
             out.ignore(", ".join(lora_keys), "use_peft is not set, so no adapter is trained")
         out.note(
             "the file does not say whether a PEFT adapter is trained: the scenario's method is kept"
@@ -1714,7 +1720,7 @@ def _hf_method(r: _Reader) -> None:
         return
     if not peft:
         out.set("method", "full", "use_peft")
-        for key in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"):
+        for key in _PEFT_KEYS:
             r.raw(key)
         return
     out.set("method", "qlora" if four else "lora", "load_in_4bit" if four else "use_peft")

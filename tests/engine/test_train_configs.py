@@ -507,6 +507,23 @@ def test_fsdp_strategies_are_zero_stages(config: dict[str, Any], stage: int, hyb
     assert par.get("hybrid_shard", False) is hybrid
 
 
+def test_what_a_tool_does_when_a_key_is_absent_is_said() -> None:
+    ds = import_training_config(text='{"train_micro_batch_size_per_gpu": 2}', fmt="deepspeed")
+    assert ds.training["parallelism"] == {"framework": "deepspeed", "zero_stage": 0}
+    assert "zero_optimization.stage not set: DeepSpeed's default, stage 0" in ds.notes
+    # YAML reads a bare no as false: accelerate's "no" mixed precision all the same
+    bare = import_training_config(text="distributed_type: MULTI_GPU\nmixed_precision: no\n")
+    assert bare.training == {
+        "precision": "fp32",
+        "parallelism": {"framework": "pytorch", "zero_stage": 0},
+    }
+    trl = import_training_config(FIXTURES / "trl-sft-qwen-qlora.yaml")
+    assert not any("use_bnb_nested_quant" in n for n in trl.notes)
+    plain = import_training_config(text='{"per_device_train_batch_size": 1, "lora_r": 8}')
+    assert plain.ignored == ("lora_r: use_peft is not set, so no adapter is trained",)
+    assert "method" not in plain.training
+
+
 def test_yaml_anchors_and_merge_keys_still_work() -> None:
     text = (
         "defaults: &d\n  micro_batch_size: 2\n  max_seq_length: 1024\n"
@@ -678,6 +695,7 @@ def test_a_config_that_is_not_a_mapping_is_refused(text: str, words: str) -> Non
         ("base_model: x\nbf16: true\nfp16: true\n", "fp16: bf16 and fp16 are both on"),
         ("base_model: x\nfloat16: true\n", "float16: pure fp16 training"),
         ("distributed_type: TPU\n", "distributed_type: got 'TPU': only GPU training is modelled"),
+        ('{"per_device_train_batch_size": 1, "use_cpu": true}', "use_cpu: training on the CPU"),
         (
             "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: EVERYTHING\n",
             "fsdp_config.fsdp_sharding_strategy: got 'EVERYTHING'",
