@@ -35,9 +35,10 @@ reads but cannot model (``ignored``, each with its reason) and the assumptions t
 (``notes``). :func:`apply` merges it into a scenario-file dict.
 
 Reading is bounded like every other file MemFit reads: a regular file of at most
-:data:`MAX_CONFIG_BYTES`, UTF-8; YAML through ``yaml.SafeLoader`` (no tags that build
-Python objects) with nesting and the node count -- every alias expanded -- capped, so a
-"billion laughs" document is refused before it is built. Every problem is an
+:data:`MAX_CONFIG_BYTES`, UTF-8. YAML is first walked as the parser's events, counting
+its nodes with every alias expanded and its nesting, and refused at the first excess
+(a "billion laughs" document never gets built); what passes is read by
+``yaml.safe_load`` (no tags that build Python objects). Every problem is an
 :class:`~engine.errors.EstimateError` naming the file's own key (``lora_r``,
 ``train.micro_batch_size``, ``zero_optimization.stage``) and the values it accepts.
 """
@@ -72,11 +73,11 @@ from engine.stacks import DEFAULTS as STACK_DEFAULT_FIELDS
 #: the formats :func:`import_training_config` reads
 FORMATS = ("axolotl", "training-arguments", "litgpt", "torchtune", "deepspeed", "accelerate")
 #: the largest training config read: real ones are a few KiB
-MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_BYTES = 256 << 10
 #: the deepest nesting of mappings and lists a YAML config may have
 MAX_DEPTH = 32
 #: the most YAML nodes (scalars, lists, mappings) a config may expand to, aliases included
-MAX_NODES = 100_000
+MAX_NODES = 10_000
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 _FIELD = "training config"
@@ -124,62 +125,68 @@ class _Refused(yaml.YAMLError):  # type: ignore[misc]
         super().__init__(what + where)
 
 
-class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]
-    """``yaml.SafeLoader`` whose documents stay small whatever the text: the composer
-    counts every node with aliases expanded (an alias counts as its whole target) and
-    the nesting depth, and refuses a document over :data:`MAX_NODES` or
-    :data:`MAX_DEPTH` -- or an alias inside its own target -- before anything is built."""
+#: the fastest parser PyYAML has (libyaml's, when built with it); only its events are used
+_EVENTS_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        #: id(node) -> (expanded node count, expanded depth) of each finished node
-        self._shape: dict[int, tuple[int, int]] = {}
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            target = self.anchors.get(event.anchor)
-            if target is not None and id(target) not in self._shape:
+def _check_shape(text: str) -> None:
+    """Refuse a YAML document before it is built when it expands to more than
+    :data:`MAX_NODES` nodes or nests deeper than :data:`MAX_DEPTH` lists and mappings --
+    every alias counted as its whole target -- or when an alias sits inside its own target.
+    Reads the parser's events only, and stops at the first excess."""
+    #: per open list or mapping: [expanded nodes, deepest nesting below it], its anchor
+    open_: list[list[int]] = []
+    anchors_open: list[str | None] = []
+    shapes: dict[str, tuple[int, int]] = {}
+    total = 0
+
+    def add(size: int, depth: int, mark: Any) -> None:
+        nonlocal total
+        total += size
+        if total > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values with its aliases", mark)
+        if len(open_) + depth > MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", mark)
+        if open_:
+            open_[-1][0] += size
+            open_[-1][1] = max(open_[-1][1], depth)
+
+    for event in yaml.parse(text, Loader=_EVENTS_LOADER):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            add(1, 1, event.start_mark)
+            open_.append([1, 0])
+            anchors_open.append(event.anchor)
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            size, below = open_.pop()
+            anchor = anchors_open.pop()
+            if anchor is not None:
+                shapes[anchor] = (size, below + 1)
+            if open_:  # the node itself was counted when it opened: add what it holds
+                open_[-1][0] += size - 1
+                open_[-1][1] = max(open_[-1][1], below + 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            add(1, 0, event.start_mark)
+            if event.anchor is not None:
+                shapes[event.anchor] = (1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor in anchors_open:
                 raise _Refused(f"a recursive alias (*{event.anchor})", event.start_mark)
-            return super().compose_node(parent, index)
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        else:
-            children = []
-        shapes = [self._shape[id(c)] for c in children]
-        size = 1 + sum(s for s, _ in shapes)
-        depth = 1 + max((d for _, d in shapes), default=0)
-        if size > MAX_NODES:
-            raise _Refused(f"more than {MAX_NODES:,} values with its aliases", node.start_mark)
-        if depth > MAX_DEPTH:
-            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", node.start_mark)
-        self._shape[id(node)] = (size, depth)
-        return node
+            shape = shapes.get(event.anchor)
+            if shape is not None:  # an undefined alias is the loader's error to report
+                add(shape[0], shape[1], event.start_mark)
 
 
 def _parse_yaml(text: str, name: str) -> Any:
-    loader: _BoundedLoader | None = None
     try:
-        loader = _BoundedLoader(text)  # the reader refuses unprintable characters here
-        return loader.get_single_data()
+        _check_shape(text)
+        return yaml.safe_load(text)
     except _Refused as exc:
         raise EstimateError(_FIELD, f"{name} is refused: {exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise EstimateError(
-            _FIELD, f"{name} is not valid YAML ({where}{exc.problem or exc})"
-        ) from None
+        reason = " ".join(str(exc.problem or exc).split())
+        raise EstimateError(_FIELD, f"{name} is not valid YAML ({where}{reason})") from None
     except yaml.YAMLError as exc:  # the reader's: an unprintable character
         reason = " ".join(str(exc).split())
         raise EstimateError(_FIELD, f"{name} is not valid YAML ({reason})") from None
@@ -187,9 +194,6 @@ def _parse_yaml(text: str, name: str) -> Any:
         raise EstimateError(_FIELD, f"{name} is nested too deeply to be a config") from None
     except ValueError as exc:  # an integer of more than 4,300 digits, a bad date
         raise EstimateError(_FIELD, f"{name} is not valid YAML ({exc})") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
 
 
 def _parse(text: str, name: str, suffix: str) -> dict[str, Any]:

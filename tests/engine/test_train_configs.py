@@ -19,6 +19,7 @@ from engine.train_configs import (
     FORMATS,
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
+    MAX_NODES,
     ImportedConfig,
     apply,
     detect_format,
@@ -763,13 +764,38 @@ def test_a_10_mb_file_of_junk_is_refused_before_it_is_read(tmp_path: Path) -> No
     _refused("are refused", text="é" * (MAX_CONFIG_BYTES // 2 + 1))  # counted in UTF-8 bytes
 
 
+def test_without_libyaml_the_same_checks_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    import engine.train_configs as tc
+
+    monkeypatch.setattr(tc, "_EVENTS_LOADER", yaml.SafeLoader)
+    imported = import_training_config(FIXTURES / "torchtune-llama3_1-8b-qlora-single-device.yaml")
+    assert imported.training == EXPECTED["torchtune-llama3_1-8b-qlora-single-device.yaml"][3]
+    _refused("a recursive alias", text="a: &a [*a]\n")
+    _refused("nested deeper than", text="a: " + "[" * 5000 + "]" * 5000 + "\n")
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    _refused("more than", text="\n".join(levels))
+
+
+def test_a_large_config_within_the_caps_is_read_quickly() -> None:
+    keys = (MAX_NODES - 10) // 2
+    text = "base_model: x/y\n" + "".join(f"extra_{n}: {n}\n" for n in range(keys))
+    start = time.perf_counter()
+    imported = import_training_config(text=text)
+    assert time.perf_counter() - start < 5.0
+    assert len(imported.ignored) == keys
+
+
 def test_a_yaml_bomb_is_refused_before_it_is_built() -> None:
     levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     for i in range(1, 10):
         prev = f"*a{i - 1}"
         levels.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
     _refused(
-        r"the text is refused: more than 100,000 values with its aliases", text="\n".join(levels)
+        f"the text is refused: more than {MAX_NODES:,} values with its aliases",
+        text="\n".join(levels),
     )
 
 
@@ -786,7 +812,7 @@ def test_a_yaml_bomb_is_refused_before_it_is_built() -> None:
             "nested deeper",
         ),
         ("base_model: *nowhere\n", "not valid YAML"),
-        ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested too deeply"),
+        ('{"a": ' * 30_000 + "1" + "}" * 30_000, "nested too deeply"),
     ],
 )
 def test_recursive_aliases_and_deep_nesting_are_refused(text: str, words: str) -> None:
