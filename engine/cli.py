@@ -21,11 +21,14 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from engine.checkpoint import compare, model_from_folder
 from engine.errors import EstimateError, shown
 from engine.estimate import GIB, Estimate, estimate
 from engine.files import read_json, write_text
+from engine.hub_cache import cache_root, find_model, scan_cache
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
 from engine.report import (
@@ -63,6 +66,8 @@ from engine.specs import (
 )
 from engine.steptime import StepTime
 from engine.sweep import best, describe, points_csv, sweep
+from engine.train_configs import apply as apply_training_config
+from engine.train_configs import import_training_config
 
 EXIT_USAGE = 2
 
@@ -151,8 +156,55 @@ def _parse_set(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def build_scenario_dict(args: argparse.Namespace) -> dict[str, Any]:
-    """The scenario as a dict: the file (if any), then each flag given, then ``--set``."""
+def model_section(name: str) -> dict[str, Any]:
+    """``--model NAME``: a preset, a local model folder (its ``config.json``), or
+    ``org/name[@revision]`` in the local Hugging Face cache (:mod:`engine.hub_cache`;
+    nothing is downloaded)."""
+    if name in model_names():
+        return {"preset": name}
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return _config_of(folder, folder.resolve().name)
+    if "/" in name:
+        snapshot = find_model(name)
+        if not snapshot.has_config:
+            raise EstimateError("model", f"{name}: the cached snapshot has no config.json")
+        return _config_of(snapshot.path, snapshot.repo_id)
+    return {"preset": name}  # not a preset: load_model says which there are
+
+
+def _config_of(folder: Path, label: str) -> dict[str, Any]:
+    config = read_json(folder / "config.json", "model")
+    if not isinstance(config, dict):
+        raise EstimateError("model", f"{label}: config.json does not hold a JSON object")
+    return {**config, "_name_or_path": label}
+
+
+def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list[str]) -> None:
+    """``--from-config FILE`` merged into ``data`` (which has its model and hardware by now:
+    the file sets training and GPU-count fields; flags and ``--set`` still override it)."""
+    imported = import_training_config(path=args.from_config)
+    notes.append(f"{imported.format} configuration read from {Path(args.from_config).name}")
+    if "model" not in data:
+        if imported.model_preset:
+            data["model"] = {"preset": imported.model_preset}
+            notes.append(f"model: the preset {imported.model_preset} ({imported.model})")
+        elif imported.model:
+            raise EstimateError(
+                "model", f"the file names {imported.model!r}, not a preset: give --model NAME"
+            )
+    for key, flags in (("model", "--model NAME"), ("hardware", "--gpu NAME")):
+        if key not in data:
+            raise EstimateError(key, f"missing; give {flags} beside --from-config")
+    data.update(apply_training_config(data, imported))
+    notes += list(imported.notes)
+    notes += [f"not modelled: {item}" for item in imported.ignored]
+
+
+def build_scenario_dict(args: argparse.Namespace, notes: list[str] | None = None) -> dict[str, Any]:
+    """The scenario as a dict: the file (if any), the run's training configuration
+    (``--from-config``), then each flag given, then ``--set``; what the import assumed
+    and could not model goes to ``notes``."""
     data: dict[str, Any]
     if args.scenario:
         loaded = read_json(args.scenario)
@@ -162,7 +214,7 @@ def build_scenario_dict(args: argparse.Namespace) -> dict[str, Any]:
     else:
         data = {"memfit_scenario": 1}
     if args.model:
-        data["model"] = {"preset": args.model}
+        data["model"] = model_section(args.model)
     if args.model_config:
         data["model"] = read_json(args.model_config, "model")
     if args.read_as:
@@ -177,6 +229,8 @@ def build_scenario_dict(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(data["hardware"], dict):
             raise EstimateError("hardware", "expected an object")
         data["hardware"]["gpu"] = args.gpu
+    if args.from_config:
+        _import_training(args, data, notes if notes is not None else [])
     for flag, (path, convert) in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
@@ -323,10 +377,21 @@ def _host_lines(est: Estimate) -> list[str]:
 
 def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", metavar="FILE", help="a *.memfit.json scenario file")
+    p.add_argument(
+        "--from-config",
+        metavar="FILE",
+        help="the run's training configuration: Axolotl, TRL/transformers TrainingArguments, "
+        "LitGPT, torchtune, DeepSpeed or accelerate",
+    )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--save", metavar="FILE", help="also write the scenario to FILE")
     m = p.add_argument_group("model and hardware")
-    m.add_argument("--model", metavar="PRESET", help="model preset (memfit presets models)")
+    m.add_argument(
+        "--model",
+        metavar="NAME",
+        help="a model preset (memfit presets models), a local model folder, or org/name in "
+        "the local Hugging Face cache (memfit cache)",
+    )
     m.add_argument("--model-config", metavar="FILE", help="a Hugging Face config.json")
     m.add_argument(
         "--read-as",
@@ -417,7 +482,98 @@ def make_parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("presets", help="list model or GPU presets")
     pre.add_argument("kind", choices=("models", "gpus"))
     pre.add_argument("--json", action="store_true")
+    cache = sub.add_parser("cache", help="list the models of the local Hugging Face cache")
+    cache.add_argument("--root", metavar="DIR", help="the hub cache folder (default: as the hub)")
+    cache.add_argument("--json", action="store_true")
+    ckpt = sub.add_parser(
+        "checkpoint", help="a model folder's checkpoint: tensors, dtypes, parameters"
+    )
+    ckpt.add_argument("target", metavar="FOLDER|ORG/NAME", help="a model folder or a cached model")
+    ckpt.add_argument("--json", action="store_true")
     return parser
+
+
+def _cache(root: str | None, as_json: bool, out: TextIO) -> None:
+    where = Path(root).expanduser() if root else cache_root()
+    models = scan_cache(where)
+    rows = [
+        {
+            "repo_id": m.repo_id,
+            "revisions": [
+                {"commit": s.commit, "refs": list(s.refs), "has_config": s.has_config}
+                for s in m.revisions
+            ],
+            "size_on_disk_bytes": m.size_on_disk,
+            "warnings": list(m.warnings),
+        }
+        for m in models
+    ]
+    if as_json:
+        json.dump({"cache": str(where), "models": rows}, out, indent=2)
+        out.write("\n")
+        return
+    print(printable(f"{len(rows)} models in {where}"), file=out)
+    for m in models:
+        newest = m.revisions[0] if m.revisions else None
+        rev = ", ".join(newest.refs) or newest.commit[:12] if newest else "no snapshot"
+        config = "" if m.has_config else "  (no config.json)"
+        print(
+            printable(f"  {m.repo_id:<48}{rev:<14}{m.size_on_disk / GIB:>9.2f} GiB{config}"),
+            file=out,
+        )
+
+
+def _checkpoint(target: str, as_json: bool, out: TextIO) -> None:
+    folder = Path(target).expanduser()
+    if not folder.is_dir():
+        folder = Path(find_model(target).path)
+    model, info = model_from_folder(folder)
+    c = compare(model, info)
+    quant = info.quantization
+    if as_json:
+        json.dump(
+            {
+                "folder": str(folder),
+                "model": model.label,
+                "files": len(info.files),
+                "tensors": info.tensor_count,
+                "total_bytes": info.total_bytes,
+                "by_dtype": {
+                    d.dtype: {"tensors": d.tensors, "elements": d.elements, "bytes": d.bytes}
+                    for d in info.by_dtype
+                },
+                "quantization": None if quant is None else quant.method,
+                "checkpoint_parameters": c.checkpoint_parameters,
+                "engine_parameters": c.engine_parameters,
+                "mismatch": c.mismatch,
+                "notes": list(c.notes) + list(info.warnings),
+            },
+            out,
+            indent=2,
+        )
+        out.write("\n")
+        return
+    lines = [
+        f"{model.label}: {len(info.files)} file(s), {info.tensor_count:,} tensors, "
+        f"{info.total_bytes / GIB:.2f} GiB (2^30 B)",
+        *(
+            f"  {d.dtype:<10}{d.tensors:>8,} tensors{d.elements:>18,} elements"
+            f"{d.bytes / GIB:>10.2f} GiB"
+            for d in info.by_dtype
+        ),
+    ]
+    if quant is not None:
+        lines.append(f"quantized: {quant.method}" + (f" ({quant.detail})" if quant.detail else ""))
+    lines.append(
+        f"parameters: checkpoint {c.checkpoint_parameters:,}, MemFit {c.engine_parameters:,}"
+    )
+    if c.mismatch:
+        lines.append(
+            f"MISMATCH: the checkpoint has {c.difference:+,} ({c.relative_difference:+.2%}) "
+            "parameters against MemFit's model"
+        )
+    lines += [*c.notes, *info.warnings]
+    print(printable("\n".join(lines)), file=out)
 
 
 def _presets(kind: str, as_json: bool, out: TextIO) -> None:
@@ -471,10 +627,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "presets":
             _presets(args.kind, args.json, out)
             return 0
+        if args.command == "cache":
+            _cache(args.root, args.json, out)
+            return 0
+        if args.command == "checkpoint":
+            _checkpoint(args.target, args.json, out)
+            return 0
         if args.command not in ("estimate", "fit", "sweep"):
             parser.print_help(out)
             return EXIT_USAGE
-        scenario = scenario_from_dict(build_scenario_dict(args))
+        notes: list[str] = []
+        scenario = scenario_from_dict(build_scenario_dict(args, notes))
+        for note in notes:
+            print(printable(f"memfit: note: {note}"), file=sys.stderr)
         if args.command in ("fit", "sweep"):
             return _plan(args, scenario, out)
         result = estimate(scenario)

@@ -1,0 +1,179 @@
+"""What a user brings, read into a scenario: one entry point for the app and the CLI.
+
+A user has a scenario file, a Hugging Face ``config.json``, a folder with a model's files
+(``config.json`` and its safetensors checkpoint), a model in the local Hugging Face cache,
+or the training configuration of their run (Axolotl, TRL/transformers, LitGPT, torchtune,
+DeepSpeed, accelerate). :func:`import_path` and :func:`import_text` tell which it is from
+what it holds and apply it to a base scenario:
+
+* a **scenario** replaces the base;
+* a **model** (``config.json``, a model folder, a cached model) replaces the base's model;
+  a folder's checkpoint headers give the checkpoint's parameter count beside the engine's
+  (:mod:`engine.checkpoint`), and a mismatch is said;
+* a **training configuration** fills the training (and hardware) fields it sets; the rest
+  keep the stack's defaults, and the keys MemFit cannot model are listed
+  (:mod:`engine.train_configs`).
+
+Nothing here touches the network. Every problem is an :class:`EstimateError` that names
+the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import EstimateError
+from engine.files import parse_json, read_text
+from engine.hf_config import model_from_hf_config
+from engine.params import count_parameters
+from engine.scenario_io import scenario_from_dict, scenario_to_dict
+from engine.specs import ModelSpec, Scenario
+
+#: what an import was
+KINDS = ("scenario", "model-config", "model-folder", "cached-model", "training-config")
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """An import applied: what it was, where from, the scenario it makes, and what the
+    user should read (assumptions taken, keys MemFit cannot model, a checkpoint whose
+    parameter count differs from the engine's)."""
+
+    kind: str
+    source: str
+    scenario: Scenario
+    messages: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return {
+            "scenario": "scenario",
+            "model-config": "model config",
+            "model-folder": "model folder",
+            "cached-model": "cached model",
+            "training-config": "training config",
+        }[self.kind]
+
+
+def _with_model(base: Scenario, model: ModelSpec) -> Scenario:
+    scenario = dataclasses.replace(base, model=model)
+    # the rank check of LoRA against the hidden size lives in Scenario: build it again
+    return scenario_from_dict(scenario_to_dict(scenario))
+
+
+def _model_messages(model: ModelSpec) -> list[str]:
+    total = count_parameters(model).total
+    out = [f"{model.label}: {total:,} parameters"]
+    note = getattr(model, "read_as", "")
+    if note:
+        out.append(f"read as {note}")
+    return out
+
+
+def _is_hf_config(data: Any) -> bool:
+    return isinstance(data, dict) and (
+        "model_type" in data or "text_config" in data or "architectures" in data
+    )
+
+
+def _is_scenario(data: Any) -> bool:
+    return isinstance(data, dict) and "memfit_scenario" in data
+
+
+def _from_data(data: Any, base: Scenario, source: str, text: str) -> Imported:
+    if _is_scenario(data):
+        return Imported("scenario", source, scenario_from_dict(data))
+    if _is_hf_config(data):
+        model = model_from_hf_config(data, name=data.get("_name_or_path") or None)
+        return Imported(
+            "model-config", source, _with_model(base, model), tuple(_model_messages(model))
+        )
+    return _training(base, source, text)
+
+
+def _training(base: Scenario, source: str, text: str, path: Path | None = None) -> Imported:
+    from engine.train_configs import apply, import_training_config
+
+    imported = import_training_config(path=path, text=text)
+    scenario = scenario_from_dict(apply(scenario_to_dict(base), imported, replace_model=True))
+    messages = [f"{imported.format} configuration: stack {scenario.training.stack}"]
+    if imported.model_preset:
+        messages.append(f"model: the preset {imported.model_preset} ({imported.model})")
+    elif imported.model:
+        try:  # a model id the local cache holds
+            scenario = import_cached(imported.model, scenario).scenario
+            messages.append(f"model: {imported.model} from the local Hugging Face cache")
+        except EstimateError:
+            messages.append(
+                f"the file names the model {imported.model!r}, not a preset and not in the "
+                "local cache: the model is left as it was"
+            )
+    messages += list(imported.notes)
+    messages += [f"not modelled: {item}" for item in imported.ignored]
+    return Imported("training-config", source, scenario, tuple(messages))
+
+
+def _folder(folder: Path, base: Scenario, kind: str = "model-folder") -> Imported:
+    from engine.checkpoint import compare, model_from_folder
+
+    model, info = model_from_folder(folder)
+    messages = _model_messages(model)
+    c = compare(model, info)
+    quant = f", {info.quantization.method}" if info.quantization else ""
+    shown = (
+        f"checkpoint: {c.checkpoint_parameters:,} parameters in {info.tensor_count:,} tensors"
+        f"{quant}, {info.total_bytes:,} bytes"
+    )
+    if c.mismatch:
+        shown += (
+            f" -- differs from the engine's {c.engine_parameters:,} by {c.difference:+,}"
+            f" ({c.relative_difference:+.2%})"
+        )
+    else:
+        shown += ": matches the engine's count"
+    messages += [shown, *c.notes, *info.warnings]
+    return Imported(kind, str(folder), _with_model(base, model), tuple(messages))
+
+
+def import_path(path: str | Path, base: Scenario) -> Imported:
+    """The file or folder ``path`` applied to ``base`` (see the module docstring)."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return _folder(p, base)
+        raise EstimateError("import", f"{p.name}: a folder without a config.json")
+    text = read_text(p, "import")
+    if p.suffix.lower() == ".json":
+        data = parse_json(text, "import", p.name)
+        if _is_scenario(data) or _is_hf_config(data):
+            return _from_data(data, base, str(p), text)
+    return _training(base, str(p), text, p)
+
+
+def import_text(text: str, base: Scenario, source: str = "pasted text") -> Imported:
+    """Pasted text applied to ``base``: a scenario or a ``config.json`` (JSON), or a
+    training configuration (JSON or YAML)."""
+    stripped = text.strip()
+    if not stripped:
+        raise EstimateError("import", "the text is empty")
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(stripped)
+        except ValueError:
+            data = None
+        if _is_scenario(data) or _is_hf_config(data):
+            return _from_data(data, base, source, stripped)
+    return _training(base, source, stripped)
+
+
+def import_cached(repo_id: str, base: Scenario, revision: str | None = None) -> Imported:
+    """A model of the local Hugging Face cache (``org/name``) applied to ``base``."""
+    from engine.hub_cache import find_model
+
+    snapshot = find_model(repo_id, revision)
+    imported = _folder(Path(snapshot.path), base, "cached-model")
+    return dataclasses.replace(imported, source=f"{repo_id}@{snapshot.commit[:12]}")
