@@ -30,9 +30,10 @@ Formats (:data:`FORMATS`) and the stack each implies:
   GPUs, nodes, precision and the FSDP / DeepSpeed / Megatron-LM split; no stack either.
 
 The result, :class:`ImportedConfig`, holds only what the file says: a partial
-``training`` section, a partial ``hardware`` section, the model it names, the keys MemFit
-reads but cannot model (``ignored``, each with its reason) and the assumptions taken
-(``notes``). :func:`apply` merges it into a scenario-file dict.
+``training`` section, a partial ``hardware`` section, the model it names, the keys present
+that MemFit does not model or does not read (``ignored``, each with its reason; keys with
+no effect on a step's memory, such as learning rates and paths, pass quietly) and the
+assumptions taken (``notes``). :func:`apply` merges it into a scenario-file dict.
 
 Reading is bounded like every other file MemFit reads: a regular file of at most
 :data:`MAX_CONFIG_BYTES`, UTF-8. YAML is first walked as the parser's events, counting
