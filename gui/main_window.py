@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon, QKeySequence
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -58,6 +66,8 @@ from gui.assets import icon_path
 from gui.chart import BreakdownChart, Ghost, rich_text
 from gui.chart_export import chart_image, export_png, export_svg
 from gui.forms import FormPanel
+from gui.importing import Importer
+from gui.importing import is_scenario_file as _is_scenario_file
 from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
 from gui.session import (
     MemorySettings,
@@ -194,6 +204,7 @@ class MainWindow(QMainWindow):
         self._theme = "system"
         self.setWindowIcon(app_icon())
         self.setMinimumSize(960, 600)
+        self.setAcceptDrops(True)
         self.create_widgets()
         self.create_actions()
         self.create_menus()
@@ -385,6 +396,7 @@ class MainWindow(QMainWindow):
         self.about_act = self._action("&About MemFit", self.about, None, "About MemFit")
 
     def create_menus(self) -> None:
+        self.importer = Importer(self)
         bar = self.menuBar()
         self.file_menu = file_menu = bar.addMenu("&File")
         file_menu.addActions([self.new_act, self.open_act])
@@ -392,11 +404,15 @@ class MainWindow(QMainWindow):
         file_menu.addMenu(self.recent_menu)
         file_menu.addActions([self.save_act, self.save_as_act])
         file_menu.addSeparator()
+        file_menu.addActions(self.importer.actions)
+        file_menu.addSeparator()
         file_menu.addActions([self.export_chart_act, self.export_data_act, self.copy_chart_act])
         file_menu.addSeparator()
         file_menu.addAction(self.quit_act)
         edit_menu = bar.addMenu("&Edit")
         edit_menu.addActions([self.undo_act, self.redo_act])
+        edit_menu.addSeparator()
+        edit_menu.addAction(self.importer.paste_act)
         view_menu = bar.addMenu("&View")
         view_menu.addActions([self.memory_view_act, self.tradeoffs_view_act])
         view_menu.addSeparator()
@@ -687,7 +703,31 @@ class MainWindow(QMainWindow):
             self.open_path(Path(name))
 
     def open_recent(self, path: Path) -> bool:
+        """A recent scenario opens; a recent import (a config, a model folder, a training
+        configuration) is imported again."""
+        if path.is_dir() or not _is_scenario_file(path):
+            return self.importer.import_path(path)
         return self.maybe_save() and self.open_path(path)
+
+    # -- drag and drop: files, folders, text ---------------------------------------------
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        mime = event.mimeData()
+        local = mime.hasUrls() and any(url.isLocalFile() for url in mime.urls())
+        if local or mime.hasText():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        mime = event.mimeData()
+        paths = [Path(url.toLocalFile()) for url in mime.urls() if url.isLocalFile()]
+        if paths:
+            event.acceptProposedAction()
+            scenarios = [p for p in paths if p.is_file() and _is_scenario_file(p)]
+            if scenarios and self.maybe_save():  # a scenario opens; the rest are imports
+                self.open_path(scenarios[0])
+            self.importer.import_paths([p for p in paths if p not in scenarios])
+        elif mime.hasText():
+            event.acceptProposedAction()
+            self.importer.import_pasted(mime.text(), "the dropped text")
 
     def open_path(self, path: Path) -> bool:
         """Open a scenario file (the caller has asked about unsaved changes); a malformed

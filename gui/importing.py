@@ -1,0 +1,248 @@
+"""Bringing the user's own run into the app: File > Import, drag and drop, paste, the
+model browser over the local Hugging Face cache.
+
+Everything is read by :mod:`engine.imports` (the CLI reads the same way); this module only
+asks for the file, folder, text or cached model, applies the result to the store -- a
+scenario file opens as a document, anything else is one undoable edit -- and says what the
+import assumed and what MemFit cannot model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QSortFilterProxyModel, Qt
+from PySide6.QtGui import QGuiApplication, QKeySequence, QStandardItem, QStandardItemModel
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.errors import EstimateError
+from engine.files import read_bytes
+from engine.imports import Imported, import_cached, import_path, import_text
+
+if TYPE_CHECKING:
+    from engine.hub_cache import CachedModel
+    from gui.main_window import MainWindow
+
+IMPORT_FILTER = (
+    "Model and training configurations (*.json *.yaml *.yml);;"
+    "Hugging Face config.json (config.json);;All files (*)"
+)
+
+
+def is_scenario_file(path: Path) -> bool:
+    """Whether ``path`` names a MemFit scenario (by name: ``*.memfit.json``, or a JSON file
+    whose first bytes hold the ``memfit_scenario`` key)."""
+    if path.name.endswith(".memfit.json"):
+        return True
+    if path.suffix.lower() != ".json":
+        return False
+    try:  # read as every file is: a FIFO or a device is refused without blocking
+        return b'"memfit_scenario"' in read_bytes(path, "import")[:4096]
+    except EstimateError:
+        return False
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes in GiB (2^30) or MiB (2^20), as the app shows sizes."""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class Importer(QObject):
+    """The import actions of a main window and how their results reach its store."""
+
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window = window
+        w = window
+        self.import_act = w._action(
+            "&Import...",
+            self.import_dialog,
+            "Ctrl+I",
+            "Import a config.json, a training configuration or a scenario",
+        )
+        self.import_folder_act = w._action(
+            "Import Model &Folder...",
+            self.import_folder_dialog,
+            "Ctrl+Shift+I",
+            "Import a folder with a model's config.json and safetensors checkpoint",
+        )
+        self.browse_act = w._action(
+            "&Browse Local Models...",
+            self.browse_dialog,
+            "Ctrl+Shift+B",
+            "Choose a model from the local Hugging Face cache",
+        )
+        self.paste_act = w._action(
+            "&Paste Configuration",
+            self.paste,
+            QKeySequence("Ctrl+Shift+V"),
+            "Read a scenario, a config.json or a training configuration from the clipboard",
+        )
+
+    @property
+    def actions(self) -> list:  # type: ignore[type-arg]
+        return [self.import_act, self.import_folder_act, self.browse_act]
+
+    # -- asking -----------------------------------------------------------------------
+    def import_dialog(self) -> None:
+        name, _ = QFileDialog.getOpenFileName(
+            self.window, "Import", self.window._last_dir(), IMPORT_FILTER
+        )
+        if name:
+            self.import_path(Path(name))
+
+    def import_folder_dialog(self) -> None:
+        name = QFileDialog.getExistingDirectory(
+            self.window, "Import model folder", self.window._last_dir()
+        )
+        if name:
+            self.import_path(Path(name))
+
+    def browse_dialog(self) -> None:
+        dialog = ModelBrowser(self.window)
+        if dialog.exec() == QDialog.DialogCode.Accepted and dialog.chosen:
+            repo, revision = dialog.chosen
+            self.run(lambda: import_cached(repo, self.window.store.scenario, revision), repo)
+
+    def paste(self) -> None:
+        self.import_pasted(QGuiApplication.clipboard().text(), "the clipboard")
+
+    def import_pasted(self, text: str, name: str) -> bool:
+        return self.run(lambda: import_text(text, self.window.store.scenario, name), name)
+
+    # -- doing ------------------------------------------------------------------------
+    def import_path(self, path: Path) -> bool:
+        return self.run(lambda: import_path(path, self.window.store.scenario), path.name, path)
+
+    def import_paths(self, paths: Sequence[Path]) -> bool:
+        """Several dropped files, in order; each one is its own step."""
+        done = False
+        for path in paths:
+            done = self.import_path(path) or done
+        return done
+
+    def run(self, read: Callable[[], Imported], name: str, path: Path | None = None) -> bool:
+        """Read an import and apply it; a problem is shown and changes nothing."""
+        try:
+            imported = read()
+        except (EstimateError, OSError) as exc:
+            from gui.main_window import message_box
+
+            message_box(self.window, QMessageBox.Icon.Warning, f"Could not import {name}:\n{exc}")
+            return False
+        return self.apply(imported, path)
+
+    def apply(self, imported: Imported, path: Path | None = None) -> bool:
+        w = self.window
+        if imported.kind == "scenario":
+            if not w.maybe_save():
+                return False
+            w.store.reset(imported.scenario, path)
+        elif not w.store.edit(imported.scenario, f"Import {imported.label} {_name(imported)}"):
+            w.statusBar().showMessage(f"{_name(imported)}: nothing to change", 5000)
+        if path is not None:
+            w.add_recent(path)
+        w.notify(f"Imported {imported.label} {_name(imported)}")
+        for message in imported.messages:
+            w.notice.add(message)
+        return True
+
+
+def _name(imported: Imported) -> str:
+    return Path(imported.source).name or imported.source
+
+
+class ModelBrowser(QDialog):
+    """The models of the local Hugging Face cache: name, revision, size on disk; a filter
+    and one click (or Enter) to import."""
+
+    def __init__(self, parent: QWidget | None = None, root: Path | None = None) -> None:
+        super().__init__(parent)
+        from engine.hub_cache import cache_root, scan_cache
+
+        self.setWindowTitle("Local models")
+        self.chosen: tuple[str, str | None] | None = None
+        where = root or cache_root()
+        try:
+            found = scan_cache(root)
+            problem = ""
+        except (EstimateError, OSError) as exc:
+            found, problem = [], str(exc)
+        self.items = QStandardItemModel(0, 3, self)
+        self.items.setHorizontalHeaderLabels(["Model", "Revision", "Size on disk"])
+        for model in found:
+            for revision, refs in _revisions(model):
+                row = [
+                    QStandardItem(model.repo_id),
+                    QStandardItem(", ".join(refs) or revision[:12]),
+                    QStandardItem(human_bytes(model.size_on_disk)),
+                ]
+                row[0].setData((model.repo_id, revision), Qt.ItemDataRole.UserRole)
+                self.items.appendRow(row)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.items)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self.proxy.setFilterKeyColumn(0)
+        self.search = QLineEdit(placeholderText="Filter (e.g. llama)")
+        self.search.textChanged.connect(self.proxy.setFilterFixedString)
+        self.view = QTableView()
+        self.view.setModel(self.proxy)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.view.verticalHeader().hide()
+        self.view.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.view.doubleClicked.connect(self.accept)
+        self.view.setSortingEnabled(True)
+        if self.items.rowCount():
+            self.view.selectRow(0)
+        text = f"{self.items.rowCount()} models in {where}"
+        if problem:
+            text = f"The cache could not be read: {problem}"
+        elif not self.items.rowCount():
+            text = f"No models in {where} (set HF_HOME or HF_HUB_CACHE to another cache)"
+        self.where = QLabel(text)
+        self.where.setWordWrap(True)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Import")
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(bool(self.items.rowCount()))
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.where)
+        layout.addWidget(self.search)
+        layout.addWidget(self.view, 1)
+        layout.addWidget(buttons)
+        self.resize(640, 420)
+
+    def accept(self) -> None:
+        rows = self.view.selectionModel().selectedRows()
+        if not rows:
+            return
+        source = self.proxy.mapToSource(rows[0])
+        self.chosen = self.items.item(source.row(), 0).data(Qt.ItemDataRole.UserRole)
+        super().accept()
+
+
+def _revisions(model: CachedModel) -> list[tuple[str, list[str]]]:
+    """(commit, the ref names pointing at it) of each snapshot of a cached model, newest
+    first."""
+    return [(snap.commit, list(snap.refs)) for snap in model.revisions]

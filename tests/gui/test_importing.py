@@ -1,0 +1,171 @@
+"""Bringing a run into the app: File > Import (a config.json, a training configuration,
+a model folder), the local model browser, paste, drag and drop, and recent imports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent, QGuiApplication
+from PySide6.QtWidgets import QDialog
+from pytestqt.qtbot import QtBot
+
+from engine.presets import load_model
+from engine.scenario_io import save_scenario
+from gui.importing import ModelBrowser, is_scenario_file
+from gui.main_window import MainWindow
+from gui.monkey import MessageBoxes
+from tests.engine.test_checkpoint import CONFIG, ENGINE_COUNT, model_folder, plain_tensors
+from tests.engine.test_imports import cached
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LLAMA = FIXTURES / "hf_configs" / "llama.json"
+LITGPT = FIXTURES / "train_configs" / "litgpt-llama-3.1-8b-qlora.yaml"
+
+
+def drop(window: MainWindow, mime: QMimeData) -> None:
+    event = QDropEvent(
+        QPointF(10, 10),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    window.dropEvent(event)
+
+
+def notices(window: MainWindow) -> str:
+    return " ".join(window.notice.messages())
+
+
+def test_import_a_config_json_is_one_undoable_edit(window: MainWindow) -> None:
+    before = window.store.scenario
+    assert window.importer.import_path(LLAMA)
+    assert window.store.scenario.model.hidden_size == json.loads(LLAMA.read_text())["hidden_size"]
+    assert window.store.scenario.training == before.training
+    assert "Imported model config llama.json" in notices(window)
+    window.undo_act.trigger()
+    assert window.store.scenario == before
+
+
+def test_import_a_training_config_names_what_it_cannot_model(window: MainWindow) -> None:
+    assert window.importer.import_path(LITGPT)
+    t = window.store.scenario.training
+    assert (t.stack, t.method) == ("lightning", "qlora")
+    assert window.store.scenario.model == load_model("llama-3.1-8b")
+    assert "litgpt configuration" in notices(window)
+    axolotl = FIXTURES / "train_configs" / "axolotl-llama3-8b-lora-zero2.yml"
+    assert window.importer.import_path(axolotl)
+    assert "not modelled: load_in_8bit" in notices(window)
+
+
+def test_import_a_model_folder_shows_the_checkpoint_count(
+    window: MainWindow, tmp_path: Path
+) -> None:
+    folder = model_folder(tmp_path / "tiny", plain_tensors())
+    assert window.importer.import_path(folder)
+    assert window.store.scenario.model.hidden_size == CONFIG["hidden_size"]
+    assert f"{ENGINE_COUNT:,} parameters" in notices(window)
+    assert "matches the engine's count" in notices(window)
+
+
+def test_a_bad_file_is_named_and_changes_nothing(
+    window: MainWindow, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:
+    before = window.store.scenario
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("lora_r: [unclosed")
+    assert not window.importer.import_path(bad)
+    assert window.store.scenario == before
+    assert "Could not import broken.yaml" in message_boxes.texts()[-1]
+    assert not window.importer.import_path(tmp_path)  # a folder without config.json
+    assert window.store.scenario == before
+
+
+def test_paste_reads_the_clipboard(window: MainWindow, message_boxes: MessageBoxes) -> None:
+    QGuiApplication.clipboard().setText(LITGPT.read_text())
+    window.importer.paste_act.trigger()
+    assert window.store.scenario.training.stack == "lightning"
+    QGuiApplication.clipboard().setText("")
+    before = window.store.scenario
+    window.importer.paste_act.trigger()
+    assert window.store.scenario == before
+    assert "empty" in message_boxes.texts()[-1]
+
+
+def test_drop_files_folders_and_text(window: MainWindow, tmp_path: Path) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(LLAMA))])
+    drop(window, mime)
+    assert window.store.scenario.model.hidden_size == json.loads(LLAMA.read_text())["hidden_size"]
+    folder = model_folder(tmp_path / "tiny", plain_tensors())
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(folder)), QUrl.fromLocalFile(str(LITGPT))])
+    drop(window, mime)  # in order: the model, then the training config
+    assert window.store.scenario.training.stack == "lightning"
+    text = QMimeData()
+    text.setText(LLAMA.read_text())
+    drop(window, text)
+    assert window.store.scenario.model.hidden_size == json.loads(LLAMA.read_text())["hidden_size"]
+
+
+def test_a_dropped_scenario_opens_as_the_document(window: MainWindow, tmp_path: Path) -> None:
+    path = tmp_path / "run.memfit.json"
+    scenario = window.store.scenario
+    other = type(scenario)(load_model("gpt2"), scenario.hardware, scenario.training)
+    save_scenario(other, path)
+    assert is_scenario_file(path)
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    drop(window, mime)
+    assert window.store.path == path and window.store.scenario == other
+
+
+def test_recent_imports_import_again(window: MainWindow) -> None:
+    window.importer.import_path(LLAMA)
+    assert window.recent_files()[0] == str(LLAMA)
+    window.store.edit(type(window.store.scenario)(
+        load_model("gpt2"), window.store.scenario.hardware, window.store.scenario.training
+    ))  # fmt: skip
+    window.recent_menu.actions()[0].trigger()
+    assert window.store.scenario.model.hidden_size == json.loads(LLAMA.read_text())["hidden_size"]
+
+
+def test_the_model_browser_lists_the_cache_and_imports(
+    window: MainWindow, qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "hub"
+    cached(root, "org/tiny", model_folder(tmp_path / "files", plain_tensors()))
+    cached(root, "other/small", model_folder(tmp_path / "files2", plain_tensors()))
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    browser = ModelBrowser(window)
+    qtbot.addWidget(browser)
+    assert browser.items.rowCount() == 2
+    assert "2 models in" in browser.where.text()
+    browser.search.setText("tiny")
+    assert browser.proxy.rowCount() == 1
+    browser.view.selectRow(0)
+    browser.accept()
+    assert browser.chosen is not None and browser.chosen[0] == "org/tiny"
+
+    def accept_first(self: ModelBrowser) -> QDialog.DialogCode:
+        self.view.selectRow(0)
+        self.accept()
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ModelBrowser, "exec", accept_first)
+    window.importer.browse_act.trigger()
+    assert window.store.scenario.model.hidden_size == CONFIG["hidden_size"]
+    assert "Imported cached model" in notices(window)
+
+
+def test_an_empty_cache_says_where_it_looked(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
+    browser = ModelBrowser()
+    qtbot.addWidget(browser)
+    assert browser.items.rowCount() == 0
+    assert "No models in" in browser.where.text() and "HF_HOME" in browser.where.text()
