@@ -29,6 +29,7 @@ from typing import Any
 from engine.errors import EstimateError
 from engine.files import parse_json, read_text
 from engine.hf_config import model_from_hf_config
+from engine.model_state import lora_targets
 from engine.params import count_parameters
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
 from engine.specs import ModelSpec, Scenario
@@ -59,18 +60,32 @@ class Imported:
         }[self.kind]
 
 
-def _with_model(base: Scenario, model: ModelSpec) -> Scenario:
-    scenario = dataclasses.replace(base, model=model)
+def _with_model(base: Scenario, model: ModelSpec) -> tuple[Scenario, list[str]]:
+    """``base`` on ``model``; LoRA targets that name no layer of the new model (``q_proj``
+    on DeepSeek-V3's latent attention) become ``all-linear``, and the change is said."""
+    training, said = base.training, []
+    if training.method in ("lora", "qlora"):
+        try:
+            lora_targets(model, training.lora.targets)
+        except EstimateError:
+            lora = dataclasses.replace(training.lora, targets=("all-linear",))
+            training = dataclasses.replace(training, lora=lora)
+            said.append(
+                f"LoRA targets {', '.join(base.training.lora.targets)} name no layer of "
+                f"{model.label}: all-linear instead"
+            )
+    scenario = dataclasses.replace(base, model=model, training=training)
     # the rank check of LoRA against the hidden size lives in Scenario: build it again
-    return scenario_from_dict(scenario_to_dict(scenario))
+    return scenario_from_dict(scenario_to_dict(scenario)), said
 
 
 def _model_messages(model: ModelSpec) -> list[str]:
     total = count_parameters(model).total
     out = [f"{model.label}: {total:,} parameters"]
-    note = getattr(model, "read_as", "")
-    if note:
-        out.append(f"read as {note}")
+    if model.read_as:
+        out.append(f"read as {model.read_as} (a look-alike of {model.family})")
+    if model.text_model_of:
+        out.append(f"the text model of {model.text_model_of}: its vision tower is not counted")
     return out
 
 
@@ -89,9 +104,8 @@ def _from_data(data: Any, base: Scenario, source: str, text: str) -> Imported:
         return Imported("scenario", source, scenario_from_dict(data))
     if _is_hf_config(data):
         model = model_from_hf_config(data, name=data.get("_name_or_path") or None)
-        return Imported(
-            "model-config", source, _with_model(base, model), tuple(_model_messages(model))
-        )
+        scenario, said = _with_model(base, model)
+        return Imported("model-config", source, scenario, (*_model_messages(model), *said))
     return _training(base, source, text)
 
 
@@ -136,7 +150,8 @@ def _folder(folder: Path, base: Scenario, kind: str = "model-folder") -> Importe
     else:
         shown += ": matches the engine's count"
     messages += [shown, *c.notes, *info.warnings]
-    return Imported(kind, str(folder), _with_model(base, model), tuple(messages))
+    scenario, said = _with_model(base, model)
+    return Imported(kind, str(folder), scenario, (*messages, *said))
 
 
 def import_path(path: str | Path, base: Scenario) -> Imported:

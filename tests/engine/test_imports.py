@@ -5,6 +5,7 @@ checkpoint``. No network: the cache and the checkpoints are written by the tests
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -185,3 +186,14 @@ def test_cli_from_config_fills_training_and_flags_still_win(
     assert "give --model" in capsys.readouterr().err
     code, _ = run("estimate", "--from-config", deepspeed, "--gpu", "a10g", "--model", "gpt2")
     assert code == 0
+
+
+def test_lora_targets_that_miss_the_new_model_become_all_linear() -> None:
+    deepseek = FIXTURES / "hf_configs" / "deepseek_v3.json"
+    lora = dataclasses.replace(base().training, method="lora")
+    imported = import_path(deepseek, dataclasses.replace(base(), training=lora))
+    assert imported.scenario.training.lora.targets == ("all-linear",)
+    assert any("all-linear instead" in m for m in imported.messages)
+    # targets that match are kept
+    kept = import_path(LLAMA, dataclasses.replace(base(), training=lora))
+    assert kept.scenario.training.lora.targets == lora.lora.targets

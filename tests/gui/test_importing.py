@@ -169,3 +169,24 @@ def test_an_empty_cache_says_where_it_looked(
     qtbot.addWidget(browser)
     assert browser.items.rowCount() == 0
     assert "No models in" in browser.where.text() and "HF_HOME" in browser.where.text()
+
+
+@pytest.mark.parametrize(
+    "config", sorted(p.name for p in (FIXTURES / "hf_configs").glob("*.json")), ids=str
+)
+def test_every_supported_family_dropped_on_the_window_estimates(
+    window: MainWindow, config: str
+) -> None:
+    from engine.hf_config import model_from_hf_config
+    from engine.params import count_parameters
+
+    path = FIXTURES / "hf_configs" / config
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    drop(window, mime)
+    expected = model_from_hf_config(json.loads(path.read_text()))
+    model = window.store.scenario.model
+    assert count_parameters(model).total == count_parameters(expected).total
+    assert model.family == expected.family
+    assert not window.store.error
+    assert window.store.estimate is not None
