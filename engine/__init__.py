@@ -6,7 +6,15 @@ A map of the package (no module here imports Qt):
   ``HardwareSpec``, ``TrainingSpec`` and ``Scenario``;
 * :mod:`engine.errors` -- ``EstimateError``, the one error for bad input;
 * :mod:`engine.presets` -- model and GPU presets from ``engine/data/``;
-* :mod:`engine.hf_config` -- Hugging Face ``config.json`` to ``ModelSpec``;
+* :mod:`engine.hf_config` -- Hugging Face ``config.json`` to ``ModelSpec``, a reader per
+  family;
+* :mod:`engine.hub_cache` -- the models of the local Hugging Face cache;
+* :mod:`engine.checkpoint` -- a model folder's safetensors headers and their counts;
+* :mod:`engine.train_configs` -- the run's own training configuration (Axolotl, TRL,
+  LitGPT, torchtune, DeepSpeed, accelerate) into a scenario's fields;
+* :mod:`engine.imports` -- one entry point for everything a user brings, for the app and
+  the CLI;
+* :mod:`engine.stacks` -- the conventions of the training stacks;
 * :mod:`engine.params` -- every parameter tensor, exact counts by component;
 * :mod:`engine.model_state` -- weights, gradients and optimizer states per tensor;
 * :mod:`engine.estimate` -- ``estimate(scenario) -> Estimate``;

@@ -177,6 +177,13 @@ class Estimate:
             "peak_phase": self.peak_phase,
             "peak_layer": self.peak_layer,
             "breakdown": breakdown,
+            "model": {
+                "name": self.scenario.model.name,
+                "label": self.scenario.model.label,
+                "family": self.scenario.model.family,
+                "read_as": self.scenario.model.read_as,
+                "text_model_of": self.scenario.model.text_model_of,
+            },
             "parameters": {"total": self.total_params, "trainable": self.trainable_params},
             "bytes_per_parameter": {
                 "trainable": self.bytes_per_trainable_param,

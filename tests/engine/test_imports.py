@@ -197,3 +197,14 @@ def test_lora_targets_that_miss_the_new_model_become_all_linear() -> None:
     # targets that match are kept
     kept = import_path(LLAMA, dataclasses.replace(base(), training=lora))
     assert kept.scenario.training.lora.targets == lora.lora.targets
+
+
+def test_the_json_estimate_names_the_model_and_how_it_was_read(tmp_path: Path) -> None:
+    bigcode = FIXTURES / "hf_configs" / "gpt_bigcode.json"
+    code, text = run("estimate", "--model-config", str(bigcode), "--gpu", "a10g", "--json")
+    assert code == 0
+    model = json.loads(text)["model"]
+    assert model["family"] == "gpt_bigcode" and model["read_as"] == ""
+    llava = FIXTURES / "hf_configs" / "llava.json"
+    code, text = run("estimate", "--model-config", str(llava), "--gpu", "h100-sxm-80gb", "--json")
+    assert code == 0 and json.loads(text)["model"]["text_model_of"] == "llava"
