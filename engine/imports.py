@@ -34,6 +34,13 @@ from engine.params import count_parameters
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
 from engine.specs import ModelSpec, Scenario
 
+
+def asks_for_read_as(error: EstimateError) -> bool:
+    """Whether ``error`` is a config of a family MemFit does not read, which ``read_as``
+    can read as a look-alike (not a family refused with a reason)."""
+    return error.field.endswith("model_type") and "read_as" in str(error)
+
+
 #: what an import was
 KINDS = ("scenario", "model-config", "model-folder", "cached-model", "training-config")
 
@@ -99,11 +106,14 @@ def _is_scenario(data: Any) -> bool:
     return isinstance(data, dict) and "memfit_scenario" in data
 
 
-def _from_data(data: Any, base: Scenario, source: str, text: str) -> Imported:
+def _from_data(
+    data: Any, base: Scenario, source: str, text: str, read_as: str | None = None
+) -> Imported:
     if _is_scenario(data):
         return Imported("scenario", source, scenario_from_dict(data))
     if _is_hf_config(data):
-        model = model_from_hf_config(data, name=data.get("_name_or_path") or None)
+        name = data.get("_name_or_path") or None
+        model = model_from_hf_config(data, name=name, read_as=read_as)
         scenario, said = _with_model(base, model)
         return Imported("model-config", source, scenario, (*_model_messages(model), *said))
     return _training(base, source, text)
@@ -131,10 +141,12 @@ def _training(base: Scenario, source: str, text: str, path: Path | None = None) 
     return Imported("training-config", source, scenario, tuple(messages))
 
 
-def _folder(folder: Path, base: Scenario, kind: str = "model-folder") -> Imported:
+def _folder(
+    folder: Path, base: Scenario, kind: str = "model-folder", read_as: str | None = None
+) -> Imported:
     from engine.checkpoint import compare, model_from_folder
 
-    model, info = model_from_folder(folder)
+    model, info = model_from_folder(folder, read_as=read_as)
     messages = _model_messages(model)
     c = compare(model, info)
     quant = f", {info.quantization.method}" if info.quantization else ""
@@ -154,22 +166,26 @@ def _folder(folder: Path, base: Scenario, kind: str = "model-folder") -> Importe
     return Imported(kind, str(folder), scenario, (*messages, *said))
 
 
-def import_path(path: str | Path, base: Scenario) -> Imported:
-    """The file or folder ``path`` applied to ``base`` (see the module docstring)."""
+def import_path(path: str | Path, base: Scenario, read_as: str | None = None) -> Imported:
+    """The file or folder ``path`` applied to ``base`` (see the module docstring);
+    ``read_as``: a model config of an unknown family read as this look-alike
+    (:func:`engine.hf_config.model_from_hf_config`)."""
     p = Path(path)
     if p.is_dir():
         if (p / "config.json").is_file():
-            return _folder(p, base)
+            return _folder(p, base, read_as=read_as)
         raise EstimateError("import", f"{p.name}: a folder without a config.json")
     text = read_text(p, "import")
     if p.suffix.lower() == ".json":
         data = parse_json(text, "import", p.name)
         if _is_scenario(data) or _is_hf_config(data):
-            return _from_data(data, base, str(p), text)
+            return _from_data(data, base, str(p), text, read_as)
     return _training(base, str(p), text, p)
 
 
-def import_text(text: str, base: Scenario, source: str = "pasted text") -> Imported:
+def import_text(
+    text: str, base: Scenario, source: str = "pasted text", read_as: str | None = None
+) -> Imported:
     """Pasted text applied to ``base``: a scenario or a ``config.json`` (JSON), or a
     training configuration (JSON or YAML)."""
     stripped = text.strip()
@@ -181,14 +197,16 @@ def import_text(text: str, base: Scenario, source: str = "pasted text") -> Impor
         except ValueError:
             data = None
         if _is_scenario(data) or _is_hf_config(data):
-            return _from_data(data, base, source, stripped)
+            return _from_data(data, base, source, stripped, read_as)
     return _training(base, source, stripped)
 
 
-def import_cached(repo_id: str, base: Scenario, revision: str | None = None) -> Imported:
+def import_cached(
+    repo_id: str, base: Scenario, revision: str | None = None, read_as: str | None = None
+) -> Imported:
     """A model of the local Hugging Face cache (``org/name``) applied to ``base``."""
     from engine.hub_cache import find_model
 
     snapshot = find_model(repo_id, revision)
-    imported = _folder(Path(snapshot.path), base, "cached-model")
+    imported = _folder(Path(snapshot.path), base, "cached-model", read_as)
     return dataclasses.replace(imported, source=f"{repo_id}@{snapshot.commit[:12]}")

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFileDialog,
     QHeaderView,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QMessageBox,
@@ -31,7 +32,8 @@ from PySide6.QtWidgets import (
 
 from engine.errors import EstimateError
 from engine.files import read_bytes
-from engine.imports import Imported, import_cached, import_path, import_text
+from engine.hf_config import supported_families
+from engine.imports import Imported, asks_for_read_as, import_cached, import_path, import_text
 
 if TYPE_CHECKING:
     from engine.hub_cache import CachedModel
@@ -118,17 +120,17 @@ class Importer(QObject):
         dialog = ModelBrowser(self.window)
         if dialog.exec() == QDialog.DialogCode.Accepted and dialog.chosen:
             repo, revision = dialog.chosen
-            self.run(lambda: import_cached(repo, self.window.store.scenario, revision), repo)
+            self.run(lambda r: import_cached(repo, self.window.store.scenario, revision, r), repo)
 
     def paste(self) -> None:
         self.import_pasted(QGuiApplication.clipboard().text(), "the clipboard")
 
     def import_pasted(self, text: str, name: str) -> bool:
-        return self.run(lambda: import_text(text, self.window.store.scenario, name), name)
+        return self.run(lambda r: import_text(text, self.window.store.scenario, name, r), name)
 
     # -- doing ------------------------------------------------------------------------
     def import_path(self, path: Path) -> bool:
-        return self.run(lambda: import_path(path, self.window.store.scenario), path.name, path)
+        return self.run(lambda r: import_path(path, self.window.store.scenario, r), path.name, path)
 
     def import_paths(self, paths: Sequence[Path]) -> bool:
         """Several dropped files, in order; each one is its own step."""
@@ -137,16 +139,42 @@ class Importer(QObject):
             done = self.import_path(path) or done
         return done
 
-    def run(self, read: Callable[[], Imported], name: str, path: Path | None = None) -> bool:
-        """Read an import and apply it; a problem is shown and changes nothing."""
+    def run(
+        self, read: Callable[[str | None], Imported], name: str, path: Path | None = None
+    ) -> bool:
+        """Read an import and apply it; a problem is shown and changes nothing. A config
+        of a family MemFit does not read is offered to be read as a look-alike, which the
+        estimate then reports."""
         try:
-            imported = read()
+            try:
+                imported = read(None)
+            except EstimateError as exc:
+                if not asks_for_read_as(exc):
+                    raise
+                family = self.ask_read_as(name, str(exc))
+                if family is None:
+                    return False
+                imported = read(family)
         except (EstimateError, OSError) as exc:
             from gui.main_window import message_box
 
             message_box(self.window, QMessageBox.Icon.Warning, f"Could not import {name}:\n{exc}")
             return False
         return self.apply(imported, path)
+
+    def ask_read_as(self, name: str, problem: str) -> str | None:
+        """The family to read an unknown config as, chosen by the user (None: cancel)."""
+        families = list(supported_families())
+        family, ok = QInputDialog.getItem(
+            self.window,
+            "Read as a look-alike?",
+            f"{problem}\n\nRead {name} as the family it is built like (the estimate will "
+            "say so), or cancel:",
+            families,
+            families.index("llama"),
+            False,
+        )
+        return family if ok and family else None
 
     def apply(self, imported: Imported, path: Path | None = None) -> bool:
         w = self.window

@@ -190,3 +190,36 @@ def test_every_supported_family_dropped_on_the_window_estimates(
     assert model.family == expected.family
     assert not window.store.error
     assert window.store.estimate is not None
+
+
+def test_an_unknown_family_can_be_read_as_a_look_alike(
+    window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    message_boxes: MessageBoxes,
+) -> None:  # fmt: skip
+    from PySide6.QtWidgets import QInputDialog
+
+    config = {**json.loads(LLAMA.read_text()), "model_type": "mpt-like"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    asked: list[str] = []
+
+    def choose(_parent: object, _title: str, label: str, items: list[str], *_: object):  # type: ignore[no-untyped-def]
+        asked.append(label)
+        return "llama", True
+
+    monkeypatch.setattr(QInputDialog, "getItem", choose)
+    assert window.importer.import_path(path)
+    assert "is not a family MemFit reads" in asked[0]
+    assert window.store.scenario.model.read_as == "llama"
+    assert "read as llama" in notices(window)
+    # cancelled: nothing changes
+    before = window.store.scenario
+    monkeypatch.setattr(QInputDialog, "getItem", lambda *a: ("", False))
+    config["num_hidden_layers"] = 3
+    path.write_text(json.dumps(config))
+    assert not window.importer.import_path(path)
+    assert window.store.scenario == before
+    # a family refused with a reason is not offered
+    path.write_text(json.dumps({**config, "model_type": "jamba"}))
+    assert not window.importer.import_path(path)
+    assert "not supported" in message_boxes.texts()[-1]
