@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import html
 from typing import Any, ClassVar
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
@@ -453,6 +454,16 @@ class ModelPanel(FormPanel):
             total = count_parameters(model).total
         untied = model.tie_word_embeddings != scenario.model.tie_word_embeddings
         built = "<br>as LitGPT builds it: an LM head of its own" if untied else ""
+        m = scenario.model
+        if m.read_as:
+            built += (
+                f"<br>read as {html.escape(m.read_as)} (a look-alike of {html.escape(m.family)})"
+            )
+        if m.text_model_of:
+            built += (
+                f"<br>the text model of {html.escape(m.text_model_of)}: "
+                "its vision tower is not counted"
+            )
         self.count.setText(
             f"<b>{total:,}</b> parameters ({human_count(total)})"
             + (f"<br>trainable {trainable:,} ({100 * trainable / total:.3g} %)" if total else "")

@@ -223,3 +223,8 @@ def test_an_unknown_family_can_be_read_as_a_look_alike(
     path.write_text(json.dumps({**config, "model_type": "jamba"}))
     assert not window.importer.import_path(path)
     assert "not supported" in message_boxes.texts()[-1]
+
+
+def test_the_model_panel_says_how_a_config_was_read(window: MainWindow) -> None:
+    assert window.importer.import_path(FIXTURES / "hf_configs" / "llava.json")
+    assert "the text model of llava" in window.model_panel.count.text()
