@@ -358,6 +358,16 @@ class MainWindow(QMainWindow):
             "Copy the chart to the clipboard as an image",
         )
         self.quit_act = self._action("&Quit", self.close, keys.Quit, "Quit MemFit")
+        self.close_act = self._action("&Close Window", self.close, keys.Close, "Close MemFit")
+        self.find_act = self._action(
+            "&Find Model...", self.find_model, keys.Find, "Search the model presets"
+        )
+        self.apply_whatif_act = self._action(
+            "A&pply Shown What-if",
+            self.apply_shown_whatif,
+            "Ctrl+Return",
+            "Make the ghost bar shown (the first checked what-if) the current scenario",
+        )
         # Undo first discards a value a field holds that the spec rejected, then undoes
         self.undo_act = self._action("&Undo", self.undo, keys.Undo, "", sp.SP_ArrowBack)
         self.redo_act = self.store.undo_stack.createRedoAction(self, "&Redo")
@@ -366,7 +376,7 @@ class MainWindow(QMainWindow):
         self.compare_all_act = self._action(
             "Compare &All What-ifs",
             self.compare_all,
-            "Ctrl+W",
+            "Ctrl+Shift+A",
             "Show a ghost bar for every what-if at once",
         )
         self.clear_whatifs_act = self._action(
@@ -408,15 +418,18 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addActions([self.export_chart_act, self.export_data_act, self.copy_chart_act])
         file_menu.addSeparator()
-        file_menu.addAction(self.quit_act)
+        file_menu.addActions([self.close_act, self.quit_act])
         edit_menu = bar.addMenu("&Edit")
         edit_menu.addActions([self.undo_act, self.redo_act])
         edit_menu.addSeparator()
         edit_menu.addAction(self.importer.paste_act)
+        edit_menu.addAction(self.find_act)
         view_menu = bar.addMenu("&View")
         view_menu.addActions([self.memory_view_act, self.tradeoffs_view_act])
         view_menu.addSeparator()
-        view_menu.addActions([self.compare_all_act, self.clear_whatifs_act, self.table_act])
+        view_menu.addActions(
+            [self.compare_all_act, self.apply_whatif_act, self.clear_whatifs_act, self.table_act]
+        )
         theme_menu = view_menu.addMenu("&Colours")
         theme_menu.addActions(list(self.theme_acts.values()))
         help_menu = bar.addMenu("&Help")
@@ -840,6 +853,21 @@ class MainWindow(QMainWindow):
 
     # -- view ----------------------------------------------------------------------------
     @Slot()
+    def find_model(self) -> None:
+        """Ctrl+F: the preset search, focused and selected."""
+        self.views.setCurrentIndex(0)
+        self.scroll.ensureWidgetVisible(self.model_panel.search)
+        self.model_panel.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.model_panel.search.selectAll()
+
+    def apply_shown_whatif(self) -> None:
+        """Ctrl+Return: the first checked what-if's ghost becomes the current scenario."""
+        checked = self.whatif.checked()
+        if not checked:
+            self.statusBar().showMessage("No what-if is shown: tick one first", 5000)
+            return
+        self.whatif.apply(checked[0])
+
     def compare_all(self) -> None:
         for button in self.whatif.buttons.values():
             if button.isEnabled():

@@ -8,8 +8,9 @@ instead: they undo a convention of the training stack that most stacks do not ha
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QGridLayout, QLabel, QToolButton, QWidget
+from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import QGridLayout, QLabel, QMenu, QToolButton, QWidget
 
 from engine.estimate import GIB, Estimate
 from engine.specs import Scenario
@@ -48,7 +49,8 @@ class WhatIfBar(QWidget):
         title = QLabel("What if:")
         title.setToolTip(
             "Each toggle adds a ghost bar: the estimate with that change alone. "
-            "Double-click a ghost bar (or Apply) to make it current."
+            "Double-click a ghost bar, press Enter on a toggle, or right-click it and "
+            "choose Apply, to make the change current (Ctrl+Return: the first shown)."
         )
         layout.addWidget(title, 0, 0)
         self.buttons: dict[str, QToolButton] = {}
@@ -66,11 +68,39 @@ class WhatIfBar(QWidget):
             )
             button.setAccessibleName(f"What if: {whatif.label}")
             button.toggled.connect(self.update_ghosts)
+            # right-click: show the ghost or apply the change; Enter on a focused toggle
+            # applies it
+            button.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+            button.customContextMenuRequested.connect(
+                lambda pos, key=whatif.key: self._menu(key).exec(self.buttons[key].mapToGlobal(pos))
+            )
+            button.installEventFilter(self)
             self.buttons[whatif.key] = button
         self._shown: tuple[str, ...] = ()
         layout.setColumnStretch(PER_ROW + 1, 1)
         store.estimateChanged.connect(self.update_ghosts)
         self.update_ghosts()
+
+    def _menu(self, key: str) -> QMenu:
+        """The context menu of the toggle ``key``: show or hide its ghost, apply it."""
+        menu = QMenu(self)
+        button = self.buttons[key]
+        show = menu.addAction("Hide Ghost Bar" if button.isChecked() else "Show Ghost Bar")
+        show.setEnabled(button.isEnabled())
+        show.triggered.connect(button.toggle)
+        apply = menu.addAction("Apply This Change")
+        apply.setEnabled(key in self.results)
+        apply.triggered.connect(lambda: self.apply(key))
+        return menu
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.KeyPress and isinstance(event, QKeyEvent):
+            keys = (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+            for key, button in self.buttons.items():
+                if watched is button and event.key() in keys and key in self.results:
+                    self.apply(key)
+                    return True
+        return super().eventFilter(watched, event)
 
     def _place(self, shown: tuple[str, ...]) -> None:
         """Lay out the toggles ``shown``, :data:`PER_ROW` to a row in the engine's order;

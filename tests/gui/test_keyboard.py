@@ -1,0 +1,68 @@
+"""Keyboard and context menus: Ctrl+W closes, Ctrl+F finds a model, a ghost is applied
+from the keyboard (Enter on its toggle, Ctrl+Return) and from its toggle's context menu."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence
+from PySide6.QtTest import QTest
+
+from gui.main_window import MainWindow
+
+
+def first_offered(window: MainWindow) -> str:
+    return next(k for k in window.whatif.buttons if k in window.whatif.results)
+
+
+def test_ctrl_w_closes_and_compare_all_has_its_own_key(window: MainWindow) -> None:
+    assert window.close_act.shortcut() == QKeySequence(QKeySequence.StandardKey.Close)
+    assert window.compare_all_act.shortcut() == QKeySequence("Ctrl+Shift+A")
+    assert window.close_act in window.file_menu.actions()
+    window.close_act.trigger()
+    assert not window.isVisible()
+
+
+def test_ctrl_f_focuses_the_preset_search(window: MainWindow) -> None:
+    window.model_panel.search.setText("llama")
+    window.find_act.trigger()
+    assert window.find_act.shortcut() == QKeySequence(QKeySequence.StandardKey.Find)
+    assert window.model_panel.search.selectedText() == "llama"
+
+
+def test_enter_on_a_toggle_applies_its_change(window: MainWindow) -> None:
+    key = first_offered(window)
+    expected = window.whatif.results[key].scenario
+    button = window.whatif.buttons[key]
+    button.setFocus()
+    QTest.keyClick(button, Qt.Key.Key_Return)
+    assert window.store.scenario == expected
+    window.undo_act.trigger()
+    assert window.store.scenario != expected
+
+
+def test_ctrl_return_applies_the_first_shown_ghost(window: MainWindow) -> None:
+    before = window.store.scenario
+    window.apply_whatif_act.trigger()  # nothing shown: nothing changes
+    assert window.store.scenario == before
+    key = first_offered(window)
+    expected = window.whatif.results[key].scenario
+    window.whatif.buttons[key].setChecked(True)
+    window.apply_whatif_act.trigger()
+    assert window.store.scenario == expected
+
+
+def test_the_context_menu_shows_and_applies(window: MainWindow) -> None:
+    key = first_offered(window)
+    bar = window.whatif
+    menu = bar._menu(key)
+    show, apply = menu.actions()
+    assert show.text() == "Show Ghost Bar" and apply.isEnabled()
+    show.trigger()
+    assert bar.buttons[key].isChecked()
+    assert bar._menu(key).actions()[0].text() == "Hide Ghost Bar"
+    expected = bar.results[key].scenario
+    apply.trigger()
+    assert window.store.scenario == expected
+    disabled = next((k for k, b in bar.buttons.items() if not b.isEnabled()), None)
+    if disabled is not None:
+        assert not bar._menu(disabled).actions()[1].isEnabled()
