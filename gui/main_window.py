@@ -592,7 +592,7 @@ class MainWindow(QMainWindow):
         engine rejects the scenario -- marked out of date with the engine's message."""
         est = self.store.estimate
         if est is None:
-            self.chart.set_stale(self.store.error)
+            self.chart.set_stale(self.in_user_words(self.store.error))
             self.table.setEnabled(False)
             self.table.setToolTip("Out of date: the current scenario has no valid estimate")
             self.summary.setText("No current estimate: the scenario is invalid")
@@ -853,6 +853,20 @@ class MainWindow(QMainWindow):
 
     # -- view ----------------------------------------------------------------------------
     @Slot()
+    def in_user_words(self, message: str) -> str:
+        """The engine's ``message`` with the field path it starts with
+        (``training.lora.rank: ...``) named as the panel names it (``LoRA rank: ...``);
+        a field no row shows keeps its path."""
+        field, sep, rest = message.partition(": ")
+        if not sep:
+            return message
+        for panel in self.panels:
+            row = panel.rows.get(field)
+            if row is not None:
+                label = row.label.replace("&", "").rstrip(":")
+                return f"{label}: {rest}"
+        return message
+
     def find_model(self) -> None:
         """Ctrl+F: the preset search, focused and selected."""
         self.views.setCurrentIndex(0)

@@ -66,3 +66,20 @@ def test_the_context_menu_shows_and_applies(window: MainWindow) -> None:
     disabled = next((k for k, b in bar.buttons.items() if not b.isEnabled()), None)
     if disabled is not None:
         assert not bar._menu(disabled).actions()[1].isEnabled()
+
+
+def test_a_rejected_scenario_is_explained_in_the_panel_words(window: MainWindow) -> None:
+    import dataclasses
+
+    t = window.store.scenario.training
+    lora = dataclasses.replace(t.lora, targets=("kv_a_proj",))  # not a layer of a Llama
+    window.store.edit(
+        dataclasses.replace(
+            window.store.scenario, training=dataclasses.replace(t, method="lora", lora=lora)
+        )
+    )
+    reason = window.chart.stale_reason()
+    row = window.training_panel.rows["training.lora.targets"]
+    assert reason.startswith(row.label.replace("&", "").rstrip(":") + ": ")
+    assert "training.lora.targets" not in reason
+    assert window.in_user_words("no.such.field: x") == "no.such.field: x"
