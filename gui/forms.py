@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
+from PySide6.QtCore import QEvent, QSignalBlocker, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 from engine.errors import EstimateError
 from engine.specs import Scenario
 from gui.store import ScenarioStore
+from gui.theme import error_color
 
 Getter = Callable[[Scenario], Any]
 Setter = Callable[[Scenario, Any], Scenario]
@@ -113,6 +114,29 @@ def decimals_of(value: float, at_least: int, at_most: int = 6) -> int:
 SPIN_MAX = 2**31 - 1
 
 
+class ErrorLabel(QLabel):
+    """The message under a field: plain text, wrapped, in an error red that keeps WCAG AA
+    contrast on the light and the dark palette (it follows a theme switch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setObjectName("fieldError")
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setWordWrap(True)
+        self._restyle()
+
+    def _restyle(self) -> None:
+        color = error_color(self.palette()).name()
+        style = f"color: {color}; font-size: 11px;"
+        if style != self.styleSheet():  # a style sheet changes the palette in turn
+            self.setStyleSheet(style)
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:
+            self._restyle()
+        super().changeEvent(event)
+
+
 @dataclasses.dataclass
 class Row:
     path: str
@@ -178,11 +202,7 @@ class FormPanel(QGroupBox):
         # let fields shrink with the column instead of sizing to their widest possible text
         widget.setSizePolicy(QSizePolicy.Policy.Ignored, widget.sizePolicy().verticalPolicy())
         widget.setMinimumWidth(90)
-        error = QLabel()
-        error.setObjectName("fieldError")
-        error.setTextFormat(Qt.TextFormat.PlainText)
-        error.setWordWrap(True)
-        error.setStyleSheet("color: #d1242f; font-size: 11px;")
+        error = ErrorLabel()
         error.hide()
         box = QWidget()
         lay = QVBoxLayout(box)

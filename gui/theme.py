@@ -53,3 +53,28 @@ def apply_theme(app: QApplication, theme: str) -> None:
     if want_dark and not is_dark(palette):
         palette = dark_palette()
     app.setPalette(palette)
+
+
+#: the error red on a light and on a dark window: both at least WCAG AA (4.5:1) against
+#: the window colour of their palette
+ERROR_LIGHT, ERROR_DARK = QColor(0xB3, 0x20, 0x2A), QColor(0xFF, 0x7B, 0x72)
+
+
+def error_color(palette: QPalette) -> QColor:
+    """The colour of error text on ``palette``'s window."""
+    return ERROR_DARK if is_dark(palette) else ERROR_LIGHT
+
+
+def contrast(a: QColor, b: QColor) -> float:
+    """The WCAG 2 contrast ratio of two colours (1 to 21)."""
+
+    def luminance(c: QColor) -> float:
+        def channel(v: float) -> float:
+            return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+        return (
+            0.2126 * channel(c.redF()) + 0.7152 * channel(c.greenF()) + 0.0722 * channel(c.blueF())
+        )
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)

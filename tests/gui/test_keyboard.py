@@ -83,3 +83,24 @@ def test_a_rejected_scenario_is_explained_in_the_panel_words(window: MainWindow)
     assert reason.startswith(row.label.replace("&", "").rstrip(":") + ": ")
     assert "training.lora.targets" not in reason
     assert window.in_user_words("no.such.field: x") == "no.such.field: x"
+
+
+def test_error_text_keeps_wcag_aa_contrast_in_both_themes(window: MainWindow) -> None:
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication
+
+    from gui.forms import ErrorLabel
+    from gui.theme import contrast
+
+    label = next(r.error for r in window.training_panel.rows.values())
+    assert isinstance(label, ErrorLabel)
+    for theme in ("light", "dark"):
+        window.set_theme(theme, save=False)
+        QApplication.processEvents()
+        palette = label.palette()
+        background = palette.color(QPalette.ColorRole.Window)
+        shown = label.styleSheet().split("color: ")[1].split(";")[0]
+        from PySide6.QtGui import QColor
+
+        assert contrast(QColor(shown), background) >= 4.5, theme
+    window.set_theme("light", save=False)
