@@ -69,6 +69,7 @@ from gui.forms import FormPanel
 from gui.importing import Importer
 from gui.importing import is_scenario_file as _is_scenario_file
 from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
+from gui.readout import HELP_TITLE, Readout, gib_cell, show_help, status_summary
 from gui.session import (
     MemorySettings,
     Session,
@@ -274,6 +275,8 @@ class MainWindow(QMainWindow):
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(6, 6, 6, 0)
         top_layout.addWidget(self.whatif)
+        self.readout = Readout(self.store)  # allocated, reserved, device, by the banner
+        top_layout.addWidget(self.readout)
         top_layout.addWidget(self.chart, 1)
         memory.addWidget(top)
         memory.addWidget(self.table)
@@ -404,6 +407,10 @@ class MainWindow(QMainWindow):
             "Show memory against speed and cost: strategy map, curves, other GPUs",
         )
         self.about_act = self._action("&About MemFit", self.about, None, "About MemFit")
+        self.numbers_act = self._action(
+            "&What the Numbers Mean", lambda: show_help(self), None, HELP_TITLE
+        )
+        self.readout.helpRequested.connect(self.numbers_act.trigger)
 
     def create_menus(self) -> None:
         self.importer = Importer(self)
@@ -433,7 +440,7 @@ class MainWindow(QMainWindow):
         theme_menu = view_menu.addMenu("&Colours")
         theme_menu.addActions(list(self.theme_acts.values()))
         help_menu = bar.addMenu("&Help")
-        help_menu.addAction(self.about_act)
+        help_menu.addActions([self.numbers_act, self.about_act])
 
     def create_tool_bars(self) -> None:
         tools = QToolBar("Main", self)
@@ -450,6 +457,7 @@ class MainWindow(QMainWindow):
     def create_status_bar(self) -> None:
         self.summary = QLabel()
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
+        self.summary.setToolTip(f"The banner's figure: device bytes per GPU. Help > {HELP_TITLE}")
         self.statusBar().addPermanentWidget(self.summary)
         self.statusBar().showMessage("Ready", 2000)
 
@@ -604,10 +612,7 @@ class MainWindow(QMainWindow):
         self.table.setEnabled(True)
         self.table.setToolTip("")
         self.fill_table(est)
-        summary = (
-            f"{est.device_bytes / GIB:,.2f} of {est.capacity_bytes / GIB:,.2f} GiB per GPU"
-            f" · {est.verdict}"
-        )
+        summary = status_summary(est)  # the banner's words and rounding
         if est.host_node_bytes:
             summary += f" · host RAM {est.host_node_bytes / GIB:,.1f} GiB per node"
             if est.host_capacity_bytes is not None:
@@ -625,7 +630,7 @@ class MainWindow(QMainWindow):
         self.table.setRowCount(len(est.items))
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         for row, item in enumerate(est.items):
-            texts = (item.name, item.category, f"{item.bytes / GIB:,.3f}", item.formula)
+            texts = (item.name, item.category, gib_cell(item.bytes), item.formula)
             for col, text in enumerate(texts):
                 cell = self.table.item(row, col)
                 if cell is None:
