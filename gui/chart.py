@@ -11,7 +11,14 @@ What is inside:
   :meth:`BreakdownChart.set_estimates` is the one way to give it estimates;
   :meth:`BreakdownChart.set_stale` says the current scenario has no valid estimate (the
   bars turn grey and the banner says why, with the engine's message) and
-  :meth:`BreakdownChart.clear` drops the bars (a new document);
+  :meth:`BreakdownChart.clear` drops the bars (a new document). The plot's title says when
+  the step peaks (:func:`peak_text`); the y axis ends at most at 3 x the capacity (or
+  1.2 x the current bar), and a taller what-if is drawn cut, with its true total and an
+  arrow (:func:`axis_top`); bar totals and the capacity and budget labels are laid out so
+  that none overlaps another (:meth:`BreakdownChart.layout_labels`); tick labels wrap,
+  never elided (:func:`tick_lines`);
+* :class:`ExportContext`, :func:`scenario_caption` -- what an exported file says besides
+  the plot: the scenario in one line, the verdict, the note;
 * :data:`CATEGORY_COLOURS`, :data:`CATEGORY_NAMES` -- the Okabe--Ito colour and the human
   name of each breakdown category, shared with anything that draws the same categories;
 * :func:`gib_text` -- bytes as the GiB (2^30 bytes) text the chart prints.
@@ -33,12 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
-from PySide6.QtCore import QEvent, QPointF, Qt, Signal, Slot
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from engine.errors import EstimateError
 from engine.estimate import GIB, Estimate
 from engine.model_state import CATEGORIES, MemoryItem
+from engine.stacks import load_stack
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour
 #: vision deficiencies. One colour per category, the same in every chart.
@@ -77,12 +86,29 @@ STALE_BANNER = ("#5F6368", "#FFFFFF")
 #: the alpha of a stale chart's grey bars (solid, ghost)
 STALE_ALPHA = (120, 55)
 
+#: a training method in a caption
+METHOD_WORDS = {
+    "full": "full fine-tuning",
+    "lora": "LoRA",
+    "qlora": "QLoRA",
+    "freeze": "partly frozen",
+}
+
 Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
 BAR_HALF_WIDTH = 0.32
 GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
 #: The most rank groups (pipeline stages) drawn as bars of their own.
 MAX_GROUP_BARS = 12
+#: The y axis ends at most at this many times the capacity (or 1.2 x the current bar,
+#: when that is taller): a what-if ten times the capacity would squash the capacity line
+#: to the floor. Taller bars are drawn cut at the top, with their true total and an arrow.
+AXIS_CAPACITIES = 3.0
+#: room above the current bar, and above the cut of a cut bar, for its total
+TOP_ROOM = 1.2
+CUT_MARK = "↑"
+#: the gap, in pixels, kept between labels and between a label and a line
+LABEL_GAP = 2.0
 #: How many "not yet modelled" entries the short note names before "…".
 NOTE_NAMES = 3
 
@@ -110,6 +136,94 @@ def view_point(plot_item: pg.PlotItem, scene_pos: QPointF) -> QPointF | None:
         return None
     point: QPointF = view.mapSceneToView(scene_pos)
     return point
+
+
+def axis_top(
+    capacity: float, current_totals: Sequence[float], totals: Sequence[float]
+) -> tuple[float, float]:
+    """The y axis' top and the height bars are cut at (GiB; ``inf``: none is cut).
+
+    The axis covers the capacity and the tallest bar, with 10 % room; but it ends at
+    most at :data:`AXIS_CAPACITIES` x the capacity or :data:`TOP_ROOM` x the current
+    bar, whichever is higher, so a what-if ten times the capacity leaves the capacity
+    line readable. The current bars are never cut; a taller what-if is cut below the top.
+
+    >>> axis_top(80.0, [40.0], [40.0, 60.0])
+    (88.0, inf)
+    >>> axis_top(80.0, [40.0], [40.0, 800.0])
+    (240.0, 200.0)
+    """
+    tallest = max(totals, default=0.0)
+    natural = max(capacity, tallest) * 1.1 or 1.0
+    if capacity <= 0:
+        return natural, float("inf")
+    limit = max(AXIS_CAPACITIES * capacity, max(current_totals, default=0.0) * TOP_ROOM)
+    if natural <= limit:
+        return natural, float("inf")
+    return limit, limit / TOP_ROOM
+
+
+def peak_text(est: Estimate) -> str:
+    """When the step peaks: ``Peak: backward (layer 31)``, ``Peak: backward (loss and LM
+    head)``, or ``Peak: optimizer step -- activations are freed by then`` (the reason a
+    bar then has no activations)."""
+    phase, layer = est.peak_phase, est.peak_layer
+    if phase in ("optimizer", "before"):
+        if est.breakdown.get("activations", 0) == 0:
+            return "Peak: optimizer step — activations are freed by then"
+        return "Peak: optimizer step"
+    if layer is not None:
+        return f"Peak: {phase} (layer {layer})"
+    where = est.steps.peak.label if est.steps is not None else ""  # "loss and LM head"
+    return f"Peak: {phase}" + (f" ({where})" if where else "")
+
+
+def scenario_caption(est: Estimate) -> str:
+    """The scenario in one line, for an exported chart: model, method, precision,
+    micro-batch x sequence, GPUs (the world size, the GPU, nodes and the parallel mesh)
+    and the training stack, e.g. ``Llama 3 8B · LoRA · bf16-mixed · micro-batch 4 x
+    2,048 tokens · 1 x NVIDIA H100 SXM 80GB · Hugging Face Trainer``."""
+    s = est.scenario
+    t, hw = s.training, s.hardware
+    p = t.parallelism
+    details = [f"{hw.nodes} nodes x {hw.gpus_per_node}"] if hw.nodes > 1 else []
+    mesh = [
+        f"{name} {getattr(p, name)}" for name in ("tp", "pp", "cp", "ep") if getattr(p, name) > 1
+    ]
+    mesh += [f"ZeRO-{p.zero_stage}"] if p.zero_stage else []
+    details += [", ".join(mesh)] if mesh else []
+    gpus = f"{hw.world_size} x {hw.gpu.display_name}"
+    if details:
+        gpus += f" ({'; '.join(details)})"
+    try:
+        stack = load_stack(t.stack).label
+    except EstimateError:  # an unreadable stack file still names the stack
+        stack = t.stack
+    framework = p.framework
+    if framework != "pytorch":
+        stack += f", {framework}"
+    return " · ".join(
+        (
+            s.model.label,
+            METHOD_WORDS.get(t.method, t.method),
+            t.precision,
+            f"micro-batch {t.micro_batch_size:,} x {t.sequence_length:,} tokens",
+            gpus,
+            stack,
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExportContext:
+    """What an exported chart says besides the plot: the scenario (:func:`scenario_caption`),
+    the banner's words and colours, and the note under the plot (``""`` when hidden)."""
+
+    caption: str
+    verdict: str
+    verdict_background: str
+    verdict_foreground: str
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,38 +314,135 @@ def _short_not_modelled(notes: Sequence[str]) -> str:
     return ", ".join(words)
 
 
-def _two_lines(text: str, width: float, metrics: QFontMetrics) -> list[str]:
-    """``text`` on one line if it fits ``width``, else on two, broken at the last space
-    that lets the first line fit (the second may still be too wide)."""
-    if metrics.horizontalAdvance(text) <= width:
-        return [text]
-    words = text.split(" ")
-    for i in range(len(words) - 1, 0, -1):
-        head = " ".join(words[:i])
-        if metrics.horizontalAdvance(head) <= width:
-            return [head, " ".join(words[i:])]
-    return [text]
+def _split_word(word: str, width: float, metrics: QFontMetrics) -> list[str]:
+    """``word`` in pieces that each fit ``width``, every piece but the last ending in a
+    hyphen: a word wider than a bar is broken, never cut."""
+    if metrics.horizontalAdvance(word) <= width or len(word) < 2:
+        return [word]
+    pieces: list[str] = []
+    rest = word
+    while rest and metrics.horizontalAdvance(rest) > width:
+        cut = len(rest) - 1
+        while cut > 1 and metrics.horizontalAdvance(rest[:cut] + "-") > width:
+            cut -= 1
+        pieces.append(rest[:cut] + "-")
+        rest = rest[cut:]
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
+def wrap_text(text: str, width: float, metrics: QFontMetrics) -> list[str]:
+    """``text`` word-wrapped into lines that fit ``width`` pixels; a word wider than a
+    line is broken with a hyphen. Nothing is cut: every character is on some line."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        for piece in _split_word(word, width, metrics):
+            candidate = f"{line} {piece}" if line else piece
+            if not line or metrics.horizontalAdvance(candidate) <= width:
+                line = candidate
+            else:
+                lines.append(line)
+                line = piece
+    if line:
+        lines.append(line)
+    return lines or [text]
 
 
 def tick_lines(label: str, note: str, width: float, metrics: QFontMetrics) -> list[str]:
-    """``label`` over ``note``, each fitted into ``width`` pixels.
+    """``label`` over ``note``, word-wrapped into ``width`` pixels, never cut.
 
-    A note too wide for one line breaks at its ``·`` separators first; the label, and
-    each part of the note, too wide for a line wraps onto a second at a space; whatever
-    is still too wide is elided. The full text
-    stays in the bar's tooltip.
+    A note too wide for one line breaks at its ``·`` separators first, then each part
+    wraps. A word wider than the width is broken with a hyphen, so every line fits and
+    nothing is elided: what is on screen is what an exported image or SVG carries.
     """
-    lines = _two_lines(label, width, metrics)
+    lines = wrap_text(label, width, metrics)
     if note:
         fits = metrics.horizontalAdvance(note) <= width
         parts = [note] if fits else [part.strip() for part in note.split("·")]
-        lines += [line for part in parts for line in _two_lines(part, width, metrics)]
-    return [
-        metrics.elidedText(line, Qt.TextElideMode.ElideRight, int(width))
-        if metrics.horizontalAdvance(line) > width
-        else line
-        for line in lines
-    ]
+        lines += [line for part in parts for line in wrap_text(part, width, metrics)]
+    return lines
+
+
+def _overlap(rect: QRectF, others: Sequence[QRectF]) -> float:
+    """The area ``rect`` shares with ``others``."""
+    total = 0.0
+    for other in others:
+        common = rect.intersected(other)
+        total += max(common.width(), 0.0) * max(common.height(), 0.0)
+    return total
+
+
+def _choose(
+    options: Sequence[Sequence[tuple[float, float, float, QRectF]]],
+    line_ys: Sequence[float],
+    totals: Sequence[QRectF],
+    bars: Sequence[QRectF],
+) -> list[tuple[float, float, float, QRectF]]:
+    """One spot per line label from ``options`` (each best first): the first spots, in
+    order, that overlap neither each other nor the ``totals`` (nor the ``bars``, where
+    spots free of them exist) and that no other line (at scene heights ``line_ys``)
+    strikes through; else the spots that overlap the totals least."""
+
+    def free(rect: QRectF, own: int, obstacles: Sequence[QRectF]) -> bool:
+        # a line through a label's margins leaves its words clear
+        margin = max(LABEL_GAP, 0.3 * rect.height())
+        struck = any(
+            rect.top() + margin < y < rect.bottom() - margin
+            for k, y in enumerate(line_ys)
+            if k != own
+        )
+        return not struck and not any(rect.intersects(o) for o in obstacles)
+
+    def search(obstacles: Sequence[QRectF]) -> list[tuple[float, float, float, QRectF]] | None:
+        picked: list[tuple[float, float, float, QRectF]] = []
+
+        def place(k: int) -> bool:
+            if k == len(options):
+                return True
+            taken = [spot[3] for spot in picked]
+            for spot in options[k]:
+                if free(spot[3], k, [*obstacles, *taken]):
+                    picked.append(spot)
+                    if place(k + 1):
+                        return True
+                    picked.pop()
+            return False
+
+        return picked if place(0) else None
+
+    for obstacles in ([*totals, *bars], list(totals)):
+        found = search(obstacles)
+        if found is not None:
+            return found
+    picked: list[tuple[float, float, float, QRectF]] = []
+    for k, spots in enumerate(options):
+        taken = [spot[3] for spot in picked]
+        apart = [s for s in spots if free(s[3], k, taken)] or list(spots)
+        if not apart:
+            return picked  # a label with no room at all keeps its place
+        picked.append(min(apart, key=lambda s: _overlap(s[3], totals)))
+    return picked
+
+
+def _lifted(rect: QRectF, line_ys: Sequence[float], placed: Sequence[QRectF]) -> QRectF:
+    """``rect`` moved up (scene y grows downwards) until no line at ``line_ys`` strikes
+    through it and it overlaps none of ``placed``."""
+    rect = QRectF(rect)
+    for _ in range(2 * (len(line_ys) + len(placed)) + 1):
+        moved = False
+        for y in line_ys:
+            if rect.top() - LABEL_GAP < y < rect.bottom() + LABEL_GAP:
+                rect.moveBottom(y - LABEL_GAP)
+                moved = True
+        for other in placed:
+            if rect.intersects(other):
+                rect.moveBottom(other.top() - LABEL_GAP)
+                moved = True
+        if not moved:
+            break
+    return rect
 
 
 class BreakdownChart(QWidget):
@@ -264,6 +475,10 @@ class BreakdownChart(QWidget):
         self._x_range = (-0.6, 1.4)
         self._stale: str | None = None
         self._coloured_stale: bool | None = None  # what the bar colours show
+        self._cut = float("inf")  # bars taller than this many GiB are drawn cut
+        self._top = 1.0  # the y axis' top as drawn, before labels raise it
+        self._peak = ""
+        self._background = QColor(Qt.GlobalColor.white)
 
         self.verdict_label = QLabel()
         self.verdict_label.setObjectName("verdictBanner")
@@ -330,6 +545,7 @@ class BreakdownChart(QWidget):
         bottom.setStyle(tickLength=0)
         bottom.setTickFont(QFont(self.font()))
         item.getViewBox().sigResized.connect(self._update_ticks)
+        item.getViewBox().sigResized.connect(self._on_view_resized)
         item.getViewBox().disableAutoRange()
 
         # One item per category for the current bar and one for all ghost bars: a render
@@ -367,6 +583,14 @@ class BreakdownChart(QWidget):
             item.addItem(line, ignoreBounds=True)
 
         self._total_texts: list[pg.TextItem] = []
+        # per total: its words, and whether bold (the worst rank group's); its markup shown
+        self._total_words: list[tuple[str, bool]] = []
+        self._total_markup: dict[int, str] = {}
+
+        # the marks across the top of a bar cut at the axis' limit (see :func:`axis_top`)
+        self.cut_marks = pg.PlotCurveItem(connect="finite")
+        self.cut_marks.setZValue(6)
+        item.addItem(self.cut_marks, ignoreBounds=True)
 
         # what an empty plot says (a scenario with no valid estimate yet)
         self.empty_text = pg.TextItem("", anchor=(0.5, 0.5))
@@ -393,6 +617,152 @@ class BreakdownChart(QWidget):
             self.plot_item.addItem(text, ignoreBounds=True)
             self._total_texts.append(text)
         return self._total_texts[index]
+
+    def _set_total(self, index: int, words: str, bold: bool, *, one_line: bool) -> None:
+        """Bar ``index``'s total on one line, or with its unit under the number."""
+        body = html.escape(words)
+        if not one_line:
+            number, _space, unit = words.partition(" ")
+            body = html.escape(number) + "<br>" + html.escape(unit)
+        if bold:
+            body = f"<b>{body}</b>"
+        markup = f"<div style='text-align:center'>{body}</div>"
+        if self._total_markup.get(index) != markup:
+            self._total_markup[index] = markup
+            self._total_texts[index].setHtml(markup)
+
+    def _draw_cut_marks(self, indexes: list[int], top: float, cut: float) -> None:
+        """A zigzag in the background colour across each cut bar, just under its cut."""
+        xs: list[float] = []
+        ys: list[float] = []
+        depth = top * 0.015
+        for i in indexes:
+            steps = np.linspace(i - BAR_HALF_WIDTH, i + BAR_HALF_WIDTH, 9)
+            xs += [*steps.tolist(), np.nan]
+            ys += [cut - 3 * depth + (depth if k % 2 else 0.0) for k in range(9)] + [np.nan]
+        self.cut_marks.setData(np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64))
+        self.cut_marks.setPen(pg.mkPen(self._background, width=3))
+
+    def _update_peak(self) -> None:
+        """The plot's title: when the step peaks (see :func:`peak_text`)."""
+        text = peak_text(self._current) if self._current is not None else ""
+        if text == self._peak:
+            return
+        self._peak = text
+        if text:
+            self.plot_item.setTitle(html.escape(text), size="9pt", color=self._muted.name())
+        else:
+            self.plot_item.setTitle(None)
+
+    # -- label layout ---------------------------------------------------------------------
+
+    def _on_view_resized(self, _view: object = None) -> None:
+        """A new plot size: the axis' top as drawn, then the labels laid out again."""
+        if self._bars:
+            self.plot_item.setYRange(0.0, self._top, padding=0.0)
+        self.layout_labels()
+
+    def layout_labels(self, grow: int = 3) -> None:
+        """Place the bar totals and the capacity and budget labels so that none overlaps
+        another, no line strikes through a total, and none leaves the plot.
+
+        A total too wide for its bar's slot puts its unit under the number; a total a
+        line would strike through, or that would overlap another, moves up above it. The
+        two line labels take, together, the first free places above or below their lines,
+        from the right end leftwards (free of bars where that can be, else over a bar);
+        where no place is free, the totals they would cover move up instead. A total
+        lifted out of the plot raises the axis' top (``grow`` times at most).
+        """
+        view = self.plot_item.getViewBox()
+        if not self._bars or view.width() <= 0 or view.height() <= 0:
+            return
+        area = view.sceneBoundingRect()
+
+        def scene(x: float, y: float) -> QPointF:
+            point: QPointF = view.mapViewToScene(QPointF(x, y))
+            return point
+
+        lines = [line for line in (self.capacity_line, self.budget_line) if line.isVisible()]
+        line_ys = [scene(0.0, line.value()).y() for line in lines]
+        slot = scene(1.0, 0.0).x() - scene(0.0, 0.0).x()
+        tops = [min(sum(h for _b, h in seg.values()), self._cut) for seg in self._segments]
+        totals: list[QRectF] = []
+        for i, (words, bold) in enumerate(self._total_words):
+            text = self._total_texts[i]
+            self._set_total(i, words, bold, one_line=True)
+            if text.textItem.boundingRect().width() > slot - 2 * LABEL_GAP:
+                self._set_total(i, words, bold, one_line=False)
+            size = text.textItem.boundingRect()
+            anchor = scene(float(i), tops[i])
+            rect = QRectF(
+                anchor.x() - size.width() / 2,
+                anchor.y() - size.height(),
+                size.width(),
+                size.height(),
+            )
+            totals.append(_lifted(rect, line_ys, totals))
+
+        bars = [
+            QRectF(scene(i - BAR_HALF_WIDTH, top), scene(i + BAR_HALF_WIDTH, 0.0))
+            for i, top in enumerate(tops)
+        ]
+        options = [self._label_spots(line, y, area) for line, y in zip(lines, line_ys, strict=True)]
+        chosen = _choose(options, line_ys, totals, bars)
+        labels: list[QRectF] = []
+        for line, (position, ax, ay, rect) in zip(lines, chosen, strict=False):
+            line.label.anchors = [(ax, ay), (ax, ay)]
+            line.label.setPosition(position)
+            labels.append(rect)
+        # totals a line label still covers move up, above it
+        for i, rect in enumerate(totals):
+            if any(rect.intersects(label) for label in labels):
+                others = [r for j, r in enumerate(totals) if j != i]
+                totals[i] = _lifted(rect, line_ys, [*labels, *others])
+        for i, rect in enumerate(totals):
+            bottom = view.mapSceneToView(QPointF(rect.center().x(), rect.bottom())).y()
+            self._total_texts[i].setPos(float(i), bottom)
+        overflow = area.top() - min(r.top() for r in [*totals, *labels])
+        if overflow > 0 and grow:  # a lifted label would leave the plot: raise its top
+            _y0, top = view.viewRange()[1]
+            room = max(area.height() - overflow - 4 * LABEL_GAP, area.height() / 2)
+            self.plot_item.setYRange(0.0, top * area.height() / room, padding=0.0)
+            self.layout_labels(grow - 1)
+
+    def _label_spots(
+        self, line: pg.InfiniteLine, y: float, area: QRectF
+    ) -> list[tuple[float, float, float, QRectF]]:
+        """Where ``line``'s label can go, best first: ``(position along the line, x
+        anchor, y anchor, rectangle)`` -- above or below the line (the capacity's above
+        first, the budget's below), at the right end, then leftwards to the left end;
+        then a label's height further above or below (two lines a few pixels apart)."""
+        size = line.label.textItem.boundingRect()
+        # the y anchor: 1 above the line, 0 below; a row further out when lines are close
+        row = 1.0 + LABEL_GAP / max(size.height(), 1.0)
+        sides = (1.0, 0.0, 1.0 + row, -row)
+        if line is not self.capacity_line:
+            sides = (0.0, 1.0, -row, 1.0 + row)
+        width = area.width()
+        spots = [(0.99, 1.0)]
+        steps = 24
+        for k in range(steps - 1, 0, -1):  # label centres from right to left
+            spots.append((k / steps, 0.5))
+        spots.append((0.01, 0.0))
+        out = []
+        inside = area.adjusted(-1, -1, 1, 1)
+        for ay in sides:
+            for position, ax in spots:
+                x = area.left() + position * width - ax * size.width()
+                rect = QRectF(x, y - ay * size.height(), size.width(), size.height())
+                if inside.contains(rect):
+                    out.append((position, ax, ay, rect))
+        return out
+
+    def label_rects(self) -> list[tuple[str, QRectF]]:
+        """Each visible label in the plot (bar totals, line labels) and its rectangle in
+        scene coordinates: what the layout keeps apart."""
+        items: list[pg.TextItem] = [t for t in self._total_texts if t.isVisible()]
+        items += [line.label for line in (self.capacity_line, self.budget_line) if line.isVisible()]
+        return [(t.toPlainText(), t.sceneBoundingRect()) for t in items]
 
     # -- the entry point ----------------------------------------------------------------
 
@@ -452,13 +822,20 @@ class BreakdownChart(QWidget):
         ]
         xs = np.arange(len(self._bars), dtype=np.float64)
         n = len(solid)
+        totals = heights.sum(axis=1)
+        capacity = current.capacity_bytes / GIB if current is not None else 0.0
+        top, cut = axis_top(capacity, totals[:n], totals)
+        self._cut = cut
+        # a bar taller than the cut is drawn up to it: its segments above end there
+        drawn = np.clip(bottoms + heights, None, cut) - np.clip(bottoms, None, cut)
+        heights_shown = np.maximum(drawn, 0.0)
         for j, cat in enumerate(CATEGORIES):
             for item, rows in (
                 (self.bars[cat], slice(0, n)),
                 (self.ghost_bars[cat], slice(n, None)),
             ):
                 x = xs[rows]
-                h = heights[rows, j]
+                h = heights_shown[rows, j]
                 keep = h > 0  # a zero-height bar would still draw its outline
                 item.setOpts(
                     x0=x[keep] - BAR_HALF_WIDTH,
@@ -475,21 +852,27 @@ class BreakdownChart(QWidget):
             x0=np.array([i - BAR_HALF_WIDTH - pad for i in worst], dtype=np.float64),
             x1=np.array([i + BAR_HALF_WIDTH + pad for i in worst], dtype=np.float64),
             y0=np.zeros(len(worst)),
-            height=np.array([self._bars[i].device_bytes / GIB for i in worst]),
+            height=np.array([min(self._bars[i].device_bytes / GIB, cut) for i in worst]),
         )
+        self._draw_cut_marks([i for i, total in enumerate(totals) if total > cut], top, cut)
 
-        # totals above the bars, the worst rank group's in bold
+        # totals above the bars, the worst rank group's in bold; a cut bar's true total
+        # with an arrow at its cut
         for i, bar in enumerate(self._bars):
             text = self._total_text(i)
-            words = html.escape(gib_text(bar.device_bytes))
-            text.setHtml(f"<b>{words}</b>" if bar.worst else words)
-            text.setPos(float(i), bar.device_bytes / GIB)
+            over = totals[i] > cut
+            words = gib_text(bar.device_bytes) + (f" {CUT_MARK}" if over else "")
+            self._set_total(i, words, bar.worst, one_line=True)
+            text.setPos(float(i), cut if over else bar.device_bytes / GIB)
             text.show()
+        self._total_words = [
+            (gib_text(b.device_bytes) + (f" {CUT_MARK}" if t > cut else ""), b.worst)
+            for b, t in zip(self._bars, totals, strict=True)
+        ]
         for text in self._total_texts[len(self._bars) :]:
             text.hide()
 
         # capacity and budget lines; axes (a lone bar keeps room on its right for the labels)
-        tallest = float(np.max(heights.sum(axis=1))) if len(self._bars) else 0.0
         for line in (self.capacity_line, self.budget_line):
             # first: a hidden line's label ignores a new text (pyqtgraph's InfLineLabel)
             line.setVisible(current is not None)
@@ -504,19 +887,19 @@ class BreakdownChart(QWidget):
             self.budget_line.label.setFormat(
                 f"budget {hardware.utilization_target * 100:g} % · {gib_text(current.budget_bytes)}"
             )
-        else:
-            capacity = 0.0
         # an empty plot has no scale to read: no numbers on its axis, no grid
         self.plot_item.getAxis("left").setStyle(showValues=bool(self._bars))
         self.plot_item.showGrid(x=False, y=bool(self._bars), alpha=0.3)
         self.empty_text.setPos(0.4, 0.5)  # the middle of the empty x and y ranges
         self.empty_text.setVisible(not self._bars)
-        top = max(capacity, tallest) * 1.1 or 1.0
+        self._top = top
         self.plot_item.setYRange(0.0, top, padding=0.0)
         self._x_range = (-0.6, max(len(self._bars) - 0.4, 1.4))
         self.plot_item.setXRange(*self._x_range, padding=0.0)
         self._update_ticks()
         self._restyle()
+        self._update_peak()
+        self.layout_labels()
 
     def _restyle(self) -> None:
         """Banner, badge, note and colours for the estimate shown, current or stale."""
@@ -646,7 +1029,7 @@ class BreakdownChart(QWidget):
         )
 
     def _update_ticks(self) -> None:
-        """Tick labels under the bars, wrapped and elided to the width of one bar's slot."""
+        """Tick labels under the bars, wrapped (never cut) to the width of one bar's slot."""
         axis = self.plot_item.getAxis("bottom")
         metrics = QFontMetrics(axis.style["tickFont"])
         view_width = self.plot_item.getViewBox().width()
@@ -670,13 +1053,30 @@ class BreakdownChart(QWidget):
 
     # -- queries used by hover, double-click and tests ----------------------------------
 
+    def export_context(self) -> ExportContext:
+        """The caption, verdict and note an exported image or SVG carries (see
+        :mod:`gui.chart_export`); all ``""`` for an empty chart."""
+        current = self._current
+        caption = scenario_caption(current) if current is not None else ""
+        verdict = self.verdict_text() if not self.verdict_label.isHidden() else ""
+        if self._stale is not None or current is None:
+            background, foreground = STALE_BANNER
+        else:
+            _words, background, foreground = VERDICTS[current.verdict]
+        note = self.note_label.text() if not self.note_label.isHidden() else ""
+        return ExportContext(caption, verdict, background, foreground, note)
+
+    def peak_caption(self) -> str:
+        """When the step peaks, as the plot's title says; ``""`` for an empty chart."""
+        return self._peak
+
     def verdict_text(self) -> str:
         """The banner's words, e.g. ``Fits under the budget · 45.1 GiB per GPU of …``."""
         return self.verdict_label.text()
 
     def x_labels(self) -> list[str]:
         """The tick labels shown under the bars: ``current`` (or each rank group), then
-        each ghost's label over its note (wrapped and elided to the bar's width)."""
+        each ghost's label over its note (wrapped to the bar's width, never cut)."""
         return list(self._x_labels)
 
     def current_bar_count(self) -> int:
@@ -791,6 +1191,11 @@ class BreakdownChart(QWidget):
         )
         self._foreground = foreground
         self._muted = muted
+        self._background = QColor(background)
+        self.cut_marks.setPen(pg.mkPen(background, width=3))
+        if self._peak:  # the title's colour is set with its text
+            self._peak = ""
+            self._update_peak()
         self.plot.setBackground(background)
         for name in ("left", "bottom"):
             axis = self.plot_item.getAxis(name)

@@ -2,31 +2,41 @@
 plots -- as an image, without any dialog.
 
 * :func:`chart_image` -- the whole chart (verdict banner, plot, note) as a ``QImage``, at
-  ``scale`` times its logical size; used for PNG export and for "Copy chart";
-* :func:`png_bytes`, :func:`svg_bytes` -- the chart encoded in memory;
+  ``scale`` times its logical size; used for "Copy chart";
+* :func:`captioned_image` -- that image under a caption naming the scenario (model,
+  method, precision, micro-batch x sequence, GPUs, training stack), for PNG export;
+* :func:`png_bytes`, :func:`svg_bytes` -- the chart, with its caption, encoded in memory;
 * :func:`export_png`, :func:`export_svg` -- those bytes saved as an editor saves
   (:func:`engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
   refused, the file's mode is kept, the write is atomic).
 
 The SVG is the plot (``chart.plot_item``, or the graphics item given) through pyqtgraph's
-``SVGExporter``, or the whole widget painted into Qt's ``QSvgGenerator`` where that
-exporter fails. Each function restores whatever it
-changes (the widget's size) before it returns.
+``SVGExporter`` -- under the caption and the verdict banner, over the chart's note, all as
+SVG text -- or the whole widget painted into Qt's ``QSvgGenerator`` where that exporter
+fails. The caption and verdict default to the chart's own (its ``export_context()``, see
+:class:`gui.chart.ExportContext`); ``""`` leaves one out. Each function restores whatever
+it changes (the widget's size) before it returns.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
+from xml.sax.saxutils import escape, quoteattr
 
 from pyqtgraph.exporters import SVGExporter
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPoint, QRect, QSize
-from PySide6.QtGui import QImage, QImageWriter, QPainter
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPoint, QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QFont, QFontMetrics, QImage, QImageWriter, QPainter, QPalette
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QWidget
 
 from engine.files import write_bytes
+from gui.chart import wrap_text
 
 PathLike = str | os.PathLike[str]
+#: the margin around the caption, in logical pixels
+CAPTION_MARGIN = 8
 
 
 class ExportError(OSError):
@@ -67,9 +77,100 @@ def chart_image(chart: QWidget, scale: int = 1, *, size: QSize | None = None) ->
             chart.resize(old)
 
 
-def png_bytes(chart: QWidget, scale: int = 1, *, size: QSize | None = None) -> bytes:
-    """The whole chart as PNG data, ``scale`` x its logical size in pixels."""
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What goes around the plot in a file: caption, verdict (and its colours), note."""
+
+    caption: str
+    verdict: str
+    background: str = "#5F6368"
+    foreground: str = "#FFFFFF"
+    note: str = ""
+
+
+def _context(chart: QWidget, caption: str | None, verdict: str | None) -> _Context:
+    """The chart's own caption and verdict (``export_context()``), or those given."""
+    own = getattr(chart, "export_context", None)
+    ctx = own() if callable(own) else None
+    return _Context(
+        caption if caption is not None else getattr(ctx, "caption", ""),
+        verdict if verdict is not None else getattr(ctx, "verdict", ""),
+        getattr(ctx, "verdict_background", "#5F6368"),
+        getattr(ctx, "verdict_foreground", "#FFFFFF"),
+        getattr(ctx, "note", ""),
+    )
+
+
+def _caption_lines(text: str, width: float, metrics: QFontMetrics) -> list[str]:
+    """``text`` (lines, each word-wrapped to ``width``) as the caption's lines."""
+    return [line for part in text.splitlines() for line in wrap_text(part, width, metrics)]
+
+
+def captioned_image(
+    chart: QWidget,
+    scale: int = 1,
+    *,
+    size: QSize | None = None,
+    caption: str | None = None,
+    verdict: str | None = None,
+) -> QImage:
+    """:func:`chart_image` under a caption: the scenario (``caption``, by default the
+    chart's), then ``verdict`` when one is given (the chart's banner already carries its
+    own). With neither, the chart's image alone."""
     image = chart_image(chart, scale, size=size)
+    ctx = _context(chart, caption, "")
+    texts = [t for t in (ctx.caption, verdict or "") if t]
+    if not texts:
+        return image
+    logical = QSize(round(image.width() / scale), round(image.height() / scale))
+    font = QFont(chart.font())
+    bold = QFont(font)
+    bold.setBold(True)
+    width = logical.width() - 2 * CAPTION_MARGIN
+    blocks = [
+        (f, _caption_lines(text, width, QFontMetrics(f)))
+        for f, text in zip((bold, font), texts, strict=False)
+    ]
+    spacing = max(QFontMetrics(f).lineSpacing() for f in (font, bold))
+    header = 2 * CAPTION_MARGIN + spacing * sum(len(lines) for _f, lines in blocks)
+    out = QImage(
+        QSize(logical.width(), logical.height() + header) * scale,
+        QImage.Format.Format_ARGB32_Premultiplied,
+    )
+    out.setDevicePixelRatio(scale)
+    palette = chart.palette()
+    out.fill(palette.color(chart.backgroundRole()))
+    painter = QPainter(out)
+    try:
+        painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
+        painter.setPen(palette.color(QPalette.ColorRole.Text))
+        y = CAPTION_MARGIN
+        for f, lines in blocks:
+            painter.setFont(f)
+            for line in lines:
+                painter.drawText(
+                    QRectF(CAPTION_MARGIN, y, width, spacing),
+                    int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter),
+                    line,
+                )
+                y += spacing
+        painter.drawImage(QPoint(0, header), image)
+    finally:
+        painter.end()
+    return out
+
+
+def png_bytes(
+    chart: QWidget,
+    scale: int = 1,
+    *,
+    size: QSize | None = None,
+    caption: str | None = None,
+    verdict: str | None = None,
+) -> bytes:
+    """The whole chart as PNG data, ``scale`` x its logical size in pixels, under its
+    caption (see :func:`captioned_image`)."""
+    image = captioned_image(chart, scale, size=size, caption=caption, verdict=verdict)
     buffer = QBuffer()
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     writer = QImageWriter(buffer, QByteArray(b"png"))
@@ -79,22 +180,36 @@ def png_bytes(chart: QWidget, scale: int = 1, *, size: QSize | None = None) -> b
 
 
 def export_png(
-    chart: QWidget, path: PathLike, scale: int = 1, *, size: QSize | None = None
+    chart: QWidget,
+    path: PathLike,
+    scale: int = 1,
+    *,
+    size: QSize | None = None,
+    caption: str | None = None,
+    verdict: str | None = None,
 ) -> None:
-    """Write the whole chart to ``path`` as PNG, ``scale`` x its logical size in pixels."""
-    _write(path, png_bytes(chart, scale, size=size), "PNG")
+    """Write the whole chart to ``path`` as PNG, ``scale`` x its logical size in pixels,
+    under its caption (see :func:`captioned_image`)."""
+    _write(path, png_bytes(chart, scale, size=size, caption=caption, verdict=verdict), "PNG")
 
 
 def svg_bytes(
-    chart: QWidget, item: QGraphicsItem | None = None, *, title: str = "MemFit memory breakdown"
+    chart: QWidget,
+    item: QGraphicsItem | None = None,
+    *,
+    title: str = "MemFit memory breakdown",
+    caption: str | None = None,
+    verdict: str | None = None,
 ) -> bytes:
     """The plot as SVG (vector text and shapes): ``item`` (a plot or a layout of plots),
-    by default the chart's ``plot_item``.
+    by default the chart's ``plot_item``, under the caption and the verdict banner and
+    over the chart's note (by default the chart's own; ``""`` leaves one out).
 
     pyqtgraph's ``SVGExporter`` on the item comes first; should it raise, the whole
-    widget is painted into a ``QSvgGenerator`` instead, titled ``title``.
+    widget is painted into a ``QSvgGenerator`` instead. Either is titled ``title``.
     """
     _resized(chart, None)
+    ctx = _context(chart, caption, verdict)
     if item is None:
         item = getattr(chart, "plot_item", None)
     try:
@@ -103,9 +218,9 @@ def svg_bytes(
         data = SVGExporter(item).export(toBytes=True)
         if not isinstance(data, bytes):
             raise TypeError(f"the SVG exporter gave {type(data).__name__}, not bytes")
-        return data
+        return _framed_svg(data.decode("utf-8"), chart, ctx, title).encode("utf-8")
     except Exception:  # the exporter depends on Qt internals; Qt's own generator is the fallback
-        return _svg_with_qt(chart, title)
+        return _svg_with_qt(chart, title, ctx.caption)
 
 
 def export_svg(
@@ -114,9 +229,12 @@ def export_svg(
     item: QGraphicsItem | None = None,
     *,
     title: str = "MemFit memory breakdown",
+    caption: str | None = None,
+    verdict: str | None = None,
 ) -> None:
     """Write the plot to ``path`` as SVG (see :func:`svg_bytes`)."""
-    _write(path, svg_bytes(chart, item, title=title), "SVG")
+    data = svg_bytes(chart, item, title=title, caption=caption, verdict=verdict)
+    _write(path, data, "SVG")
 
 
 def _write(path: PathLike, data: bytes, kind: str) -> None:
@@ -126,19 +244,123 @@ def _write(path: PathLike, data: bytes, kind: str) -> None:
         raise ExportError(f"could not write the {kind} file {os.fspath(path)!r}: {exc}") from exc
 
 
-def _svg_with_qt(chart: QWidget, title: str) -> bytes:
+_VIEW_BOX = re.compile(r'viewBox\s*=\s*"0 0 ([0-9.]+) ([0-9.]+)"')
+
+
+def _svg_text(x: float, y: float, text: str, size: float, colour: str, **attrs: str) -> str:
+    extra = "".join(f" {key.replace('_', '-')}={quoteattr(value)}" for key, value in attrs.items())
+    return (
+        f'<text x="{x:g}" y="{y:g}" font-family="sans-serif" font-size="{size:g}"'
+        f' fill={quoteattr(colour)} stroke="none" xml:space="preserve"{extra}>'
+        f"{escape(text)}</text>"
+    )
+
+
+def _framed_svg(svg: str, chart: QWidget, ctx: _Context, title: str) -> str:
+    """pyqtgraph's SVG of the plot with the caption and the verdict banner above it and
+    the note below, as text; titled ``title``."""
+    found = _VIEW_BOX.search(svg)
+    body_start = svg.find("<defs>")
+    end = svg.rfind("</svg>")
+    if found is None or body_start < 0 or end < 0:
+        raise ValueError("unexpected SVG from the exporter")
+    width, height = float(found.group(1)), float(found.group(2))
+    palette = chart.palette()
+    text_colour = palette.color(QPalette.ColorRole.Text).name()
+    font = QFont(chart.font())
+    size = float(font.pixelSize() if font.pixelSize() > 0 else round(font.pointSizeF() * 4 / 3))
+    font.setPixelSize(round(size))
+    metrics = QFontMetrics(font)
+    line = metrics.lineSpacing() * 1.15
+    inner = width - 2 * CAPTION_MARGIN
+    head: list[str] = []
+    y = float(CAPTION_MARGIN)
+    bold = QFont(font)
+    bold.setBold(True)
+    for text in _caption_lines(ctx.caption, inner, QFontMetrics(bold)):
+        head.append(
+            _svg_text(
+                CAPTION_MARGIN, y + metrics.ascent(), text, size, text_colour, font_weight="bold"
+            )
+        )
+        y += line
+    if ctx.verdict:
+        lines = _caption_lines(ctx.verdict, inner - 12, QFontMetrics(bold))
+        box = len(lines) * line + 12
+        y += 4
+        head.append(
+            f'<rect x="{CAPTION_MARGIN}" y="{y:g}" width="{inner:g}" height="{box:g}" rx="4"'
+            f' fill={quoteattr(ctx.background)} stroke="none"/>'
+        )
+        for i, text in enumerate(lines):
+            head.append(
+                _svg_text(
+                    width / 2,
+                    y + 6 + i * line + metrics.ascent(),
+                    text,
+                    size,
+                    ctx.foreground,
+                    font_weight="bold",
+                    text_anchor="middle",
+                )
+            )
+        y += box
+    top = y + 4 if head else 0.0
+    foot: list[str] = []
+    y = top + height + 4
+    for text in _caption_lines(ctx.note, inner, metrics):
+        foot.append(
+            _svg_text(
+                CAPTION_MARGIN, y + metrics.ascent(), text, size, text_colour, fill_opacity="0.7"
+            )
+        )
+        y += line
+    total = y + CAPTION_MARGIN if foot else top + height
+    background = palette.color(chart.backgroundRole()).name()
+    out = (
+        svg[: found.start()] + f'viewBox="0 0 {width:g} {total:g}"' + svg[found.end() : body_start]
+    )
+    out = re.sub(r"<title>.*?</title>", f"<title>{escape(title)}</title>", out, count=1, flags=re.S)
+    return (
+        out + f'<rect x="0" y="0" width="{width:g}" height="{total:g}" fill={quoteattr(background)}'
+        ' stroke="none"/>\n'
+        + "\n".join(head)
+        + f'\n<g transform="translate(0,{top:g})">\n'
+        + svg[body_start:end]
+        + "</g>\n"
+        + "\n".join(foot)
+        + "\n</svg>\n"
+    )
+
+
+def _svg_with_qt(chart: QWidget, title: str, caption: str = "") -> bytes:
+    """The whole widget (banner, plot, note) painted into Qt's SVG generator, under
+    ``caption``."""
+    metrics = QFontMetrics(chart.font())
+    inner = chart.width() - 2 * CAPTION_MARGIN
+    lines = _caption_lines(caption, inner, metrics)
+    header = 2 * CAPTION_MARGIN + len(lines) * metrics.lineSpacing() if lines else 0
     buffer = QBuffer()
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     generator = QSvgGenerator()
     generator.setOutputDevice(buffer)
-    generator.setSize(chart.size())
-    generator.setViewBox(QRect(0, 0, chart.width(), chart.height()))
+    generator.setSize(QSize(chart.width(), chart.height() + header))
+    generator.setViewBox(QRect(0, 0, chart.width(), chart.height() + header))
     generator.setTitle(title)
     painter = QPainter()
     if not painter.begin(generator):
         raise ExportError("could not paint the chart as SVG")
     try:
-        chart.render(painter, QPoint())
+        if lines:
+            painter.fillRect(
+                QRect(0, 0, chart.width(), header), chart.palette().color(chart.backgroundRole())
+            )
+            painter.setPen(chart.palette().color(QPalette.ColorRole.Text))
+            painter.setFont(chart.font())
+            for i, text in enumerate(lines):
+                y = CAPTION_MARGIN + i * metrics.lineSpacing() + metrics.ascent()
+                painter.drawText(QPoint(CAPTION_MARGIN, y), text)
+        chart.render(painter, QPoint(0, header))
     finally:
         painter.end()
     return bytes(buffer.data().data())
