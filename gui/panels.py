@@ -41,6 +41,8 @@ from engine.specs import (
     OPTIMIZER_IMPLS,
     STACKS,
     GpuSpec,
+    HardwareSpec,
+    ModelSpec,
     Scenario,
     TrainingSpec,
     target_names,
@@ -219,6 +221,33 @@ def _stack_field() -> tuple[Getter, Setter]:
     return (lambda s: s.training.stack), set_
 
 
+def hardware_summary(hw: HardwareSpec) -> str:
+    """One line for the folded hardware rows: what is set beyond the GPU preset."""
+    memory = "preset memory" if hw.memory_gib is None else f"{hw.memory_gib:g} GiB given"
+    parts = [memory, f"budget {100 * hw.utilization_target:g} %"]
+    if hw.host_memory_gib is not None:
+        parts.append(f"host {hw.host_memory_gib:g} GiB")
+    if hw.price_per_gpu_hour is not None:
+        parts.append(f"{hw.price_per_gpu_hour:g} / GPU-hour")
+    parts.append({v: t for t, v in CUDA_CHOICES}.get(hw.cuda_runtime, hw.cuda_runtime))
+    return " · ".join(parts)
+
+
+def architecture_summary(m: ModelSpec) -> str:
+    """One line for the folded architecture: ``32 layers · hidden 4,096 · 32 heads (8 KV)
+    · MLP 14,336 · vocab 128,256`` (and the experts of a mixture of experts)."""
+    heads = f"{m.num_attention_heads} heads"
+    if m.num_key_value_heads != m.num_attention_heads:
+        heads += f" ({m.num_key_value_heads} KV)"
+    parts = [f"{m.num_layers} layers", f"hidden {m.hidden_size:,}", heads]
+    if m.num_experts:
+        parts.append(f"{m.num_experts} experts, {m.num_experts_per_tok} per token")
+    else:
+        parts.append(f"MLP {m.intermediate_size:,}")
+    parts.append(f"vocab {m.vocab_size:,}")
+    return " · ".join(parts)
+
+
 def conventions_summary(training: TrainingSpec) -> str:
     """``outputs released · KV cache built · adapters fp32 · loss on fp32 logits``: the
     conventions of ``training`` in one line (those that apply to its method), a ``*``
@@ -321,6 +350,16 @@ class ModelPanel(FormPanel):
         self.preset.activated.connect(self._choose_preset)
 
         dims = 1 << 24
+        # the architecture folds under the model: a preset fills it; open it to edit
+        self.architecture = Collapsible("Architecture")
+        self.architecture.setObjectName("architecture")
+        self.form.addRow(self.architecture)
+        with self.rows_in(self.architecture.form):
+            self._add_architecture(dims)
+        self._fill_presets()
+        self.after_refresh(store.scenario)
+
+    def _add_architecture(self, dims: int) -> None:
         self.add_spin("model.num_layers", "Layers", 1, 4096, model_field("num_layers"))
         self.add_spin("model.hidden_size", "Hidden size", 1, dims, model_field("hidden_size"))
         self.add_spin(
@@ -377,8 +416,6 @@ class ModelPanel(FormPanel):
             model_field("tie_word_embeddings"),
             "The LM head shares the embedding matrix",
         )
-        self._fill_presets()
-        self.after_refresh(store.scenario)
 
     @Slot()
     def _fill_presets(self) -> None:
@@ -469,6 +506,7 @@ class ModelPanel(FormPanel):
             + (f"<br>trainable {trainable:,} ({100 * trainable / total:.3g} %)" if total else "")
             + built
         )
+        self.architecture.summary.setText(architecture_summary(scenario.model))
         self._select_current()
 
 
@@ -497,6 +535,15 @@ class HardwarePanel(FormPanel):
             "hardware.gpus_per_node", "GPUs per node", 1, 64, hardware_field("gpus_per_node")
         )
         self.add_spin("hardware.nodes", "Nodes", 1, 100_000, hardware_field("nodes"))
+        # what a preset answers: folded under the GPU, opened on demand
+        self.more = Collapsible("More hardware")
+        self.more.setObjectName("moreHardware")
+        self.form.addRow(self.more)
+        with self.rows_in(self.more.form):
+            self._add_more()
+        self.after_refresh(store.scenario)
+
+    def _add_more(self) -> None:
         get_mem, set_mem = hardware_field("memory_gib")
         memory = self.add_double(
             "hardware.memory_gib",
@@ -555,7 +602,6 @@ class HardwarePanel(FormPanel):
             "used (the default since 12.2); eager loading (CUDA 11, or "
             "CUDA_MODULE_LOADING=EAGER) loads every kernel of the libraries at start",
         )
-        self.after_refresh(store.scenario)
 
     def after_refresh(self, scenario: Scenario) -> None:
         # a GPU without a preset has an item of its own: its name follows its memory
@@ -566,6 +612,7 @@ class HardwarePanel(FormPanel):
             combo.setItemText(index, gpu_text(scenario.hardware.gpu))
         preset = scenario.hardware.gpu.price_per_gpu_hour
         self.price.setSpecialValueText("not given" if preset is None else f"preset {preset:g}")
+        self.more.summary.setText(hardware_summary(scenario.hardware))
 
 
 def canonical_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -643,25 +690,42 @@ class TrainingPanel(FormPanel):
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Training strategy", store, parent)
         self._stacks = self._read_stacks()
-        stack = self.add_combo(
-            "training.stack",
-            "Training stack",
-            [(self._stacks[n].label if n in self._stacks else n, n) for n in STACKS],
-            _stack_field(),
-            "The loop that runs the step: its conventions fill those the scenario leaves "
-            "to it, and choosing it sets its loss and optimizer implementation",
-        )
-        for index, name in enumerate(STACKS):
-            known = self._stacks.get(name)
-            tip = stack_tip(known) if known else rich_text(f"{name}: its file cannot be read")
-            stack.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
-        self.conventions = Collapsible("Conventions")
-        self.conventions.setObjectName("conventions")
-        self.form.addRow(self.conventions)
-        self.resets: dict[str, QToolButton] = {}
-        with self.rows_in(self.conventions.form):
-            self._add_conventions()
+        # first what a user changes first (it fits the first screen), then the method's
+        # details, the training stack and its conventions, and the rest
         self.add_combo("training.method", "Method", METHOD_CHOICES, training_field("method"))
+        self.add_combo(
+            "training.precision", "Precision", PRECISION_CHOICES, training_field("precision")
+        )
+        self.add_spin(
+            "training.micro_batch_size", "Micro-batch", 1, 65536, training_field("micro_batch_size")
+        )
+        self.add_spin(
+            "training.sequence_length",
+            "Sequence length",
+            1,
+            1 << 24,
+            training_field("sequence_length"),
+            step=256,
+        )
+        self.add_combo(
+            "training.activation_checkpointing",
+            "Checkpointing",
+            CHECKPOINT_CHOICES,
+            training_field("activation_checkpointing"),
+            "none keeps every activation; selective recomputes part of each layer (what "
+            "part is the stack's policy); full keeps only each layer's input; per-op is "
+            "torchtitan's policy (every other matmul and attention saved)",
+        )
+        self.add_spin(
+            "training.checkpoint_every_k",
+            "Checkpoint k",
+            1,
+            4096,
+            training_field("checkpoint_every_k"),
+            "k, 1 to 4096: every k layers checkpoints layers 0, k, 2k, ...; first k layers "
+            "checkpoints the first k layers of each pipeline stage (Megatron's block method)",
+            suffix=" layers",
+        )
         self.add_spin(
             "training.lora.rank",
             "LoRA rank",
@@ -696,9 +760,24 @@ class TrainingPanel(FormPanel):
             training_field("freeze.last_layers"),
             "Also train the last N whole layers (0 to 4096)",
         )
-        self.add_combo(
-            "training.precision", "Precision", PRECISION_CHOICES, training_field("precision")
+        stack = self.add_combo(
+            "training.stack",
+            "Training stack",
+            [(self._stacks[n].label if n in self._stacks else n, n) for n in STACKS],
+            _stack_field(),
+            "The loop that runs the step: its conventions fill those the scenario leaves "
+            "to it, and choosing it sets its loss and optimizer implementation",
         )
+        for index, name in enumerate(STACKS):
+            known = self._stacks.get(name)
+            tip = stack_tip(known) if known else rich_text(f"{name}: its file cannot be read")
+            stack.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
+        self.conventions = Collapsible("Conventions")
+        self.conventions.setObjectName("conventions")
+        self.form.addRow(self.conventions)
+        self.resets: dict[str, QToolButton] = {}
+        with self.rows_in(self.conventions.form):
+            self._add_conventions()
         self.add_combo(
             "training.optimizer", "Optimizer", OPTIMIZER_CHOICES, training_field("optimizer")
         )
@@ -708,17 +787,6 @@ class TrainingPanel(FormPanel):
             [(v, v) for v in OPTIMIZER_IMPLS],
             training_field("optimizer_impl"),
             "foreach allocates a full-size temporary; fused does not",
-        )
-        self.add_spin(
-            "training.micro_batch_size", "Micro-batch", 1, 65536, training_field("micro_batch_size")
-        )
-        self.add_spin(
-            "training.sequence_length",
-            "Sequence length",
-            1,
-            1 << 24,
-            training_field("sequence_length"),
-            step=256,
         )
         self.add_spin(
             "training.gradient_accumulation_steps",
@@ -734,25 +802,6 @@ class TrainingPanel(FormPanel):
             "Step each parameter as soon as its gradient is ready and free the gradient "
             "(torchtune's optimizer_in_bwd): no full gradient buffer; needs gradient "
             "accumulation 1",
-        )
-        self.add_combo(
-            "training.activation_checkpointing",
-            "Checkpointing",
-            CHECKPOINT_CHOICES,
-            training_field("activation_checkpointing"),
-            "none keeps every activation; selective recomputes part of each layer (what "
-            "part is the stack's policy); full keeps only each layer's input; per-op is "
-            "torchtitan's policy (every other matmul and attention saved)",
-        )
-        self.add_spin(
-            "training.checkpoint_every_k",
-            "Checkpoint k",
-            1,
-            4096,
-            training_field("checkpoint_every_k"),
-            "k, 1 to 4096: every k layers checkpoints layers 0, k, 2k, ...; first k layers "
-            "checkpoints the first k layers of each pipeline stage (Megatron's block method)",
-            suffix=" layers",
         )
         self.add_combo(
             "training.attention",

@@ -141,8 +141,10 @@ def test_engine_error_marks_the_chart_stale_and_says_why(window: MainWindow) -> 
     # q_proj/v_proj match nothing in DeepSeek-V3's latent attention
     assert "training.lora.targets" in window.store.error
     assert window.store.estimate is None
-    assert window.chart.is_stale() and window.chart.stale_reason() == window.store.error
-    assert window.chart.verdict_text().startswith("Out of date: training.lora.targets")
+    # the chart says it in the panel's words: the row's label, not the field's path
+    assert window.chart.is_stale()
+    assert window.chart.stale_reason() == window.in_user_words(window.store.error)
+    assert window.chart.verdict_text().startswith("Out of date: LoRA targets")
     window.training_panel.targets.boxes["all-linear"].setChecked(True)
     assert window.store.error == "" and not window.chart.is_stale()
 
