@@ -29,6 +29,7 @@ from engine.errors import EstimateError, shown
 from engine.estimate import GIB, Estimate, estimate
 from engine.files import read_json, write_text
 from engine.hub_cache import cache_root, find_model, scan_cache
+from engine.imports import config_notes
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names
 from engine.report import (
@@ -197,8 +198,7 @@ def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list
         if key not in data:
             raise EstimateError(key, f"missing; give {flags} beside --from-config")
     data.update(apply_training_config(data, imported))
-    notes += list(imported.notes)
-    notes += [f"not modelled: {item}" for item in imported.ignored]
+    notes += config_notes(imported)
 
 
 def build_scenario_dict(args: argparse.Namespace, notes: list[str] | None = None) -> dict[str, Any]:

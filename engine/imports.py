@@ -33,6 +33,7 @@ from engine.model_state import lora_targets
 from engine.params import count_parameters
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
 from engine.specs import ModelSpec, Scenario
+from engine.train_configs import ImportedConfig
 
 
 def asks_for_read_as(error: EstimateError) -> bool:
@@ -136,9 +137,13 @@ def _training(base: Scenario, source: str, text: str, path: Path | None = None) 
                 f"the file names the model {imported.model!r}, not a preset and not in the "
                 "local cache: the model is left as it was"
             )
-    messages += list(imported.notes)
-    messages += [f"not modelled: {item}" for item in imported.ignored]
+    messages += config_notes(imported)
     return Imported("training-config", source, scenario, tuple(messages))
+
+
+def config_notes(imported: ImportedConfig) -> list[str]:
+    """What a training configuration's import assumed, then what it cannot model."""
+    return [*imported.notes, *(f"not modelled: {item}" for item in imported.ignored)]
 
 
 def _folder(
