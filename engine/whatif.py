@@ -22,12 +22,25 @@ its dequantization over LoRA; mixed precision is faster.
 'one GPU: there is nothing to shard'
 >>> compute_text(1.33)
 '+33 % step time'
+
+Several changes at once: :func:`combined` applies them one after another in
+:data:`COMBINE_ORDER` (what is trained, then the number formats, the optimizer, the
+sharding, the activations and the loop), each to the scenario the earlier ones left. A
+change that conflicts with one already applied (:data:`CONFLICTS`), that no longer applies,
+or that the engine rejects together with the others is skipped, and the result says which
+and why:
+
+>>> both = combined(s, estimate(s), ["checkpointing", "8bit-optimizer"])
+>>> both.applied, both.whatif.label
+(('8bit-optimizer', 'checkpointing'), 'Combined: 8-bit AdamW + Gradient checkpointing')
+>>> combined(s, estimate(s), ["lora", "qlora"]).skipped
+(('lora', 'conflicts with QLoRA (4-bit base): both set the training method'),)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.errors import EstimateError
@@ -235,6 +248,10 @@ class WhatIfResult:
     #: the step time relative to the current scenario's, and what it comes from
     compute_factor: float = 1.0
     compute_note: str = ""
+    #: the keys of the changes made, in the order they were applied
+    applied: tuple[str, ...] = ()
+    #: (key, reason) for each change asked for and not made (see :func:`combined`)
+    skipped: tuple[tuple[str, str], ...] = ()
 
 
 def assess(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | str:
@@ -252,7 +269,7 @@ def assess(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | st
     factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
     note = f"{compute_text(factor)}: {whatif.compute_reason}"
     return WhatIfResult(
-        whatif, variant, result, current.device_bytes - result.device_bytes, factor, note
+        whatif, variant, result, current.device_bytes - result.device_bytes, factor, note, (key,)
     )
 
 
@@ -261,3 +278,114 @@ def evaluate(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | 
     (:func:`assess` says why)."""
     result = assess(scenario, current, key)
     return result if isinstance(result, WhatIfResult) else None
+
+
+#: The order :func:`combined` applies changes in. What is trained comes first (an 8-bit
+#: optimizer then holds the adapters' moments, not the full model's); the compute precision
+#: before the attention kernel (flash needs 16-bit compute, and SDPA already runs it there);
+#: the optimizer before the sharding and offload that place its state; the activations and
+#: the training loop's habits last, since they change nothing the others read.
+COMBINE_ORDER: tuple[str, ...] = (
+    "qlora",
+    "lora",
+    "mixed-precision",
+    "flash-attention",
+    "8bit-optimizer",
+    "fused-optimizer",
+    "zero3",
+    "cpu-offload",
+    "checkpointing",
+    "release-outputs",
+    "release-previous-step",
+)
+
+#: Pairs of changes that set the same field to different values: applied one after the
+#: other, the second would silently undo the first. The one first in :data:`COMBINE_ORDER`
+#: is made; the other is skipped, with this reason.
+CONFLICTS: dict[frozenset[str], str] = {
+    frozenset({"lora", "qlora"}): "both set the training method",
+}
+
+#: The key of a combination of what-ifs, where one is drawn or applied.
+COMBINED_KEY = "combined"
+
+
+def _replay(keys: tuple[str, ...]) -> Change:
+    """A change that makes the changes ``keys`` in turn (each must apply)."""
+
+    def change(s: Scenario) -> TrainingSpec | str:
+        for key in keys:
+            training = WHATIFS_BY_KEY[key].change(s)
+            if isinstance(training, str):
+                return f"{WHATIFS_BY_KEY[key].label}: {training}"
+            s = dataclasses.replace(s, training=training)
+        return s.training
+
+    return change
+
+
+def combined(scenario: Scenario, current: Estimate, keys: Sequence[str]) -> WhatIfResult | str:
+    """The what-ifs ``keys`` made together on ``scenario``, in :data:`COMBINE_ORDER`.
+
+    Each change is made on the scenario the ones before it left. A change is skipped
+    -- and named in :attr:`WhatIfResult.skipped` with the reason -- when it conflicts
+    with one already made (:data:`CONFLICTS`), when it does not apply to the scenario
+    as changed so far (flash attention after mixed precision: SDPA already runs the
+    flash kernel), or when the engine rejects the scenario with it. One change made
+    gives exactly what :func:`assess` gives for it (plus the skipped ones); several give a
+    :class:`WhatIf` keyed :data:`COMBINED_KEY`, labelled ``Combined: A + B``. The reason,
+    when none of ``keys`` can be made. An unknown key raises ``ValueError``.
+    """
+    unknown = [key for key in keys if key not in WHATIFS_BY_KEY]
+    if unknown:
+        raise ValueError(f"unknown what-if: {unknown[0]!r}")
+    asked = set(keys)
+    variant = scenario
+    applied: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    result: Estimate | None = None
+    for key in (k for k in COMBINE_ORDER if k in asked):
+        whatif = WHATIFS_BY_KEY[key]
+        clash = next((k for k in applied if frozenset({k, key}) in CONFLICTS), None)
+        if clash is not None:
+            reason = CONFLICTS[frozenset({clash, key})]
+            skipped.append((key, f"conflicts with {WHATIFS_BY_KEY[clash].label}: {reason}"))
+            continue
+        training = whatif.change(variant)
+        if isinstance(training, str):
+            skipped.append((key, training))
+            continue
+        candidate = dataclasses.replace(variant, training=training)
+        try:
+            result = estimate(candidate)
+        except EstimateError as exc:
+            skipped.append((key, f"the engine rejects it with the others: {exc}"))
+            continue
+        variant = candidate
+        applied.append(key)
+    if result is None or not applied:
+        reasons = "; ".join(f"{WHATIFS_BY_KEY[k].label}: {why}" for k, why in skipped)
+        return f"none of the changes applies ({reasons})" if reasons else "no change asked for"
+    if len(applied) == 1:
+        single = assess(scenario, current, applied[0])
+        if isinstance(single, str):  # cannot happen: it applied above, alone
+            return single
+        return dataclasses.replace(single, skipped=tuple(skipped))
+    labels = [WHATIFS_BY_KEY[k].label for k in applied]
+    whatif = WhatIf(
+        COMBINED_KEY,
+        "Combined: " + " + ".join(labels),
+        _replay(tuple(applied)),
+        "; ".join(WHATIFS_BY_KEY[k].compute_reason for k in applied),
+    )
+    factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
+    return WhatIfResult(
+        whatif,
+        variant,
+        result,
+        current.device_bytes - result.device_bytes,
+        factor,
+        f"{compute_text(factor)}: {whatif.compute_reason}",
+        tuple(applied),
+        tuple(skipped),
+    )
