@@ -8,6 +8,12 @@ runs that offload to host memory, or that give the host RAM per node, get the ``
 each convention the step was estimated with. Only the five breakdown categories sum to the
 device total; :func:`breakdown_rows` returns just those.
 
+The what-ifs the app shows beside the current bar (:class:`engine.whatif.WhatIfResult`)
+can be given to all three (``whatifs=``): they come after the current scenario's rows --
+category ``whatif`` in the CSV (:func:`whatif_rows`), a ``whatifs`` list in the JSON
+(:func:`whatif_dict`), a table of their own in the Markdown -- each with its totals, its
+bytes per category, its saving against the current scenario and its compute cost.
+
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
 >>> from engine.estimate import estimate
@@ -23,15 +29,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from engine.estimate import GIB, Estimate, RankGroup
+from engine.model_state import CATEGORIES
 from engine.specs import ModelSpec
+from engine.whatif import WhatIfResult
 
 COLUMNS = ("category", "item", "bytes", "gib", "formula", "source")
 Row = dict[str, str | int]
 
 #: the host verdict in words, for tables and the app
 HOST_VERDICT_WORDS = {"fits": "fits", "oom": "does not fit", "unknown": "unknown"}
+#: the device verdict in words
+VERDICT_WORDS = {"fits": "fits", "tight": "tight", "oom": "does not fit"}
 
 
 def shows_ranks(est: Estimate) -> bool:
@@ -157,25 +169,79 @@ def convention_rows(est: Estimate) -> list[Row]:
     return out
 
 
-def rows(est: Estimate) -> list[Row]:
-    """Items, totals, the rank groups and host rows where they apply, then the
-    conventions."""
+def saved_bytes(est: Estimate, whatif: WhatIfResult) -> int:
+    """Device bytes the what-if saves against ``est`` (negative: it takes more)."""
+    return est.device_bytes - whatif.estimate.device_bytes
+
+
+def whatif_rows(est: Estimate, whatifs: Sequence[WhatIfResult]) -> list[Row]:
+    """Per what-if (category ``whatif``, items named ``<label>: ...``): allocated, reserved
+    and device bytes (its verdict as the formula), its bytes per breakdown category at its
+    peak, then its saving against ``est`` with the compute cost as the source."""
+    out: list[Row] = []
+    for w in whatifs:
+        label, ghost = w.whatif.label, w.estimate
+        out += [
+            _row("whatif", f"{label}: allocated", ghost.allocated_bytes),
+            _row("whatif", f"{label}: reserved", ghost.reserved_bytes),
+            _row("whatif", f"{label}: device", ghost.device_bytes, VERDICT_WORDS[ghost.verdict]),
+        ]
+        out += [_row("whatif", f"{label}: {c}", ghost.breakdown[c]) for c in CATEGORIES]
+        out.append(
+            _row(
+                "whatif",
+                f"{label}: saving vs current",
+                saved_bytes(est, w),
+                "current device - what-if device (negative: it takes more)",
+                f"compute cost: {w.compute_note}" if w.compute_note else "",
+            )
+        )
+    return out
+
+
+def rows(est: Estimate, whatifs: Sequence[WhatIfResult] = ()) -> list[Row]:
+    """Items, totals, the rank groups and host rows where they apply, the conventions,
+    then the rows of each what-if given."""
     return (
         breakdown_rows(est) + total_rows(est) + rank_rows(est) + host_rows(est)
-        + convention_rows(est)
+        + convention_rows(est) + whatif_rows(est, whatifs)
     )  # fmt: skip
 
 
-def to_csv(est: Estimate) -> str:
+def to_csv(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
+    """:func:`rows` as CSV, one header line of :data:`COLUMNS`."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows(est))
+    writer.writerows(rows(est, whatifs))
     return buffer.getvalue()
 
 
-def to_json(est: Estimate) -> str:
-    return json.dumps(est.to_dict(), indent=2) + "\n"
+def whatif_dict(est: Estimate, whatif: WhatIfResult) -> dict[str, Any]:
+    """One what-if for the JSON export: its key and label, totals, verdict, bytes per
+    breakdown category, saving against ``est`` and step-time factor with its note."""
+    ghost = whatif.estimate
+    return {
+        "key": whatif.whatif.key,
+        "label": whatif.whatif.label,
+        "allocated_bytes": ghost.allocated_bytes,
+        "reserved_bytes": ghost.reserved_bytes,
+        "device_bytes": ghost.device_bytes,
+        "verdict": ghost.verdict,
+        "breakdown": dict(ghost.breakdown),
+        "saved_bytes": saved_bytes(est, whatif),
+        "step_time_factor": whatif.compute_factor,
+        "compute_note": whatif.compute_note,
+    }
+
+
+def to_json(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
+    """The ``--json`` shape (:meth:`Estimate.to_dict`); with what-ifs, a ``whatifs`` list
+    of :func:`whatif_dict` beside it."""
+    data = est.to_dict()
+    if whatifs:
+        data["whatifs"] = [whatif_dict(est, w) for w in whatifs]
+    return json.dumps(data, indent=2) + "\n"
 
 
 def mesh_text(est: Estimate) -> str:
@@ -192,13 +258,55 @@ def mesh_text(est: Estimate) -> str:
     )
 
 
-def to_markdown(est: Estimate) -> str:
-    """A table to paste into an issue or a document."""
+def scenario_line(est: Estimate) -> str:
+    """The scenario in one Markdown line: model, GPUs (how many, which, the nodes), method,
+    precision, optimizer, micro-batch x sequence and the framework."""
     s = est.scenario
-    t = s.training
+    t, hw = s.training, s.hardware
+    nodes = f" ({hw.nodes} nodes x {hw.gpus_per_node})" if hw.nodes > 1 else ""
+    return (
+        f"**{s.model.label}** on **{hw.world_size} x {hw.gpu.display_name}**{nodes} -"
+        f" {t.method}, {t.precision}, {t.optimizer}, micro-batch {t.micro_batch_size:,}"
+        f" x {t.sequence_length:,} tokens, framework {t.parallelism.framework}"
+    )
+
+
+def totals_line(est: Estimate) -> str:
+    """``Verdict: **fits**: device 45.10 GiB of 80.00 GiB per GPU (budget 68.00 GiB);
+    allocated ..., reserved ... GiB. GiB = 2^30 bytes.``"""
+    return (
+        f"Verdict: **{est.verdict}**: device {est.device_bytes / GIB:,.2f} GiB of"
+        f" {est.capacity_bytes / GIB:,.2f} GiB per GPU (budget {est.budget_bytes / GIB:,.2f}"
+        f" GiB); allocated {est.allocated_bytes / GIB:,.2f} GiB, reserved"
+        f" {est.reserved_bytes / GIB:,.2f} GiB. GiB = 2^30 bytes."
+    )
+
+
+def whatif_table(est: Estimate, whatifs: Sequence[WhatIfResult]) -> list[str]:
+    """The what-ifs as Markdown lines (a heading line, then the table); none for none."""
+    if not whatifs:
+        return []
     lines = [
-        f"**{s.model.label}** on **{s.hardware.gpu.display_name}** - {t.method}, {t.precision},"
-        f" {t.optimizer}, micro-batch {t.micro_batch_size} x {t.sequence_length} tokens",
+        "What-ifs, each alone against the current scenario:",
+        "",
+        "| what-if | device GiB | saving GiB | verdict | compute cost |",
+        "|---|---:|---:|---|---|",
+    ]
+    for w in whatifs:
+        lines.append(
+            f"| {w.whatif.label} | {w.estimate.device_bytes / GIB:.2f} |"
+            f" {saved_bytes(est, w) / GIB:+.2f} | {VERDICT_WORDS[w.estimate.verdict]} |"
+            f" {w.compute_note or '-'} |"
+        )
+    return lines
+
+
+def to_markdown(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
+    """A summary to paste into an issue or a chat: the scenario, the breakdown table with
+    the totals, the verdict, then the what-ifs given (:func:`whatif_table`)."""
+    s = est.scenario
+    lines = [
+        scenario_line(est),
         "",
         "| category | item | GiB | formula |",
         "|---|---|---:|---|",
@@ -207,7 +315,7 @@ def to_markdown(est: Estimate) -> str:
         lines.append(f"| {r['category']} | {r['item']} | {r['gib']} | {r['formula']} |")
     for r in total_rows(est):
         lines.append(f"| **{r['item']}** | | **{r['gib']}** | |")
-    lines += ["", f"Verdict: **{est.verdict}**. GiB = 2^30 bytes."]
+    lines += ["", totals_line(est)]
     if model_reading(s.model):
         lines.append(f"Model {model_reading(s.model)}.")
     lines.append(f"Training stack {conventions_text(est)}.")
@@ -229,4 +337,6 @@ def to_markdown(est: Estimate) -> str:
             )
     if shows_host(est):
         lines += ["", f"Host RAM: {host_summary(est)}."]
+    if whatifs:
+        lines += ["", *whatif_table(est, whatifs)]
     return "\n".join(lines) + "\n"
