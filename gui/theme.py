@@ -1,4 +1,10 @@
-"""Light, dark or the system's colours, with Qt 6's colour-scheme hint and Fusion."""
+"""Light, dark or the system's colours, with Qt 6's colour-scheme hint and Fusion.
+
+A theme switch reaches every widget at once: the application palette changes, and each
+widget with a style sheet of its own is polished again (:func:`repolish`), since such a
+widget keeps the palette it was polished with. Style sheets name palette roles
+(``palette(button)``), never fixed colours, so they follow the switch.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +37,20 @@ def dark_palette() -> QPalette:
     return p
 
 
+#: disabled text on the light palette: Fusion's own (#bebebe) is 1.5:1 on its buttons, so
+#: a disabled what-if toggle could hardly be read; this is about 3.5:1, still plainly off
+DISABLED_LIGHT = QColor(0x80, 0x82, 0x87)
+
+
+def light_palette(standard: QPalette) -> QPalette:
+    """``standard`` (the style's palette) with disabled text that can still be read."""
+    p = QPalette(standard)
+    roles = QPalette.ColorRole
+    for role in (roles.WindowText, roles.Text, roles.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, DISABLED_LIGHT)
+    return p
+
+
 def is_dark(palette: QPalette) -> bool:
     return palette.color(QPalette.ColorRole.Window).lightness() < 128
 
@@ -49,10 +69,22 @@ def apply_theme(app: QApplication, theme: str) -> None:
     want_dark = theme == "dark" or (
         theme == "system" and hints.colorScheme() == Qt.ColorScheme.Dark
     )
-    palette = dark_palette() if want_dark else app.style().standardPalette()
-    if want_dark and not is_dark(palette):
-        palette = dark_palette()
+    palette = dark_palette() if want_dark else light_palette(app.style().standardPalette())
     app.setPalette(palette)
+    repolish(app)
+
+
+def repolish(app: QApplication) -> None:
+    """Polish every widget that has a style sheet of its own again, so that it takes the
+    application's palette: Qt resolves such a widget's palette (and the ``palette(...)``
+    roles its sheet names) when it polishes it, and an application palette set later does
+    not reach it."""
+    for widget in app.allWidgets():
+        if widget.styleSheet():
+            style = widget.style()
+            style.unpolish(widget)
+            style.polish(widget)
+            widget.update()
 
 
 #: the error red on a light and on a dark window: both at least WCAG AA (4.5:1) against

@@ -60,11 +60,12 @@ class WhatIfBar(QWidget):
             button.setCheckable(True)
             button.setAutoRaise(False)
             button.setStyleSheet(
-                "QToolButton:checked { background: palette(highlight);"
+                "QToolButton:checked:enabled { background: palette(highlight);"
                 " color: palette(highlighted-text); border-radius: 3px; padding: 2px 4px; }"
-                # checked but off while the scenario is invalid: no active-looking colour
-                " QToolButton:checked:disabled { background: palette(midlight);"
-                " color: palette(mid); }"
+                # checked but off while the scenario is invalid: no active-looking colour,
+                # the disabled text of the palette and a dashed outline, like its ghost
+                " QToolButton:checked:disabled { background: palette(button);"
+                " border: 1px dashed palette(dark); border-radius: 3px; padding: 2px 4px; }"
             )
             button.setAccessibleName(f"What if: {whatif.label}")
             button.toggled.connect(self.update_ghosts)
