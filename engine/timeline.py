@@ -146,6 +146,23 @@ class Timeline:
     #: plays every point of the step (:func:`_layer_by_layer`)
     replay: Callable[[], tuple[Point, ...]] = field(repr=False)
     _played: list[tuple[Point, ...]] = field(default_factory=list, repr=False)
+    #: tells every point's activations apart by source (:func:`step_sources`)
+    explain: Callable[[], tuple[tuple[Source, ...], ...]] | None = field(default=None, repr=False)
+
+    def sources(self) -> tuple[tuple[Source, ...], ...]:
+        """Each point's activations by source, in the order of :attr:`points`."""
+        if self.explain is None:
+            raise ValueError("this timeline was played without its sources")
+        return self.explain()
+
+    @property
+    def peak_index(self) -> int:
+        """Where the peak is among :attr:`points`: the first of equal highest points."""
+        return self.points.index(self.peak)
+
+    def peak_sources(self) -> tuple[Source, ...]:
+        """The activations at the peak by source: they add up to ``peak.activations``."""
+        return self.sources()[self.peak_index]
 
     @property
     def points(self) -> tuple[Point, ...]:
@@ -192,6 +209,7 @@ class Timeline:
             self.per_microbatch,
             moments,
             partial(_shifted, self, add),
+            explain=partial(_shifted_sources, self, add),
         )
 
 
@@ -524,7 +542,7 @@ def step_timeline(
                 return played_step(*args)
             plan = _keep(key, StepPlan.build(*args))
     seq = training.sequence_length // training.parallelism.cp
-    return plan.play(training.micro_batch_size, seq, replay)
+    return plan.play(training.micro_batch_size, seq, replay, partial(step_sources, *args))
 
 
 #: the fields of a training spec that make its shape; everything else is its strategy
@@ -606,7 +624,9 @@ def played_step(
 ) -> Timeline:
     """:func:`step_timeline` played point by point, without a plan."""
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
-    return _from_points(*_layer_by_layer(*args), partial(_points, *args))
+    return _from_points(
+        *_layer_by_layer(*args), partial(_points, *args), partial(step_sources, *args)
+    )
 
 
 def _from_points(
@@ -616,6 +636,7 @@ def _from_points(
     params: int,
     temp: int,
     replay: Callable[[], tuple[Point, ...]],
+    explain: Callable[[], tuple[tuple[Source, ...], ...]] | None = None,
 ) -> Timeline:
     """The step from its every point, played (:func:`_layer_by_layer`): before the step,
     forward and backward, the optimizer step and after zero_grad."""
@@ -633,6 +654,7 @@ def _from_points(
         moments,
         replay,
         [points],
+        explain,
     )
 
 
@@ -1366,9 +1388,15 @@ class StepPlan:
             ok = ok & ((rise % den == 0) | (slope >= den) | (slope <= -den))
         return v[:n], g, total, v[2 * n], v[2 * n + 1], v[2 * n + 2], ok
 
-    def play(self, batch: int, seq: int, replay: Callable[[], tuple[Point, ...]]) -> Timeline:
+    def play(
+        self,
+        batch: int,
+        seq: int,
+        replay: Callable[[], tuple[Point, ...]],
+        explain: Callable[[], tuple[tuple[Source, ...], ...]] | None = None,
+    ) -> Timeline:
         """The step at ``batch`` x ``seq`` (the sequence per context rank); ``replay``
-        plays its every point when they are asked for."""
+        plays its every point when they are asked for, ``explain`` their sources."""
         x = self._values(batch, seq)
         exact = not self._fits(x, 0)  # in Python integers where int64 might overflow
         a, g, total, per_microbatch, waiting, held, ok = self._evaluate(
@@ -1409,6 +1437,7 @@ class StepPlan:
             moments,
             replay,
             played,
+            explain,
         )
 
     def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
@@ -1541,12 +1570,16 @@ def _layer_by_layer(
     gather: Gather = Gather(),
     stage: Stage = Stage(),
     grad_buffer: int = 0,
+    *,
+    ledger: list[tuple[Source, ...]] | None = None,
 ) -> tuple[tuple[Point, ...], int, int, int, int]:
     """Play one step layer by layer: every point of the timeline -- what
     :attr:`Timeline.points` holds, and the reference :class:`StepPlan` is held to -- what
     one micro-batch keeps at the end of its forward, the logits held, the model state's
     parameters and the optimizer's temporaries (see :func:`step_timeline` for the
-    arguments)."""
+    arguments). With a ``ledger``, each point's activations are also told apart by where
+    they come from (:class:`Source`), one tuple per point, appended to it: what
+    :func:`step_sources` returns."""
     ctx = make_ctx(model, training)
     tokens, h = ctx.tokens, model.hidden_size
     # the hidden-size tensors between blocks: split over tp under sequence parallelism
@@ -1573,7 +1606,26 @@ def _layer_by_layer(
     units_held = 0  # SHARD_GRAD_OP: layers gathered in forward, not yet through backward
     reducing = 0  # the reduce-scatter input, once the first layer's gradients are reduced
 
-    def add(phase: str, layer: int | None, label: str, p: int, g: int, o: int, a: int) -> None:
+    explain, last = ledger is not None, stage.last
+    fixed_why: list[Source] = []  # the fixed part of the activations, told apart
+    kept_why = _Kept()  # what the layers so far keep, by layer kind
+
+    def add(
+        phase: str,
+        layer: int | None,
+        label: str,
+        p: int,
+        g: int,
+        o: int,
+        a: int,
+        own: tuple[Source, ...] | bool = (),
+    ) -> None:
+        if ledger is not None:
+            own = own if isinstance(own, tuple) else ()
+            parts = [*fixed_why, *kept_why.sources(), *own]
+            if phase in ("forward", "backward") and waiting:
+                parts.append(_in_flight_source(waiting))
+            ledger.append(tuple(s for s in parts if s.bytes))
         if phase in ("forward", "backward"):
             if g_den != 1 or g_num != 1:
                 g = g * g_num // g_den
@@ -1599,6 +1651,8 @@ def _layer_by_layer(
     # once per forward and kept by every layer's attention until backward
     bool_mask = ctx.batch * ctx.seq * ctx.seq if ctx.masked and not mask else 0
     base_act = batch_tensors + rope + bool_mask
+    if explain:
+        fixed_why[:] = _input_sources(batch_tensors, rope, bool_mask, mask)
     kinds = layer_kinds(model, training, ctx, embed_grad)
     layers = [block_result(model, ctx, kind, x_grad, chunked, key) for kind, x_grad in kinds]
     # what a checkpointed layer keeps: its input, and under the per-op policy the outputs
@@ -1623,6 +1677,8 @@ def _layer_by_layer(
         old_output = head.held + sum(
             res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on
         )
+    if explain:
+        fixed_why += _previous_sources(graph_kept, old_output)
 
     # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
     # and the layer's own peak (its input, the previous output, included)
@@ -1635,7 +1691,18 @@ def _layer_by_layer(
         kept_act += tokens * h // ctx.sp if model.hidden_dropout > 0 else 0
     copies = 0
     if stage.first:
-        add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out)
+        add(
+            "forward",
+            None,
+            "embedding",
+            params,
+            0,
+            opt_states,
+            fixed + embed_out,
+            explain and (_work_source("embedding", embed_out, None),),
+        )
+    if explain:
+        kept_why.add("embedding", kept_act, 0)
     for i, (res, c) in enumerate(layers):
         add(
             "forward",
@@ -1645,10 +1712,16 @@ def _layer_by_layer(
             0,
             opt_states,
             fixed + kept_act + res.forward_peak - c,
+            explain and (_work_source("forward", res.forward_peak - c, i),),
         )
         # checkpointing keeps only the layer's input; autocast's cache keeps the copies;
         # what the layer hands to the model output (the KV cache) stays with it
         kept_act += kept_of[i] if ckpt[i] else res.kept - c + res.held
+        if explain and ckpt[i]:
+            kept_why.add("checkpointed", kept_of[i], 1)
+        elif explain:
+            kept_why.add(kinds[i][0], res.kept - c, 1)
+            kept_why.add("kv-cache", res.held, 1 if res.held else 0)
         copies += c
         units_held += gather.unit
     if not stage.last:  # the output goes to the next stage; its gradient comes back
@@ -1664,7 +1737,10 @@ def _layer_by_layer(
             0,
             opt_states,
             fixed + kept_act + logits.forward_peak - logit_copies,
+            explain and (_head_source("logits", logits.forward_peak - logit_copies, chunked),),
         )
+    if explain:  # the previous step's model output is gone once this forward returns
+        fixed_why[:] = [s for s in fixed_why if s.name != _PREVIOUS_OUTPUT]
     add(
         "forward",
         None,
@@ -1673,6 +1749,7 @@ def _layer_by_layer(
         0,
         opt_states,
         fixed - old_output + kept_act + head.forward_peak - head_copies,
+        explain and (_head_source("forward", head.forward_peak - head_copies, chunked, last),),
     )
     copies += head_copies
     held = head.held
@@ -1688,6 +1765,11 @@ def _layer_by_layer(
             else p
             for p in points
         ]
+        if ledger is not None:
+            ledger[:] = [
+                (*parts, _in_flight_source(waiting)) if p.phase == "forward" else parts
+                for p, parts in zip(points, ledger, strict=True)
+            ]
     # the cache is cleared when autocast exits, at the end of forward: the copies of
     # checkpointed layers go (they are made again in the recomputation)
     copies -= sum(c for (_, c), on in zip(layers, ckpt, strict=True) if on)
@@ -1695,6 +1777,8 @@ def _layer_by_layer(
     # backward
     grads = 0
     fixed = base_act + held  # the eager mask died with the forward; the logits did not
+    if explain:
+        fixed_why[:] = [*_input_sources(batch_tensors, rope, bool_mask, 0), _output_source(held)]
     add(
         "backward",
         None,
@@ -1703,6 +1787,7 @@ def _layer_by_layer(
         grads,
         opt_states,
         fixed + kept_act + head.backward_peak - head_copies,
+        explain and (_head_source("backward", head.backward_peak - head_copies, chunked, last),),
     )
     grads += head.param_grads
     copies -= head_copies
@@ -1711,6 +1796,8 @@ def _layer_by_layer(
         res, c = layers[i]
         if ckpt[i]:
             kept_act -= kept_of[i]
+            if explain:
+                kept_why.add("checkpointed", -kept_of[i], -1)
             add(
                 "backward",
                 i,
@@ -1719,6 +1806,8 @@ def _layer_by_layer(
                 grads,
                 opt_states,
                 fixed + kept_act + grad_in + res.forward_peak - c,
+                explain
+                and (_grad_source(grad_in, i), _work_source("recompute", res.forward_peak - c, i)),
             )
             add(
                 "backward",
@@ -1728,9 +1817,12 @@ def _layer_by_layer(
                 grads,
                 opt_states,
                 fixed + kept_act + res.backward_peak - c,
+                explain and (_work_source("backward", res.backward_peak - c, i),),
             )
         else:
             kept_act -= res.kept - c
+            if explain:
+                kept_why.add(kinds[i][0], -(res.kept - c), -1)
             add(
                 "backward",
                 i,
@@ -1739,6 +1831,7 @@ def _layer_by_layer(
                 grads,
                 opt_states,
                 fixed + kept_act + res.backward_peak - c,
+                explain and (_work_source("backward", res.backward_peak - c, i),),
             )
             copies -= c
         grads += res.param_grads
@@ -1747,6 +1840,8 @@ def _layer_by_layer(
         reducing = gather.reduce
     # what is left of the layers' activations is what they handed to the model output
     cache = sum(res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on)
+    if explain:  # the embedding's saved tensors went with its backward; the cache stays
+        kept_why.only("kv-cache")
     if trains_embeddings:
         dense_grad = model.vocab_size * h * (2 if training.precision == "bf16" else 4)
         tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's grad
@@ -1758,6 +1853,7 @@ def _layer_by_layer(
             grads + dense_grad - tied,
             opt_states,
             fixed + cache + grad_in + tied,
+            explain and (_grad_source(grad_in, None), _work_source("tied gradient", tied, None)),
         )
     # the step's gradients are what model_state counts; backward may differ by rounding
     grads = state.category_bytes("gradients")
@@ -1765,10 +1861,247 @@ def _layer_by_layer(
     # optimizer
     temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
     # a model output held by the loop lives through the optimizer step and zero_grad
+    if explain:
+        fixed_why[:] = [_output_source(held)]
     held += cache
     add("optimizer", None, "optimizer step", params, grads, opt_states + temp, held)
     add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, held)
     return tuple(points), per_microbatch, held, params, temp
+
+
+#: the kind of a :class:`Source`: what a user can change to remove it
+SOURCE_KINDS = (
+    "saved",  # what autograd saves for backward, per layer kind
+    "checkpointed",  # the inputs of checkpointed layers
+    "kv-cache",  # keys and values handed to the model output
+    "logits",  # the LM head and the loss, the model output the loop holds
+    "working",  # the layer in flight: its input, output and transients
+    "recompute",  # a checkpointed layer's forward, played again before its backward
+    "gradient",  # the activation gradient flowing back between layers
+    "inputs",  # the batch, RoPE's tables, attention masks
+    "previous",  # the previous step, kept by the loop's variables
+    "in-flight",  # other micro-batches of a pipeline stage
+)
+_PREVIOUS_OUTPUT = "previous step's model output, until this forward returns"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One part of the activations at a moment of the step: what it is, its bytes, its
+    formula and where the formula comes from (:func:`step_sources`)."""
+
+    name: str
+    kind: str  # one of SOURCE_KINDS
+    bytes: int
+    formula: str
+    source: str
+
+
+_LIVENESS = "engine.graph.simulate (op by op liveness walk of engine.layers)"
+_KEPT = {
+    "embedding": (
+        "saved tensors: the embedding (its LayerNorm input, dropout mask)",
+        "b x s x hidden x dtype + 8 b s (norm statistics) + b s hidden (mask)",
+        "engine.timeline (embedding_norm, hidden_dropout)",
+    ),
+    "dense": (
+        "saved tensors: {n} layers",
+        "per layer: what autograd saves for backward (projections' inputs, attention "
+        "output and statistics, MLP inputs, norms' inputs), term by term",
+        "engine.layers.decoder_layer / bert_layer",
+    ),
+    "moe": (
+        "saved tensors: {n} MoE layers",
+        "per layer: attention's saved tensors, the router, every expert's share of the tokens",
+        "engine.layers.decoder_layer (moe)",
+    ),
+    "checkpointed": (
+        "inputs of {n} checkpointed layers",
+        "per layer: its input, b x s x hidden x dtype (+ the outputs a per-op policy keeps)",
+        "torch.utils.checkpoint; engine.timeline.checkpointed",
+    ),
+    "kv-cache": (
+        "KV cache in the model output ({n} layers)",
+        "per layer: 2 x b x s x kv heads x head dim x dtype",
+        "engine.stacks: kv_cache_in_outputs (use_cache)",
+    ),
+}
+
+
+class _Kept:
+    """What the layers so far keep, by the embedding, layer kind, checkpointed input and
+    KV cache: the ledger's running count of :func:`_layer_by_layer`'s ``kept_act``."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.layers: dict[str, int] = {}
+
+    def add(self, key: str, n_bytes: int, layers: int) -> None:
+        """``n_bytes`` more under ``key`` from ``layers`` more layers (negative: fewer)."""
+        if n_bytes:
+            self.bytes[key] = self.bytes.get(key, 0) + n_bytes
+            self.layers[key] = self.layers.get(key, 0) + layers
+
+    def only(self, key: str) -> None:
+        """Forget every part but ``key``'s."""
+        for other in [k for k in self.bytes if k != key]:
+            del self.bytes[other], self.layers[other]
+
+    def sources(self) -> list[Source]:
+        out = []
+        for key, n_bytes in self.bytes.items():
+            base = key.removesuffix(TRAINED)
+            name, formula, source = _KEPT.get(base, _KEPT["dense"])
+            if key != base:
+                name = name.replace("layers", "fully trained layers")
+            kind = base if base in ("checkpointed", "kv-cache") else "saved"
+            out.append(Source(name.format(n=self.layers[key]), kind, n_bytes, formula, source))
+        return out
+
+
+def _work_source(moment: str, n_bytes: int, layer: int | None) -> Source:
+    """The block in flight at ``moment``: its working set beyond what earlier layers keep."""
+    where = "the embedding" if layer is None else f"layer {layer}"
+    if moment == "embedding":
+        return Source("embedding output", "working", n_bytes, "b x s x hidden x dtype", _LIVENESS)
+    if moment == "forward":
+        return Source(
+            f"{where} in flight: its input, what it has saved so far, the op's transients",
+            "working",
+            n_bytes,
+            "the highest live bytes of the layer's forward",
+            _LIVENESS,
+        )
+    if moment == "recompute":
+        return Source(
+            f"recomputing {where}'s forward (checkpointing)",
+            "recompute",
+            n_bytes,
+            "the layer's forward working set, played again before its backward",
+            "torch.utils.checkpoint; " + _LIVENESS,
+        )
+    if moment == "tied gradient":
+        return Source(
+            "the tied embedding's gradient, summed into the head's",
+            "working",
+            n_bytes,
+            "vocab x hidden x gradient dtype",
+            "engine.timeline (tie_word_embeddings)",
+        )
+    return Source(
+        f"{where} in backward: its saved tensors, the output gradient, gradients in flight",
+        "working",
+        n_bytes,
+        "the highest live bytes of the layer's backward",
+        _LIVENESS,
+    )
+
+
+def _grad_source(n_bytes: int, layer: int | None) -> Source:
+    where = "the embedding output" if layer is None else f"layer {layer}'s output"
+    return Source(
+        f"gradient flowing back into {where}",
+        "gradient",
+        n_bytes,
+        "b x s x hidden x compute dtype",
+        _LIVENESS,
+    )
+
+
+def _head_source(moment: str, n_bytes: int, chunked: bool, last: bool = True) -> Source:
+    """The LM head and the loss at ``moment``: ``logits`` (the model has just returned),
+    ``forward`` (the loss computed), ``backward``."""
+    source = "engine.layers.head_and_loss"
+    if not last:
+        what = "output sent to the next stage" if moment == "forward" else "gradient received"
+        return Source(what, "working", n_bytes, "b x s x hidden x dtype", source)
+    formula = (
+        "a chunk of rows of b x s x vocab at a time (fused linear cross-entropy)"
+        if chunked
+        else "b x s x vocab logits in the compute dtype, their fp32 upcast and log-softmax"
+    )
+    name = {
+        "logits": "LM head output: the logits, before the loss",
+        "forward": "LM head and loss: the logits and the loss's buffers",
+        "backward": "loss and LM head backward: the logits' gradient",
+    }[moment]
+    return Source(name, "logits", n_bytes, formula, source)
+
+
+def _output_source(n_bytes: int) -> Source:
+    return Source(
+        "model output held by the loop (the logits)",
+        "logits",
+        n_bytes,
+        "b x s x vocab in the compute dtype (more with an fp32 upcast)",
+        "engine.stacks: outputs_held_through_backward",
+    )
+
+
+def _input_sources(batch: int, rope: int, bool_mask: int, mask: int) -> list[Source]:
+    return [
+        Source("input ids and labels (int64)", "inputs", batch, "2 x 8 bytes x b x s", "the batch"),
+        Source("RoPE's cos and sin", "inputs", rope, "2 x b x s x head dim x dtype", "rotary"),
+        Source(
+            "sliding-window mask (bool)",
+            "inputs",
+            bool_mask,
+            "b x s x s bytes",
+            "engine.specs.window_masks",
+        ),
+        Source(
+            "attention mask (eager attention)",
+            "inputs",
+            mask,
+            "b x s x s x dtype",
+            "eager attention's 4-D mask",
+        ),
+    ]
+
+
+def _previous_sources(graph: int, output: int) -> list[Source]:
+    return [
+        Source(
+            "previous step's graph: inputs kept by custom autograd functions",
+            "previous",
+            graph,
+            "the inputs 4-bit matmuls keep on their ctx, until this step's loss",
+            "engine.timeline.function_kept (previous_step_held)",
+        ),
+        Source(
+            _PREVIOUS_OUTPUT,
+            "previous",
+            output,
+            "the logits (and KV cache) of the previous step",
+            "engine.stacks: previous_step_held",
+        ),
+    ]
+
+
+def _in_flight_source(n_bytes: int) -> Source:
+    return Source(
+        "other micro-batches in flight (pipeline schedule) and the receive buffer",
+        "in-flight",
+        n_bytes,
+        "(in flight - 1) x what one micro-batch keeps + b x s x hidden x dtype",
+        "engine.estimate.inflight",
+    )
+
+
+def step_sources(*args: Any) -> tuple[tuple[Source, ...], ...]:
+    """Each point's activations (:func:`_layer_by_layer`, same arguments) told apart by
+    where they come from: the sources of a point add up to its activations, to the byte."""
+    ledger: list[tuple[Source, ...]] = []
+    _layer_by_layer(*args, ledger=ledger)
+    return tuple(ledger)
+
+
+def _shifted_sources(timeline: Timeline, extra: int) -> tuple[tuple[Source, ...], ...]:
+    """The sources of :meth:`Timeline.in_flight`'s points."""
+    return tuple(
+        (*parts, _in_flight_source(extra)) if p.phase in ("forward", "backward") else parts
+        for p, parts in zip(timeline.points, timeline.sources(), strict=True)
+    )
 
 
 def _points(*args: Any) -> tuple[Point, ...]:

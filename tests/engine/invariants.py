@@ -20,7 +20,10 @@ checked (each raises ``AssertionError`` with the numbers when it fails):
   allocate it at ``min(reduce_bucket_size, n)`` elements however few GPUs share the
   rest, so on one GPU, or for a small model, it outweighs what the stage saves;
 * ``profiles`` -- every block of the step, from its profile, equals the block simulated
-  directly at the step's shape.
+  directly at the step's shape;
+* ``sources`` -- every point's activations, told apart by source, add up to the point's
+  activations to the byte, no source is negative or empty, and the peak's sources are
+  those of the peak point.
 """
 
 from __future__ import annotations
@@ -49,7 +52,13 @@ from engine.specs import (
     STACKS,
     Scenario,
 )
-from engine.timeline import _direct, block_result, embedding_output_grad, make_ctx
+from engine.timeline import (
+    SOURCE_KINDS,
+    _direct,
+    block_result,
+    embedding_output_grad,
+    make_ctx,
+)
 
 
 def _with_schedule(p: dict[str, Any]) -> dict[str, Any]:
@@ -250,6 +259,18 @@ def check_profiles(scenario: Scenario) -> None:
             assert got == _direct(model, ctx, kind, x_grad, chunked), (kind, x_grad)
 
 
+def check_sources(est: Estimate) -> None:
+    steps = est.steps
+    assert steps is not None
+    points, sources = steps.points, steps.sources()
+    assert len(points) == len(sources)
+    for point, parts in zip(points, sources, strict=True):
+        told = sum(s.bytes for s in parts)
+        assert told == point.activations, (point, told, parts)
+        assert all(s.bytes > 0 and s.kind in SOURCE_KINDS for s in parts), parts
+    assert sum(s.bytes for s in steps.peak_sources()) == steps.peak.activations
+
+
 def check_all(data: dict[str, Any], deep: bool = True) -> list[str]:
     """Every invariant for the scenario ``data``; the names of those checked."""
     built = build(data)
@@ -257,7 +278,8 @@ def check_all(data: dict[str, Any], deep: bool = True) -> list[str]:
         return []
     scenario, est = built
     check_totals(est)
-    done = ["totals", "profiles"]
+    check_sources(est)
+    done = ["totals", "profiles", "sources"]
     check_profiles(scenario)
     if deep:
         check_shapes(scenario, est)

@@ -1,0 +1,166 @@
+"""The biggest block explained: the activations at the peak, told apart by source.
+
+The activations of a step are many tensors: what autograd saves for backward in every
+layer, the inputs of checkpointed layers, the logits and the loss's buffers, the model
+output the training loop holds, the layer in flight with its transients, a checkpointed
+layer's forward played again, the gradient flowing back. :func:`engine.timeline.step_sources`
+tells every moment's activations apart by these sources as the step is played, each with
+its formula and where the formula comes from; they add up to the moment's activations to
+the byte.
+
+:func:`explained` groups the peak's sources by kind, largest first, and for each kind a
+user can act on, estimates the change that removes it -- a chunked loss for the logits,
+checkpointing for the saved tensors, releasing the previous step -- so that the saving
+is an estimate of the changed scenario, not a guess.
+
+>>> from engine.presets import load_gpu, load_model
+>>> from engine.specs import HardwareSpec, Scenario
+>>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4"))))
+>>> sum(s.bytes for s in activation_sources(est)) == est.breakdown["activations"]
+True
+>>> [g.title for g in explained(est, remedies=False)]
+['Saved for backward', 'Logits and loss', 'Inputs and masks']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from engine.errors import EstimateError
+from engine.estimate import Estimate, estimate
+from engine.specs import Scenario, TrainingSpec
+from engine.stacks import conventions
+from engine.steptime import step_time
+from engine.timeline import SOURCE_KINDS, Source
+from engine.whatif import WHATIFS_BY_KEY, WhatIf, compute_text
+
+#: what each kind of source is, in a few words, for a group's title
+TITLES = {
+    "saved": "Saved for backward",
+    "checkpointed": "Inputs of checkpointed layers",
+    "kv-cache": "KV cache in the model output",
+    "logits": "Logits and loss",
+    "working": "Layer in flight (transients)",
+    "recompute": "Recomputation",
+    "gradient": "Gradient flowing back",
+    "inputs": "Inputs and masks",
+    "previous": "The previous step",
+    "in-flight": "Other micro-batches in flight",
+}
+assert set(TITLES) == set(SOURCE_KINDS)
+
+
+def _chunked_loss(s: Scenario) -> TrainingSpec | str:
+    t = s.training
+    if t.loss == "chunked":
+        return "the loss is already chunked"
+    return dataclasses.replace(t, loss="chunked")
+
+
+def _offload_inputs(s: Scenario) -> TrainingSpec | str:
+    t = s.training
+    if t.offload.activations == "cpu":
+        return "the checkpointed inputs already wait in host memory"
+    return dataclasses.replace(t, offload=dataclasses.replace(t.offload, activations="cpu"))
+
+
+def _no_cache(s: Scenario) -> TrainingSpec | str:
+    t = s.training
+    if not conventions(t).kv_cache:
+        return "the model output keeps no KV cache"
+    return dataclasses.replace(t, kv_cache_in_outputs=False)
+
+
+#: the change that removes each kind of source, where a user can make one
+REMEDIES: dict[str, WhatIf] = {
+    "logits": WhatIf(
+        "chunked-loss",
+        "a chunked loss (fused linear cross-entropy: Liger, Unsloth)",
+        _chunked_loss,
+        "the LM head and the loss run a chunk of rows at a time",
+    ),
+    "saved": WHATIFS_BY_KEY["checkpointing"],
+    "checkpointed": WhatIf(
+        "offload-activations",
+        "checkpointed inputs offloaded to host memory",
+        _offload_inputs,
+        "each checkpointed input crosses the host link twice",
+    ),
+    "kv-cache": WhatIf(
+        "no-kv-cache",
+        "no KV cache in the model output (use_cache=False)",
+        _no_cache,
+        "no compute change: the keys and values are not returned",
+    ),
+    "working": WHATIFS_BY_KEY["flash-attention"],
+    "previous": WHATIFS_BY_KEY["release-previous-step"],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Remedy:
+    """A change that removes (some of) a group of sources, estimated."""
+
+    label: str
+    #: device bytes the change saves against the current scenario (negative: it costs)
+    saved_bytes: int
+    #: what the change costs in step time, in words
+    compute_note: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourceGroup:
+    """The sources of one kind at the peak, and the change that removes them."""
+
+    kind: str
+    title: str
+    bytes: int
+    sources: tuple[Source, ...]
+    remedy: Remedy | None = None
+
+
+def activation_sources(est: Estimate) -> tuple[Source, ...]:
+    """The activations at the peak of ``est`` (its worst rank group), by source: they add
+    up to the activations of the breakdown."""
+    if est.steps is None:
+        return ()
+    return est.steps.peak_sources()
+
+
+def remedy(est: Estimate, kind: str) -> Remedy | None:
+    """The change that removes sources of ``kind``, estimated on ``est``'s scenario;
+    ``None`` when there is none, it does not apply, or the changed scenario is rejected."""
+    whatif = REMEDIES.get(kind)
+    if whatif is None:
+        return None
+    scenario = est.scenario
+    try:
+        variant = whatif.apply(scenario)
+        if variant is None:
+            return None
+        changed = estimate(variant)
+        factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
+    except EstimateError:
+        return None
+    note = f"{compute_text(factor)}: {whatif.compute_reason}"
+    return Remedy(whatif.label, est.device_bytes - changed.device_bytes, note)
+
+
+def explained(est: Estimate, remedies: bool = True) -> tuple[SourceGroup, ...]:
+    """The peak's sources grouped by kind, largest first; with ``remedies``, each group
+    with the change that removes it, estimated (:func:`remedy`)."""
+    by_kind: dict[str, list[Source]] = {}
+    for source in activation_sources(est):
+        by_kind.setdefault(source.kind, []).append(source)
+    groups = [
+        SourceGroup(
+            kind,
+            TITLES[kind],
+            sum(s.bytes for s in parts),
+            tuple(sorted(parts, key=lambda s: -s.bytes)),
+            remedy(est, kind) if remedies else None,
+        )
+        for kind, parts in by_kind.items()
+    ]
+    return tuple(sorted(groups, key=lambda g: -g.bytes))
