@@ -14,6 +14,10 @@ decimal box its decimals to hold the value. Two kinds of rejected input exist:
 * the scenario is stored but the estimate rejects it (tp = 3 on 8 GPUs): the message
   appears under the field it names, and the chart says its bars are out of date.
 
+Each row's tooltip says in words what the field is and what it changes in memory
+(:data:`gui.tooltips.TIPS`, unless the panel gives its own), then the accepted range of
+a number box.
+
 Rows can go into a folding section (:class:`Collapsible`, with :meth:`FormPanel.rows_in`);
 a message shown under one of its rows unfolds it.
 
@@ -36,6 +40,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QSizePolicy,
     QSpinBox,
     QToolButton,
@@ -45,8 +50,10 @@ from PySide6.QtWidgets import (
 
 from engine.errors import EstimateError
 from engine.specs import Scenario
+from gui.chart import rich_text
 from gui.store import ScenarioStore
 from gui.theme import error_color
+from gui.tooltips import TIPS, with_range
 
 Getter = Callable[[Scenario], Any]
 Setter = Callable[[Scenario, Any], Scenario]
@@ -112,6 +119,18 @@ def decimals_of(value: float, at_least: int, at_most: int = 6) -> int:
 
 #: the largest value a QSpinBox holds (a C int)
 SPIN_MAX = 2**31 - 1
+
+
+def number_text(value: float) -> str:
+    """``65,536``, ``0.5``, ``10,000,000``: a bound of a range in a tooltip."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:g}"
+
+
+def range_text(lo: float, hi: float, suffix: str = "") -> str:
+    """``1 to 65,536``, ``10 to 100 %``: the accepted range of a number box."""
+    return f"{number_text(lo)} to {number_text(hi)}{suffix}"
 
 
 class ErrorLabel(QLabel):
@@ -210,8 +229,8 @@ class FormPanel(QGroupBox):
         lay.setSpacing(1)
         lay.addWidget(widget)
         lay.addWidget(error)
-        widget.setToolTip(tip)
-        widget.setStatusTip(tip)
+        widget.setToolTip(rich_text(tip))
+        widget.setStatusTip(tip.replace("\n", " "))
         widget.setAccessibleName(label)
         self._target.addRow(label, box)
         row = Row(path, label, widget, error, get, set_, read, write, self._target)
@@ -242,6 +261,11 @@ class FormPanel(QGroupBox):
         line.addWidget(field, 1)
         line.addWidget(widget)
         lay.insertLayout(0, line)
+
+    @staticmethod
+    def words(path: str, label: str, tip: str = "") -> str:
+        """What the row of ``path`` means: the panel's ``tip``, else :data:`TIPS`'s."""
+        return tip or TIPS.get(path, label)
 
     def add_spin(
         self,
@@ -278,7 +302,7 @@ class FormPanel(QGroupBox):
             field[1],
             w.value,
             write,
-            tip or f"{label}: {lo:,} to {hi:,}",
+            with_range(self.words(path, label, tip), range_text(lo, hi, suffix)),
         )
         w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
         return w
@@ -322,7 +346,7 @@ class FormPanel(QGroupBox):
             lambda s, v: set_(s, v / scale),
             read,
             write,
-            tip or f"{label}: {lo:g} to {hi:g}",
+            with_range(self.words(path, label, tip), range_text(lo, hi, suffix)),
         )
         w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
         return w
@@ -363,7 +387,7 @@ class FormPanel(QGroupBox):
             field[1],
             w.currentData,
             write,
-            tip or f"{label}: one of " + ", ".join(t for t, _ in choices),
+            self.words(path, label, tip),
         )
         w.currentIndexChanged.connect(lambda _i, r=row: self.commit(r, w.currentData()))
         return w
@@ -372,8 +396,31 @@ class FormPanel(QGroupBox):
         self, path: str, label: str, field: tuple[Getter, Setter], tip: str = ""
     ) -> QCheckBox:
         w = QCheckBox()
-        row = self._add(path, label, w, field[0], field[1], w.isChecked, w.setChecked, tip or label)
+        tip = self.words(path, label, tip)
+        row = self._add(path, label, w, field[0], field[1], w.isChecked, w.setChecked, tip)
         w.toggled.connect(lambda v, r=row: self.commit(r, v))
+        return w
+
+    def add_text(
+        self,
+        path: str,
+        label: str,
+        field: tuple[Getter, Setter],
+        tip: str = "",
+        max_length: int = 64,
+    ) -> QLineEdit:
+        """A line of text, stored when the user presses Enter or leaves the field."""
+        w = QLineEdit()
+        w.setMaxLength(max_length)
+        w.setClearButtonEnabled(True)
+
+        def write(value: str) -> None:
+            if w.text() != value:
+                w.setText(value)
+
+        tip = with_range(self.words(path, label, tip), f"up to {max_length} characters")
+        row = self._add(path, label, w, field[0], field[1], w.text, write, tip)
+        w.editingFinished.connect(lambda r=row: self.commit(r, w.text()))
         return w
 
     # -- binding -------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from gui.forms import (
     training_field,
 )
 from gui.store import ScenarioStore
+from gui.tooltips import TARGET_TIPS, TIPS, WIDGET_TIPS
 
 SIZE_BUCKETS = (
     ("Any size", 0, 10**15),
@@ -127,58 +128,47 @@ QUANTIZE_HEAD_CHOICES = (("from stack", FROM_STACK), ("quantized to 4 bits", Tru
                          ("not quantized", False))  # fmt: skip
 #: the selective checkpointing policies of :mod:`engine.stacks`, in words
 POLICY_TEXT = {"attention-core": "attention core", "per-op": "per-op"}
-#: convention row -> (stack convention key, what it changes, how its values read)
+#: convention row -> (stack convention key, what it changes (:data:`gui.tooltips.TIPS`),
+#: how its values read)
 CONVENTION_TIPS: dict[str, tuple[str, str, dict[Any, str]]] = {
     "training.model_implementation": (
         "model_implementation",
-        "The modeling code that builds the model: transformers' classes (a tied LM head is "
-        "the embedding matrix) or LitGPT's GPT, which never ties the LM head to the "
-        "embedding (a tied checkpoint gets an LM head of its own)",
+        TIPS["training.model_implementation"],
         IMPLEMENTATION_TEXT,
     ),
     "training.outputs_held_through_backward": (
         "outputs_held_through_backward",
-        "Whether the model output (the logits and, when built, the KV cache) stays "
-        "referenced through backward and the optimizer step (outputs = model(...); "
-        "outputs.loss.backward()) or is dropped before backward (only the loss kept)",
+        TIPS["training.outputs_held_through_backward"],
         {True: "held", False: "released"},
     ),
     "training.kv_cache_in_outputs": (
         "kv_cache_in_outputs",
-        "Whether the forward builds a KV cache in training (transformers' use_cache); it "
-        "lives as long as the output, and never under gradient checkpointing",
+        TIPS["training.kv_cache_in_outputs"],
         {True: "built", False: "not built"},
     ),
     "training.previous_step_held": (
         "previous_step_held",
-        "Whether the previous step's autograd graph and model output stay alive into this "
-        "step's forward (the loop's variables, loss = ... and outputs = model(...), are "
-        "rebound only when the next forward returns) or are gone when the step ends",
+        TIPS["training.previous_step_held"],
         {True: "held", False: "released"},
     ),
     "training.frozen_weights_dtype": (
         "frozen_weights_dtype",
-        "Storage dtype of the frozen, non-quantized weights (LoRA's base, frozen parts); "
-        "auto is the compute dtype of the precision (fp32 under fp32)",
+        TIPS["training.frozen_weights_dtype"],
         {},
     ),
     "training.lora.adapter_dtype": (
         "lora.adapter_dtype",
-        "Dtype of the LoRA adapters, and so of their gradients and optimizer states; auto "
-        "is fp32, bf16 under pure bf16",
+        TIPS["training.lora.adapter_dtype"],
         {},
     ),
     "training.qlora.quantize_lm_head": (
         "qlora.quantize_lm_head",
-        "Whether QLoRA quantizes the LM head to 4 bits with the other linear layers "
-        "(Lightning's bitsandbytes plugin) or keeps it unquantized (transformers)",
+        TIPS["training.qlora.quantize_lm_head"],
         {True: "quantized", False: "not quantized"},
     ),
     "training.qlora.dequant_dtype": (
         "qlora.dequant_dtype",
-        "The dtype QLoRA's dequantization returns; auto is the compute dtype. Any other "
-        "dtype costs a second copy of each weight, cast to the compute dtype at every "
-        "matmul",
+        TIPS["training.qlora.dequant_dtype"],
         {},
     ),
 }
@@ -335,7 +325,13 @@ class ModelPanel(FormPanel):
         self._extra_item = False  # item 0 shows the current model, which no preset item does
         self.preset.setMaxVisibleItems(20)
         self.preset.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
-        self.preset.setToolTip("Model preset; the fields below start from it")
+        for widget, key in (
+            (self.search, "search"),
+            (self.family, "family"),
+            (self.size, "size"),
+            (self.preset, "preset"),
+        ):
+            widget.setToolTip(rich_text(WIDGET_TIPS[key]))
         self.preset.setAccessibleName("Model preset")
         self.count = QLabel()
         self.count.setObjectName("paramCount")
@@ -375,8 +371,6 @@ class ModelPanel(FormPanel):
             1,
             65536,
             model_field("num_key_value_heads"),
-            "Key/value heads: equal to the attention heads for MHA, fewer for GQA, "
-            "1 for MQA; must divide the attention heads",
         )
         self.add_spin("model.head_dim", "Head dim", 1, 65536, model_field("head_dim"))
         self.add_spin(
@@ -385,7 +379,6 @@ class ModelPanel(FormPanel):
             0,
             dims,
             model_field("intermediate_size"),
-            "Intermediate size of dense MLPs",
         )
         self.add_spin("model.vocab_size", "Vocabulary", 1, dims, model_field("vocab_size"))
         self.add_spin(
@@ -394,7 +387,6 @@ class ModelPanel(FormPanel):
             0,
             4096,
             model_field("num_experts"),
-            "Routed experts per MoE layer (0 for a dense model)",
         )
         self.add_spin(
             "model.num_experts_per_tok",
@@ -414,7 +406,6 @@ class ModelPanel(FormPanel):
             "model.tie_word_embeddings",
             "Tied embeddings",
             model_field("tie_word_embeddings"),
-            "The LM head shares the embedding matrix",
         )
 
     @Slot()
@@ -529,7 +520,6 @@ class HardwarePanel(FormPanel):
             "GPU",
             choices,
             (lambda s: get_hw(s).name, set_gpu),
-            "GPU preset; memory as nvidia-smi (or the vendor's tool) reports it",
         )
         self.add_spin(
             "hardware.gpus_per_node", "GPUs per node", 1, 64, hardware_field("gpus_per_node")
@@ -551,7 +541,6 @@ class HardwarePanel(FormPanel):
             0.0,
             16384.0,
             (lambda s: get_mem(s) or 0.0, lambda s, v: set_mem(s, v or None)),
-            "Device memory in GiB (2^30 bytes); 'preset' uses the GPU's own",
             decimals=1,
             suffix=" GiB",
         )
@@ -563,8 +552,6 @@ class HardwarePanel(FormPanel):
             0.0,
             float(1 << 20),
             (lambda s: get_host(s) or 0.0, lambda s, v: set_host(s, v or None)),
-            "Host RAM of one node in GiB (2^30 bytes), to check what offload keeps there; "
-            "'not given' skips the check",
             decimals=0,
             suffix=" GiB",
         )
@@ -576,7 +563,6 @@ class HardwarePanel(FormPanel):
             10.0,
             100.0,
             hardware_field("utilization_target"),
-            "Plan to stay under this share of the capacity (10 to 100 %)",
             decimals=0,
             scale=100.0,
             suffix=" %",
@@ -588,8 +574,6 @@ class HardwarePanel(FormPanel):
             0.0,
             1e6,
             (lambda s: get_price(s) or 0.0, lambda s, v: set_price(s, v or None)),
-            "What one GPU-hour of this GPU costs you, in your currency, for the cost of a "
-            "run and per million tokens (Tradeoffs); 0 takes the GPU preset's price",
             decimals=2,
         )
         self.add_combo(
@@ -597,10 +581,6 @@ class HardwarePanel(FormPanel):
             "CUDA runtime",
             CUDA_CHOICES,
             hardware_field("cuda_runtime"),
-            "What the CUDA context takes beyond PyTorch's pool (what nvidia-smi shows and "
-            "torch.cuda.memory_reserved does not): CUDA 12 loads kernels lazily, when first "
-            "used (the default since 12.2); eager loading (CUDA 11, or "
-            "CUDA_MODULE_LOADING=EAGER) loads every kernel of the libraries at start",
         )
 
     def after_refresh(self, scenario: Scenario) -> None:
@@ -643,7 +623,7 @@ class TargetsWidget(QWidget):
         cell = 0  # three to a line, all-linear two wide: no name is cut in a narrow column
         for name in (*plain, "all-linear", *latent):
             box = QCheckBox(name.removesuffix("_proj"))
-            box.setToolTip(name)
+            box.setToolTip(rich_text(f"{name}: {TARGET_TIPS[name]}"))
             self.boxes[name] = box
             span = 2 if name == "all-linear" else 1
             if cell % 3 + span > 3:
@@ -712,9 +692,6 @@ class TrainingPanel(FormPanel):
             "Checkpointing",
             CHECKPOINT_CHOICES,
             training_field("activation_checkpointing"),
-            "none keeps every activation; selective recomputes part of each layer (what "
-            "part is the stack's policy); full keeps only each layer's input; per-op is "
-            "torchtitan's policy (every other matmul and attention saved)",
         )
         self.add_spin(
             "training.checkpoint_every_k",
@@ -722,8 +699,6 @@ class TrainingPanel(FormPanel):
             1,
             4096,
             training_field("checkpoint_every_k"),
-            "k, 1 to 4096: every k layers checkpoints layers 0, k, 2k, ...; first k layers "
-            "checkpoints the first k layers of each pipeline stage (Megatron's block method)",
             suffix=" layers",
         )
         self.add_spin(
@@ -732,7 +707,6 @@ class TrainingPanel(FormPanel):
             1,
             65536,
             training_field("lora.rank"),
-            "LoRA rank r: adapters add r x (in + out) parameters per layer",
         )
         self.add_double(
             "training.lora.alpha", "LoRA alpha", 0.0, 1e6, training_field("lora.alpha"), decimals=1
@@ -744,7 +718,6 @@ class TrainingPanel(FormPanel):
             "training.qlora.double_quant",
             "Double quant",
             training_field("qlora.double_quant"),
-            "Quantize the 4-bit absmax constants too (0.127 instead of 0.5 bit/param)",
         )
         self.add_combo(
             "training.freeze.trainable",
@@ -758,15 +731,12 @@ class TrainingPanel(FormPanel):
             0,
             4096,
             training_field("freeze.last_layers"),
-            "Also train the last N whole layers (0 to 4096)",
         )
         stack = self.add_combo(
             "training.stack",
             "Training stack",
             [(self._stacks[n].label if n in self._stacks else n, n) for n in STACKS],
             _stack_field(),
-            "The loop that runs the step: its conventions fill those the scenario leaves "
-            "to it, and choosing it sets its loss and optimizer implementation",
         )
         for index, name in enumerate(STACKS):
             known = self._stacks.get(name)
@@ -786,7 +756,6 @@ class TrainingPanel(FormPanel):
             "Optimizer impl",
             [(v, v) for v in OPTIMIZER_IMPLS],
             training_field("optimizer_impl"),
-            "foreach allocates a full-size temporary; fused does not",
         )
         self.add_spin(
             "training.gradient_accumulation_steps",
@@ -799,9 +768,6 @@ class TrainingPanel(FormPanel):
             "training.optimizer_in_backward",
             "Optimizer in backward",
             training_field("optimizer_in_backward"),
-            "Step each parameter as soon as its gradient is ready and free the gradient "
-            "(torchtune's optimizer_in_bwd): no full gradient buffer; needs gradient "
-            "accumulation 1",
         )
         self.add_combo(
             "training.attention",
@@ -813,16 +779,12 @@ class TrainingPanel(FormPanel):
                 ("eager (s x s scores kept)", "eager"),
             ],
             training_field("attention"),
-            "The attention kernel: SDPA runs flash attention for 16-bit compute and the "
-            "memory-efficient kernel for fp32; eager keeps the s x s scores",
         )
         self.add_combo(
             "training.moe_implementation",
             "MoE experts",
             MOE_CHOICES,
             training_field("moe_implementation"),
-            "How the experts run (MoE models): grouped GEMMs over the tokens sorted by "
-            "expert, or transformers' eager loop over the experts one by one",
         )
         get_budget, set_budget = training_field("token_budget")
         budget = self.add_double(
@@ -831,8 +793,6 @@ class TrainingPanel(FormPanel):
             0.0,
             1e7,
             (lambda s: get_budget(s) or 0, lambda s, v: set_budget(s, round(v) or None)),
-            "Tokens the whole run trains on, in billions (10^9), for its time, GPU-hours and "
-            "cost (Tradeoffs); 'not given' leaves them out",
             decimals=1,
             scale=1e-9,
             suffix=" B",
@@ -905,8 +865,6 @@ class TrainingPanel(FormPanel):
             1,
             4096,
             training_field("loss_chunks"),
-            "Chunks of the sequence the LM head and the loss run in, one at a time "
-            "(chunked-output only; 1 to 4096)",
         )
         for path in (*CONVENTION_TIPS, "training.loss"):
             button = QToolButton()
@@ -937,7 +895,7 @@ class TrainingPanel(FormPanel):
             set_,
             self.targets.value,
             lambda value: self.targets.set_value(tuple(value)),
-            "Linear layers that get adapters; all-linear wraps every one but the output layer",
+            TIPS["training.lora.targets"],
         )
 
     def after_refresh(self, scenario: Scenario) -> None:
@@ -965,9 +923,12 @@ class TrainingPanel(FormPanel):
         button and whether it applies, and the section's summary."""
         stack = self._stacks.get(training.stack)
         rows = self.rows
-        rows["training.stack"].widget.setToolTip(
-            stack_tip(stack) if stack else rich_text(f"{training.stack}: its file cannot be read")
+        about = (
+            f"{stack.label}: {stack.description}\nSource: {stack.source}"
+            if stack
+            else f"{training.stack}: its file cannot be read"
         )
+        rows["training.stack"].widget.setToolTip(rich_text(f"{TIPS['training.stack']}\n{about}"))
         self.conventions.summary.setText(conventions_summary(training))
         #: why a convention does not apply to this method ("" where it does)
         qlora = "" if training.method == "qlora" else "only QLoRA quantizes the base weights"
@@ -1032,12 +993,7 @@ class TrainingPanel(FormPanel):
     def _show_loss(self, training: TrainingSpec, stack: Stack | None) -> None:
         loss = self.rows["training.loss"].widget
         default = stack.defaults.get("loss") if stack else None
-        lines = [
-            "How the loss is computed from the last hidden states: the full logits upcast "
-            "to fp32 (transformers), in chunks that never hold all the logits (Liger, "
-            "Unsloth), on the 16-bit logits (LitGPT, plain loops), or the LM head and the "
-            "loss per chunk with every chunk's logits kept (torchtune)"
-        ]
+        lines = [TIPS["training.loss"]]
         if stack is not None and default is not None:
             lines.append(f"{stack.label} uses: {LOSS_TEXT[default]}")
         loss.setToolTip(rich_text("\n".join(lines)))
@@ -1123,7 +1079,6 @@ class ParallelismPanel(FormPanel):
             "Framework",
             FRAMEWORK_CHOICES,
             field("framework"),
-            "How the framework lays out mixed-precision weights, gradients and master copies",
         )
         section(self.form, "Data parallel")
         self.add_combo(
@@ -1131,42 +1086,32 @@ class ParallelismPanel(FormPanel):
             "ZeRO / FSDP",
             ZERO_CHOICES,
             field("zero_stage"),
-            "Shard the model state over the data-parallel GPUs (Rajbhandari et al. 2020)",
         )
         self.add_check(
             par + "hybrid_shard",
             "Hybrid shard",
             field("hybrid_shard"),
-            "FSDP HYBRID_SHARD: shard within a node, replicate across nodes",
         ).setText("shard within a node")
         section(self.form, "Model parallel")
-        for name, label, tip in (
-            ("tp", "Tensor parallel", "tp x pp x cp must divide the GPU count"),
-            ("pp", "Pipeline parallel", "pp x virtual stages must divide the layers"),
-        ):
-            self.add_spin(par + name, label, 1, 65536, field(name), f"{label} size; {tip}")
+        for name, label in (("tp", "Tensor parallel"), ("pp", "Pipeline parallel")):
+            self.add_spin(par + name, label, 1, 65536, field(name))
             if name == "tp":
                 self.add_check(
                     par + "sequence_parallel",
                     "Sequence parallel",
                     field("sequence_parallel"),
-                    "Split the norm and dropout activations over the tensor-parallel ranks "
-                    "(Korthikanti et al. 2022)",
                 ).setText("split over tp ranks")
         self.add_combo(
             par + "pp_schedule",
             "Schedule",
             SCHEDULE_CHOICES,
             _schedule_field(),
-            "Pipeline schedule: how many micro-batches each stage holds (Narayanan et al. 2021)",
         )
         self.add_combo(
             par + "pp_split",
             "Stage split",
             SPLIT_CHOICES,
             field("pp_split"),
-            "How the layers split over the pipeline stages; balanced allows an uneven split "
-            "(torchtitan's default)",
         )
         self.add_spin(
             par + "vpp",
@@ -1174,7 +1119,6 @@ class ParallelismPanel(FormPanel):
             1,
             1024,
             field("vpp"),
-            "Model chunks per pipeline rank (interleaved 1F1B); pp x vpp must divide the layers",
         )
         self.add_spin(
             par + "cp",
@@ -1182,7 +1126,6 @@ class ParallelismPanel(FormPanel):
             1,
             65536,
             field("cp"),
-            "Context parallel size: the sequence split in 2 x cp chunks (ring attention)",
         )
         self.add_spin(
             par + "ep",
@@ -1190,7 +1133,6 @@ class ParallelismPanel(FormPanel):
             1,
             65536,
             field("ep"),
-            "Expert parallel size (MoE models); must divide the experts and the data-parallel size",
         )
         self.add_double(
             par + "expert_capacity_factor",
@@ -1198,28 +1140,21 @@ class ParallelismPanel(FormPanel):
             1.0,
             64.0,
             field("expert_capacity_factor"),
-            "Tokens the busiest expert rank receives, relative to a balanced router (1.0)",
             suffix=" x",
         ).setSingleStep(0.25)
         section(self.form, "Offload")
-        for name, label, tip in (
-            ("optimizer", "Optimizer", "ZeRO-Offload: optimizer states and gradients to host"),
-            ("parameters", "Parameters", "ZeRO-Infinity: parameter shards off the GPU; ZeRO-3"),
-        ):
+        for name, label in (("optimizer", "Optimizer"), ("parameters", "Parameters")):
             self.add_combo(
                 f"training.offload.{name}",
                 label,
                 OFFLOAD_CHOICES,
                 training_field(f"offload.{name}"),
-                tip,
             )
         self.add_combo(
             "training.offload.activations",
             "Activations",
             (("no", "none"), ("to CPU (checkpointed inputs)", "cpu")),
             training_field("offload.activations"),
-            "Keep the inputs of checkpointed layers in pinned host memory; needs full or "
-            "every-k-layers checkpointing",
         )
         self.after_refresh(store.scenario)
 

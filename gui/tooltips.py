@@ -1,0 +1,213 @@
+"""What each input of the left column means, in words, for its tooltip.
+
+:data:`TIPS` maps a row's scenario path (``training.micro_batch_size``) to one to three
+sentences: what the knob is and what it changes in memory. The form appends the accepted
+range of a number box (:func:`with_range`), so a tooltip reads "what it is, what it
+changes, then the range". :data:`WIDGET_TIPS` holds the inputs that are not rows (the
+preset search and filters), :data:`TARGET_TIPS` the LoRA target boxes.
+
+The texts follow what the engine models (``engine/``): change a formula there, check its
+words here.
+"""
+
+from __future__ import annotations
+
+TIPS: dict[str, str] = {
+    # -- model --------------------------------------------------------------------------
+    "model.num_layers": "Transformer blocks. Weights, gradients, optimizer states and "
+    "activations all grow with the number of layers.",
+    "model.hidden_size": "Width of the hidden states. Weights grow with its square, "
+    "activations linearly (per token).",
+    "model.num_attention_heads": "Query heads per attention layer. The eager attention "
+    "kernel keeps one s x s score matrix per head; flash attention does not.",
+    "model.num_key_value_heads": "Key/value heads: equal to the attention heads for MHA, "
+    "fewer for GQA, 1 for MQA; fewer heads mean smaller K/V projections and activations. "
+    "Must divide the attention heads.",
+    "model.head_dim": "Width of one attention head; with the heads it sets the size of the "
+    "Q, K and V projections.",
+    "model.intermediate_size": "Width of a dense MLP's hidden layer (0 for a model whose "
+    "layers are all experts). Its activations are often the largest of a layer.",
+    "model.vocab_size": "Tokens in the vocabulary. It sizes the embedding, the LM head and "
+    "the logits (micro-batch x sequence x vocabulary), often the largest single block.",
+    "model.num_experts": "Routed experts per MoE layer (0 for a dense model). Every expert "
+    "has weights and optimizer states; only the chosen ones see each token.",
+    "model.num_experts_per_tok": "Experts each token is routed to (top-k): expert "
+    "activations grow with it, expert weights do not.",
+    "model.moe_intermediate_size": "Width of one expert's MLP hidden layer.",
+    "model.tie_word_embeddings": "The LM head shares the embedding matrix: one matrix of "
+    "vocabulary x hidden weights (and its gradients and states) instead of two.",
+    # -- hardware -----------------------------------------------------------------------
+    "hardware.gpu": "The GPU model. Its memory is what nvidia-smi (or the vendor's tool) "
+    "reports, so an '80 GB' card shows 79.6 GiB.",
+    "hardware.gpus_per_node": "GPUs in one machine. With the nodes it is the GPU count the "
+    "parallel sizes must divide and that ZeRO / FSDP shards over.",
+    "hardware.nodes": "Machines in the run. More GPUs let ZeRO / FSDP split the model state "
+    "into smaller shards; activations per GPU do not shrink.",
+    "hardware.memory_gib": "Device memory in GiB (2^30 bytes), for a card the presets do "
+    "not describe (a MIG slice, another memory size). 0 keeps the preset's memory.",
+    "hardware.host_memory_gib": "Host RAM of one node in GiB (2^30 bytes), to check that "
+    "offloaded optimizer states, gradients or parameters fit there. 0 skips the check.",
+    "hardware.utilization_target": "The budget line: the share of the capacity a plan "
+    "should stay under, since real runs vary and the last few percent go to "
+    "fragmentation. Under the line reads 'fits', above it 'tight'.",
+    "hardware.price_per_gpu_hour": "What one GPU-hour of this GPU costs you, in your "
+    "currency, for the cost of a run and per million tokens (Tradeoffs); no effect on "
+    "memory. 0 takes the GPU preset's price.",
+    "hardware.cuda_runtime": "What the CUDA context takes beyond PyTorch's pool (what "
+    "nvidia-smi shows and torch.cuda.memory_reserved does not): CUDA 12 loads kernels "
+    "lazily, when first used; eager loading (CUDA 11, CUDA_MODULE_LOADING=EAGER) loads "
+    "every kernel of the libraries at start.",
+    # -- training -----------------------------------------------------------------------
+    "training.method": "What trains. Full fine-tuning keeps gradients and optimizer states "
+    "for every weight; LoRA trains small adapters on a frozen 16-bit base; QLoRA's base "
+    "is 4-bit NF4; Freeze trains only the parts you pick.",
+    "training.precision": "How weights and activations are stored. Mixed precision keeps "
+    "fp32 weights and gradients and computes in 16 (or 8) bits, caching a 16-bit copy of "
+    "each weight; pure bf16 keeps weights, gradients and states in bf16.",
+    "training.micro_batch_size": "Sequences one GPU runs through one forward and backward "
+    "pass. Activations and logits grow in proportion to it.",
+    "training.sequence_length": "Tokens per sequence. Activations grow with it (the eager "
+    "kernel's attention scores with its square).",
+    "training.activation_checkpointing": "What the forward keeps for backward. none keeps "
+    "every activation; selective recomputes only attention's scores, softmax and dropout "
+    "(or the stack's own policy); full keeps only each layer's input and recomputes the "
+    "layer, about a third more compute; per-op (torchtitan) saves every other matmul and "
+    "attention.",
+    "training.checkpoint_every_k": "Which layers are checkpointed: every k layers "
+    "checkpoints layers 0, k, 2k, ...; first k layers checkpoints the first k layers of "
+    "each pipeline stage (Megatron's block method).",
+    "training.lora.rank": "LoRA rank r: each adapted layer gets r x (in + out) trainable "
+    "parameters, with their gradients, optimizer states and activations.",
+    "training.lora.alpha": "LoRA's scaling (alpha / r of the adapter output); it changes "
+    "training, not memory.",
+    "training.lora.targets": "Linear layers that get adapters; all-linear wraps every one "
+    "but the output layer. More targets, more adapter weights and activations.",
+    "training.qlora.double_quant": "Quantize the 4-bit base's absmax constants too: 0.127 "
+    "instead of 0.5 bit per parameter of overhead.",
+    "training.freeze.trainable": "The parts that train under Freeze; every other weight is "
+    "frozen and needs no gradient or optimizer state.",
+    "training.freeze.last_layers": "Also train the last N whole layers (with gradients and "
+    "optimizer states for them).",
+    "training.stack": "The loop that runs the step. Its conventions fill those the scenario "
+    "leaves to it; choosing it sets its loss and optimizer implementation.",
+    "training.optimizer": "The optimizer's state per trainable weight: AdamW keeps two "
+    "moments (8 B per fp32 weight), 8-bit AdamW about 2 B, SGD none, SGD + momentum and "
+    "Lion one, Adafactor factored moments.",
+    "training.optimizer_impl": "How torch.optim runs the step: foreach allocates a "
+    "full-size temporary, fused none, for-loop the size of the largest weight.",
+    "training.gradient_accumulation_steps": "Micro-batches per optimizer step. Gradients "
+    "add up in place, so memory stays about the same while the global batch grows; with "
+    "pipeline parallel it is the micro-batches the schedule runs.",
+    "training.optimizer_in_backward": "Step each weight as soon as its gradient is ready "
+    "and free the gradient (torchtune's optimizer_in_bwd): no full gradient buffer. Needs "
+    "gradient accumulation 1.",
+    "training.attention": "The attention kernel: eager keeps the s x s scores and softmax "
+    "per head; SDPA, flash and memory-efficient keep only the output and its logsumexp. "
+    "SDPA runs flash for 16-bit compute, memory-efficient for fp32.",
+    "training.moe_implementation": "How the experts run (MoE models): grouped GEMMs over "
+    "the tokens sorted by expert, or transformers' eager loop over the experts one by "
+    "one, which keeps each expert's inputs separately.",
+    "training.token_budget": "Tokens the whole run trains on, in billions (10^9), for its "
+    "time, GPU-hours and cost (Tradeoffs); no effect on memory. 0 leaves them out.",
+    # -- conventions (the stack's words are added to these) ------------------------------
+    "training.model_implementation": "The modeling code that builds the model: "
+    "transformers' classes (a tied LM head is the embedding matrix) or LitGPT's GPT, "
+    "which never ties the LM head to the embedding (a tied checkpoint gets an LM head of "
+    "its own).",
+    "training.outputs_held_through_backward": "Whether the model output (the logits and, "
+    "when built, the KV cache) stays referenced through backward and the optimizer step "
+    "(outputs = model(...); outputs.loss.backward()) or is dropped before backward (only "
+    "the loss kept).",
+    "training.kv_cache_in_outputs": "Whether the forward builds a KV cache in training "
+    "(transformers' use_cache); it lives as long as the output, and never under gradient "
+    "checkpointing.",
+    "training.previous_step_held": "Whether the previous step's autograd graph and model "
+    "output stay alive into this step's forward (the loop's variables are rebound only "
+    "when the next forward returns) or are gone when the step ends.",
+    "training.frozen_weights_dtype": "Storage dtype of the frozen, non-quantized weights "
+    "(LoRA's base, frozen parts); auto is the compute dtype of the precision (fp32 under "
+    "fp32).",
+    "training.lora.adapter_dtype": "Dtype of the LoRA adapters, and so of their gradients "
+    "and optimizer states; auto is fp32, bf16 under pure bf16.",
+    "training.qlora.quantize_lm_head": "Whether QLoRA quantizes the LM head to 4 bits with "
+    "the other linear layers (Lightning's bitsandbytes plugin) or keeps it unquantized "
+    "(transformers).",
+    "training.qlora.dequant_dtype": "The dtype QLoRA's dequantization returns; auto is the "
+    "compute dtype. Any other dtype costs a second copy of each weight, cast to the "
+    "compute dtype at every matmul.",
+    "training.loss": "How the loss is computed from the last hidden states: the full "
+    "logits upcast to fp32 (transformers), in chunks that never hold all the logits "
+    "(Liger, Unsloth), on the 16-bit logits (LitGPT, plain loops), or the LM head and the "
+    "loss per chunk with every chunk's logits kept (torchtune).",
+    "training.loss_chunks": "Chunks of the sequence the LM head and the loss run in, one at "
+    "a time (logits per chunk only).",
+    # -- parallelism and offload ---------------------------------------------------------
+    "training.parallelism.framework": "How the framework lays out mixed-precision state: "
+    "PyTorch keeps fp32 weights and gradients; DeepSpeed 16-bit weights and gradients "
+    "plus an fp32 master copy; Megatron 16-bit weights and an fp32 gradient buffer.",
+    "training.parallelism.zero_stage": "Shard the model state over the data-parallel GPUs "
+    "(Rajbhandari et al. 2020): stage 1 the optimizer states, stage 2 also the gradients, "
+    "stage 3 also the weights, gathered one layer at a time.",
+    "training.parallelism.hybrid_shard": "FSDP HYBRID_SHARD: shard within a node and "
+    "replicate across nodes; shards are as large as on one node, with less traffic "
+    "between nodes.",
+    "training.parallelism.tp": "Tensor parallel: each layer's weight matrices and most of "
+    "its activations split over tp GPUs. tp x pp x cp must divide the GPU count.",
+    "training.parallelism.sequence_parallel": "Split the norm and dropout activations, "
+    "which tensor parallel leaves whole, over the tensor-parallel ranks too (Korthikanti "
+    "et al. 2022).",
+    "training.parallelism.pp": "Pipeline parallel: the layers split into pp stages, one per "
+    "GPU group, each holding its layers' state and the activations of its micro-batches "
+    "in flight. pp x virtual stages must divide the layers.",
+    "training.parallelism.pp_schedule": "Pipeline schedule: how many micro-batches each "
+    "stage holds at once. GPipe runs all forwards first (all in flight); 1F1B at most pp "
+    "on the first stage (Narayanan et al. 2021).",
+    "training.parallelism.pp_split": "How the layers split over the pipeline stages: even "
+    "counts; balanced counts the embedding and the head as a layer each and allows an "
+    "uneven split (torchtitan's default).",
+    "training.parallelism.vpp": "Model chunks per pipeline rank (interleaved 1F1B): a "
+    "smaller bubble for more micro-batches in flight. pp x vpp must divide the layers.",
+    "training.parallelism.cp": "Context parallel: the sequence split into 2 x cp chunks "
+    "(ring attention), so each GPU keeps the activations of its part only.",
+    "training.parallelism.ep": "Expert parallel (MoE models): the experts spread over ep "
+    "GPUs, each keeping its experts' weights and states. Must divide the experts and the "
+    "data-parallel size.",
+    "training.parallelism.expert_capacity_factor": "Tokens the busiest expert rank "
+    "receives, relative to a balanced router (1.0): its expert activations grow with it.",
+    "training.offload.optimizer": "ZeRO-Offload: the optimizer states and gradients live "
+    "in host memory (or on NVMe) and the step runs on the CPU, freeing their GPU memory.",
+    "training.offload.parameters": "ZeRO-Infinity: the parameter shards live off the GPU "
+    "and only the layer being computed is gathered onto it. Needs ZeRO-3.",
+    "training.offload.activations": "Keep the inputs of checkpointed layers in pinned host "
+    "memory instead of on the GPU. Needs full or every-k-layers checkpointing.",
+}
+
+#: inputs that are not rows: the preset search and its filters
+WIDGET_TIPS: dict[str, str] = {
+    "search": "Filter the model presets by words of their name or family (e.g. llama 8b).",
+    "family": "Show only the presets of one model family.",
+    "size": "Show only the presets of a parameter count.",
+    "preset": "The model preset: choosing one fills the architecture below; an edited "
+    "architecture shows as (edited).",
+}
+
+#: what each LoRA target box adapts
+TARGET_TIPS: dict[str, str] = {
+    "q_proj": "Adapters on the query projection of attention.",
+    "k_proj": "Adapters on the key projection of attention.",
+    "v_proj": "Adapters on the value projection of attention.",
+    "o_proj": "Adapters on the output projection of attention.",
+    "gate_proj": "Adapters on the gate projection of the gated MLP.",
+    "up_proj": "Adapters on the up projection of the MLP.",
+    "down_proj": "Adapters on the down projection of the MLP.",
+    "all-linear": "Adapters on every linear layer but the output layer; the other boxes follow it.",
+    "q_a_proj": "Adapters on the query down-projection of latent attention (DeepSeek).",
+    "q_b_proj": "Adapters on the query up-projection of latent attention (DeepSeek).",
+    "kv_a_proj": "Adapters on the key/value down-projection of latent attention (DeepSeek).",
+    "kv_b_proj": "Adapters on the key/value up-projection of latent attention (DeepSeek).",
+}
+
+
+def with_range(words: str, accepted: str) -> str:
+    """``words`` then, on a line of its own, ``Accepted: <accepted>.``"""
+    return f"{words}\nAccepted: {accepted}." if accepted else words
