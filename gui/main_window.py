@@ -81,6 +81,7 @@ from gui.session import (
     settings_location,
     settings_problem,
 )
+from gui.step_view import ActivationsView, StepTimelineView
 from gui.store import ScenarioStore, default_scenario
 from gui.theme import apply_theme
 from gui.tradeoffs import TradeoffsView
@@ -270,7 +271,7 @@ class MainWindow(QMainWindow):
         header.setStretchLastSection(True)
         self.notice = NoticeBar()
 
-        memory = QSplitter(Qt.Orientation.Vertical)
+        memory = self.memory_split = QSplitter(Qt.Orientation.Vertical)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(6, 6, 6, 0)
@@ -279,7 +280,23 @@ class MainWindow(QMainWindow):
         top_layout.addWidget(self.readout)
         top_layout.addWidget(self.chart, 1)
         memory.addWidget(top)
-        memory.addWidget(self.table)
+        # under the chart: the items, the activations by source, the step over time
+        self.activations = ActivationsView(self.store)
+        self.step_view = StepTimelineView(self.store)
+        self.details = QTabWidget()
+        self.details.setDocumentMode(True)
+        self.details.addTab(self.table, "Items")
+        self.details.addTab(self.activations, "Activations by Source")
+        self.details.addTab(self.step_view, "Memory over Time")
+        self.details.setTabToolTip(0, "Every memory item at the peak, with its formula")
+        self.details.setTabToolTip(
+            1, "The activations at the peak told apart by source, and what removes each"
+        )
+        self.details.setTabToolTip(
+            2, "The memory of every moment of the step, stacked by category, the peak marked"
+        )
+        memory.addWidget(self.details)
+        self.details.currentChanged.connect(self._room_for_details)
         memory.setStretchFactor(0, 4)
         memory.setStretchFactor(1, 1)
         self.tradeoffs = TradeoffsView(self.store)
@@ -385,9 +402,11 @@ class MainWindow(QMainWindow):
         self.clear_whatifs_act = self._action(
             "C&lear What-ifs", self.clear_whatifs, None, "Hide all ghost bars"
         )
-        self.table_act = QAction("Breakdown &Table", self, checkable=True, checked=True)
-        self.table_act.setStatusTip("Show the table of every memory item")
-        self.table_act.toggled.connect(self.table.setVisible)
+        self.table_act = QAction("Breakdown &Details", self, checkable=True, checked=True)
+        self.table_act.setStatusTip(
+            "Show the items, the activations by source and the step over time under the chart"
+        )
+        self.table_act.toggled.connect(self.details.setVisible)
         self.theme_acts: dict[str, QAction] = {}
         for key, text in (("system", "&System Colours"), ("light", "&Light"), ("dark", "&Dark")):
             act = QAction(text, self, checkable=True)
@@ -405,6 +424,18 @@ class MainWindow(QMainWindow):
             lambda: self.views.setCurrentIndex(1),
             "Ctrl+2",
             "Show memory against speed and cost: strategy map, curves, other GPUs",
+        )
+        self.activations_act = self._action(
+            "&Activations by Source",
+            lambda: self.show_details(self.activations),
+            "Ctrl+3",
+            "Show the activations at the peak by source, and what removes each",
+        )
+        self.step_view_act = self._action(
+            "Memory over &Time",
+            lambda: self.show_details(self.step_view),
+            "Ctrl+4",
+            "Show the memory of every moment of the step, the peak marked",
         )
         self.about_act = self._action("&About MemFit", self.about, None, "About MemFit")
         self.numbers_act = self._action(
@@ -433,6 +464,7 @@ class MainWindow(QMainWindow):
         edit_menu.addAction(self.find_act)
         view_menu = bar.addMenu("&View")
         view_menu.addActions([self.memory_view_act, self.tradeoffs_view_act])
+        view_menu.addActions([self.activations_act, self.step_view_act])
         view_menu.addSeparator()
         view_menu.addActions(
             [self.compare_all_act, self.apply_whatif_act, self.clear_whatifs_act, self.table_act]
@@ -624,6 +656,20 @@ class MainWindow(QMainWindow):
         self._ghosts = ghosts
         if self.store.estimate is not None:
             self.chart.set_estimates(self.store.estimate, ghosts)
+
+    def show_details(self, page: QWidget) -> None:
+        """The memory view with ``page`` of the details under the chart in front."""
+        self.views.setCurrentIndex(0)
+        self.table_act.setChecked(True)
+        self.details.setCurrentWidget(page)
+
+    @Slot(int)
+    def _room_for_details(self, index: int) -> None:
+        """A plot or tree under the chart gets at least 40 % of the height when shown."""
+        sizes = self.memory_split.sizes()
+        total = sum(sizes)
+        if index > 0 and total and sizes[1] < 0.4 * total:
+            self.memory_split.setSizes([int(0.6 * total), total - int(0.6 * total)])
 
     def fill_table(self, est: Estimate) -> None:
         """One row per item; cells are reused, only their texts change."""
