@@ -10,6 +10,10 @@ The file is a versioned JSON object (``"memfit_scenario": 1``) with ``model``,
   estimate does not need are ignored. Beside them, ``"read_as": "llama"`` reads a family
   without a reader of its own as a look-alike (:func:`engine.hf_config.model_from_hf_config`).
 
+``hardware.gpu_name`` names the device as every view shows it (a custom GPU, or a preset
+with its memory overridden): :func:`named_gpu`. It is written only when it is not the
+device's own name (:func:`default_gpu_name`), so older files read as before.
+
 Unknown keys in MemFit's own sections are errors naming the key. Reading never evaluates
 code. Saving writes a temporary file beside the target and renames it over the target, so
 a crash never leaves a half-written scenario.
@@ -31,6 +35,7 @@ from engine.files import read_json, write_text
 from engine.hf_config import model_from_hf_config
 from engine.presets import build_strict, load_gpu, load_model, preset_name_of
 from engine.specs import (
+    GPU_NAME_CHARS,
     MEMORY_GIB,
     FreezeSpec,
     GpuSpec,
@@ -62,6 +67,9 @@ _HARDWARE_KEYS = (
     "attention_efficiency",
     "cuda_runtime",
 )
+#: the keys of a file's ``hardware`` section: the spec's fields and the GPU's name
+_HARDWARE_FILE_KEYS = (*_HARDWARE_KEYS, "gpu_name")
+GPU_NAME = "hardware.gpu_name"
 _SUBSECTIONS: dict[str, type[Any]] = {
     "lora": LoraSpec,
     "qlora": QuantSpec,
@@ -98,6 +106,31 @@ def custom_gpu(memory_gib: float) -> GpuSpec:
     )
 
 
+def default_gpu_name(gpu: GpuSpec) -> str:
+    """The name ``gpu`` has when none is given: its preset's, or ``Custom GPU (N GiB)``."""
+    if gpu.name == "custom":
+        return custom_gpu(gpu.memory_mib / 1024).display_name
+    try:
+        return load_gpu(gpu.name).display_name
+    except EstimateError:  # not a preset: the name it has is its own
+        return gpu.display_name
+
+
+def named_gpu(gpu: GpuSpec, name: Any) -> GpuSpec:
+    """``gpu`` under the user's ``name`` (``hardware.gpu_name``): text without control
+    characters, not empty once trimmed, at most :data:`GPU_NAME_CHARS` characters.
+
+    >>> named_gpu(custom_gpu(40.0), " MIG 3g.40gb ").display_name
+    'MIG 3g.40gb'
+    """
+    text = check_text(GPU_NAME, name, empty=True).strip()
+    if not text or len(text) > GPU_NAME_CHARS:
+        raise EstimateError(
+            GPU_NAME, f"got {len(text):,} characters, expected 1 to {GPU_NAME_CHARS}"
+        )
+    return dataclasses.replace(gpu, display_name=text)
+
+
 def model_from_dict(data: Any) -> ModelSpec:
     """The ``model`` section in any of its three forms."""
     if isinstance(data, str):
@@ -126,9 +159,10 @@ def hardware_from_dict(data: Any) -> HardwareSpec:
     if not isinstance(data, dict):
         raise EstimateError("hardware", f"expected an object, got {shown(data)}")
     for key in data:
-        if key not in _HARDWARE_KEYS:
+        if key not in _HARDWARE_FILE_KEYS:
             raise EstimateError(
-                f"hardware.{_key(key)}", f"unknown key; expected {', '.join(_HARDWARE_KEYS)}"
+                f"hardware.{_key(key)}",
+                f"unknown key; expected {', '.join(_HARDWARE_FILE_KEYS)}",
             )
     memory = data.get("memory_gib")
     gpu_name = check_text("hardware.gpu", data.get("gpu", "custom"))
@@ -138,7 +172,9 @@ def hardware_from_dict(data: Any) -> HardwareSpec:
         gpu = custom_gpu(check_float("hardware.memory_gib", memory, *MEMORY_GIB))
     else:
         gpu = load_gpu(gpu_name)
-    kwargs = {k: v for k, v in data.items() if k != "gpu"}
+    if "gpu_name" in data:
+        gpu = named_gpu(gpu, data["gpu_name"])
+    kwargs = {k: v for k, v in data.items() if k not in ("gpu", "gpu_name")}
     return HardwareSpec(gpu=gpu, **kwargs)
 
 
@@ -207,11 +243,11 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         {"preset": preset} if preset else {"spec": dataclasses.asdict(scenario.model)}
     )
     hw = scenario.hardware
-    hardware: dict[str, Any] = {
-        "gpu": hw.gpu.name,
-        "gpus_per_node": hw.gpus_per_node,
-        "nodes": hw.nodes,
-    }
+    hardware: dict[str, Any] = {"gpu": hw.gpu.name}
+    if hw.gpu.display_name != default_gpu_name(hw.gpu):
+        hardware["gpu_name"] = hw.gpu.display_name
+    hardware["gpus_per_node"] = hw.gpus_per_node
+    hardware["nodes"] = hw.nodes
     if hw.memory_gib is not None or hw.gpu.name == "custom":
         hardware["memory_gib"] = (
             hw.memory_gib if hw.memory_gib is not None else (hw.gpu.memory_mib / 1024)

@@ -425,9 +425,17 @@ class ModelSpec:
         return self.display_name or self.name
 
 
+#: the most characters of a GPU's name (its ``display_name``, ``hardware.gpu_name``)
+GPU_NAME_CHARS = 64
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     """One accelerator model, as a preset in ``engine/data/gpus``.
+
+    ``display_name`` is what every view calls the device: the preset's, or a name the
+    user gave it (``hardware.gpu_name`` of a scenario file, at most
+    :data:`GPU_NAME_CHARS` characters).
 
     ``memory_mib`` is the total that the vendor's tool reports (``nvidia-smi``,
     ``rocm-smi``, ``hl-smi``), not the marketing number: an "80 GB" H100 SXM reports
@@ -466,6 +474,11 @@ class GpuSpec:
         check_fields(self, f)
         check_str(f + "name", self.name)
         check_str(f + "display_name", self.display_name)
+        if len(self.display_name) > GPU_NAME_CHARS:
+            raise EstimateError(
+                f + "display_name",
+                f"got {len(self.display_name):,} characters, expected 1 to {GPU_NAME_CHARS}",
+            )
         check_choice(f + "vendor", self.vendor, self.VENDORS)
         check_str(f + "architecture", self.architecture)
         check_int(f + "memory_mib", self.memory_mib, 1024, 16 << 20)
