@@ -315,7 +315,7 @@ def to_markdown(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
         lines.append(f"| {r['category']} | {r['item']} | {r['gib']} | {r['formula']} |")
     for r in total_rows(est):
         lines.append(f"| **{r['item']}** | | **{r['gib']}** | |")
-    lines += ["", totals_line(est)]
+    lines += ["", totals_line(est), ""]  # the verdict a paragraph of its own
     if model_reading(s.model):
         lines.append(f"Model {model_reading(s.model)}.")
     lines.append(f"Training stack {conventions_text(est)}.")

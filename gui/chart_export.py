@@ -2,13 +2,20 @@
 plots -- as an image, without any dialog.
 
 * :func:`chart_image` -- the whole chart (verdict banner, plot, note) as a ``QImage``, at
-  ``scale`` times its logical size; used for "Copy chart";
+  ``scale`` times its logical size, or exactly ``width`` pixels wide;
 * :func:`captioned_image` -- that image under a caption naming the scenario (model,
-  method, precision, micro-batch x sequence, GPUs, training stack), for PNG export;
+  method, precision, micro-batch x sequence, GPUs, training stack), for PNG export and
+  "Copy chart";
+* :class:`ImageSize`, :data:`IMAGE_SIZES` -- the sizes a user picks from (1x, 2x, 3x the
+  on-screen size; 1200 and 1920 pixels wide for slides), and :func:`image_pixels`, the
+  pixel size of the captioned image at one of them;
 * :func:`png_bytes`, :func:`svg_bytes` -- the chart, with its caption, encoded in memory;
 * :func:`export_png`, :func:`export_svg` -- those bytes saved as an editor saves
   (:func:`engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
   refused, the file's mode is kept, the write is atomic).
+
+Every size draws the chart laid out as on screen, only at more (or fewer) pixels per
+logical pixel, so a caption or banner that fits on screen fits in every size.
 
 The SVG is the plot (``chart.plot_item``, or the graphics item given) through pyqtgraph's
 ``SVGExporter`` -- under the caption and the verdict banner, over the chart's note, all as
@@ -56,19 +63,60 @@ def _resized(chart: QWidget, size: QSize | None) -> QSize:
     return old
 
 
-def chart_image(chart: QWidget, scale: int = 1, *, size: QSize | None = None) -> QImage:
-    """The whole chart rendered at ``scale`` x its logical size (``size`` if given).
+@dataclass(frozen=True, slots=True)
+class ImageSize:
+    """A size for an exported image: ``scale`` times the chart's on-screen (logical) size,
+    or -- when ``width`` is given -- exactly ``width`` pixels wide, the height in
+    proportion. ``label`` names it in the export dialog."""
 
-    The image has ``scale`` as its device pixel ratio, so text and lines are drawn at the
-    higher resolution rather than scaled up.
-    """
+    label: str
+    scale: int = 1
+    width: int | None = None
+
+    def ratio(self, logical_width: int) -> float:
+        """Image pixels per logical pixel of a chart ``logical_width`` wide."""
+        return self.width / logical_width if self.width else float(self.scale)
+
+
+#: the sizes offered for a PNG export (an SVG is vector: it has the on-screen size)
+IMAGE_SIZES = (
+    ImageSize("1x", scale=1),
+    ImageSize("2x", scale=2),
+    ImageSize("3x", scale=3),
+    ImageSize("1200 px wide", width=1200),
+    ImageSize("1920 px wide", width=1920),
+)
+
+
+def _ratio(chart: QWidget, scale: int, width: int | None) -> float:
+    if width is not None:
+        if width < 1:
+            raise ValueError(f"width must be a whole number of pixels from 1, got {width!r}")
+        return width / max(1, chart.width())
     if scale < 1:
         raise ValueError(f"scale must be a whole number from 1, got {scale!r}")
+    return float(scale)
+
+
+def chart_image(
+    chart: QWidget, scale: int = 1, *, size: QSize | None = None, width: int | None = None
+) -> QImage:
+    """The whole chart rendered at ``scale`` x its logical size (``size`` if given), or
+    exactly ``width`` pixels wide (the height in proportion).
+
+    The image has the pixels per logical pixel as its device pixel ratio, so text and
+    lines are drawn at the higher resolution rather than scaled up.
+    """
     old = _resized(chart, size)
     try:
+        ratio = _ratio(chart, scale, width)
         logical = chart.size()
-        image = QImage(logical * scale, QImage.Format.Format_ARGB32_Premultiplied)
-        image.setDevicePixelRatio(scale)
+        pixels = QSize(
+            width if width is not None else round(logical.width() * ratio),
+            round(logical.height() * ratio),
+        )
+        image = QImage(pixels, QImage.Format.Format_ARGB32_Premultiplied)
+        image.setDevicePixelRatio(ratio)
         image.fill(chart.palette().color(chart.backgroundRole()))
         chart.render(image)
         return image
@@ -106,57 +154,98 @@ def _caption_lines(text: str, width: float, metrics: QFontMetrics) -> list[str]:
     return [line for part in text.splitlines() for line in wrap_text(part, width, metrics)]
 
 
+@dataclass(frozen=True, slots=True)
+class _Caption:
+    """The caption laid out at the chart's logical width: fonts and lines, line spacing,
+    the strip's height."""
+
+    blocks: tuple[tuple[QFont, tuple[str, ...]], ...]
+    width: int
+    spacing: int
+    height: int
+
+
+def _caption(chart: QWidget, caption: str | None, verdict: str | None) -> _Caption:
+    """The scenario (``caption``, by default the chart's) in bold, then ``verdict`` when
+    given, word-wrapped to the chart's width less the margins; no lines, height 0, when
+    there is neither."""
+    ctx = _context(chart, caption, "")
+    texts = [t for t in (ctx.caption, verdict or "") if t]
+    font = QFont(chart.font())
+    bold = QFont(font)
+    bold.setBold(True)
+    width = chart.width() - 2 * CAPTION_MARGIN
+    blocks = tuple(
+        (f, tuple(_caption_lines(text, width, QFontMetrics(f))))
+        for f, text in zip((bold, font), texts, strict=False)
+    )
+    spacing = max(QFontMetrics(f).lineSpacing() for f in (font, bold))
+    lines = sum(len(lines) for _f, lines in blocks)
+    return _Caption(blocks, width, spacing, 2 * CAPTION_MARGIN + spacing * lines if lines else 0)
+
+
+def image_pixels(
+    chart: QWidget, image_size: ImageSize, *, caption: str | None = None, verdict: str | None = None
+) -> QSize:
+    """The pixel size of :func:`captioned_image` of ``chart`` at ``image_size``."""
+    ratio = image_size.ratio(max(1, chart.width()))
+    header = _caption(chart, caption, verdict).height
+    width = image_size.width or round(chart.width() * ratio)
+    return QSize(width, round(chart.height() * ratio) + round(header * ratio))
+
+
 def captioned_image(
     chart: QWidget,
     scale: int = 1,
     *,
     size: QSize | None = None,
+    width: int | None = None,
     caption: str | None = None,
     verdict: str | None = None,
 ) -> QImage:
     """:func:`chart_image` under a caption: the scenario (``caption``, by default the
     chart's), then ``verdict`` when one is given (the chart's banner already carries its
-    own). With neither, the chart's image alone."""
-    image = chart_image(chart, scale, size=size)
-    ctx = _context(chart, caption, "")
-    texts = [t for t in (ctx.caption, verdict or "") if t]
-    if not texts:
+    own). With neither, the chart's image alone. The caption is laid out at the chart's
+    logical width and drawn at the image's scale, so it wraps as on screen at any size."""
+    old = _resized(chart, size)
+    try:
+        image = chart_image(chart, scale, width=width)
+        layout = _caption(chart, caption, verdict)
+    finally:
+        if chart.size() != old:
+            chart.resize(old)
+    if not layout.height:
         return image
-    logical = QSize(round(image.width() / scale), round(image.height() / scale))
-    font = QFont(chart.font())
-    bold = QFont(font)
-    bold.setBold(True)
-    width = logical.width() - 2 * CAPTION_MARGIN
-    blocks = [
-        (f, _caption_lines(text, width, QFontMetrics(f)))
-        for f, text in zip((bold, font), texts, strict=False)
-    ]
-    spacing = max(QFontMetrics(f).lineSpacing() for f in (font, bold))
-    header = 2 * CAPTION_MARGIN + spacing * sum(len(lines) for _f, lines in blocks)
+    ratio = image.devicePixelRatio()
+    header = round(layout.height * ratio)
     out = QImage(
-        QSize(logical.width(), logical.height() + header) * scale,
-        QImage.Format.Format_ARGB32_Premultiplied,
+        QSize(image.width(), image.height() + header), QImage.Format.Format_ARGB32_Premultiplied
     )
-    out.setDevicePixelRatio(scale)
     palette = chart.palette()
     out.fill(palette.color(chart.backgroundRole()))
     painter = QPainter(out)
     try:
         painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
         painter.setPen(palette.color(QPalette.ColorRole.Text))
+        painter.save()
+        painter.scale(ratio, ratio)  # the caption in logical pixels, as on screen
         y = CAPTION_MARGIN
-        for f, lines in blocks:
+        for f, lines in layout.blocks:
             painter.setFont(f)
             for line in lines:
                 painter.drawText(
-                    QRectF(CAPTION_MARGIN, y, width, spacing),
+                    QRectF(CAPTION_MARGIN, y, layout.width, layout.spacing),
                     int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter),
                     line,
                 )
-                y += spacing
-        painter.drawImage(QPoint(0, header), image)
+                y += layout.spacing
+        painter.restore()
+        chart_pixels = QImage(image)
+        chart_pixels.setDevicePixelRatio(1.0)  # placed pixel for pixel under the strip
+        painter.drawImage(QPoint(0, header), chart_pixels)
     finally:
         painter.end()
+    out.setDevicePixelRatio(ratio)
     return out
 
 
@@ -165,12 +254,13 @@ def png_bytes(
     scale: int = 1,
     *,
     size: QSize | None = None,
+    width: int | None = None,
     caption: str | None = None,
     verdict: str | None = None,
 ) -> bytes:
-    """The whole chart as PNG data, ``scale`` x its logical size in pixels, under its
-    caption (see :func:`captioned_image`)."""
-    image = captioned_image(chart, scale, size=size, caption=caption, verdict=verdict)
+    """The whole chart as PNG data, ``scale`` x its logical size in pixels or ``width``
+    pixels wide, under its caption (see :func:`captioned_image`)."""
+    image = captioned_image(chart, scale, size=size, width=width, caption=caption, verdict=verdict)
     buffer = QBuffer()
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     writer = QImageWriter(buffer, QByteArray(b"png"))
@@ -185,12 +275,14 @@ def export_png(
     scale: int = 1,
     *,
     size: QSize | None = None,
+    width: int | None = None,
     caption: str | None = None,
     verdict: str | None = None,
 ) -> None:
-    """Write the whole chart to ``path`` as PNG, ``scale`` x its logical size in pixels,
-    under its caption (see :func:`captioned_image`)."""
-    _write(path, png_bytes(chart, scale, size=size, caption=caption, verdict=verdict), "PNG")
+    """Write the whole chart to ``path`` as PNG, ``scale`` x its logical size in pixels or
+    ``width`` pixels wide, under its caption (see :func:`captioned_image`)."""
+    data = png_bytes(chart, scale, size=size, width=width, caption=caption, verdict=verdict)
+    _write(path, data, "PNG")
 
 
 def svg_bytes(

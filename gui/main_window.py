@@ -62,9 +62,17 @@ from engine.files import write_text
 from engine.report import to_csv, to_json, to_markdown
 from engine.scenario_io import load_scenario, save_scenario
 from engine.specs import Scenario
+from engine.whatif import COMBINED_KEY, WhatIfResult
 from gui.assets import icon_path
 from gui.chart import BreakdownChart, Ghost, rich_text
-from gui.chart_export import chart_image, export_png, export_svg
+from gui.chart_export import (
+    IMAGE_SIZES,
+    ImageSize,
+    captioned_image,
+    export_png,
+    export_svg,
+    image_pixels,
+)
 from gui.forms import FormPanel
 from gui.importing import Importer
 from gui.importing import is_scenario_file as _is_scenario_file
@@ -92,8 +100,8 @@ __all__ = ["MainWindow", "app_icon", "autosave_location", "message_box"]
 APP_NAME = "MemFit"
 MAX_RECENT = 8
 SCENARIO_FILTER = "MemFit scenario (*.memfit.json);;JSON (*.json)"
-CHART_FILTERS = {"PNG image (*.png)": ("png", 1), "PNG image, 2x (*.png)": ("png", 2),
-                 "SVG drawing (*.svg)": ("svg", 1)}  # fmt: skip
+#: the chart export's file type for an SVG (the PNG types name their size, see chart_filters)
+SVG_FILTER = "SVG drawing, vector (*.svg)"
 DATA_FILTERS = {"CSV (*.csv)": "csv", "JSON (*.json)": "json", "Markdown table (*.md)": "md"}
 #: the recovery file is written this long after the last change (and on close)
 AUTOSAVE_DELAY_MS = 500
@@ -174,6 +182,9 @@ def _sentence(text: str) -> str:
 
 
 class MainWindow(QMainWindow):
+    #: the size (its label) or "svg" last chosen in the chart export, offered first next time
+    _chart_export_choice: str = IMAGE_SIZES[0].label
+
     def __init__(
         self,
         settings: Settings | None = None,
@@ -375,7 +386,13 @@ class MainWindow(QMainWindow):
             "Cop&y Chart",
             self.copy_chart,
             "Ctrl+Shift+C",
-            "Copy the chart to the clipboard as an image",
+            "Copy the chart, under its caption, to the clipboard as an image",
+        )
+        self.copy_summary_act = self._action(
+            "Copy Summary as &Markdown",
+            self.copy_summary,
+            "Ctrl+Shift+M",
+            "Copy the scenario, verdict, breakdown and shown what-ifs as Markdown",
         )
         self.quit_act = self._action("&Quit", self.close, keys.Quit, "Quit MemFit")
         self.close_act = self._action("&Close Window", self.close, keys.Close, "Close MemFit")
@@ -462,6 +479,8 @@ class MainWindow(QMainWindow):
         edit_menu.addSeparator()
         edit_menu.addAction(self.importer.paste_act)
         edit_menu.addAction(self.find_act)
+        edit_menu.addSeparator()
+        edit_menu.addAction(self.copy_summary_act)
         view_menu = bar.addMenu("&View")
         view_menu.addActions([self.memory_view_act, self.tradeoffs_view_act])
         view_menu.addActions([self.activations_act, self.step_view_act])
@@ -841,38 +860,78 @@ class MainWindow(QMainWindow):
         return str(path.parent) if path else str(Path.home())
 
     # -- export --------------------------------------------------------------------------
-    def export_chart(self, path: Path, scale: int = 1) -> None:
-        """Write the chart to ``path``: SVG by extension, else PNG at ``scale``."""
+    def export_chart(self, path: Path, scale: int = 1, *, width: int | None = None) -> None:
+        """Write the chart to ``path``: SVG by extension, else PNG at ``scale`` x the
+        on-screen size or ``width`` pixels wide."""
         if path.suffix.lower() == ".svg":
             export_svg(self.chart, path)
         else:
-            export_png(self.chart, path, scale)
+            export_png(self.chart, path, scale, width=width)
+
+    def shown_whatifs(self) -> list[WhatIfResult]:
+        """The what-ifs whose ghost bars the chart shows, in their order."""
+        combined = getattr(self.whatif, "combined", None)
+        found = [
+            combined if g.key == COMBINED_KEY else self.whatif.results.get(g.key)
+            for g in self._ghosts
+        ]
+        return [w for w in found if w is not None]
 
     def export_data(self, path: Path) -> None:
-        """Write the breakdown to ``path`` as CSV, JSON or Markdown, by extension."""
+        """Write the breakdown and the shown what-ifs to ``path`` as CSV, JSON or
+        Markdown, by extension."""
         writers = {".csv": to_csv, ".json": to_json, ".md": to_markdown}
         writer = writers.get(path.suffix.lower())
         if writer is None:
             raise ValueError(f"unknown data format {path.suffix!r}; use .csv, .json or .md")
         if self.store.estimate is None:
             raise ValueError(f"the scenario has no valid estimate to export: {self.store.error}")
-        write_text(path, writer(self.store.estimate))
+        write_text(path, writer(self.store.estimate, whatifs=self.shown_whatifs()))
+
+    def chart_filters(self) -> dict[str, ImageSize | None]:
+        """The chart export's file types: a PNG per size of :data:`IMAGE_SIZES`, naming
+        the pixels it gives now, then the SVG (``None``: vector, the on-screen size)."""
+        out: dict[str, ImageSize | None] = {}
+        for size in IMAGE_SIZES:
+            px = image_pixels(self.chart, size)
+            out[f"PNG image, {size.label}: {px.width()} x {px.height()} px (*.png)"] = size
+        out[SVG_FILTER] = None
+        return out
 
     @Slot()
     def export_chart_dialog(self) -> None:
+        """Ctrl+E: the file, its type and the PNG's size in one dialog; the last size or
+        SVG chosen is offered first."""
+        filters = self.chart_filters()
+        last = self._chart_export_choice
+        selected = next(
+            (f for f, size in filters.items() if (size.label if size else "svg") == last),
+            next(iter(filters)),
+        )
+        suffix = ".svg" if last == "svg" else ".png"
         name, chosen = QFileDialog.getSaveFileName(
             self,
             "Export chart",
-            str(Path(self._last_dir()) / "memfit-chart.png"),
-            ";;".join(CHART_FILTERS),
+            str(Path(self._last_dir()) / f"memfit-chart{suffix}"),
+            ";;".join(filters),
+            selected,
         )
         if not name:
             return
-        kind, scale = CHART_FILTERS.get(chosen, ("png", 1))
+        size = filters.get(chosen, IMAGE_SIZES[0])
         path = Path(name)
         if path.suffix.lower() not in (".png", ".svg"):
-            path = path.with_suffix("." + kind)
-        self._guarded(lambda: self.export_chart(path, scale), f"Exported {path.name}")
+            path = path.with_suffix(".png" if size else ".svg")
+        if path.suffix.lower() == ".svg":
+            size = None
+        self._chart_export_choice = size.label if size else "svg"
+        done = f"Exported {path.name}"
+        scale, width = 1, None
+        if size is not None:
+            scale, width = size.scale, size.width
+            px = image_pixels(self.chart, size)
+            done += f" ({px.width()} x {px.height()} px)"
+        self._guarded(lambda: self.export_chart(path, scale, width=width), done)
 
     @Slot()
     def export_data_dialog(self) -> None:
@@ -899,8 +958,20 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def copy_chart(self) -> None:
-        QGuiApplication.clipboard().setImage(chart_image(self.chart))
+        """Ctrl+Shift+C: the chart under its caption, as the PNG export draws it."""
+        QGuiApplication.clipboard().setImage(captioned_image(self.chart))
         self.statusBar().showMessage("Chart copied to the clipboard", 3000)
+
+    @Slot()
+    def copy_summary(self) -> None:
+        """Ctrl+Shift+M: the scenario, verdict, totals, breakdown and the shown what-ifs
+        as Markdown (:func:`engine.report.to_markdown`), for an issue or a chat."""
+        est = self.store.estimate
+        if est is None:
+            self.statusBar().showMessage("No summary: the scenario has no valid estimate", 5000)
+            return
+        QGuiApplication.clipboard().setText(to_markdown(est, whatifs=self.shown_whatifs()))
+        self.statusBar().showMessage("Summary copied to the clipboard as Markdown", 3000)
 
     # -- view ----------------------------------------------------------------------------
     @Slot()
