@@ -27,6 +27,7 @@ from typing import Any, NoReturn, TextIO
 from engine.checkpoint import compare, model_from_folder
 from engine.errors import EstimateError, shown
 from engine.estimate import GIB, Estimate, estimate
+from engine.explain import explained, groups_text, groups_to_dict
 from engine.files import read_json, write_text
 from engine.hub_cache import cache_root, find_model, scan_cache
 from engine.imports import config_notes
@@ -384,6 +385,12 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
         "LitGPT, torchtune, DeepSpeed or accelerate",
     )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument(
+        "--activations",
+        action="store_true",
+        help="also tell the activations at the peak apart by source, with the change that "
+        "removes each (estimated)",
+    )
     p.add_argument("--save", metavar="FILE", help="also write the scenario to FILE")
     m = p.add_argument_group("model and hardware")
     m.add_argument(
@@ -655,11 +662,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(printable(f"memfit: error: {where}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_USAGE
     try:
+        groups = explained(result) if getattr(args, "activations", False) else None
         if args.json:
-            json.dump(result.to_dict(), out, indent=2)
+            data = result.to_dict()
+            if groups is not None:
+                data["activation_sources"] = groups_to_dict(groups)
+            json.dump(data, out, indent=2)
             out.write("\n")
         else:
             print(printable(format_table(result)), file=out)
+            if groups is not None:
+                print(printable("\n" + groups_text(result, groups)), file=out)
     except BrokenPipeError:
         return 0
     return 0

@@ -164,3 +164,42 @@ def explained(est: Estimate, remedies: bool = True) -> tuple[SourceGroup, ...]:
         for kind, parts in by_kind.items()
     ]
     return tuple(sorted(groups, key=lambda g: -g.bytes))
+
+
+def groups_to_dict(groups: tuple[SourceGroup, ...]) -> list[dict[str, object]]:
+    """``groups`` as JSON-ready dicts, bytes as integers."""
+    return [
+        {
+            "kind": g.kind,
+            "title": g.title,
+            "bytes": g.bytes,
+            "sources": [
+                {"name": s.name, "bytes": s.bytes, "formula": s.formula, "source": s.source}
+                for s in g.sources
+            ],
+            "remedy": None
+            if g.remedy is None
+            else {
+                "change": g.remedy.label,
+                "saved_bytes": g.remedy.saved_bytes,
+                "compute": g.remedy.compute_note,
+            },
+        }
+        for g in groups
+    ]
+
+
+def groups_text(est: Estimate, groups: tuple[SourceGroup, ...]) -> str:
+    """``groups`` as lines of text, GiB (2^30 bytes) with two decimals."""
+    total = est.breakdown["activations"]
+    lines = [f"Activations at the peak by source: {total / 2**30:,.2f} GiB (2^30 bytes)"]
+    for g in groups:
+        share = g.bytes / total if total else 0.0
+        lines.append(f"  {g.title:<36} {g.bytes / 2**30:>9,.2f}  {share:>4.0%}")
+        lines += [f"    {s.name:<70} {s.bytes / 2**30:>9,.2f}" for s in g.sources]
+        if g.remedy is not None and g.remedy.saved_bytes > 0:
+            lines.append(
+                f"    -> {g.remedy.label} saves {g.remedy.saved_bytes / 2**30:,.2f} GiB "
+                f"({g.remedy.compute_note})"
+            )
+    return "\n".join(lines)

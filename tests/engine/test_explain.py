@@ -6,9 +6,12 @@ estimate of the changed scenario."""
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 
 import pytest
 
+from engine.cli import main
 from engine.estimate import estimate
 from engine.explain import REMEDIES, TITLES, activation_sources, explained, remedy
 from engine.model_state import model_state
@@ -133,3 +136,21 @@ def test_a_timeline_without_its_sources_says_so() -> None:
     bare = dataclasses.replace(est.steps, explain=None)
     with pytest.raises(ValueError, match="without its sources"):
         bare.sources()
+
+
+def test_the_command_line_tells_the_activations_apart() -> None:
+    args = ["estimate", "--model", "gpt2", "--gpu", "l4", "--batch", "4", "--seq", "1024"]
+    out = io.StringIO()
+    assert main([*args, "--activations", "--json"], out) == 0
+    data = json.loads(out.getvalue())
+    groups = data["activation_sources"]
+    assert sum(g["bytes"] for g in groups) == data["breakdown"]["activations"]
+    assert all(isinstance(s["bytes"], int) for g in groups for s in g["sources"])
+    assert {g["kind"] for g in groups} <= set(SOURCE_KINDS)
+    assert groups[0]["bytes"] >= groups[-1]["bytes"]
+    text = io.StringIO()
+    assert main([*args, "--activations"], text) == 0
+    shown = text.getvalue()
+    assert "Activations at the peak by source" in shown and "-> " in shown
+    plain = io.StringIO()
+    assert main(args, plain) == 0 and "by source" not in plain.getvalue()
