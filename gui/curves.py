@@ -119,7 +119,7 @@ def compute_curves(
 ) -> Curves | None:
     """Both axes, both variants (see the module docstring); ``None`` when stopped."""
     solvers = {"micro_batch_size": max_micro_batch, "sequence_length": max_sequence_length}
-    curves = []
+    curves: list[Curve] = []
     total = len(FIELDS) * len(CHECKPOINTING)
     for field in FIELDS:
         for ckpt in CHECKPOINTING:
@@ -389,8 +389,8 @@ class CurvesView(QWidget):
             ("sequence_length", "time"): "Step time against the sequence length",
         }
         _bg, foreground, _muted = palette_colours(self.palette())
-        for key, item in self.plots.items():
-            item.setTitle(titles[key], color=foreground.name(), size="10pt")
+        for plot_key, item in self.plots.items():
+            item.setTitle(titles[plot_key], color=foreground.name(), size="10pt")
         self._restyle()
         self._set_note()
 

@@ -316,7 +316,7 @@ class Monkey:
             self.report.exceptions.append("".join(traceback.format_exception(kind, exc, tb)))
 
         sys.excepthook = hook
-        QMessageBox.exec = self.boxes.exec_function()  # type: ignore[method-assign]
+        QMessageBox.exec = self.boxes.exec_function()  # type: ignore[method-assign,assignment]
         QFileDialog.getOpenFileName = staticmethod(self._open_name)  # type: ignore[method-assign]
         QFileDialog.getSaveFileName = staticmethod(self._save_name)  # type: ignore[method-assign]
         try:
@@ -543,7 +543,7 @@ def agree(row: Row, shown: Any, value: Any) -> bool:
     """Whether a row's widget value ``shown`` is the scenario's ``value`` (a decimal box to
     its decimals)."""
     if isinstance(row.widget, QDoubleSpinBox) and isinstance(value, int | float):
-        return abs(float(shown) - float(value)) <= 0.5 * 10 ** -row.widget.decimals() + 1e-9
+        return bool(abs(float(shown) - float(value)) <= 0.5 * 10 ** -row.widget.decimals() + 1e-9)
     return bool(shown == value)
 
 

@@ -218,6 +218,7 @@ class Readout(QFrame):
         """Shorten the heading and the split, then hide the split, when the line is too
         narrow for them (the tooltips keep both); a value is never cut."""
         layout = self.layout()
+        assert layout is not None  # built in __init__
         margins = layout.contentsMargins()
         spacing = layout.spacing()
         parts = (self.allocated, self.reserved, self.device, self.help_button)

@@ -43,12 +43,13 @@ from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer
 from PySide6.QtGui import QColor, QFontInfo, QGuiApplication, QImage, QPalette
 from PySide6.QtWidgets import QLabel
 
+from engine.cli import version
 from engine.estimate import GIB, estimate
 from engine.files import write_text
 from engine.model_state import CATEGORIES
 from engine.presets import gpu_names, load_gpu, load_model, model_names, resources_dir
 from engine.specs import HardwareSpec, Scenario, TrainingSpec
-from gui.app import make_app, version
+from gui.app import make_app
 from gui.main_window import MainWindow, app_icon
 
 REPORT_NAME = "selftest.txt"

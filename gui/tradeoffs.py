@@ -158,6 +158,7 @@ class TradeoffsView(QWidget):
     """
 
     message = Signal(str)
+    map: SweepMap  # built with its tab, wired up after
 
     def __init__(
         self,
@@ -239,12 +240,12 @@ class TradeoffsView(QWidget):
         self.sweep_status = QLabel()
         self.sweep_status.setObjectName("sweepStatus")
         self.sweep_status.setTextFormat(Qt.TextFormat.PlainText)
-        self.metric = QComboBox()
-        self.metric.addItem("Tokens/s", "tokens")
-        self.metric.addItem("Cost / 1M tokens", "cost")
-        self.metric.setToolTip("What the vertical axis shows")
-        self.metric.setAccessibleName("Vertical axis")
-        self.metric.currentIndexChanged.connect(self._on_metric)
+        self.metric_box = QComboBox()
+        self.metric_box.addItem("Tokens/s", "tokens")
+        self.metric_box.addItem("Cost / 1M tokens", "cost")
+        self.metric_box.setToolTip("What the vertical axis shows")
+        self.metric_box.setAccessibleName("Vertical axis")
+        self.metric_box.currentIndexChanged.connect(self._on_metric)
         self.show_oom = QCheckBox("Does not fit")
         self.show_oom.setChecked(True)
         self.show_oom.setToolTip("Show the configurations that do not fit the capacity")
@@ -259,7 +260,7 @@ class TradeoffsView(QWidget):
         _lay_out(
             tab,
             [self.sweep_button, self.cancel_button, self.progress, (self.sweep_status, 1),
-             QLabel("Y axis:"), self.metric, self.show_oom, reset, export],
+             QLabel("Y axis:"), self.metric_box, self.show_oom, reset, export],
             self.map,
         )  # fmt: skip
         self._update_metric_choice()
@@ -434,23 +435,23 @@ class TradeoffsView(QWidget):
 
     @Slot(int)
     def _on_metric(self, _index: int) -> None:
-        self.map.set_metric(str(self.metric.currentData()))
-        shown = self.metric.findData(self.map.y_metric())
-        if shown != self.metric.currentIndex():  # the cost without a price: not offered
-            with QSignalBlocker(self.metric):
-                self.metric.setCurrentIndex(shown)
+        self.map.set_metric(str(self.metric_box.currentData()))
+        shown = self.metric_box.findData(self.map.y_metric())
+        if shown != self.metric_box.currentIndex():  # the cost without a price: not offered
+            with QSignalBlocker(self.metric_box):
+                self.metric_box.setCurrentIndex(shown)
 
     def _update_metric_choice(self) -> None:
         known = self.map.cost_known()
-        model = self.metric.model()
+        model = self.metric_box.model()
         item = model.item(1) if isinstance(model, QStandardItemModel) else None
         if item is not None:
             item.setEnabled(known)
             item.setToolTip(
                 "" if known else "Give a price per GPU-hour (Hardware panel) to see the cost"
             )
-        if not known and self.metric.currentIndex() == 1:
-            self.metric.setCurrentIndex(0)
+        if not known and self.metric_box.currentIndex() == 1:
+            self.metric_box.setCurrentIndex(0)
 
     def _update_map_state(self) -> None:
         """The current scenario's star, and whether the dots are about it."""

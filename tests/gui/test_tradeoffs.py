@@ -221,11 +221,11 @@ def test_an_invalid_scenario_is_not_swept(window: MainWindow, qtbot: QtBot) -> N
 def test_the_cost_axis_needs_a_price(window: MainWindow, qtbot: QtBot) -> None:
     view = show(window, qtbot, 0)
     swept(view, qtbot)
-    view.metric.setCurrentIndex(1)
-    assert view.map.y_metric() == "tokens" and view.metric.currentIndex() == 0
+    view.metric_box.setCurrentIndex(1)
+    assert view.map.y_metric() == "tokens" and view.metric_box.currentIndex() == 0
     window.hardware_panel.rows["hardware.price_per_gpu_hour"].widget.setValue(2.5)
     swept(view, qtbot)
-    view.metric.setCurrentIndex(1)
+    view.metric_box.setCurrentIndex(1)
     assert view.map.y_metric() == "cost"
     p = view.map.points()[0]
     assert p.cost_per_token is not None
