@@ -846,8 +846,10 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
                 + (f", layer {peak.layer})" if peak.layer is not None else ")"),
                 "activations",
                 peak.activations - logits,
-                "saved tensors of every layer so far + the layer's transients",
-                "engine.layers (term by term from the modules)",
+                "what the layers saved for backward (or their inputs, checkpointed), the LM "
+                "head and loss's buffers, the block in flight; told apart by source: "
+                "engine.explain (memfit estimate --activations)",
+                "engine.layers (term by term from the modules), engine.timeline",
             )
         )
     return items
