@@ -14,8 +14,10 @@ plots -- as an image, without any dialog.
   (:func:`engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
   refused, the file's mode is kept, the write is atomic).
 
-Every size draws the chart laid out as on screen, only at more (or fewer) pixels per
-logical pixel, so a caption or banner that fits on screen fits in every size.
+A scaled size draws the chart laid out as on screen, at more pixels per logical pixel; a
+fixed width does too where that takes 1 to 2 pixels per logical pixel, else lays it out
+wider or narrower (:func:`layout_for`). The caption is wrapped at the width laid out, so
+it is never cut.
 
 The SVG is the plot (``chart.plot_item``, or the graphics item given) through pyqtgraph's
 ``SVGExporter`` -- under the caption and the verdict banner, over the chart's note, all as
@@ -50,32 +52,41 @@ class ExportError(OSError):
     """An image could not be written; the message names the file."""
 
 
-def _resized(chart: QWidget, size: QSize | None) -> QSize:
-    """Resize ``chart`` to ``size`` (when given) and lay it out; return the old size."""
-    old = chart.size()
-    if size is not None and size != old:
-        chart.resize(size)
+def _settled(chart: QWidget) -> QSize:
+    """Lay ``chart`` out -- and the window around it, whose pending layout could otherwise
+    resize it in the middle of an export -- and return its size."""
     chart.ensurePolished()
     if layout := chart.layout():
         layout.activate()
-    # the plot's own (graphics) layout settles through posted events
+    # the window's layout and the plot's own (graphics) layout settle through posted events
     QApplication.sendPostedEvents()
+    return chart.size()
+
+
+def _resized(chart: QWidget, size: QSize | None) -> QSize:
+    """Resize ``chart`` to ``size`` (when given) and lay it out; return the old size."""
+    old = _settled(chart)
+    if size is not None and size != old:
+        chart.resize(size)
+        _settled(chart)
     return old
+
+
+#: a fixed-width image draws the chart at 1 to 2 image pixels per logical pixel: outside
+#: that, the chart is laid out at the width that gives the nearer bound, so a slide from a
+#: wide window keeps readable text and one from a narrow window is not cramped
+WIDTH_RATIOS = (1.0, 2.0)
 
 
 @dataclass(frozen=True, slots=True)
 class ImageSize:
     """A size for an exported image: ``scale`` times the chart's on-screen (logical) size,
     or -- when ``width`` is given -- exactly ``width`` pixels wide, the height in
-    proportion. ``label`` names it in the export dialog."""
+    proportion (see :func:`layout_for`). ``label`` names it in the export dialog."""
 
     label: str
     scale: int = 1
     width: int | None = None
-
-    def ratio(self, logical_width: int) -> float:
-        """Image pixels per logical pixel of a chart ``logical_width`` wide."""
-        return self.width / logical_width if self.width else float(self.scale)
 
 
 #: the sizes offered for a PNG export (an SVG is vector: it has the on-screen size)
@@ -88,29 +99,41 @@ IMAGE_SIZES = (
 )
 
 
-def _ratio(chart: QWidget, scale: int, width: int | None) -> float:
-    if width is not None:
-        if width < 1:
-            raise ValueError(f"width must be a whole number of pixels from 1, got {width!r}")
-        return width / max(1, chart.width())
-    if scale < 1:
-        raise ValueError(f"scale must be a whole number from 1, got {scale!r}")
-    return float(scale)
+def layout_for(on_screen: QSize, scale: int = 1, width: int | None = None) -> tuple[QSize, float]:
+    """The logical size to lay the chart out at and the image pixels per logical pixel.
+
+    ``scale`` keeps the on-screen layout. ``width`` keeps it too where that takes
+    :data:`WIDTH_RATIOS` pixels per logical pixel; else the chart is laid out ``width``
+    (or ``width / 2``) logical pixels wide, the on-screen aspect ratio kept.
+    """
+    if width is None:
+        if scale < 1:
+            raise ValueError(f"scale must be a whole number from 1, got {scale!r}")
+        return on_screen, float(scale)
+    if width < 1:
+        raise ValueError(f"width must be a whole number of pixels from 1, got {width!r}")
+    low, high = WIDTH_RATIOS
+    shown = max(1, on_screen.width())
+    ratio = min(high, max(low, width / shown))
+    if ratio == width / shown:
+        return on_screen, ratio
+    logical_width = max(1, round(width / ratio))
+    logical = QSize(logical_width, max(1, round(on_screen.height() * logical_width / shown)))
+    return logical, width / logical_width
 
 
 def chart_image(
     chart: QWidget, scale: int = 1, *, size: QSize | None = None, width: int | None = None
 ) -> QImage:
     """The whole chart rendered at ``scale`` x its logical size (``size`` if given), or
-    exactly ``width`` pixels wide (the height in proportion).
+    exactly ``width`` pixels wide (the height in proportion, see :func:`layout_for`).
 
     The image has the pixels per logical pixel as its device pixel ratio, so text and
     lines are drawn at the higher resolution rather than scaled up.
     """
-    old = _resized(chart, size)
+    logical, ratio = layout_for(size or _settled(chart), scale, width)
+    old = _resized(chart, logical)
     try:
-        ratio = _ratio(chart, scale, width)
-        logical = chart.size()
         pixels = QSize(
             width if width is not None else round(logical.width() * ratio),
             round(logical.height() * ratio),
@@ -165,16 +188,18 @@ class _Caption:
     height: int
 
 
-def _caption(chart: QWidget, caption: str | None, verdict: str | None) -> _Caption:
+def _caption(
+    chart: QWidget, caption: str | None, verdict: str | None, logical_width: int | None = None
+) -> _Caption:
     """The scenario (``caption``, by default the chart's) in bold, then ``verdict`` when
-    given, word-wrapped to the chart's width less the margins; no lines, height 0, when
-    there is neither."""
+    given, word-wrapped to the chart's width (or ``logical_width``) less the margins; no
+    lines, height 0, when there is neither."""
     ctx = _context(chart, caption, "")
     texts = [t for t in (ctx.caption, verdict or "") if t]
     font = QFont(chart.font())
     bold = QFont(font)
     bold.setBold(True)
-    width = chart.width() - 2 * CAPTION_MARGIN
+    width = (logical_width or chart.width()) - 2 * CAPTION_MARGIN
     blocks = tuple(
         (f, tuple(_caption_lines(text, width, QFontMetrics(f))))
         for f, text in zip((bold, font), texts, strict=False)
@@ -188,10 +213,10 @@ def image_pixels(
     chart: QWidget, image_size: ImageSize, *, caption: str | None = None, verdict: str | None = None
 ) -> QSize:
     """The pixel size of :func:`captioned_image` of ``chart`` at ``image_size``."""
-    ratio = image_size.ratio(max(1, chart.width()))
-    header = _caption(chart, caption, verdict).height
-    width = image_size.width or round(chart.width() * ratio)
-    return QSize(width, round(chart.height() * ratio) + round(header * ratio))
+    logical, ratio = layout_for(_settled(chart), image_size.scale, image_size.width)
+    header = _caption(chart, caption, verdict, logical.width()).height
+    width = image_size.width or round(logical.width() * ratio)
+    return QSize(width, round(logical.height() * ratio) + round(header * ratio))
 
 
 def captioned_image(
@@ -206,8 +231,9 @@ def captioned_image(
     """:func:`chart_image` under a caption: the scenario (``caption``, by default the
     chart's), then ``verdict`` when one is given (the chart's banner already carries its
     own). With neither, the chart's image alone. The caption is laid out at the chart's
-    logical width and drawn at the image's scale, so it wraps as on screen at any size."""
-    old = _resized(chart, size)
+    logical width and drawn at the image's scale, so it wraps as the chart's own text does."""
+    logical, _ratio = layout_for(size or _settled(chart), scale, width)
+    old = _resized(chart, logical)
     try:
         image = chart_image(chart, scale, width=width)
         layout = _caption(chart, caption, verdict)

@@ -14,14 +14,21 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QRect, QSize
 from PySide6.QtGui import QGuiApplication, QImage, QKeySequence
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from engine.estimate import GIB
 from engine.model_state import CATEGORIES
 from engine.presets import load_model
 from engine.specs import ParallelismSpec
 from gui import chart_export
-from gui.chart_export import CAPTION_MARGIN, IMAGE_SIZES, ImageSize, captioned_image, chart_image
+from gui.chart_export import (
+    CAPTION_MARGIN,
+    IMAGE_SIZES,
+    ImageSize,
+    captioned_image,
+    chart_image,
+    layout_for,
+)
 from gui.main_window import SVG_FILTER, MainWindow
 
 PIXELS = re.compile(r": (\d+) x (\d+) px \(\*\.png\)$")
@@ -137,33 +144,49 @@ def assert_caption_whole(image: QImage, chart: QImage, header_logical: int) -> N
     )
 
 
-@pytest.mark.parametrize("size", [IMAGE_SIZES[0], max(IMAGE_SIZES, key=lambda s: s.ratio(600))])
-def test_caption_and_verdict_are_whole_at_the_smallest_and_largest_size(
-    window: MainWindow, size: ImageSize
-) -> None:
+@pytest.mark.parametrize("size", IMAGE_SIZES, ids=[s.label for s in IMAGE_SIZES])
+def test_caption_and_verdict_are_whole_at_every_size(window: MainWindow, size: ImageSize) -> None:
+    """From the smallest (1x of the narrowest chart) to the largest (3x, 1920 px wide)."""
     window.resize(window.minimumSize())  # the narrowest chart: the caption wraps the most
     long_caption(window)
+    QApplication.sendPostedEvents()  # the window laid out for the new labels
+    on_screen = window.chart.size()
     verdict = "Does not fit · " + "a verdict long enough to need several lines · " * 3
-    layout = chart_export._caption(window.chart, None, verdict)
+    logical, _ratio = layout_for(on_screen, size.scale, size.width)
+    layout = chart_export._caption(window.chart, None, verdict, logical.width())
     assert sum(len(lines) for _f, lines in layout.blocks) >= 3  # wrapped, not cut
     (_bold, caption), (_font, verdict_lines) = layout.blocks
     assert " ".join(caption).split() == window.chart.export_context().caption.split()
     assert " ".join(verdict_lines).split() == verdict.split()
     image = captioned_image(window.chart, size.scale, width=size.width, verdict=verdict)
     chart = chart_image(window.chart, size.scale, width=size.width)
-    assert image.width() == chart.width() == (size.width or window.chart.width())
+    assert image.width() == chart.width() == (size.width or size.scale * on_screen.width())
     assert_caption_whole(image, chart, layout.height)
+    assert window.chart.size() == on_screen  # laid out again for the image, then put back
     # the banner on the chart itself keeps all its words at this width
     banner = window.chart.verdict_label
     assert "…" not in banner.text()
     assert banner.sizeHint().height() <= banner.height() or banner.wordWrap()
 
 
-def test_a_width_must_be_positive(window: MainWindow) -> None:
+def test_a_fixed_width_is_drawn_at_one_to_two_pixels_per_logical_pixel(
+    window: MainWindow,
+) -> None:
     with pytest.raises(ValueError, match="width must be"):
         chart_image(window.chart, width=0)
-    assert ImageSize("1920 px wide", width=1920).ratio(960) == 2.0
-    assert ImageSize("3x", scale=3).ratio(960) == 3.0
+    # as on screen where that takes 1 to 2 pixels per logical pixel
+    assert layout_for(QSize(880, 500), width=1200) == (QSize(880, 500), 1200 / 880)
+    assert layout_for(QSize(880, 500), scale=3) == (QSize(880, 500), 3.0)
+    # a narrow chart is laid out at half the width, a wide one at the width itself
+    assert layout_for(QSize(600, 300), width=1920) == (QSize(960, 480), 2.0)
+    assert layout_for(QSize(2000, 900), width=1200) == (QSize(1200, 540), 1.0)
+    window.resize(2400, 1300)
+    wide = window.chart.size()
+    assert wide.width() > 1200
+    image = captioned_image(window.chart, width=1200)
+    assert image.width() == 1200 and image.devicePixelRatio() == 1.0
+    assert image.size() == chart_export.image_pixels(window.chart, IMAGE_SIZES[3])
+    assert window.chart.size() == wide
 
 
 # -- the clipboard --------------------------------------------------------------------------
