@@ -153,4 +153,4 @@ def test_the_command_line_tells_the_activations_apart() -> None:
     shown = text.getvalue()
     assert "Activations at the peak by source" in shown and "-> " in shown
     plain = io.StringIO()
-    assert main(args, plain) == 0 and "by source" not in plain.getvalue()
+    assert main(args, plain) == 0 and "Activations at the peak by source" not in plain.getvalue()
