@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication, QStyleFactory
+from PySide6.QtWidgets import QApplication, QStyleFactory, QWidget
 
 THEMES = ("system", "light", "dark")
 
@@ -78,13 +78,17 @@ def repolish(app: QApplication) -> None:
     """Polish every widget that has a style sheet of its own again, so that it takes the
     application's palette: Qt resolves such a widget's palette (and the ``palette(...)``
     roles its sheet names) when it polishes it, and an application palette set later does
-    not reach it."""
-    for widget in app.allWidgets():
-        if widget.styleSheet():
-            style = widget.style()
-            style.unpolish(widget)
-            style.polish(widget)
-            widget.update()
+    not reach it. Only the shown windows are walked (a window is polished when first
+    shown, and a closed one may be on its way out)."""
+    for window in app.topLevelWidgets():
+        if not window.isVisible():
+            continue
+        for widget in (window, *window.findChildren(QWidget)):
+            if widget.styleSheet():
+                style = widget.style()
+                style.unpolish(widget)
+                style.polish(widget)
+                widget.update()
 
 
 #: the error red on a light and on a dark window: both at least WCAG AA (4.5:1) against
