@@ -310,18 +310,20 @@ CONFLICTS: dict[frozenset[str], str] = {
 COMBINED_KEY = "combined"
 
 
-def _replay(keys: tuple[str, ...]) -> Change:
-    """A change that makes the changes ``keys`` in turn (each must apply)."""
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    """A change that makes the changes ``keys`` in turn; equal to another of the same keys,
+    so two results of one combination compare equal."""
 
-    def change(s: Scenario) -> TrainingSpec | str:
-        for key in keys:
+    keys: tuple[str, ...]
+
+    def __call__(self, s: Scenario) -> TrainingSpec | str:
+        for key in self.keys:
             training = WHATIFS_BY_KEY[key].change(s)
             if isinstance(training, str):
                 return f"{WHATIFS_BY_KEY[key].label}: {training}"
             s = dataclasses.replace(s, training=training)
         return s.training
-
-    return change
 
 
 def combined(scenario: Scenario, current: Estimate, keys: Sequence[str]) -> WhatIfResult | str:
@@ -375,7 +377,7 @@ def combined(scenario: Scenario, current: Estimate, keys: Sequence[str]) -> What
     whatif = WhatIf(
         COMBINED_KEY,
         "Combined: " + " + ".join(labels),
-        _replay(tuple(applied)),
+        _Replay(tuple(applied)),
         "; ".join(WHATIFS_BY_KEY[k].compute_reason for k in applied),
     )
     factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
