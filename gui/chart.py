@@ -3,10 +3,14 @@
 What is inside:
 
 * :class:`Ghost` -- a what-if estimate to draw beside the current one (frozen value);
+* :func:`baseline_summary`, :func:`difference_text` -- a pinned baseline's short name and
+  how far the current scenario is from it;
 * :class:`BreakdownChart` -- a ``QWidget`` wrapping one pyqtgraph ``PlotWidget``, with a
   verdict banner and a host-RAM badge above the plot and a "not yet modelled" note below
   it. The current estimate gets one solid bar, or one per distinct rank group (pipeline
-  stage) with the worst outlined; each what-if a see-through bar. Host RAM per node, which
+  stage) with the worst outlined; a pinned baseline (a frozen estimate of an earlier
+  scenario) a hatched, outlined bar of its own after it, labelled with the difference; each
+  what-if a see-through bar. Host RAM per node, which
   offload fills, is a badge rather than a bar: it is not GPU memory and has its own scale.
   :meth:`BreakdownChart.set_estimates` is the one way to give it estimates;
   :meth:`BreakdownChart.set_stale` says the current scenario has no valid estimate (the
@@ -33,6 +37,7 @@ are pre-scaled to GiB here, because the axis' SI prefixes would be decimal.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,6 +90,9 @@ HOST_VERDICTS: dict[str, tuple[str, str | None, str, str | None]] = {
 STALE_BANNER = ("#5F6368", "#FFFFFF")
 #: the alpha of a stale chart's grey bars (solid, ghost)
 STALE_ALPHA = (120, 55)
+#: the pinned baseline's bars: hatched in the category colour, outlined in it
+BASELINE_PATTERN = Qt.BrushStyle.BDiagPattern
+BASELINE_PEN_WIDTH = 2.0
 
 #: a training method in a caption
 METHOD_WORDS = {
@@ -236,6 +244,8 @@ class _Bar:
     device_bytes: int
     ghost: Ghost | None = None  # None: the current scenario (one of its rank groups)
     worst: bool = False
+    #: the pinned baseline's bar (``ghost`` is then None)
+    baseline: bool = False
     #: the tooltip's title; the label and note when empty
     title: str = ""
 
@@ -304,6 +314,28 @@ class Ghost:
     label: str
     estimate: Estimate
     note: str = ""
+    #: the bar's tooltip title; the label and note when empty
+    title: str = ""
+
+
+def baseline_summary(est: Estimate) -> str:
+    """A pinned scenario in a few words, for the label under its bar: the model, the
+    method and the GPUs, e.g. ``Llama 3 8B, LoRA, 1 x H100 SXM 80GB`` (commas: a tick label
+    wraps at spaces, and a line should not start with a separator)."""
+    s = est.scenario
+    gpu = s.hardware.gpu.display_name.removeprefix("NVIDIA ").removeprefix("AMD ")
+    method = METHOD_WORDS.get(s.training.method, s.training.method)
+    return f"{s.model.label}, {method}, {s.hardware.world_size} x {gpu}"
+
+
+def difference_text(current: Estimate, baseline: Estimate) -> str:
+    """How far the current scenario's device memory per GPU is from the baseline's, in
+    GiB (2^30 bytes): ``current +45.2 GiB``, ``current -3.1 GiB``, ``current: the same``."""
+    diff = current.device_bytes - baseline.device_bytes
+    if abs(diff) < GIB // 200:  # under 0.005 GiB: prints as 0.00
+        return "current: the same"
+    sign = "+" if diff > 0 else "-"
+    return f"current {sign}{gib_text(abs(diff))}"
 
 
 def _short_not_modelled(notes: Sequence[str]) -> str:
@@ -464,6 +496,7 @@ class BreakdownChart(QWidget):
         self._muted = QColor(Qt.GlobalColor.gray)
         self._current: Estimate | None = None
         self._ghosts: tuple[Ghost, ...] = ()
+        self._baseline: Estimate | None = None
         # the current scenario's bars (one per rank group), then one per ghost
         self._bars: list[_Bar] = []
         # per bar: category -> (y0, height) in GiB
@@ -553,6 +586,7 @@ class BreakdownChart(QWidget):
         # outside this class.
         self.bars: dict[str, pg.BarGraphItem] = {}
         self.ghost_bars: dict[str, pg.BarGraphItem] = {}
+        self.baseline_bars: dict[str, pg.BarGraphItem] = {}
         empty = np.zeros(0)
         for cat in CATEGORIES:
             colour = QColor(CATEGORY_COLOURS[cat])
@@ -562,10 +596,15 @@ class BreakdownChart(QWidget):
             ghost_colour = QColor(colour)
             ghost_colour.setAlpha(GHOST_ALPHA)
             ghost = pg.BarGraphItem(x0=empty, x1=empty, y0=empty, height=empty, brush=ghost_colour)
+            pinned = pg.BarGraphItem(
+                x0=empty, x1=empty, y0=empty, height=empty, brush=QBrush(colour, BASELINE_PATTERN)
+            )
             item.addItem(bar)
             item.addItem(ghost)
+            item.addItem(pinned)
             self.bars[cat] = bar
             self.ghost_bars[cat] = ghost
+            self.baseline_bars[cat] = pinned
 
         # the worst rank group's bar, outlined (drawn only when rank groups differ)
         self.worst_outline = pg.BarGraphItem(
@@ -766,14 +805,27 @@ class BreakdownChart(QWidget):
 
     # -- the entry point ----------------------------------------------------------------
 
-    def set_estimates(self, current: Estimate, ghosts: Sequence[Ghost] = ()) -> None:
+    def set_estimates(
+        self,
+        current: Estimate,
+        ghosts: Sequence[Ghost] = (),
+        baseline: Estimate | None = None,
+    ) -> None:
         """Draw ``current`` from x = 0 -- one bar, or one per rank group when the ranks
-        differ -- and one see-through bar per ghost after it."""
+        differ -- then the pinned ``baseline``, hatched, and one see-through bar per ghost.
+        A baseline of the current scenario gets no bar of its own: the current bar says
+        it is the same."""
         ghosts = tuple(ghosts)
-        if self._current is not None and current == self._current and ghosts == self._ghosts:
+        if (
+            self._current is not None
+            and current == self._current
+            and ghosts == self._ghosts
+            and baseline == self._baseline
+        ):
             return
         self._current = current
         self._ghosts = ghosts
+        self._baseline = baseline
         self._draw()
 
     def set_stale(self, reason: str | None) -> None:
@@ -793,6 +845,7 @@ class BreakdownChart(QWidget):
             return
         self._current = None
         self._ghosts = ()
+        self._baseline = None
         self._draw()
 
     def is_stale(self) -> bool:
@@ -802,14 +855,44 @@ class BreakdownChart(QWidget):
         """Why the chart is out of date; ``""`` when it is current."""
         return self._stale or ""
 
+    def _pinned_bars(self, solid: list[_Bar]) -> list[_Bar]:
+        """The pinned baseline's bar, or none: no baseline, or one of the current
+        scenario (then the first current bar's note says so)."""
+        current, baseline = self._current, self._baseline
+        if current is None or baseline is None:
+            return []
+        if baseline.scenario == current.scenario:
+            first = solid[0]
+            note = " · ".join(filter(None, (first.note, "same as pinned")))
+            solid[0] = dataclasses.replace(first, note=note)
+            return []
+        caption = scenario_caption(baseline)
+        difference = difference_text(current, baseline)
+        title = f"Pinned baseline: {caption} · {difference}"
+        label = f"Pinned: {baseline_summary(baseline)}"
+        bar = _Bar(label, difference, baseline.items, baseline.device_bytes, title=title)
+        return [dataclasses.replace(bar, baseline=True)]
+
     def _draw(self) -> None:
         current = self._current
         ghosts = self._ghosts
         solid = current_bars(current) if current is not None else []
-        self._bars = solid + [
-            _Bar(g.label, g.note, g.estimate.items, g.estimate.device_bytes, ghost=g)
-            for g in ghosts
-        ]
+        pinned = self._pinned_bars(solid)
+        self._bars = (
+            solid
+            + pinned
+            + [
+                _Bar(
+                    g.label,
+                    g.note,
+                    g.estimate.items,
+                    g.estimate.device_bytes,
+                    ghost=g,
+                    title=g.title,
+                )
+                for g in ghosts
+            ]
+        )
 
         # cumulative stacks in GiB, categories in their fixed order from the bottom up
         heights = np.array(
@@ -832,7 +915,8 @@ class BreakdownChart(QWidget):
         for j, cat in enumerate(CATEGORIES):
             for item, rows in (
                 (self.bars[cat], slice(0, n)),
-                (self.ghost_bars[cat], slice(n, None)),
+                (self.baseline_bars[cat], slice(n, n + len(pinned))),
+                (self.ghost_bars[cat], slice(n + len(pinned), None)),
             ):
                 x = xs[rows]
                 h = heights_shown[rows, j]
@@ -983,6 +1067,10 @@ class BreakdownChart(QWidget):
             ghost.setAlpha(ghost_alpha if stale else GHOST_ALPHA)
             self.bars[cat].setOpts(brush=colour)
             self.ghost_bars[cat].setOpts(brush=ghost)
+            self.baseline_bars[cat].setOpts(
+                brush=QBrush(colour, BASELINE_PATTERN),
+                pen=pg.mkPen(colour, width=BASELINE_PEN_WIDTH),
+            )
         text = self._muted if stale else self._foreground
         for item in self._total_texts:
             item.setColor(text)
@@ -1039,7 +1127,7 @@ class BreakdownChart(QWidget):
         labels = [
             tick_lines(
                 "last valid" if self._stale and b.label == "current" else b.label,
-                "" if self._stale and b.ghost is not None else b.note,
+                "" if self._stale and (b.ghost is not None or b.baseline) else b.note,
                 slot,
                 metrics,
             )
@@ -1081,7 +1169,23 @@ class BreakdownChart(QWidget):
 
     def current_bar_count(self) -> int:
         """How many bars the current estimate takes: 1, or one per rank group."""
-        return sum(b.ghost is None for b in self._bars)
+        return sum(b.ghost is None and not b.baseline for b in self._bars)
+
+    def baseline_bar(self) -> int | None:
+        """The index of the pinned baseline's bar; ``None`` when none is drawn."""
+        return next((i for i, b in enumerate(self._bars) if b.baseline), None)
+
+    def baseline_text(self) -> str:
+        """What the chart shows of the pinned baseline: its bar's label and the
+        difference, ``same as the current scenario``, or ``""`` when none is pinned."""
+        current, baseline = self._current, self._baseline
+        if current is None or baseline is None:
+            return ""
+        index = self.baseline_bar()
+        if index is None:
+            return "same as the current scenario"
+        bar = self._bars[index]
+        return f"{bar.label} · {bar.note}"
 
     def worst_bar(self) -> int | None:
         """The index of the outlined worst rank group's bar; ``None`` when ranks agree."""
@@ -1152,14 +1256,15 @@ class BreakdownChart(QWidget):
         self.plot.setToolTip(tip)
         # The graphics view hands tooltip events to the scene, which shows the tooltip of
         # the item under the cursor: put the text on the hovered segment's item.
-        for bars in (self.bars, self.ghost_bars):
+        for bars in (self.bars, self.ghost_bars, self.baseline_bars):
             for item in bars.values():
                 item.setToolTip("")
         if tip and index is not None and point is not None:
             cat = self.category_at(index, point.y())
             if cat is not None:
-                solid = self._bars[index].ghost is None
-                (self.bars if solid else self.ghost_bars)[cat].setToolTip(tip)
+                bar = self._bars[index]
+                items = self.bars if bar.ghost is None else self.ghost_bars
+                (self.baseline_bars if bar.baseline else items)[cat].setToolTip(tip)
 
     @Slot(object)
     def _on_mouse_clicked(self, event: MouseClickEvent) -> None:

@@ -64,7 +64,7 @@ from engine.scenario_io import load_scenario, save_scenario
 from engine.specs import Scenario
 from engine.whatif import COMBINED_KEY, WhatIfResult
 from gui.assets import icon_path
-from gui.chart import BreakdownChart, Ghost, rich_text
+from gui.chart import BreakdownChart, Ghost, baseline_summary, rich_text
 from gui.chart_export import (
     IMAGE_SIZES,
     ImageSize,
@@ -214,6 +214,8 @@ class MainWindow(QMainWindow):
             session.scenario, self, path=session.path, modified=session.modified
         )
         self._ghosts: list[Ghost] = []
+        #: the pinned baseline: a frozen estimate, never re-estimated (see pin_baseline)
+        self.baseline: Estimate | None = None
         self._theme = "system"
         self.setWindowIcon(app_icon())
         self.setMinimumSize(960, 600)
@@ -419,6 +421,16 @@ class MainWindow(QMainWindow):
         self.clear_whatifs_act = self._action(
             "C&lear What-ifs", self.clear_whatifs, None, "Hide all ghost bars"
         )
+        self.pin_baseline_act = self._action(
+            "&Pin as Baseline",
+            self.pin_baseline,
+            "Ctrl+Shift+P",
+            "Keep the current estimate as a bar of its own to compare later scenarios with",
+        )
+        self.clear_baseline_act = self._action(
+            "Clear &Baseline", self.clear_baseline, None, "Remove the pinned baseline's bar"
+        )
+        self.clear_baseline_act.setEnabled(False)
         self.table_act = QAction("Breakdown &Details", self, checkable=True, checked=True)
         self.table_act.setStatusTip(
             "Show the items, the activations by source and the step over time under the chart"
@@ -488,6 +500,9 @@ class MainWindow(QMainWindow):
         view_menu.addActions(
             [self.compare_all_act, self.apply_whatif_act, self.clear_whatifs_act, self.table_act]
         )
+        view_menu.addSeparator()
+        view_menu.addActions([self.pin_baseline_act, self.clear_baseline_act])
+        view_menu.addSeparator()
         theme_menu = view_menu.addMenu("&Colours")
         theme_menu.addActions(list(self.theme_acts.values()))
         help_menu = bar.addMenu("&Help")
@@ -658,7 +673,7 @@ class MainWindow(QMainWindow):
             return
         # the what-if bar, which hears the store first, has already redrawn the chart with
         # the new ghosts; this call is then a no-op
-        self.chart.set_estimates(est, self._ghosts)
+        self.chart.set_estimates(est, self._ghosts, self.baseline)
         self.chart.set_stale(None)
         self.table.setEnabled(True)
         self.table.setToolTip("")
@@ -674,7 +689,27 @@ class MainWindow(QMainWindow):
     def on_ghosts(self, ghosts: list[Ghost]) -> None:
         self._ghosts = ghosts
         if self.store.estimate is not None:
-            self.chart.set_estimates(self.store.estimate, ghosts)
+            self.chart.set_estimates(self.store.estimate, ghosts, self.baseline)
+
+    @Slot()
+    def pin_baseline(self) -> None:
+        """Ctrl+Shift+P: keep the current estimate, as it is now, as the baseline bar; it
+        stays through edits and new documents until cleared or replaced."""
+        est = self.store.estimate
+        if est is None:
+            self.statusBar().showMessage("Nothing to pin: the scenario has no valid estimate", 5000)
+            return
+        self.baseline = est
+        self.clear_baseline_act.setEnabled(True)
+        self.chart.set_estimates(est, self._ghosts, self.baseline)
+        self.statusBar().showMessage(f"Pinned as the baseline: {baseline_summary(est)}", 5000)
+
+    @Slot()
+    def clear_baseline(self) -> None:
+        self.baseline = None
+        self.clear_baseline_act.setEnabled(False)
+        if self.store.estimate is not None:
+            self.chart.set_estimates(self.store.estimate, self._ghosts)
 
     def show_details(self, page: QWidget) -> None:
         """The memory view with ``page`` of the details under the chart in front."""

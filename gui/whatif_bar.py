@@ -1,4 +1,8 @@
-"""The row of what-if toggles: each checked one adds a ghost bar with that change alone.
+"""The row of what-if toggles: each checked one adds a ghost bar with that change alone,
+and the toggle *All Together*, with two or more checked, adds one more: all of them made
+together (the engine's :func:`~engine.whatif.combined`, which skips -- and names -- changes
+that conflict or do not apply with the others). The combined ghost is applied as one
+undoable step.
 
 A toggle that does not apply is disabled, and its tooltip says why (the engine's
 :func:`~engine.whatif.assess`); with no valid estimate of the current scenario every toggle
@@ -14,7 +18,15 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QMenu, QToolButton, QWidget
 
 from engine.estimate import GIB, Estimate
 from engine.specs import Scenario
-from engine.whatif import WHATIFS, WhatIfResult, assess, compute_text
+from engine.whatif import (
+    COMBINED_KEY,
+    WHATIFS,
+    WHATIFS_BY_KEY,
+    WhatIfResult,
+    assess,
+    combined,
+    compute_text,
+)
 from gui.chart import Ghost, rich_text
 from gui.store import ScenarioStore
 
@@ -22,6 +34,10 @@ from gui.store import ScenarioStore
 PER_ROW = 5
 #: what-ifs shown only where they apply; the shown toggles close up, so no gap is left
 ONLY_WHEN_OFFERED = frozenset({"release-outputs", "release-previous-step"})
+
+
+#: the tick label of the combined ghost
+COMBINED_LABEL = "All together"
 
 
 def saving_note(result: WhatIfResult) -> str:
@@ -33,6 +49,11 @@ def saving_note(result: WhatIfResult) -> str:
     return f"{verdict} · {memory} · {compute}"
 
 
+def skipped_text(result: WhatIfResult) -> str:
+    """``skipped LoRA (r=16): conflicts with QLoRA ...``; ``""`` when nothing was skipped."""
+    return "; ".join(f"skipped {WHATIFS_BY_KEY[key].label}: {why}" for key, why in result.skipped)
+
+
 class WhatIfBar(QWidget):
     """Checkable toggles; emits the ghost bars for the checked ones on every change."""
 
@@ -42,6 +63,8 @@ class WhatIfBar(QWidget):
         super().__init__(parent)
         self.store = store
         self.results: dict[str, WhatIfResult] = {}
+        #: the checked changes made together, when All Together and two or more are checked
+        self.combined: WhatIfResult | None = None
         self._grid = layout = QGridLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setHorizontalSpacing(4)
@@ -50,40 +73,54 @@ class WhatIfBar(QWidget):
         title.setToolTip(
             "Each toggle adds a ghost bar: the estimate with that change alone. "
             "Double-click a ghost bar, press Enter on a toggle, or right-click it and "
-            "choose Apply, to make the change current (Ctrl+Return: the first shown)."
+            "choose Apply, to make the change current (Ctrl+Return: the first shown). "
+            "All Together adds one more: every ticked change made together."
         )
         layout.addWidget(title, 0, 0)
         self.buttons: dict[str, QToolButton] = {}
         for whatif in WHATIFS:
-            button = QToolButton(self)
-            button.setText(whatif.label)
-            button.setCheckable(True)
-            button.setAutoRaise(False)
-            button.setStyleSheet(
-                "QToolButton:checked:enabled { background: palette(highlight);"
-                " color: palette(highlighted-text); border-radius: 3px; padding: 2px 4px; }"
-                # checked but off while the scenario is invalid: no active-looking colour,
-                # the disabled text of the palette and a dashed outline, like its ghost
-                " QToolButton:checked:disabled { background: palette(button);"
-                " border: 1px dashed palette(dark); border-radius: 3px; padding: 2px 4px; }"
-            )
+            button = self._toggle(whatif.label)
+            self.buttons[whatif.key] = button
             button.setAccessibleName(f"What if: {whatif.label}")
-            button.toggled.connect(self.update_ghosts)
             # right-click: show the ghost or apply the change; Enter on a focused toggle
             # applies it
-            button.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
             button.customContextMenuRequested.connect(
                 lambda pos, key=whatif.key: self._menu(key).exec(self.buttons[key].mapToGlobal(pos))
             )
-            button.installEventFilter(self)
-            self.buttons[whatif.key] = button
+        # the combined ghost's toggle: placed after the others (see _place)
+        self.together = self._toggle("All Together")
+        self.together.setAccessibleName("What if: all ticked changes together")
+        self.together.customContextMenuRequested.connect(
+            lambda pos: self._together_menu().exec(self.together.mapToGlobal(pos))
+        )
         self._shown: tuple[str, ...] = ()
         layout.setColumnStretch(PER_ROW + 1, 1)
         store.estimateChanged.connect(self.update_ghosts)
         self.update_ghosts()
 
+    def _toggle(self, text: str) -> QToolButton:
+        """A checkable toggle that redraws the ghosts when switched; Enter on it applies
+        its ghost and right-click opens its menu (connected by the caller)."""
+        button = QToolButton(self)
+        button.setText(text)
+        button.setCheckable(True)
+        button.setAutoRaise(False)
+        button.setStyleSheet(
+            "QToolButton:checked:enabled { background: palette(highlight);"
+            " color: palette(highlighted-text); border-radius: 3px; padding: 2px 4px; }"
+            # checked but off while the scenario is invalid: no active-looking colour,
+            # the disabled text of the palette and a dashed outline, like its ghost
+            " QToolButton:checked:disabled { background: palette(button);"
+            " border: 1px dashed palette(dark); border-radius: 3px; padding: 2px 4px; }"
+        )
+        button.toggled.connect(self.update_ghosts)
+        button.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        button.installEventFilter(self)
+        return button
+
     def _menu(self, key: str) -> QMenu:
-        """The context menu of the toggle ``key``: show or hide its ghost, apply it."""
+        """The context menu of the toggle ``key``: show or hide its ghost, apply it; and
+        apply the combined ghost, when there is one."""
         menu = QMenu(self)
         button = self.buttons[key]
         show = menu.addAction("Hide Ghost Bar" if button.isChecked() else "Show Ghost Bar")
@@ -92,11 +129,30 @@ class WhatIfBar(QWidget):
         apply = menu.addAction("Apply This Change")
         apply.setEnabled(key in self.results)
         apply.triggered.connect(lambda: self.apply(key))
+        if self.combined is not None:  # two or more ticked changes that combine
+            together = menu.addAction("Apply All Ticked Together")
+            together.triggered.connect(lambda: self.apply(COMBINED_KEY))
+        return menu
+
+    def _together_menu(self) -> QMenu:
+        """The context menu of All Together: show or hide the combined ghost, apply it."""
+        menu = QMenu(self)
+        button = self.together
+        words = "Hide Combined Ghost Bar" if button.isChecked() else "Show Combined Ghost Bar"
+        show = menu.addAction(words)
+        show.setEnabled(button.isEnabled())
+        show.triggered.connect(button.toggle)
+        apply = menu.addAction("Apply All Ticked Together")
+        apply.setEnabled(self.combined is not None)
+        apply.triggered.connect(lambda: self.apply(COMBINED_KEY))
         return menu
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.KeyPress and isinstance(event, QKeyEvent):
             keys = (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+            if watched is self.together and event.key() in keys and self.combined is not None:
+                self.apply(COMBINED_KEY)
+                return True
             for key, button in self.buttons.items():
                 if watched is button and event.key() in keys and key in self.results:
                     self.apply(key)
@@ -112,9 +168,10 @@ class WhatIfBar(QWidget):
         for key, button in self.buttons.items():
             self._grid.removeWidget(button)
             button.setVisible(key in shown)
-        for index, key in enumerate(shown):
+        self._grid.removeWidget(self.together)
+        for index, key in enumerate((*shown, "")):
             row, col = divmod(index, PER_ROW)
-            self._grid.addWidget(self.buttons[key], row, col + 1)
+            self._grid.addWidget(self.buttons.get(key, self.together), row, col + 1)
 
     def checked(self) -> list[str]:
         return [key for key, b in self.buttons.items() if b.isChecked() and b.isEnabled()]
@@ -124,7 +181,10 @@ class WhatIfBar(QWidget):
         scenario: Scenario = self.store.scenario
         current: Estimate | None = self.store.estimate
         self.results.clear()
+        self.combined = None
         if current is None:  # nothing to compare with: the chart says why
+            self.together.setEnabled(False)
+            self.together.setToolTip(rich_text("Not available while the scenario is invalid"))
             for whatif in WHATIFS:
                 button = self.buttons[whatif.key]
                 button.setEnabled(False)
@@ -157,11 +217,55 @@ class WhatIfBar(QWidget):
             )
             for key in self.checked()
         ]
+        ghost = self._combine(scenario, current)
+        if ghost is not None:
+            ghosts.append(ghost)
         self.ghostsChanged.emit(ghosts)
+
+    def _combine(self, scenario: Scenario, current: Estimate) -> Ghost | None:
+        """The combined ghost of the checked changes, when All Together is on and two or
+        more are checked; its toggle's tooltip says what it holds and what was skipped."""
+        checked = self.checked()
+        self.together.setEnabled(len(checked) >= 2)
+        if len(checked) < 2:
+            self.together.setToolTip(
+                rich_text(
+                    "All Together: one more ghost bar, every ticked change made together "
+                    "(tick two or more)"
+                )
+            )
+            return None
+        result = combined(scenario, current, checked)
+        if isinstance(result, str):  # none of them can be made: nothing to draw
+            self.together.setToolTip(rich_text(f"All Together: {result}"))
+            return None
+        skipped = skipped_text(result)
+        detail = "\n".join(filter(None, (result.whatif.label, saving_note(result), skipped)))
+        self.together.setToolTip(rich_text(f"All Together: {detail}"))
+        if not self.together.isChecked():
+            return None
+        self.combined = result
+        note = saving_note(result)
+        if result.skipped:  # the tick label names them; the tooltip says why
+            names = ", ".join(WHATIFS_BY_KEY[key].label for key, _why in result.skipped)
+            note += f" · without {names}"
+        title = " · ".join(filter(None, (result.whatif.label, skipped)))
+        return Ghost(COMBINED_KEY, COMBINED_LABEL, result.estimate, note, title)
 
     @Slot(str)
     def apply(self, key: str) -> None:
-        """Make the what-if ``key`` the current scenario (one undoable step)."""
+        """Make the what-if ``key`` the current scenario (one undoable step); the key
+        :data:`~engine.whatif.COMBINED_KEY` makes every checked change that combines."""
+        if key == COMBINED_KEY:
+            together = self.combined
+            if together is None:
+                return
+            for made in together.applied:
+                self.buttons[made].setChecked(False)
+            count = len(together.applied)
+            words = f"{count} What-ifs Together" if count > 1 else together.whatif.label
+            self.store.edit(together.scenario, f"Apply {words}")
+            return
         result = self.results.get(key)
         if result is None:
             return
