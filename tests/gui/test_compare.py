@@ -5,12 +5,10 @@ undoable step."""
 from __future__ import annotations
 
 import dataclasses
-import gc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QEvent, QSize, Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QColor, QKeySequence
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMenu
@@ -37,16 +35,6 @@ from tests.gui.test_chart_labels import (
     some_ghosts,
     struck_totals,
 )
-
-
-@pytest.fixture(autouse=True)
-def collect_windows() -> Iterator[None]:
-    """Free each test's window before the next one is built: a theme switch polishes
-    every live widget, and a window collected in the middle of that loop would take
-    widgets it is still walking with it."""
-    yield
-    gc.collect()
-    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def seventy_b_on_a100(s: Scenario) -> Scenario:
