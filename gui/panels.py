@@ -16,6 +16,7 @@ from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QFormLayout,
     QGridLayout,
     QHBoxLayout,
     QLabel,
@@ -30,6 +31,7 @@ from engine.estimate import GIB
 from engine.model_state import model_state
 from engine.params import count_parameters
 from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
+from engine.scenario_io import custom_gpu, default_gpu_name, named_gpu
 from engine.sharding import make_mesh
 from engine.specs import (
     ADAPTER_DTYPES,
@@ -177,9 +179,81 @@ MLA_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
 TARGETS = tuple(t for t in LORA_TARGETS if t != "all-linear")
 
 
+def short_gpu_name(gpu: GpuSpec) -> str:
+    """A preset's name without its vendor (``H100 SXM 80GB``), so that the longest fits
+    the GPU combo; a name the user gave stays whole."""
+    name = gpu.display_name
+    if name == default_gpu_name(gpu):
+        for vendor in ("NVIDIA ", "AMD ", "Intel "):
+            name = name.removeprefix(vendor)
+    return name
+
+
 def gpu_text(gpu: GpuSpec) -> str:
-    """``NVIDIA H100 SXM 80GB  (79.6 GiB)``: a GPU combo item."""
-    return f"{gpu.display_name}  ({gpu.memory_bytes / GIB:.1f} GiB)"
+    """``H100 SXM 80GB (79.6 GiB)``: a GPU combo item."""
+    return f"{short_gpu_name(gpu)} ({gpu.memory_bytes / GIB:.1f} GiB)"
+
+
+#: the GPU combo's choice of a device with no preset
+CUSTOM_GPU = "custom"
+CUSTOM_TEXT = "Custom GPU (no preset)"
+
+
+def hardware_text(hw: HardwareSpec) -> str:
+    """The GPU combo's current item: the device's name (the user's, where given) and the
+    memory it has here (the override, where given); a custom GPU's own name holds it."""
+    gpu = hw.gpu
+    if gpu.name == CUSTOM_GPU and gpu.display_name == default_gpu_name(gpu):
+        return gpu.display_name
+    return f"{short_gpu_name(gpu)} ({hw.capacity_bytes / GIB:.1f} GiB)"
+
+
+def gpu_name_field() -> tuple[Getter, Setter]:
+    """The name the user gave the GPU ("" for its own name); an empty name gives the
+    device its own name back, any other must pass :func:`named_gpu`."""
+
+    def get(s: Scenario) -> str:
+        gpu = s.hardware.gpu
+        return "" if gpu.display_name == default_gpu_name(gpu) else gpu.display_name
+
+    def set_(s: Scenario, text: str) -> Scenario:
+        gpu = s.hardware.gpu
+        if text.strip():
+            gpu = named_gpu(gpu, text)
+        else:
+            gpu = dataclasses.replace(gpu, display_name=default_gpu_name(gpu))
+        return dataclasses.replace(s, hardware=dataclasses.replace(s.hardware, gpu=gpu))
+
+    return get, set_
+
+
+def set_memory(s: Scenario, gib: float) -> Scenario:
+    """The memory override (0: none); a custom GPU under its own name is renamed with
+    it (``Custom GPU (24 GiB)``), one the user named keeps that name."""
+    hw = dataclasses.replace(s.hardware, memory_gib=gib or None)
+    gpu = hw.gpu
+    if gib and gpu.name == CUSTOM_GPU and gpu.display_name == default_gpu_name(gpu):
+        hw = dataclasses.replace(hw, gpu=custom_gpu(gib))
+    return dataclasses.replace(s, hardware=hw)
+
+
+def _gpu_field() -> tuple[Getter, Setter]:
+    """The GPU by preset name, or :data:`CUSTOM_GPU`: a device with no preset, starting
+    with the memory the scenario has; leaving it drops its memory for the preset's."""
+
+    def set_(s: Scenario, name: str) -> Scenario:
+        hw = s.hardware
+        if name == hw.gpu.name:
+            return s
+        if name == CUSTOM_GPU:
+            memory = round(hw.capacity_bytes / GIB, 1)
+            hw = dataclasses.replace(hw, gpu=custom_gpu(memory), memory_gib=memory)
+        else:
+            memory = None if hw.gpu.name == CUSTOM_GPU else hw.memory_gib
+            hw = dataclasses.replace(hw, gpu=load_gpu(name), memory_gib=memory)
+        return dataclasses.replace(s, hardware=hw)
+
+    return (lambda s: s.hardware.gpu.name), set_
 
 
 def stack_tip(stack: Stack) -> str:
@@ -215,6 +289,8 @@ def hardware_summary(hw: HardwareSpec) -> str:
     """One line for the folded hardware rows: what is set beyond the GPU preset."""
     memory = "preset memory" if hw.memory_gib is None else f"{hw.memory_gib:g} GiB given"
     parts = [memory, f"budget {100 * hw.utilization_target:g} %"]
+    if hw.gpu.display_name != default_gpu_name(hw.gpu):
+        parts.insert(0, f"named {hw.gpu.display_name}")
     if hw.host_memory_gib is not None:
         parts.append(f"host {hw.host_memory_gib:g} GiB")
     if hw.price_per_gpu_hour is not None:
@@ -507,20 +583,33 @@ class HardwarePanel(FormPanel):
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Hardware", store, parent)
         gpus = [load_gpu(n) for n in gpu_names()]
-        choices = [(gpu_text(g), g.name) for g in gpus]
-        self._gpu_presets = len(choices)
-        get_hw, set_hw = hardware_field("gpu")
-
-        def set_gpu(s: Scenario, name: str) -> Scenario:
-            # the item of a GPU without a preset is there only while it is current
-            return s if name == get_hw(s).name else set_hw(s, load_gpu(name))
-
-        self.add_combo(
-            "hardware.gpu",
-            "GPU",
-            choices,
-            (lambda s: get_hw(s).name, set_gpu),
+        #: the text of each fixed item while it is not current
+        self._gpu_texts = [*(gpu_text(g) for g in gpus), CUSTOM_TEXT]
+        names = [*(g.name for g in gpus), CUSTOM_GPU]
+        # the GPU's names are long ("NVIDIA GH200 Grace Hopper Superchip (96GB HBM3)"): its
+        # row takes the panel's width, the label above the field
+        gpu_form = QFormLayout()
+        gpu_form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapAllRows)
+        gpu_form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        gpu_form.setVerticalSpacing(1)
+        self.header.addLayout(gpu_form)
+        with self.rows_in(gpu_form):
+            self.gpu = self.add_combo(
+                "hardware.gpu",
+                "GPU",
+                list(zip(self._gpu_texts, names, strict=True)),
+                _gpu_field(),
+            )
+        for index, gpu in enumerate(gpus):  # the whole name and where its memory comes from
+            tip = f"{gpu.display_name}: {gpu.memory_mib:,} MiB ({gpu.memory_source})"
+            self.gpu.setItemData(index, rich_text(tip), Qt.ItemDataRole.ToolTipRole)
+        self.gpu.setItemData(
+            len(gpus),
+            rich_text("A device with no preset: give its memory and name under More hardware"),
+            Qt.ItemDataRole.ToolTipRole,
         )
+        # a custom GPU is described under More hardware: its memory and name
+        self.gpu.activated.connect(self._gpu_chosen)
         self.add_spin(
             "hardware.gpus_per_node", "GPUs per node", 1, 64, hardware_field("gpus_per_node")
         )
@@ -534,17 +623,18 @@ class HardwarePanel(FormPanel):
         self.after_refresh(store.scenario)
 
     def _add_more(self) -> None:
-        get_mem, set_mem = hardware_field("memory_gib")
+        get_mem, _ = hardware_field("memory_gib")
         memory = self.add_double(
             "hardware.memory_gib",
             "Memory override",
             0.0,
             16384.0,
-            (lambda s: get_mem(s) or 0.0, lambda s, v: set_mem(s, v or None)),
+            (lambda s: get_mem(s) or 0.0, set_memory),
             decimals=1,
             suffix=" GiB",
         )
         memory.setSpecialValueText("preset")
+        self.gpu_name = self.add_text("hardware.gpu_name", "GPU name", gpu_name_field())
         get_host, set_host = hardware_field("host_memory_gib")
         host = self.add_double(
             "hardware.host_memory_gib",
@@ -583,13 +673,22 @@ class HardwarePanel(FormPanel):
             hardware_field("cuda_runtime"),
         )
 
+    @Slot()
+    def _gpu_chosen(self) -> None:
+        if self.gpu.currentData() == CUSTOM_GPU:
+            self.more.set_expanded(True)
+
     def after_refresh(self, scenario: Scenario) -> None:
-        # a GPU without a preset has an item of its own: its name follows its memory
-        combo = self.rows["hardware.gpu"].widget
-        assert isinstance(combo, QComboBox)
-        index = combo.currentIndex()
-        if index >= self._gpu_presets:
-            combo.setItemText(index, gpu_text(scenario.hardware.gpu))
+        # the current item shows the device as the scenario has it (its name, its memory)
+        hw = scenario.hardware
+        combo, current = self.gpu, self.gpu.currentIndex()
+        for index in range(min(combo.count(), len(self._gpu_texts))):
+            text = hardware_text(hw) if index == current else self._gpu_texts[index]
+            if combo.itemText(index) != text:
+                combo.setItemText(index, text)
+        if current >= len(self._gpu_texts):
+            combo.setItemText(current, hardware_text(hw))
+        self.gpu_name.setPlaceholderText(default_gpu_name(hw.gpu))
         preset = scenario.hardware.gpu.price_per_gpu_hour
         self.price.setSpecialValueText("not given" if preset is None else f"preset {preset:g}")
         self.more.summary.setText(hardware_summary(scenario.hardware))
@@ -722,7 +821,7 @@ class TrainingPanel(FormPanel):
         self.add_combo(
             "training.freeze.trainable",
             "Trainable parts",
-            [(", ".join(p), p) for p in _FREEZE_CHOICES],
+            [(parts_text(p), p) for p in _FREEZE_CHOICES],
             _freeze_trainable_field(),
         )
         self.add_spin(
@@ -1009,6 +1108,14 @@ def canonical_parts(parts: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in FREEZE_PARTS if p in parts)
 
 
+def parts_text(parts: tuple[str, ...]) -> str:
+    """Trainable parts in a combo: ``attention, mlp``; every part but the embeddings is
+    ``all but embeddings`` (the whole list would not fit the column)."""
+    if set(parts) == set(FREEZE_PARTS) - {"embeddings"}:
+        return "all but embeddings"
+    return ", ".join(parts)
+
+
 def _freeze_trainable_field() -> tuple[Any, Any]:
     get, set_ = training_field("freeze.trainable")
     return (lambda s: canonical_parts(get(s))), set_
@@ -1037,7 +1144,7 @@ SCHEDULE_CHOICES = (("1F1B", "1f1b"), ("GPipe (all forwards first)", "gpipe"),
                     ("interleaved 1F1B", "interleaved-1f1b"),
                     ("zero bubble (ZB-H1)", "zero-bubble"))  # fmt: skip
 SPLIT_CHOICES = (("even (pp x vpp divides the layers)", "even"),
-                 ("balanced (embedding and head as a layer)", "balanced"))  # fmt: skip
+                 ("balanced (embedding, head as layers)", "balanced"))  # fmt: skip
 OFFLOAD_CHOICES = (("no", "none"), ("to CPU", "cpu"), ("to NVMe", "nvme"))
 INTERLEAVED = "interleaved-1f1b"
 

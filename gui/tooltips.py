@@ -38,13 +38,16 @@ TIPS: dict[str, str] = {
     "vocabulary x hidden weights (and its gradients and states) instead of two.",
     # -- hardware -----------------------------------------------------------------------
     "hardware.gpu": "The GPU model. Its memory is what nvidia-smi (or the vendor's tool) "
-    "reports, so an '80 GB' card shows 79.6 GiB.",
+    "reports, so an '80 GB' card shows 79.6 GiB; Custom GPU has no preset, give its "
+    "memory under More hardware.",
     "hardware.gpus_per_node": "GPUs in one machine. With the nodes it is the GPU count the "
     "parallel sizes must divide and that ZeRO / FSDP shards over.",
     "hardware.nodes": "Machines in the run. More GPUs let ZeRO / FSDP split the model state "
     "into smaller shards; activations per GPU do not shrink.",
     "hardware.memory_gib": "Device memory in GiB (2^30 bytes), for a card the presets do "
     "not describe (a MIG slice, another memory size). 0 keeps the preset's memory.",
+    "hardware.gpu_name": "What the charts, the verdict, exports and the saved scenario call "
+    "this GPU, e.g. after a memory override. Empty keeps the preset's name.",
     "hardware.host_memory_gib": "Host RAM of one node in GiB (2^30 bytes), to check that "
     "offloaded optimizer states, gradients or parameters fit there. 0 skips the check.",
     "hardware.utilization_target": "The budget line: the share of the capacity a plan "

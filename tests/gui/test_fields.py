@@ -87,9 +87,10 @@ def test_a_custom_gpu_from_a_file_shows_in_the_gpu_combo(
     budget = window.hardware_panel.rows["hardware.utilization_target"].widget
     assert budget.text() == "85.5 %"  # not rounded to 86 %
     assert field_mismatches(window) == []
-    gpu.setCurrentIndex(gpu.findData("l4"))  # a preset: the custom item goes
+    gpu.setCurrentIndex(gpu.findData("l4"))  # a preset: the custom item is a choice again
     assert window.store.scenario.hardware.gpu.name == "l4"
-    assert gpu.count() == len(gpu_names()) and gpu.findData("custom") < 0
+    assert gpu.count() == len(gpu_names()) + 1
+    assert gpu.itemText(gpu.findData("custom")) == "Custom GPU (no preset)"
     window.undo_act.trigger()
     assert gpu.currentData() == "custom" and field_mismatches(window) == []
 
