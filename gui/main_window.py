@@ -282,6 +282,12 @@ class MainWindow(QMainWindow):
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
+        # compact rows, at least six of them shown: the splitter gives the rest to the chart
+        row_height = self.table.fontMetrics().height() + 8
+        self.table.verticalHeader().setDefaultSectionSize(row_height)
+        self.table.setMinimumHeight(
+            header.sizeHint().height() + 6 * row_height + 2 * self.table.frameWidth()
+        )
         self.notice = NoticeBar()
 
         memory = self.memory_split = QSplitter(Qt.Orientation.Vertical)
@@ -335,7 +341,8 @@ class MainWindow(QMainWindow):
         self.splitter.addWidget(right)
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
-        self.splitter.setSizes([380, 900])
+        # the left column wide enough for its fields' longest choices at 1280 px
+        self.splitter.setSizes([440, 840])
         self.setCentralWidget(self.splitter)
 
     def _action(
