@@ -691,6 +691,10 @@ class MainWindow(QMainWindow):
             if est.host_capacity_bytes is not None:
                 summary += f" of {est.host_capacity_bytes / GIB:,.1f} · {est.host_verdict}"
         self.summary.setText(summary)
+        self.summary.setToolTip(
+            f"Per GPU of {est.scenario.hardware.gpu.display_name}: the banner's figure, "
+            f"device bytes. Help > {HELP_TITLE}"
+        )
 
     @Slot(list)
     def on_ghosts(self, ghosts: list[Ghost]) -> None:

@@ -118,3 +118,9 @@ def test_leaving_a_custom_gpu_drops_its_memory(window: MainWindow) -> None:
     assert hw.gpu.name == "l4" and hw.memory_gib is None
     combo = gpu_combo(window)
     assert combo.itemText(combo.findData("custom")) == "Custom GPU (no preset)"
+
+
+def test_the_status_summary_names_the_gpu(window: MainWindow, qtbot: QtBot) -> None:
+    window.hardware_panel.more.set_expanded(True)
+    type_name(qtbot, name_field(window), "Rack 7 card")
+    assert window.summary.toolTip().startswith("Per GPU of Rack 7 card:")
