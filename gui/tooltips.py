@@ -46,8 +46,9 @@ TIPS: dict[str, str] = {
     "into smaller shards; activations per GPU do not shrink.",
     "hardware.memory_gib": "Device memory in GiB (2^30 bytes), for a card the presets do "
     "not describe (a MIG slice, another memory size). 0 keeps the preset's memory.",
-    "hardware.gpu_name": "What the charts, the verdict, exports and the saved scenario call "
-    "this GPU, e.g. after a memory override. Empty keeps the preset's name.",
+    "hardware.gpu_name": "What the chart, its caption, exports and the saved scenario call "
+    "this GPU, e.g. a custom one or one with its memory overridden. Empty gives it its "
+    "own name back.",
     "hardware.host_memory_gib": "Host RAM of one node in GiB (2^30 bytes), to check that "
     "offloaded optimizer states, gradients or parameters fit there. 0 skips the check.",
     "hardware.utilization_target": "The budget line: the share of the capacity a plan "
