@@ -282,11 +282,11 @@ class MainWindow(QMainWindow):
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
-        # compact rows, at least six of them shown: the splitter gives the rest to the chart
+        # compact rows, never fewer than three shown (six at 1280x800: see the splitter)
         row_height = self.table.fontMetrics().height() + 8
         self.table.verticalHeader().setDefaultSectionSize(row_height)
         self.table.setMinimumHeight(
-            header.sizeHint().height() + 6 * row_height + 2 * self.table.frameWidth()
+            header.sizeHint().height() + 3 * row_height + 2 * self.table.frameWidth()
         )
         self.notice = NoticeBar()
 
@@ -316,8 +316,10 @@ class MainWindow(QMainWindow):
         )
         memory.addWidget(self.details)
         self.details.currentChanged.connect(self._room_for_details)
-        memory.setStretchFactor(0, 4)
-        memory.setStretchFactor(1, 1)
+        # the chart over the table, 8:3 at every height: six rows of the table at 1280x800
+        memory.setStretchFactor(0, 8)
+        memory.setStretchFactor(1, 3)
+        memory.setSizes([800, 300])
         self.tradeoffs = TradeoffsView(self.store)
         # the breakdown and, beside it, what memory costs in speed and money
         self.views = QTabWidget()
