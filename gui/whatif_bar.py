@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QGridLayout, QLabel, QMenu, QToolButton, QWidget
+from PySide6.QtWidgets import QLabel, QMenu, QToolButton, QWidget
 
 from engine.estimate import GIB, Estimate
 from engine.specs import Scenario
@@ -28,10 +28,9 @@ from engine.whatif import (
     compute_text,
 )
 from gui.chart import Ghost, rich_text
+from gui.flow import FlowLayout
 from gui.store import ScenarioStore
 
-#: toggles per row of the what-if bar, so that it fits a 1280-pixel window
-PER_ROW = 5
 #: what-ifs shown only where they apply; the shown toggles close up, so no gap is left
 ONLY_WHEN_OFFERED = frozenset({"release-outputs", "release-previous-step"})
 
@@ -65,10 +64,9 @@ class WhatIfBar(QWidget):
         self.results: dict[str, WhatIfResult] = {}
         #: the checked changes made together, when All Together and two or more are checked
         self.combined: WhatIfResult | None = None
-        self._grid = layout = QGridLayout(self)
+        # the toggles use the width they have, wrapping in a narrow window
+        self._grid = layout = FlowLayout(self, spacing=4, row_spacing=2)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.setHorizontalSpacing(4)
-        layout.setVerticalSpacing(2)
         title = QLabel("What if:")
         title.setToolTip(
             "Each toggle adds a ghost bar: the estimate with that change alone. "
@@ -76,7 +74,7 @@ class WhatIfBar(QWidget):
             "choose Apply, to make the change current (Ctrl+Return: the first shown). "
             "All Together adds one more: every ticked change made together."
         )
-        layout.addWidget(title, 0, 0)
+        layout.addWidget(title)
         self.buttons: dict[str, QToolButton] = {}
         for whatif in WHATIFS:
             button = self._toggle(whatif.label)
@@ -94,7 +92,6 @@ class WhatIfBar(QWidget):
             lambda pos: self._together_menu().exec(self.together.mapToGlobal(pos))
         )
         self._shown: tuple[str, ...] = ()
-        layout.setColumnStretch(PER_ROW + 1, 1)
         store.estimateChanged.connect(self.update_ghosts)
         self.update_ghosts()
 
@@ -160,8 +157,8 @@ class WhatIfBar(QWidget):
         return super().eventFilter(watched, event)
 
     def _place(self, shown: tuple[str, ...]) -> None:
-        """Lay out the toggles ``shown``, :data:`PER_ROW` to a row in the engine's order;
-        hide the others."""
+        """Lay out the toggles ``shown`` in the engine's order, All Together last; hide
+        the others."""
         if shown == self._shown:
             return
         self._shown = shown
@@ -169,9 +166,9 @@ class WhatIfBar(QWidget):
             self._grid.removeWidget(button)
             button.setVisible(key in shown)
         self._grid.removeWidget(self.together)
-        for index, key in enumerate((*shown, "")):
-            row, col = divmod(index, PER_ROW)
-            self._grid.addWidget(self.buttons.get(key, self.together), row, col + 1)
+        for key in shown:
+            self._grid.addWidget(self.buttons[key])
+        self._grid.addWidget(self.together)
 
     def checked(self) -> list[str]:
         return [key for key, b in self.buttons.items() if b.isChecked() and b.isEnabled()]

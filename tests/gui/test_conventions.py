@@ -586,13 +586,8 @@ def test_a_saved_scenario_keeps_its_cuda_runtime(tmp_path: Path) -> None:
 
 def places(bar: WhatIfBar) -> list[str]:
     """The keys of the shown toggles in their order on the bar (row by row)."""
-    at = {}
-    for key, button in bar.buttons.items():
-        index = bar._grid.indexOf(button)
-        if index >= 0 and not button.isHidden():
-            row, col, _, _ = bar._grid.getItemPosition(index)
-            at[(row, col)] = key
-    return [at[p] for p in sorted(at)]
+    key_of = {button: key for key, button in bar.buttons.items()}
+    return [key_of[w] for w in bar._grid.widgets() if w in key_of and not w.isHidden()]
 
 
 def test_the_release_outputs_toggle_follows_the_held_convention(qtbot: QtBot) -> None:
