@@ -264,11 +264,11 @@ class MainWindow(QMainWindow):
         for panel in (*panels, self.parallelism_panel):
             col.addWidget(panel)
         col.addStretch(1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidget(column)
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setMinimumWidth(340)
+        self.column_scroll = QScrollArea()
+        self.column_scroll.setWidget(column)
+        self.column_scroll.setWidgetResizable(True)
+        self.column_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.column_scroll.setMinimumWidth(340)
 
         self.whatif = WhatIfBar(self.store)
         self.chart = BreakdownChart()
@@ -339,7 +339,7 @@ class MainWindow(QMainWindow):
         right_layout.addLayout(notice_box)
         right_layout.addWidget(self.views, 1)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.splitter.addWidget(self.scroll)
+        self.splitter.addWidget(self.column_scroll)
         self.splitter.addWidget(right)
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
@@ -351,7 +351,7 @@ class MainWindow(QMainWindow):
         self,
         text: str,
         slot: object,
-        shortcut: QKeySequence | str | None = None,
+        shortcut: QKeySequence | QKeySequence.StandardKey | str | None = None,
         tip: str = "",
         icon: QStyle.StandardPixmap | None = None,
     ) -> QAction:
@@ -1040,7 +1040,7 @@ class MainWindow(QMainWindow):
     def find_model(self) -> None:
         """Ctrl+F: the preset search, focused and selected."""
         self.views.setCurrentIndex(0)
-        self.scroll.ensureWidgetVisible(self.model_panel.search)
+        self.column_scroll.ensureWidgetVisible(self.model_panel.search)
         self.model_panel.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
         self.model_panel.search.selectAll()
 
@@ -1080,7 +1080,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def about(self) -> None:
-        from gui.app import version
+        from engine.cli import version
 
         QMessageBox.about(
             self,

@@ -249,8 +249,8 @@ def _gpu_field() -> tuple[Getter, Setter]:
             memory = round(hw.capacity_bytes / GIB, 1)
             hw = dataclasses.replace(hw, gpu=custom_gpu(memory), memory_gib=memory)
         else:
-            memory = None if hw.gpu.name == CUSTOM_GPU else hw.memory_gib
-            hw = dataclasses.replace(hw, gpu=load_gpu(name), memory_gib=memory)
+            kept = None if hw.gpu.name == CUSTOM_GPU else hw.memory_gib
+            hw = dataclasses.replace(hw, gpu=load_gpu(name), memory_gib=kept)
         return dataclasses.replace(s, hardware=hw)
 
     return (lambda s: s.hardware.gpu.name), set_
@@ -388,15 +388,15 @@ class ModelPanel(FormPanel):
         self.family.addItem("All families", "")
         for fam in sorted({m.family for _, m in self._presets}):
             self.family.addItem(FAMILY_NAMES.get(fam, fam), fam)
-        self.size = QComboBox()
+        self.size_filter = QComboBox()
         for text, lo, hi in SIZE_BUCKETS:
-            self.size.addItem(text, (lo, hi))
-        for combo in (self.family, self.size):
+            self.size_filter.addItem(text, (lo, hi))
+        for combo in (self.family, self.size_filter):
             combo.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
             combo.setMinimumWidth(80)
         filters = QHBoxLayout()
         filters.addWidget(self.family, 1)
-        filters.addWidget(self.size, 1)
+        filters.addWidget(self.size_filter, 1)
         self.preset = QComboBox()
         self._extra_item = False  # item 0 shows the current model, which no preset item does
         self.preset.setMaxVisibleItems(20)
@@ -404,7 +404,7 @@ class ModelPanel(FormPanel):
         for widget, key in (
             (self.search, "search"),
             (self.family, "family"),
-            (self.size, "size"),
+            (self.size_filter, "size"),
             (self.preset, "preset"),
         ):
             widget.setToolTip(rich_text(WIDGET_TIPS[key]))
@@ -418,7 +418,7 @@ class ModelPanel(FormPanel):
         self.header.addWidget(self.count)
         self.search.textChanged.connect(self._fill_presets)
         self.family.currentIndexChanged.connect(self._fill_presets)
-        self.size.currentIndexChanged.connect(self._fill_presets)
+        self.size_filter.currentIndexChanged.connect(self._fill_presets)
         self.preset.activated.connect(self._choose_preset)
 
         dims = 1 << 24
@@ -488,7 +488,7 @@ class ModelPanel(FormPanel):
     def _fill_presets(self) -> None:
         words = self.search.text().lower().split()
         family = self.family.currentData()
-        lo, hi = self.size.currentData()
+        lo, hi = self.size_filter.currentData()
         with QSignalBlocker(self.preset):
             self.preset.clear()
             self._extra_item = False

@@ -88,4 +88,4 @@ def line_label_fill(palette: QPalette) -> QBrush:
     background, _fg, _muted = palette_colours(palette)
     fill = QColor(background)
     fill.setAlpha(210)
-    return pg.mkBrush(fill)
+    return QBrush(fill)

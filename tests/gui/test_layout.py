@@ -39,8 +39,8 @@ def row_widget(window: MainWindow, path: str):  # type: ignore[no-untyped-def]
 def test_the_first_inputs_fit_the_first_screen_at_1280x800(window: MainWindow) -> None:
     window.resize(1280, 800)
     QApplication.processEvents()
-    viewport = window.scroll.viewport()
-    assert window.scroll.verticalScrollBar().value() == 0
+    viewport = window.column_scroll.viewport()
+    assert window.column_scroll.verticalScrollBar().value() == 0
     for path in FIRST_SCREEN:
         widget = row_widget(window, path)
         assert widget.isVisible(), path
