@@ -103,6 +103,8 @@ METHOD_WORDS = {
 }
 
 Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
+#: the y axis' title where the plot is too short for :data:`Y_LABEL`
+SHORT_Y_LABEL = "GiB per GPU (2^30 B)"
 BAR_HALF_WIDTH = 0.32
 GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
@@ -699,7 +701,22 @@ class BreakdownChart(QWidget):
         """A new plot size: the axis' top as drawn, then the labels laid out again."""
         if self._bars:
             self.plot_item.setYRange(0.0, self._top, padding=0.0)
+        self._fit_y_label()
         self.layout_labels()
+
+    def y_label(self) -> str:
+        """The y axis' title as shown."""
+        return str(self.plot_item.getAxis("left").labelText)
+
+    def _fit_y_label(self) -> None:
+        """The long title where the plot's height takes it, else the short one: never cut."""
+        axis = self.plot_item.getAxis("left")
+        metrics = QFontMetrics(axis.label.font())
+        height = self.plot_item.getViewBox().height()
+        text = Y_LABEL if metrics.horizontalAdvance(Y_LABEL) + 8 <= height else SHORT_Y_LABEL
+        colour = self._foreground.name()
+        if text != axis.labelText or axis.labelStyle.get("color") != colour:
+            axis.setLabel(text, color=colour)
 
     def layout_labels(self, grow: int = 3) -> None:
         """Place the bar totals and the capacity and budget labels so that none overlaps
@@ -1306,7 +1323,7 @@ class BreakdownChart(QWidget):
             axis = self.plot_item.getAxis(name)
             axis.setPen(pg.mkPen(foreground))
             axis.setTextPen(pg.mkPen(foreground))
-        self.plot_item.getAxis("left").setLabel(Y_LABEL, color=foreground.name())
+        self._fit_y_label()
         self.legend.setLabelTextColor(foreground)
         for _sample, label in self.legend.items:
             label.setText(label.text)  # a legend label re-renders only when its text is set

@@ -110,7 +110,7 @@ class _Lazy(QWidget):
 class ActivationsView(_Lazy):
     """The activations at the peak by source, with what removes each kind."""
 
-    COLUMNS = ("Source", "GiB", "Share", "Formula, or what removes it")
+    COLUMNS = ("Source", "GiB", "Share", "Formula")
 
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__(store, parent)
@@ -150,10 +150,14 @@ class ActivationsView(_Lazy):
                 f"No activations at the peak ({where}): they are freed by the optimizer step."
             )
             return
-        self.heading.setText(
-            f"Activations at the peak ({where}): {gib_text(total)} per GPU, by source. "
-            "Each row's saving is an estimate of the scenario with that change."
-        )
+        heading = f"Activations at the peak ({where}): {gib_text(total)} per GPU, by source."
+        top_group = self.groups[0] if self.groups else None
+        if top_group is not None and top_group.remedy and top_group.remedy.saved_bytes > 0:
+            heading += (
+                f" The largest, {top_group.title.lower()} ({top_group.bytes / total:.0%}): "
+                f"{top_group.remedy.label} {remedy_text(top_group).split(':', 1)[0]}."
+            )
+        self.heading.setText(heading + " Each saving is an estimate of the changed scenario.")
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         bold = QFont(self.tree.font())
         bold.setBold(True)
@@ -161,8 +165,6 @@ class ActivationsView(_Lazy):
             top = QTreeWidgetItem(
                 [group.title, f"{group.bytes / GIB:,.2f}", f"{group.bytes / total:.0%}", ""]
             )
-            top.setText(3, remedy_text(group))
-            top.setToolTip(3, rich_text(remedy_text(group)))
             for col in range(len(self.COLUMNS)):
                 top.setFont(col, bold)
             for col in (1, 2):
@@ -183,6 +185,14 @@ class ActivationsView(_Lazy):
                     child.setToolTip(col, tip)
                 top.addChild(child)
             self.tree.addTopLevelItem(top)
+            if group.remedy is not None:  # what removes the group: a row of its own
+                fix = QTreeWidgetItem(["→ " + remedy_text(group)])
+                top.insertChild(0, fix)
+                fix.setFirstColumnSpanned(True)
+                fix.setToolTip(0, rich_text(remedy_text(group)))
+                italic = QFont(self.tree.font())
+                italic.setItalic(True)
+                fix.setFont(0, italic)
         self.tree.expandAll()
         self.tree.resizeColumnToContents(0)
         self.tree.setColumnWidth(0, min(self.tree.columnWidth(0), 420))
@@ -202,7 +212,7 @@ class StepTimelineView(_Lazy):
         self.plot.hideButtons()
         self.item = self.plot.getPlotItem()
         self.item.setLabel("left", "GiB")
-        self.item.setLabel("bottom", "Moments of one training step")
+        self.item.setLabel("bottom", "moments of one training step")
         self.item.showGrid(x=False, y=True, alpha=0.25)
         self.note = QLabel()
         self.note.setObjectName("stepNote")
@@ -286,7 +296,7 @@ class StepTimelineView(_Lazy):
             self.item.addItem(line)
         else:
             top = float(lower.max())
-        self._shade_phases(points, top * 1.1, muted)
+        self._shade_phases(points, muted)
         self.item.setXRange(0, len(points) - 1, padding=0.01)
         self.item.setYRange(0, top * 1.12 if top > 0 else 1, padding=0)
         self.note.setText(
@@ -297,8 +307,8 @@ class StepTimelineView(_Lazy):
             "less that."
         )
 
-    def _shade_phases(self, points: tuple[Point, ...], height: float, muted: QColor) -> None:
-        """Backward shaded, each phase named at ``height`` (GiB), along the top."""
+    def _shade_phases(self, points: tuple[Point, ...], muted: QColor) -> None:
+        """Backward shaded; the phases and their moments named under the x axis."""
         spans: list[tuple[str, int, int]] = []
         for i, p in enumerate(points):
             if spans and spans[-1][0] == p.phase:
@@ -316,14 +326,15 @@ class StepTimelineView(_Lazy):
                 for line in region.lines:
                     line.setPen(pg.mkPen(None))
                 self.item.addItem(region)
-            if phase in ("forward", "backward"):
-                text = pg.TextItem(PHASE_WORDS[phase], color=muted, anchor=(0.5, 0))
-                text.setPos((start + end) / 2, height)
-                self.item.addItem(text)
-            elif phase == "optimizer":  # the last moments: named from the right edge
-                text = pg.TextItem(PHASE_WORDS[phase], color=muted, anchor=(1, 0))
-                text.setPos(end, height)
-                self.item.addItem(text)
+        named = [
+            f"{phase} {start}"
+            + (f"–{end}" if end > start else "")
+            + (" (shaded)" if phase == "backward" else "")
+            for phase, start, end in spans
+            if phase != "before"
+        ]
+        label = "moments: " + " · ".join(named)
+        self.item.setLabel("bottom", label, color=palette_colours(self.palette())[1].name())
 
     # -- hover -----------------------------------------------------------------------------
 

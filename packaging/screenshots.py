@@ -1,8 +1,11 @@
-"""Render the main window offscreen at 1280x800 in light and dark colours, for the README.
+"""Render the main window offscreen for the README: at 1024x640, 1280x800 and 1920x1080,
+in light and dark colours, and the two tabs under the chart that explain the activations.
 
 Run: ``QT_QPA_PLATFORM=offscreen python packaging/screenshots.py [OUT_DIR]`` (default
 ``docs/``). The scenario is a full fine-tune of Llama 3 8B on an L40S that does not fit,
-with every what-if shown, so the picture answers "which change makes it fit?".
+with every what-if shown, so the picture answers "which change makes it fit?". The tabs
+are of a LoRA run of Llama 3 8B at 8,192 tokens on an H100, whose activations are mostly
+the logits and the loss's buffers.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui.app import make_app
 
+#: the window sizes of the README's screenshots (width, height)
+SIZES = ((1024, 640), (1280, 800), (1920, 1080))
+THEMES = ("light", "dark")
+
+
+def shot_name(size: tuple[int, int], theme: str) -> str:
+    """``memfit-1280x800-light.png``."""
+    return f"memfit-{size[0]}x{size[1]}-{theme}.png"
+
 
 def main(out: Path) -> list[Path]:
     app = make_app()
@@ -33,20 +45,49 @@ def main(out: Path) -> list[Path]:
     )
     written = []
     with tempfile.TemporaryDirectory() as tmp:
-        for theme in ("light", "dark"):
-            settings = QSettings(str(Path(tmp) / f"{theme}.ini"), QSettings.Format.IniFormat)
-            window = MainWindow(
-                settings=settings, autosave=Path(tmp) / "last.json", scenario=scenario
-            )
-            window.set_theme(theme)
-            window.resize(1280, 800)
-            window.show()
-            window.compare_all()
+        for theme in THEMES:
+            for size in SIZES:
+                settings = QSettings(str(Path(tmp) / f"{theme}.ini"), QSettings.Format.IniFormat)
+                window = MainWindow(
+                    settings=settings, autosave=Path(tmp) / "last.json", scenario=scenario
+                )
+                window.set_theme(theme)
+                window.resize(*size)
+                window.show()
+                if size == SIZES[0]:  # a small window: the two changes that make it fit
+                    for key in ("lora", "qlora"):
+                        window.whatif.buttons[key].setChecked(True)
+                else:
+                    window.compare_all()
+                app.processEvents()
+                path = out / shot_name(size, theme)
+                window.grab().save(str(path))
+                written.append(path)
+                window.close()
+        # the activations by source and the memory over time of a long-sequence LoRA run
+        long_run = Scenario(
+            load_model("llama-3-8b"),
+            HardwareSpec(load_gpu("h100-sxm-80gb")),
+            TrainingSpec(
+                method="lora",
+                precision="bf16-mixed",
+                micro_batch_size=4,
+                sequence_length=8192,
+                activation_checkpointing="full",
+            ),
+        )
+        settings = QSettings(str(Path(tmp) / "tabs.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(settings=settings, autosave=Path(tmp) / "last.json", scenario=long_run)
+        window.set_theme("light")
+        window.resize(1280, 800)
+        window.show()
+        for page, name in ((window.activations, "activations"), (window.step_view, "timeline")):
+            window.show_details(page)
             app.processEvents()
-            path = out / f"memfit-{theme}.png"
-            window.grab().save(str(path))
+            path = out / f"memfit-{name}.png"
+            window.views.grab().save(str(path))
             written.append(path)
-            window.close()
+        window.close()
         # a cluster run: Llama 3.1 70B on 2 nodes x 8 H100, tp=8 with sequence parallelism,
         # pp=2: one bar per stage, the worst outlined; the left column shows the split
         cluster = Scenario(
@@ -70,8 +111,8 @@ def main(out: Path) -> list[Path]:
         app.processEvents()
         # scrolled down to the parallelism panel, as far as the column goes
         panel = window.parallelism_panel
-        top = panel.mapTo(window.scroll.widget(), panel.rect().topLeft()).y()
-        window.scroll.verticalScrollBar().setValue(max(0, top - 24))
+        top = panel.mapTo(window.column_scroll.widget(), panel.rect().topLeft()).y()
+        window.column_scroll.verticalScrollBar().setValue(max(0, top - 24))
         app.processEvents()
         path = out / "memfit-pipeline.png"
         window.grab().save(str(path))

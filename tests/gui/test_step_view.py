@@ -53,13 +53,17 @@ def test_the_activations_tab_tells_the_peak_apart_and_names_the_chunked_loss(
     assert [r[0] for r in rows] == [g.title for g in groups]
     # the largest is the logits, and the row says what a chunked loss saves, in GiB
     assert rows[0][0] == "Logits and loss"
-    assert "chunked loss" in rows[0][3] and rows[0][3].startswith("saves ")
-    assert f"{groups[0].remedy.saved_bytes / GIB:.1f}" in rows[0][3]  # type: ignore[union-attr]
+    # the largest is the logits, and a row of its own says what a chunked loss saves,
+    # in GiB; the heading says it too
+    fix = window.activations.tree.topLevelItem(0).child(0).text(0)
+    assert fix.startswith("→ saves ") and "chunked loss" in fix
+    saved = f"{groups[0].remedy.saved_bytes / GIB:.1f} GiB"  # type: ignore[union-attr]
+    assert saved in fix and saved in window.activations.heading.text()
     # the GiB cells add up to the activations of the breakdown (each rounded to 0.01)
     shown = sum(float(r[1].replace(",", "")) for r in rows)
     assert shown == pytest.approx(est.breakdown["activations"] / GIB, abs=0.01 * len(rows))
     # each source carries its formula, and its tooltip where the formula comes from
-    child = window.activations.tree.topLevelItem(0).child(0)
+    child = window.activations.tree.topLevelItem(0).child(1)
     assert child.text(3) and "From: engine." in child.toolTip(0)
     assert moment_text(est.steps.peak) in window.activations.heading.text()  # type: ignore[union-attr]
 
@@ -107,6 +111,10 @@ def test_memory_over_time_plays_every_moment_and_marks_the_peak(window: MainWind
     text = view.text_at(est.steps.peak_index)  # type: ignore[union-attr]
     assert "loss and LM head" in text and "Activations:" in text and "GiB" in text
     assert view.text_at(len(est.timeline)) == ""
+    # the phases and their moments under the x axis
+    first_backward = [p.phase for p in est.timeline].index("backward")
+    bottom = view.item.getAxis("bottom").labelText
+    assert f"backward {first_backward}–" in bottom and "optimizer " in bottom
 
 
 def test_the_tabs_have_keys_and_room(window: MainWindow, qtbot: QtBot) -> None:

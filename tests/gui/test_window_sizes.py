@@ -1,11 +1,14 @@
-"""The what-if toggles use the width they have: one row in a wide window, wrapped rows in
-a narrow one, each toggle at its full size (no label cut), in the engine's order."""
+"""The window at its sizes: the what-if toggles use the width they have (one row in a wide
+window, wrapped rows in a narrow one, each at its full size, in the engine's order), and
+the chart's y-axis title is never longer than the plot is high."""
 
 from __future__ import annotations
 
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 from pytestqt.qtbot import QtBot
 
+from gui.chart import SHORT_Y_LABEL, Y_LABEL
 from gui.flow import FlowLayout
 from gui.main_window import MainWindow
 
@@ -53,3 +56,15 @@ def test_flow_layout_places_in_order_and_measures_its_height(qtbot: QtBot) -> No
     taken = flow.takeAt(0)
     assert taken is not None and taken.widget() is first and flow.count() == 6
     assert flow.itemAt(99) is None and flow.takeAt(99) is None
+
+
+def test_the_y_axis_title_fits_the_plot_height(window: MainWindow, qapp: QApplication) -> None:
+    chart = window.chart
+    axis = chart.plot_item.getAxis("left")
+    metrics = QFontMetrics(axis.label.font())
+    for size, title in (((1920, 1080), Y_LABEL), ((1024, 640), SHORT_Y_LABEL)):
+        window.resize(*size)
+        qapp.processEvents()
+        assert chart.y_label() == title
+        height = chart.plot_item.getViewBox().height()
+        assert metrics.horizontalAdvance(chart.y_label()) <= height
