@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -133,6 +134,50 @@ def range_text(lo: float, hi: float, suffix: str = "") -> str:
     return f"{number_text(lo)} to {number_text(hi)}{suffix}"
 
 
+#: every field a panel shows, by its scenario path, in the words of its row's label
+_LABELS: dict[str, str] = {}
+
+
+def register_label(path: str, label: str) -> None:
+    """Name the field ``path`` as its row does (:func:`in_user_words`)."""
+    _LABELS[path] = label.replace("&", "").rstrip(":").strip()
+
+
+def _leaves() -> dict[str, str]:
+    """The last part of each registered path that is an identifier no user types
+    (``num_attention_heads``, ``gpus_per_node``), where only one row has it."""
+    seen: dict[str, list[str]] = {}
+    for path, label in _LABELS.items():
+        leaf = path.rsplit(".", 1)[-1]
+        if "_" in leaf:
+            seen.setdefault(leaf, []).append(label)
+    return {leaf: labels[0] for leaf, labels in seen.items() if len(set(labels)) == 1}
+
+
+def in_user_words(message: str) -> str:
+    """The engine's ``message`` in the words of the panels: the field path it starts with
+    (``training.lora.rank: ...``) and every field it names (``num_attention_heads``,
+    ``gpus_per_node``) as their rows' labels; a field no row shows keeps its name."""
+    field, sep, rest = message.partition(": ")
+    if not sep:
+        field, rest = "", message
+    names = {**_leaves(), **_LABELS}
+    if names:
+        pattern = re.compile(
+            r"(?<![\w.])("
+            + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+            + r")(?![\w.])"
+        )
+        rest = pattern.sub(lambda m: names[m.group(1)], rest)
+    if not field:
+        return rest
+    if field in _LABELS:
+        return f"{_LABELS[field]}: {rest}"
+    if any(path.startswith(field + ".") for path in _LABELS):  # a section of the scenario
+        return f"{field.rsplit('.', 1)[-1].replace('_', ' ').capitalize()}: {rest}"
+    return f"{field}: {rest}"
+
+
 class ErrorLabel(QLabel):
     """The message under a field: plain text, wrapped, in an error red that keeps WCAG AA
     contrast on the light and the dark palette (it follows a theme switch)."""
@@ -235,6 +280,7 @@ class FormPanel(QGroupBox):
         self._target.addRow(label, box)
         row = Row(path, label, widget, error, get, set_, read, write, self._target)
         self.rows[path] = row
+        register_label(path, label)
         write(get(self.store.scenario))
         return row
 
@@ -495,7 +541,7 @@ class FormPanel(QGroupBox):
 
     def _show_on(self, row: Row, field: str, message: str) -> None:
         detail = message.split(": ", 1)[1] if message.startswith(field + ": ") else message
-        row.error.setText(detail)
+        row.error.setText(in_user_words(detail))
         row.error.show()
         self.set_row_visible(row.path, True)  # never a hidden error
         parent = row.widget.parentWidget()

@@ -73,7 +73,7 @@ from gui.chart_export import (
     export_svg,
     image_pixels,
 )
-from gui.forms import FormPanel
+from gui.forms import FormPanel, in_user_words
 from gui.importing import Importer
 from gui.importing import is_scenario_file as _is_scenario_file
 from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
@@ -1024,18 +1024,9 @@ class MainWindow(QMainWindow):
     # -- view ----------------------------------------------------------------------------
     @Slot()
     def in_user_words(self, message: str) -> str:
-        """The engine's ``message`` with the field path it starts with
-        (``training.lora.rank: ...``) named as the panel names it (``LoRA rank: ...``);
-        a field no row shows keeps its path."""
-        field, sep, rest = message.partition(": ")
-        if not sep:
-            return message
-        for panel in self.panels:
-            row = panel.rows.get(field)
-            if row is not None:
-                label = row.label.replace("&", "").rstrip(":")
-                return f"{label}: {rest}"
-        return message
+        """The engine's ``message`` in the panels' words (:func:`gui.forms.in_user_words`):
+        ``training.lora.rank: ...`` reads ``LoRA rank: ...``."""
+        return in_user_words(message)
 
     def find_model(self) -> None:
         """Ctrl+F: the preset search, focused and selected."""

@@ -13,6 +13,7 @@ from engine.estimate import estimate
 from engine.model_state import CATEGORIES
 from engine.scenario_io import save_scenario
 from gui.chart import CATEGORY_COLOURS, STALE_ALPHA, BreakdownChart, Ghost
+from gui.forms import in_user_words
 from gui.main_window import MainWindow
 from gui.readout import status_summary
 from gui.store import default_scenario
@@ -42,9 +43,10 @@ def test_a_rejected_edit_marks_the_chart_and_everything_else_stale(window: MainW
     type_into(par["training.parallelism.tp"].widget, "3")  # does not divide 8 GPUs
     assert window.store.scenario.training.parallelism.tp == 3 and window.store.estimate is None
     chart = window.chart
-    assert chart.is_stale() and chart.stale_reason() == window.store.error
+    said = in_user_words(window.store.error)  # the engine's message in the panels' words
+    assert chart.is_stale() and chart.stale_reason() == said
     banner = chart.verdict_text()
-    assert banner.startswith(f"Out of date: {window.store.error}\n")
+    assert banner.startswith(f"Out of date: {said}\n")
     assert window.store.error.startswith("training.parallelism")
     for verdict in ("Fits", "Tight", "Does not fit"):
         assert verdict not in banner
@@ -73,7 +75,7 @@ def test_opening_an_invalid_file_shows_no_other_documents_bars(
     assert "bad-mesh.memfit.json" in window.windowTitle()
     chart = window.chart
     assert chart.is_stale() and chart.current_bar_count() == 0 and chart.x_labels() == []
-    assert chart.verdict_text().startswith("No estimate: training.parallelism")
+    assert chart.verdict_text().startswith("No estimate: Parallelism: ")
     assert not chart.capacity_line.isVisible()
     assert window.table.rowCount() == 0
     assert "invalid" in window.summary.text()
@@ -87,7 +89,7 @@ def test_a_start_with_no_valid_estimate_shows_an_empty_stale_chart(
     qtbot.addWidget(w)
     w.show()
     assert w.chart.is_stale() and w.chart.current_bar_count() == 0
-    assert w.chart.verdict_text().startswith("No estimate: training.parallelism")
+    assert w.chart.verdict_text().startswith("No estimate: Parallelism: ")
     assert w.chart.empty_text.isVisible() and "valid" in w.chart.empty_text.toPlainText()
     assert not w.chart.host_label.isVisible() and not w.chart.note_label.isVisible()
     assert w.table.rowCount() == 0
