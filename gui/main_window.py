@@ -316,6 +316,7 @@ class MainWindow(QMainWindow):
         )
         memory.addWidget(self.details)
         self.details.currentChanged.connect(self._room_for_details)
+        self.table.cellDoubleClicked.connect(self._open_item)
         # the chart over the table, 8:3 at every height: six rows of the table at 1280x800
         memory.setStretchFactor(0, 8)
         memory.setStretchFactor(1, 3)
@@ -738,6 +739,13 @@ class MainWindow(QMainWindow):
         if index > 0 and total and sizes[1] < 0.4 * total:
             self.memory_split.setSizes([int(0.6 * total), total - int(0.6 * total)])
 
+    @Slot(int, int)
+    def _open_item(self, row: int, _column: int) -> None:
+        """Double-clicking an activations item opens them told apart by source."""
+        cell = self.table.item(row, 1)
+        if cell is not None and cell.text() == "activations":
+            self.show_details(self.activations)
+
     def fill_table(self, est: Estimate) -> None:
         """One row per item; cells are reused, only their texts change."""
         self.table.setRowCount(len(est.items))
@@ -754,6 +762,8 @@ class MainWindow(QMainWindow):
                 if cell.text() != text:
                     cell.setText(text)
                 tip = rich_text(item.source) if item.source else ""
+                if item.category == "activations":
+                    tip += rich_text("\nDouble-click: the activations by source (Ctrl+3)")
                 if cell.toolTip() != tip:
                     cell.setToolTip(tip)
 

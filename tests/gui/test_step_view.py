@@ -141,3 +141,15 @@ def test_memory_over_time_follows_dark_mode(window: MainWindow, qapp: QApplicati
             assert (background.lightness() < 128) == (theme == "dark")
     finally:
         window.set_theme("system", save=False)
+
+
+def test_double_clicking_the_activations_item_opens_them_by_source(window: MainWindow) -> None:
+    window.store.reset(LONG)
+    table = window.table
+    rows = {table.item(r, 1).text(): r for r in range(table.rowCount())}
+    assert "Ctrl+3" in table.item(rows["activations"], 0).toolTip()
+    table.cellDoubleClicked.emit(rows["parameters"], 0)
+    assert window.details.currentWidget() is window.table  # other items stay put
+    table.cellDoubleClicked.emit(rows["activations"], 0)
+    assert window.details.currentWidget() is window.activations
+    assert window.activations.groups[0].kind == "logits"
