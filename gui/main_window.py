@@ -32,6 +32,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
+    QShowEvent,
 )
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -91,7 +92,7 @@ from gui.session import (
 )
 from gui.step_view import ActivationsView, StepTimelineView
 from gui.store import ScenarioStore, default_scenario
-from gui.theme import apply_theme
+from gui.theme import apply_theme, repolish_window
 from gui.tradeoffs import TradeoffsView
 from gui.whatif_bar import WhatIfBar
 
@@ -217,6 +218,7 @@ class MainWindow(QMainWindow):
         #: the pinned baseline: a frozen estimate, never re-estimated (see pin_baseline)
         self.baseline: Estimate | None = None
         self._theme = "system"
+        self._shown_once = False  # see showEvent
         self.setWindowIcon(app_icon())
         self.setMinimumSize(960, 600)
         self.setAcceptDrops(True)
@@ -1126,6 +1128,13 @@ class MainWindow(QMainWindow):
         return True
 
     # -- closing -------------------------------------------------------------------------
+    def showEvent(self, event: QShowEvent) -> None:
+        """The first show takes the palette a theme set before it (a start in dark)."""
+        super().showEvent(event)
+        if not self._shown_once:
+            self._shown_once = True
+            repolish_window(self)
+
     def closeEvent(self, event: QCloseEvent) -> None:
         choice = self.ask_to_save()
         if choice == CANCELLED:

@@ -81,14 +81,20 @@ def repolish(app: QApplication) -> None:
     not reach it. Only the shown windows are walked (a window is polished when first
     shown, and a closed one may be on its way out)."""
     for window in app.topLevelWidgets():
-        if not window.isVisible():
-            continue
-        for widget in (window, *window.findChildren(QWidget)):
-            if widget.styleSheet():
-                style = widget.style()
-                style.unpolish(widget)
-                style.polish(widget)
-                widget.update()
+        if window.isVisible():
+            repolish_window(window)
+
+
+def repolish_window(window: QWidget) -> None:
+    """Polish again the widgets of ``window`` that have a style sheet of their own (see
+    :func:`repolish`): also for a window first shown after the palette was set, whose
+    widgets were polished when their sheets were set, under the palette before."""
+    for widget in (window, *window.findChildren(QWidget)):
+        if widget.styleSheet():
+            style = widget.style()
+            style.unpolish(widget)
+            style.polish(widget)
+            widget.update()
 
 
 #: the error red on a light and on a dark window: both at least WCAG AA (4.5:1) against

@@ -118,3 +118,33 @@ def test_field_errors_keep_aa_contrast_after_a_switch(window: MainWindow) -> Non
         shown = row.error.styleSheet().split("color:")[1].split(";")[0].strip()
         background = row.error.palette().color(QPalette.ColorRole.Window)
         assert contrast(QColor(shown), background) >= 4.5, theme
+
+
+def test_a_window_started_in_dark_has_dark_toggles(qtbot: object, tmp_path: object) -> None:
+    """The saved theme is set before the window is first shown (a start in dark): the
+    toggles, polished when their sheets were set, take the dark palette when shown."""
+    from pathlib import Path
+
+    from PySide6.QtCore import QSettings
+
+    from gui.store import default_scenario
+
+    folder = Path(str(tmp_path))
+    settings = QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat)
+    settings.setValue("view/theme", "dark")
+    window = MainWindow(settings=settings, autosave=folder / "a.json", scenario=default_scenario())
+    qtbot.addWidget(window)  # type: ignore[attr-defined]
+    try:
+        window.resize(1280, 800)
+        window.show()
+        QApplication.processEvents()
+        off = [
+            b
+            for b in window.whatif.buttons.values()
+            if b.isVisible() and b.isEnabled() and not b.isChecked()
+        ]
+        assert off
+        for button in off:
+            assert median_lightness(button.grab().toImage(), step=2) < 128, button.text()
+    finally:
+        window.set_theme("system", save=False)
