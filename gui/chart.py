@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -119,8 +120,8 @@ TOP_ROOM = 1.2
 CUT_MARK = "↑"
 #: the gap, in pixels, kept between labels and between a label and a line
 LABEL_GAP = 2.0
-#: How many "not yet modelled" entries the short note names before "…".
-NOTE_NAMES = 3
+#: How many "not modelled" entries the short note names before "and N more".
+NOTE_NAMES = 2
 
 
 def rich_text(text: str) -> str:
@@ -340,12 +341,15 @@ def difference_text(current: Estimate, baseline: Estimate) -> str:
     return f"current {sign}{gib_text(abs(diff))}"
 
 
-def _short_not_modelled(notes: Sequence[str]) -> str:
-    """The first word of the first few entries: ``activations, logits, autocast, …``."""
-    words = [note.split()[0].rstrip(",:;") for note in notes[:NOTE_NAMES] if note.split()]
+def short_not_modelled(notes: Sequence[str]) -> str:
+    """The first clause of the first entries (up to a bracket or semicolon), and how many
+    more: ``DTensor returns a vocabulary-parallel embedding's gradient whole; and 1 more``.
+    How each entry is counted is in the note's tooltip."""
+    heads = [re.split(r" \(|; ", note, maxsplit=1)[0].strip() for note in notes]
+    text = "; ".join(h for h in heads[:NOTE_NAMES] if h)
     if len(notes) > NOTE_NAMES:
-        words.append("…")
-    return ", ".join(words)
+        text += f"; and {len(notes) - NOTE_NAMES} more"
+    return text
 
 
 def _split_word(word: str, width: float, metrics: QFontMetrics) -> list[str]:
@@ -1045,13 +1049,13 @@ class BreakdownChart(QWidget):
             )
         if current.not_modelled:
             lines.append(
-                f"Not yet modelled: {_short_not_modelled(current.not_modelled)} (counted as 0)"
+                f"Not modelled: {short_not_modelled(current.not_modelled)} (hover for each)"
             )
         if lines:
             self.note_label.setText("\n".join(lines))
             self.note_label.setToolTip(
                 rich_text(
-                    "Not yet modelled (counted as 0):\n"
+                    "Left out of the estimate, or counted approximately:\n"
                     + "\n".join(f"• {note}" for note in current.not_modelled)
                 )
                 if current.not_modelled

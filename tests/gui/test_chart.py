@@ -26,6 +26,7 @@ from gui.chart import (
     BreakdownChart,
     Ghost,
     gib_text,
+    short_not_modelled,
     shown_groups,
     tick_lines,
 )
@@ -289,12 +290,29 @@ def test_not_modelled_note(chart: BreakdownChart) -> None:
     )
     chart.set_estimates(e)
     assert chart.note_label.isVisible()
-    assert chart.note_label.text().startswith("Not yet modelled: activations, logits")
-    assert chart.note_label.text().endswith("(counted as 0)")
+    assert chart.note_label.text() == (
+        "Not modelled: activations saved for backward; logits and loss buffers (hover for each)"
+    )
     for note in e.not_modelled:
         assert note in chart.note_label.toolTip()
     chart.set_estimates(dataclasses.replace(e, not_modelled=()))
     assert not chart.note_label.isVisible()
+
+
+def test_the_not_modelled_note_names_whole_clauses_and_counts_the_rest() -> None:
+    notes = (
+        "DTensor returns a vocabulary-parallel embedding's gradient whole (V x h) on every "
+        "rank; counted here as Megatron's V/tp x h",
+        "expert-parallel load imbalance beyond expert_capacity_factor; the router's tensors",
+        "the vision tower and projector of llava (only its text model is counted)",
+    )
+    assert short_not_modelled(notes) == (
+        "DTensor returns a vocabulary-parallel embedding's gradient whole; expert-parallel "
+        "load imbalance beyond expert_capacity_factor; and 1 more"
+    )
+    assert short_not_modelled(notes[:1]) == (
+        "DTensor returns a vocabulary-parallel embedding's gradient whole"
+    )
 
 
 def test_follows_the_palette(chart: BreakdownChart) -> None:
