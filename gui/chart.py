@@ -341,6 +341,17 @@ def difference_text(current: Estimate, baseline: Estimate) -> str:
     return f"current {sign}{gib_text(abs(diff))}"
 
 
+def verdict_tip(est: Estimate) -> str:
+    """What the banner's verdict means, with this estimate's figures."""
+    return (
+        f"The device total per GPU (what nvidia-smi shows), {gib_text(est.device_bytes)}, "
+        f"against the budget line, {gib_text(est.budget_bytes)}, and the capacity, "
+        f"{gib_text(est.capacity_bytes)}: under the budget it fits; between the two it is "
+        "tight (it may run, with little room for fragmentation or a longer batch); over the "
+        "capacity it does not fit. GiB = 2^30 bytes."
+    )
+
+
 def short_not_modelled(notes: Sequence[str]) -> str:
     """The first clause of the first entries (up to a bracket or semicolon), and how many
     more: ``DTensor returns a vocabulary-parallel embedding's gradient whole; and 1 more``.
@@ -1021,6 +1032,9 @@ class BreakdownChart(QWidget):
                 words = f"No estimate: {self._stale}"
                 self.empty_text.setText("Nothing to show until the scenario is valid")
             self.verdict_label.setText(words)
+            self.verdict_label.setToolTip(
+                rich_text("No verdict while the engine rejects the scenario: fix the field named.")
+            )
             self._style_banner("stale", *STALE_BANNER)
             self.verdict_label.show()
             self.host_label.hide()
@@ -1038,6 +1052,7 @@ class BreakdownChart(QWidget):
             f"{gib_text(current.capacity_bytes)}"
         )
         self._style_banner(current.verdict, background, foreground)
+        self.verdict_label.setToolTip(rich_text(verdict_tip(current)))
         self.verdict_label.show()
         self._show_host(current)
         lines = []

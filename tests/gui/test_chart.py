@@ -589,3 +589,13 @@ def test_a_deep_pipeline_draws_at_most_twelve_stage_bars(chart: BreakdownChart) 
     assert chart.current_bar_count() == 12
     assert chart.worst_bar() == shown.index(worst)
     assert "12 of 1,024 pipeline stages drawn" in chart.note_label.text()
+
+
+def test_the_banner_says_what_its_verdict_means(chart: BreakdownChart) -> None:
+    e = est("llama-3-8b", "h100-sxm-80gb")
+    chart.set_estimates(e)
+    tip = chart.verdict_label.toolTip()
+    assert gib_text(e.budget_bytes) in tip and gib_text(e.capacity_bytes) in tip
+    assert "tight" in tip and "nvidia-smi" in tip
+    chart.set_stale("training.lora.rank: got 0")
+    assert "No verdict" in chart.verdict_label.toolTip()
