@@ -199,21 +199,47 @@ def whatif_rows(est: Estimate, whatifs: Sequence[WhatIfResult]) -> list[Row]:
     return out
 
 
-def rows(est: Estimate, whatifs: Sequence[WhatIfResult] = ()) -> list[Row]:
+def baseline_rows(est: Estimate, baseline: Estimate | None) -> list[Row]:
+    """A pinned baseline (category ``baseline``): its scenario in words, allocated, reserved
+    and device bytes, bytes per breakdown category, and the current scenario's difference."""
+    if baseline is None:
+        return []
+    words = scenario_line(baseline).replace("**", "")
+    return [
+        _row("baseline", "baseline: allocated", baseline.allocated_bytes, words),
+        _row("baseline", "baseline: reserved", baseline.reserved_bytes),
+        _row(
+            "baseline", "baseline: device", baseline.device_bytes, VERDICT_WORDS[baseline.verdict]
+        ),
+        *(_row("baseline", f"baseline: {c}", baseline.breakdown[c]) for c in CATEGORIES),
+        _row(
+            "baseline",
+            "baseline: current minus baseline",
+            est.device_bytes - baseline.device_bytes,
+            "current device - baseline device",
+        ),
+    ]
+
+
+def rows(
+    est: Estimate, whatifs: Sequence[WhatIfResult] = (), baseline: Estimate | None = None
+) -> list[Row]:
     """Items, totals, the rank groups and host rows where they apply, the conventions,
-    then the rows of each what-if given."""
+    then the rows of each what-if given and of a pinned baseline."""
     return (
         breakdown_rows(est) + total_rows(est) + rank_rows(est) + host_rows(est)
-        + convention_rows(est) + whatif_rows(est, whatifs)
+        + convention_rows(est) + whatif_rows(est, whatifs) + baseline_rows(est, baseline)
     )  # fmt: skip
 
 
-def to_csv(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
+def to_csv(
+    est: Estimate, *, whatifs: Sequence[WhatIfResult] = (), baseline: Estimate | None = None
+) -> str:
     """:func:`rows` as CSV, one header line of :data:`COLUMNS`."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows(est, whatifs))
+    writer.writerows(rows(est, whatifs, baseline))
     return buffer.getvalue()
 
 
@@ -235,12 +261,20 @@ def whatif_dict(est: Estimate, whatif: WhatIfResult) -> dict[str, Any]:
     }
 
 
-def to_json(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
+def to_json(
+    est: Estimate, *, whatifs: Sequence[WhatIfResult] = (), baseline: Estimate | None = None
+) -> str:
     """The ``--json`` shape (:meth:`Estimate.to_dict`); with what-ifs, a ``whatifs`` list
-    of :func:`whatif_dict` beside it."""
+    of :func:`whatif_dict` beside it; with a pinned baseline, a ``baseline`` object (its
+    whole estimate, and the current scenario's difference in device bytes)."""
     data = est.to_dict()
     if whatifs:
         data["whatifs"] = [whatif_dict(est, w) for w in whatifs]
+    if baseline is not None:
+        data["baseline"] = {
+            **baseline.to_dict(),
+            "current_minus_baseline_bytes": est.device_bytes - baseline.device_bytes,
+        }
     return json.dumps(data, indent=2) + "\n"
 
 
@@ -301,9 +335,12 @@ def whatif_table(est: Estimate, whatifs: Sequence[WhatIfResult]) -> list[str]:
     return lines
 
 
-def to_markdown(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
+def to_markdown(
+    est: Estimate, *, whatifs: Sequence[WhatIfResult] = (), baseline: Estimate | None = None
+) -> str:
     """A summary to paste into an issue or a chat: the scenario, the breakdown table with
-    the totals, the verdict, then the what-ifs given (:func:`whatif_table`)."""
+    the totals, the verdict, then the what-ifs given (:func:`whatif_table`) and a pinned
+    baseline."""
     s = est.scenario
     lines = [
         scenario_line(est),
@@ -339,4 +376,12 @@ def to_markdown(est: Estimate, *, whatifs: Sequence[WhatIfResult] = ()) -> str:
         lines += ["", f"Host RAM: {host_summary(est)}."]
     if whatifs:
         lines += ["", *whatif_table(est, whatifs)]
+    if baseline is not None:
+        diff = (est.device_bytes - baseline.device_bytes) / GIB
+        lines += [
+            "",
+            f"Pinned baseline: {scenario_line(baseline)}: device"
+            f" {baseline.device_bytes / GIB:,.2f} GiB per GPU"
+            f" ({VERDICT_WORDS[baseline.verdict]}); the current scenario {diff:+,.2f} GiB.",
+        ]
     return "\n".join(lines) + "\n"

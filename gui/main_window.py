@@ -938,15 +938,16 @@ class MainWindow(QMainWindow):
         return [w for w in found if w is not None]
 
     def export_data(self, path: Path) -> None:
-        """Write the breakdown and the shown what-ifs to ``path`` as CSV, JSON or
-        Markdown, by extension."""
+        """Write the breakdown, the shown what-ifs and the pinned baseline to ``path`` as
+        CSV, JSON or Markdown, by extension."""
         writers = {".csv": to_csv, ".json": to_json, ".md": to_markdown}
         writer = writers.get(path.suffix.lower())
         if writer is None:
             raise ValueError(f"unknown data format {path.suffix!r}; use .csv, .json or .md")
         if self.store.estimate is None:
             raise ValueError(f"the scenario has no valid estimate to export: {self.store.error}")
-        write_text(path, writer(self.store.estimate, whatifs=self.shown_whatifs()))
+        est, whatifs = self.store.estimate, self.shown_whatifs()
+        write_text(path, writer(est, whatifs=whatifs, baseline=self.baseline))
 
     def chart_filters(self) -> dict[str, ImageSize | None]:
         """The chart export's file types: a PNG per size of :data:`IMAGE_SIZES`, naming
@@ -1030,7 +1031,9 @@ class MainWindow(QMainWindow):
         if est is None:
             self.statusBar().showMessage("No summary: the scenario has no valid estimate", 5000)
             return
-        QGuiApplication.clipboard().setText(to_markdown(est, whatifs=self.shown_whatifs()))
+        QGuiApplication.clipboard().setText(
+            to_markdown(est, whatifs=self.shown_whatifs(), baseline=self.baseline)
+        )
         self.statusBar().showMessage("Summary copied to the clipboard as Markdown", 3000)
 
     # -- view ----------------------------------------------------------------------------

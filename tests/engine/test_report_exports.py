@@ -138,3 +138,31 @@ def test_markdown_names_the_gpus_and_nodes() -> None:
     )
     head = to_markdown(estimate(s)).splitlines()[0]
     assert "**16 x NVIDIA H100 SXM 80GB** (2 nodes x 8)" in head
+
+
+def test_a_pinned_baseline_goes_into_every_export(current: Estimate) -> None:
+    baseline = estimate(
+        Scenario(
+            load_model("llama-3-8b"),
+            HardwareSpec(load_gpu("h100-sxm-80gb")),
+            TrainingSpec(method="full", micro_batch_size=1, sequence_length=1024),
+        )
+    )
+    diff = current.device_bytes - baseline.device_bytes
+    table = list(csv.DictReader(io.StringIO(to_csv(current, baseline=baseline))))
+    pinned = {r["item"]: r for r in table if r["category"] == "baseline"}
+    assert int(pinned["baseline: device"]["bytes"]) == baseline.device_bytes
+    assert int(pinned["baseline: current minus baseline"]["bytes"]) == diff
+    for cat in CATEGORIES:
+        assert int(pinned[f"baseline: {cat}"]["bytes"]) == baseline.breakdown[cat]
+    assert "H100" in pinned["baseline: allocated"]["formula"]
+    # the baseline comes after everything of the current scenario
+    assert [r["category"] for r in table][-len(pinned) :] == ["baseline"] * len(pinned)
+    data = json.loads(to_json(current, baseline=baseline))
+    assert data["baseline"]["device_bytes"] == baseline.device_bytes
+    assert data["baseline"]["current_minus_baseline_bytes"] == diff
+    assert "baseline" not in json.loads(to_json(current))
+    text = to_markdown(current, baseline=baseline)
+    assert "Pinned baseline: **Llama 3 8B** on **1 x" in text
+    assert f"{diff / GIB:+,.2f} GiB" in text
+    assert "Pinned baseline" not in to_markdown(current)

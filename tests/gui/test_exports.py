@@ -280,3 +280,28 @@ def test_data_exports_carry_the_shown_whatifs(window: MainWindow, tmp_path: Path
     window.export_data(tmp_path / "d.md")
     text = (tmp_path / "d.md").read_text()
     assert all(f"| {w.whatif.label} |" in text for w in shown)
+
+
+def test_a_pinned_baseline_goes_into_the_data_and_the_summary(
+    window: MainWindow, tmp_path: Path
+) -> None:
+    window.pin_baseline_act.trigger()
+    baseline = window.baseline
+    assert baseline is not None
+    s = window.store.scenario
+    window.store.edit(
+        dataclasses.replace(s, training=dataclasses.replace(s.training, micro_batch_size=8))
+    )
+    est = window.store.estimate
+    assert est is not None and est != baseline
+    window.export_data(tmp_path / "b.json")
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["baseline"]["device_bytes"] == baseline.device_bytes
+    assert data["baseline"]["current_minus_baseline_bytes"] == (
+        est.device_bytes - baseline.device_bytes
+    )
+    window.copy_summary_act.trigger()
+    assert "Pinned baseline: " in QGuiApplication.clipboard().text()
+    window.clear_baseline_act.trigger()
+    window.export_data(tmp_path / "c.json")
+    assert "baseline" not in json.loads((tmp_path / "c.json").read_text())
