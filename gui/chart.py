@@ -52,6 +52,7 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.errors import EstimateError
 from engine.estimate import GIB, Estimate
+from engine.explain import explained
 from engine.model_state import CATEGORIES, MemoryItem
 from engine.stacks import load_stack
 
@@ -513,6 +514,8 @@ class BreakdownChart(QWidget):
         self._muted = QColor(Qt.GlobalColor.gray)
         self._current: Estimate | None = None
         self._ghosts: tuple[Ghost, ...] = ()
+        #: the activations-by-source line of each estimate shown (by id; cleared with them)
+        self._source_tips: dict[int, str] = {}
         self._baseline: Estimate | None = None
         # the current scenario's bars (one per rank group), then one per ghost
         self._bars: list[_Bar] = []
@@ -858,6 +861,7 @@ class BreakdownChart(QWidget):
         self._current = current
         self._ghosts = ghosts
         self._baseline = baseline
+        self._source_tips.clear()
         self._draw()
 
     def set_stale(self, reason: str | None) -> None:
@@ -1267,7 +1271,30 @@ class BreakdownChart(QWidget):
         for i in items:
             formula = f" = {html.escape(i.formula)}" if i.formula else ""
             lines.append(f"{html.escape(i.name)}: {gib_text(i.bytes)}{formula}")
+        est = self._estimate_of(bar)
+        if cat == "activations" and est is not None:
+            lines.append(self._sources_tip(est))
         return "<br>".join(lines)
+
+    def _estimate_of(self, bar: _Bar) -> Estimate | None:
+        """The estimate a bar of one rank group shows (a ghost's, the current one's)."""
+        if bar.ghost is not None:
+            return bar.ghost.estimate
+        current = self._current
+        if bar.baseline or current is None or len(current.rank_groups) > 1:
+            return None
+        return current
+
+    def _sources_tip(self, est: Estimate) -> str:
+        """The activations by source in a line (kept per estimate shown)."""
+        key = id(est)
+        if key not in self._source_tips:
+            groups = explained(est, remedies=False)
+            parts = [f"{html.escape(g.title.lower())} {gib_text(g.bytes)}" for g in groups[:4]]
+            self._source_tips[key] = (
+                "<i>By source: " + " · ".join(parts) + "</i> (Ctrl+3: what removes each)"
+            )
+        return self._source_tips[key]
 
     def ghost_key(self, bar_index: int) -> str | None:
         """The key of the ghost drawn as bar ``bar_index``; ``None`` for the current bar."""

@@ -599,3 +599,22 @@ def test_the_banner_says_what_its_verdict_means(chart: BreakdownChart) -> None:
     assert "tight" in tip and "nvidia-smi" in tip
     chart.set_stale("training.lora.rank: got 0")
     assert "No verdict" in chart.verdict_label.toolTip()
+
+
+def test_the_activations_segment_says_where_they_come_from(chart: BreakdownChart) -> None:
+    from engine.explain import explained
+
+    e = est("llama-3-8b", "h100-sxm-80gb", method="lora", precision="bf16-mixed")
+    assert e.breakdown["activations"] > 0  # the peak is in backward
+    chart.set_estimates(e, ghosts())
+    segments = chart._segments[0]
+    bottom, height = segments["activations"]
+    tip = chart.tooltip_at(0, (bottom + height / 2))
+    groups = explained(e, remedies=False)
+    assert "By source: " in tip and "Ctrl+3" in tip
+    assert f"{groups[0].title.lower()} {gib_text(groups[0].bytes)}" in tip
+    # other segments list their items only
+    assert "By source" not in chart.tooltip_at(0, 1.0)
+    # a ghost's activations are its own estimate's
+    g_bottom, g_height = chart._segments[1]["activations"]
+    assert "By source: " in chart.tooltip_at(1, g_bottom + g_height / 2)
