@@ -122,7 +122,9 @@ def test_invalid_value_shows_inline_and_keeps_the_last_valid(window: MainWindow)
     kv.widget.setValue(7)  # does not divide 32 attention heads
     assert window.store.scenario == before
     assert not kv.error.isHidden()
-    assert "expected a divisor of num_attention_heads (32)" in kv.error.text()
+    # in the panel's words: the heads field by its label
+    heads = window.model_panel.rows["model.num_attention_heads"].label.rstrip(":")
+    assert f"expected a divisor of {heads} (32)" in kv.error.text()
     kv.widget.setValue(4)
     assert kv.error.isHidden() and window.store.scenario.model.num_key_value_heads == 4
 
@@ -498,7 +500,8 @@ def test_a_split_broken_in_another_panel_is_explained_on_tp(make_window) -> None
 def test_activation_offload_needs_checkpointing(window: MainWindow) -> None:
     row = window.parallelism_panel.rows["training.offload.activations"]
     row.widget.setCurrentIndex(row.widget.findData("cpu"))  # checkpointing is "none"
-    assert not row.error.isHidden() and "needs activation_checkpointing full" in row.error.text()
+    ckpt = window.training_panel.rows["training.activation_checkpointing"].label.rstrip(":")
+    assert not row.error.isHidden() and f"needs {ckpt} full" in row.error.text()
 
 
 def test_host_ram_per_node_field(make_window) -> None:  # type: ignore[no-untyped-def]
