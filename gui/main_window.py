@@ -1075,6 +1075,8 @@ class MainWindow(QMainWindow):
         app = QApplication.instance()
         if isinstance(app, QApplication):
             apply_theme(app, key)
+        if self._shown_once:  # before the first show, showEvent polishes them
+            repolish_window(self)
         if save:
             self._put_setting("view/theme", key)
 

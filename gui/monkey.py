@@ -435,7 +435,7 @@ class Monkey:
     def combo(self) -> None:
         combos: list[QComboBox] = [r.widget for _p, r in self._rows(QComboBox)]  # type: ignore[misc]
         model = self.window.model_panel
-        combos += [model.preset, model.preset, model.family, model.size]
+        combos += [model.preset, model.preset, model.family, model.size_filter]
         combo = self.rng.choice(combos)
         key = self.rng.choice(
             (Qt.Key.Key_Down, Qt.Key.Key_Up, Qt.Key.Key_Home, Qt.Key.Key_End, Qt.Key.Key_PageDown)

@@ -1,9 +1,10 @@
 """Light, dark or the system's colours, with Qt 6's colour-scheme hint and Fusion.
 
-A theme switch reaches every widget at once: the application palette changes, and each
-widget with a style sheet of its own is polished again (:func:`repolish`), since such a
-widget keeps the palette it was polished with. Style sheets name palette roles
-(``palette(button)``), never fixed colours, so they follow the switch.
+A theme switch reaches every widget at once: the application palette changes, and the
+window polishes again each of its widgets with a style sheet of its own
+(:func:`repolish_window`), since such a widget keeps the palette it was polished with.
+Style sheets name palette roles (``palette(button)``), never fixed colours, so they
+follow the switch.
 """
 
 from __future__ import annotations
@@ -71,24 +72,16 @@ def apply_theme(app: QApplication, theme: str) -> None:
     )
     palette = dark_palette() if want_dark else light_palette(app.style().standardPalette())
     app.setPalette(palette)
-    repolish(app)
-
-
-def repolish(app: QApplication) -> None:
-    """Polish every widget that has a style sheet of its own again, so that it takes the
-    application's palette: Qt resolves such a widget's palette (and the ``palette(...)``
-    roles its sheet names) when it polishes it, and an application palette set later does
-    not reach it. Only the shown windows are walked (a window is polished when first
-    shown, and a closed one may be on its way out)."""
-    for window in app.topLevelWidgets():
-        if window.isVisible():
-            repolish_window(window)
 
 
 def repolish_window(window: QWidget) -> None:
-    """Polish again the widgets of ``window`` that have a style sheet of their own (see
-    :func:`repolish`): also for a window first shown after the palette was set, whose
-    widgets were polished when their sheets were set, under the palette before."""
+    """Polish again the widgets of ``window`` that have a style sheet of their own, so that
+    they take the application's palette: Qt resolves such a widget's palette (and the
+    ``palette(...)`` roles its sheet names) when it polishes it, and an application palette
+    set later does not reach it. The window calls it on a theme switch and when first
+    shown (its widgets were polished when their sheets were set, maybe under the palette
+    before). Each window walks only its own widgets: the application's list of top-level
+    widgets can hold one on its way out."""
     for widget in (window, *window.findChildren(QWidget)):
         if widget.styleSheet():
             style = widget.style()
