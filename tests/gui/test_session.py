@@ -65,9 +65,9 @@ def test_a_rejected_scenario_left_open_at_close_starts_again(start, tmp_path: Pa
     assert again.store.scenario == bad_mesh() and again.store.path == path
     assert not again.store.modified and again.store.estimate is None
     assert again.chart.is_stale() and again.chart.current_bar_count() == 0
-    assert again.chart.verdict_text().startswith("No estimate: training.parallelism")
+    assert again.chart.verdict_text().startswith("No estimate: Parallelism: ")  # in words
     tp = again.parallelism_panel.rows["training.parallelism.tp"]
-    assert not tp.error.isHidden() and tp.error.text() in again.store.error
+    assert not tp.error.isHidden() and tp.error.text() in again.in_user_words(again.store.error)
 
 
 def test_a_rejected_scenario_in_the_old_autosave_format_starts(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
