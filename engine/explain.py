@@ -13,6 +13,7 @@ user can act on, estimates the change that removes it -- a chunked loss for the 
 checkpointing for the saved tensors, releasing the previous step -- so that the saving
 is an estimate of the changed scenario, not a guess.
 
+>>> from engine.estimate import estimate
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
 >>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4"))))
@@ -27,13 +28,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine.errors import EstimateError
-from engine.estimate import Estimate, estimate
+from engine.estimate import Estimate
 from engine.specs import Scenario, TrainingSpec
 from engine.stacks import conventions
-from engine.steptime import step_time
 from engine.timeline import SOURCE_KINDS, Source
-from engine.whatif import WHATIFS_BY_KEY, WhatIf, compute_text
+from engine.whatif import WHATIFS_BY_KEY, WhatIf, assess_change
 
 #: what each kind of source is, in a few words, for a group's title
 TITLES = {
@@ -134,17 +133,10 @@ def remedy(est: Estimate, kind: str) -> Remedy | None:
     whatif = REMEDIES.get(kind)
     if whatif is None:
         return None
-    scenario = est.scenario
-    try:
-        variant = whatif.apply(scenario)
-        if variant is None:
-            return None
-        changed = estimate(variant)
-        factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
-    except EstimateError:
+    result = assess_change(est.scenario, est, whatif)
+    if isinstance(result, str):  # it does not apply, or the engine rejects the change
         return None
-    note = f"{compute_text(factor)}: {whatif.compute_reason}"
-    return Remedy(whatif.label, est.device_bytes - changed.device_bytes, note)
+    return Remedy(whatif.label, result.saved_bytes, result.compute_note)
 
 
 def explained(est: Estimate, remedies: bool = True) -> tuple[SourceGroup, ...]:

@@ -257,7 +257,12 @@ class WhatIfResult:
 def assess(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | str:
     """Estimate the what-if ``key`` on ``scenario``; the reason when it does not apply or
     the engine rejects the changed scenario."""
-    whatif = WHATIFS_BY_KEY[key]
+    return assess_change(scenario, current, WHATIFS_BY_KEY[key])
+
+
+def assess_change(scenario: Scenario, current: Estimate, whatif: WhatIf) -> WhatIfResult | str:
+    """:func:`assess` of a change that need not be one of :data:`WHATIFS` (the remedies of
+    :mod:`engine.explain`)."""
     try:
         change = whatif.change(scenario)
         if isinstance(change, str):
@@ -269,7 +274,13 @@ def assess(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | st
     factor = step_time(variant).step_time_s / step_time(scenario).step_time_s
     note = f"{compute_text(factor)}: {whatif.compute_reason}"
     return WhatIfResult(
-        whatif, variant, result, current.device_bytes - result.device_bytes, factor, note, (key,)
+        whatif,
+        variant,
+        result,
+        current.device_bytes - result.device_bytes,
+        factor,
+        note,
+        (whatif.key,),
     )
 
 
