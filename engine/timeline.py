@@ -148,12 +148,16 @@ class Timeline:
     _played: list[tuple[Point, ...]] = field(default_factory=list, repr=False)
     #: tells every point's activations apart by source (:func:`step_sources`)
     explain: Callable[[], tuple[tuple[Source, ...], ...]] | None = field(default=None, repr=False)
+    _explained: list[tuple[tuple[Source, ...], ...]] = field(default_factory=list, repr=False)
 
     def sources(self) -> tuple[tuple[Source, ...], ...]:
-        """Each point's activations by source, in the order of :attr:`points`."""
+        """Each point's activations by source, in the order of :attr:`points`: played on
+        the first call, then kept."""
         if self.explain is None:
             raise ValueError("this timeline was played without its sources")
-        return self.explain()
+        if not self._explained:
+            self._explained.append(self.explain())
+        return self._explained[0]
 
     @property
     def peak_index(self) -> int:

@@ -514,8 +514,6 @@ class BreakdownChart(QWidget):
         self._muted = QColor(Qt.GlobalColor.gray)
         self._current: Estimate | None = None
         self._ghosts: tuple[Ghost, ...] = ()
-        #: the activations-by-source line of each estimate shown (by id; cleared with them)
-        self._source_tips: dict[int, str] = {}
         self._baseline: Estimate | None = None
         # the current scenario's bars (one per rank group), then one per ghost
         self._bars: list[_Bar] = []
@@ -861,7 +859,6 @@ class BreakdownChart(QWidget):
         self._current = current
         self._ghosts = ghosts
         self._baseline = baseline
-        self._source_tips.clear()
         self._draw()
 
     def set_stale(self, reason: str | None) -> None:
@@ -1286,15 +1283,10 @@ class BreakdownChart(QWidget):
         return current
 
     def _sources_tip(self, est: Estimate) -> str:
-        """The activations by source in a line (kept per estimate shown)."""
-        key = id(est)
-        if key not in self._source_tips:
-            groups = explained(est, remedies=False)
-            parts = [f"{html.escape(g.title.lower())} {gib_text(g.bytes)}" for g in groups[:4]]
-            self._source_tips[key] = (
-                "<i>By source: " + " · ".join(parts) + "</i> (Ctrl+3: what removes each)"
-            )
-        return self._source_tips[key]
+        """The activations by source in a line (the step keeps its sources once played)."""
+        groups = explained(est, remedies=False)
+        parts = [f"{html.escape(g.title.lower())} {gib_text(g.bytes)}" for g in groups[:4]]
+        return "<i>By source: " + " · ".join(parts) + "</i> (Ctrl+3: what removes each)"
 
     def ghost_key(self, bar_index: int) -> str | None:
         """The key of the ghost drawn as bar ``bar_index``; ``None`` for the current bar."""
