@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Iterator, Sequence
+from functools import cache
 from typing import Any, ClassVar
 
 from PySide6.QtCore import QEvent, QSignalBlocker, Qt, Signal, Slot
@@ -140,7 +141,10 @@ _LABELS: dict[str, str] = {}
 
 def register_label(path: str, label: str) -> None:
     """Name the field ``path`` as its row does (:func:`in_user_words`)."""
-    _LABELS[path] = label.replace("&", "").rstrip(":").strip()
+    words = label.replace("&", "").rstrip(":").strip()
+    if _LABELS.get(path) != words:
+        _LABELS[path] = words
+        _names.cache_clear()  # every window's panels register the same labels again
 
 
 def _leaves() -> dict[str, str]:
@@ -154,6 +158,17 @@ def _leaves() -> dict[str, str]:
     return {leaf: labels[0] for leaf, labels in seen.items() if len(set(labels)) == 1}
 
 
+@cache
+def _names() -> tuple[dict[str, str], re.Pattern[str] | None]:
+    """Each name :func:`in_user_words` replaces, with its label, and the pattern that finds
+    them (the longest first), built once per set of registered labels."""
+    names = {**_leaves(), **_LABELS}
+    if not names:
+        return names, None
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return names, re.compile(r"(?<![\w.])(" + alternatives + r")(?![\w.])")
+
+
 def in_user_words(message: str) -> str:
     """The engine's ``message`` in the words of the panels: the field path it starts with
     (``training.lora.rank: ...``) and every field it names (``num_attention_heads``,
@@ -161,13 +176,8 @@ def in_user_words(message: str) -> str:
     field, sep, rest = message.partition(": ")
     if not sep:
         field, rest = "", message
-    names = {**_leaves(), **_LABELS}
-    if names:
-        pattern = re.compile(
-            r"(?<![\w.])("
-            + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-            + r")(?![\w.])"
-        )
+    names, pattern = _names()
+    if pattern is not None:
         rest = pattern.sub(lambda m: names[m.group(1)], rest)
     if not field:
         return rest
