@@ -155,7 +155,7 @@ class ActivationsView(_Lazy):
         if top_group is not None and top_group.remedy and top_group.remedy.saved_bytes > 0:
             heading += (
                 f" The largest, {top_group.title.lower()} ({top_group.bytes / total:.0%}): "
-                f"{top_group.remedy.label} {remedy_text(top_group).split(':', 1)[0]}."
+                f"{top_group.remedy.label} saves {gib_text(top_group.remedy.saved_bytes)} per GPU."
             )
         self.heading.setText(heading + " Each saving is an estimate of the changed scenario.")
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
@@ -219,7 +219,6 @@ class StepTimelineView(_Lazy):
         self.note.setTextFormat(Qt.TextFormat.PlainText)
         self.note.setWordWrap(True)
         self.note.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
-        self.setBackgroundRole(self.backgroundRole())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(2)
