@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from engine.checkpoint import compare, model_from_folder
-from engine.errors import EstimateError, shown
+from engine.errors import EstimateError, bounded, shown
 from engine.estimate import GIB, Estimate, estimate
 from engine.explain import explained, groups_text, groups_to_dict
-from engine.files import read_json, write_text
+from engine.files import NotJson, parse_json, read_json, write_text
 from engine.hub_cache import cache_root, find_model, scan_cache
 from engine.imports import config_notes
 from engine.params import count_parameters
@@ -78,7 +78,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error on one line."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, printable(f"{self.prog}: error: {message}") + "\n")
+        # argparse repeats the value it refuses (``invalid choice: 'xxx…'``): cut it
+        self.exit(EXIT_USAGE, message_line(f"{self.prog}: error: {message}") + "\n")
 
 
 def _csv(text: str) -> list[str]:
@@ -147,11 +148,9 @@ def _parse_set(text: str) -> tuple[list[str], Any]:
         )
     path, raw = text.split("=", 1)
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
+        value = parse_json(raw, f"--set {shown(path)[1:-1]}", "the value")
+    except NotJson:
         value = raw  # a bare word is a string
-    except (RecursionError, ValueError) as exc:  # too deep; an integer over 4,300 digits
-        raise EstimateError(f"--set {shown(path)[1:-1]}", "the value is not valid JSON") from exc
     parts = [p for p in path.strip().split(".") if p]
     if not parts:
         raise EstimateError("--set", f"got {shown(text)}, expected FIELD=VALUE")
@@ -193,7 +192,7 @@ def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list
             notes.append(f"model: the preset {imported.model_preset} ({imported.model})")
         elif imported.model:
             raise EstimateError(
-                "model", f"the file names {imported.model!r}, not a preset: give --model NAME"
+                "model", f"the file names {shown(imported.model)}, not a preset: give --model NAME"
             )
     for key, flags in (("model", "--model NAME"), ("hardware", "--gpu NAME")):
         if key not in data:
@@ -646,20 +645,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         notes: list[str] = []
         scenario = scenario_from_dict(build_scenario_dict(args, notes))
         for note in notes:
-            print(printable(f"memfit: note: {note}"), file=sys.stderr)
+            print(message_line(f"memfit: note: {note}"), file=sys.stderr)
         if args.command in ("fit", "sweep"):
             return _plan(args, scenario, out)
         result = estimate(scenario)
         if args.save:
             save_scenario(scenario, args.save)
     except EstimateError as exc:
-        print(printable(f"memfit: error: {exc}"), file=sys.stderr)
+        print(message_line(f"memfit: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
     except OSError as exc:
         where = exc.filename or "file"
-        print(printable(f"memfit: error: {where}: {exc.strerror or exc}"), file=sys.stderr)
+        print(message_line(f"memfit: error: {where}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_USAGE
     try:
         groups = explained(result) if getattr(args, "activations", False) else None
@@ -686,7 +685,8 @@ def _on_gpus(scenario: Scenario, gpus: int | None) -> Scenario:
     node = hw.gpus_per_node if hw.nodes > 1 else max(hw.gpus_per_node, SERVER_GPUS)
     if gpus < 1 or (gpus > node and gpus % node):
         raise EstimateError(
-            "--gpus", f"got {gpus}, expected 1 to {node} or a multiple of {node} (GPUs per node)"
+            "--gpus",
+            f"got {shown(gpus)}, expected 1 to {node} or a multiple of {node} (GPUs per node)",
         )
     per_node, nodes = (gpus, 1) if gpus <= node else (node, gpus // node)
     return with_gpus(scenario, per_node, nodes)
@@ -708,7 +708,7 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
             print(f"{len(points)} configurations written to {printable(args.csv)}", file=out)
         return 0
     if args.top < 1:
-        raise EstimateError("--top", f"got {args.top}, expected at least 1")
+        raise EstimateError("--top", f"got {shown(args.top)}, expected at least 1")
     top = best(points, args.top)
     limits = {
         "max_micro_batch_size": max_micro_batch(scenario),
@@ -771,6 +771,15 @@ def printable(text: str) -> str:
 
 
 _UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+#: the longest line an error or a note of the command line takes
+MAX_LINE = 400
+
+
+def message_line(text: str) -> str:
+    """An error or a note as one printable line of at most :data:`MAX_LINE` characters: a
+    line break is shown as ``\\n``, and a long value the message repeats is cut
+    (:func:`engine.errors.bounded`)."""
+    return bounded(printable(text).replace("\n", "\\n"), MAX_LINE)
 
 
 if __name__ == "__main__":  # pragma: no cover

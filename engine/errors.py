@@ -12,7 +12,6 @@ engine.errors.EstimateError: training.micro_batch_size: got -1, expected an inte
 
 from __future__ import annotations
 
-import math
 import re
 import reprlib
 from collections.abc import Iterable
@@ -26,12 +25,53 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, SHOWN_CHARS, 60, 60
 #: control characters (C0, DEL, C1: terminal escapes, line breaks) and lone surrogates
 _NOT_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+#: the longest message (a field and what is wrong with it, a note) MemFit gives: the field,
+#: the value as :func:`shown` cuts it and what is accepted fit in it, a whole input never
+MAX_MESSAGE = 360
+#: the longest field name an error keeps whole (a key of the user's file can be any length)
+MAX_FIELD = 120
+#: a run of characters without a space longer than this is cut: a pasted value, a number of
+#: thousands of digits, a path
+LONG_RUN = 80
+_LONG_RUN = re.compile(rf"\S{{{LONG_RUN + 1},}}")
+
+
+def _cut_run(match: re.Match[str]) -> str:
+    """A long run cut to its start, keeping the punctuation that closes it (a quote, a
+    colon)."""
+    run = match.group()
+    closing = run[len(run.rstrip(":;,.)]}'\"")) :][:3]
+    return run[: LONG_RUN - 1] + "…" + closing
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` short enough for one line of a message: each run of more than
+    :data:`LONG_RUN` characters without a space cut to its start and "…", then, if it is
+    still over ``limit`` characters, its middle left out -- the start of a message names
+    the field, its end what is accepted.
+
+    >>> text = bounded("n: got '" + "9" * 5000 + "', expected [1, 64]")
+    >>> len(text), text[-21:]
+    (106, "9…', expected [1, 64]")
+    >>> len(bounded("x " * 2500, 100))
+    100
+    """
+    text = _LONG_RUN.sub(_cut_run, text)
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return text[: limit - tail - 3] + " … " + text[-tail:]
 
 
 class EstimateError(ValueError):
-    """Invalid input to the estimator; the message names the field and the accepted values."""
+    """Invalid input to the estimator; the message names the field and the accepted values.
+
+    Both are :func:`bounded`: whatever a caller puts in, the message stays one short line
+    (:data:`MAX_MESSAGE` characters at most)."""
 
     def __init__(self, field: str, message: str) -> None:
+        field = bounded(field, MAX_FIELD)
+        message = bounded(message, MAX_MESSAGE - len(field) - 2)
         super().__init__(f"{field}: {message}")
         self.field = field
         self.detail = message
@@ -54,8 +94,17 @@ def check_int(field: str, value: Any, lo: int, hi: int) -> int:
 
 
 def check_float(field: str, value: Any, lo: float, hi: float) -> float:
-    """Return ``value`` as a float if it is a finite number in ``[lo, hi]``; raise otherwise
-    (NaN compares false with every bound, so it is refused too)."""
+    """Return ``value`` as a float if it is a number in ``[lo, hi]``; raise otherwise. NaN
+    compares false with every bound, so it is refused too; an integer is compared with the
+    bounds exactly, as an integer, so one of thousands of digits is refused with the range
+    before anything turns it into a float (which would overflow).
+
+    >>> try:
+    ...     check_float("training.lora.alpha", 10**400, 0.0, 1e6)
+    ... except EstimateError as exc:
+    ...     print(exc.detail)
+    got an integer of about 400 digits, expected a number in [0, 1e+06]
+    """
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
         raise EstimateError(field, f"got {shown(value)}, expected a number in [{lo:g}, {hi:g}]")
     return float(value)
@@ -94,10 +143,3 @@ def check_choice(field: str, value: Any, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise EstimateError(field, f"got {shown(value)}, expected one of {', '.join(options)}")
     return value
-
-
-def check_finite(field: str, value: Any) -> float:
-    """A finite real number (not a bool, not NaN, not infinite)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise EstimateError(field, f"got {shown(value)}, expected a finite number")
-    return float(value)

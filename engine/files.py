@@ -36,15 +36,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError
+from engine.errors import EstimateError, shown
 
 #: The largest file MemFit reads: a scenario or a ``config.json`` is a few KiB.
 MAX_READ_BYTES = 4 << 20
+#: The deepest nesting of objects and lists a file MemFit reads may have: a scenario, a
+#: ``config.json`` or a training config nests a few levels, never dozens
+MAX_DEPTH = 32
 
 PathLike = str | os.PathLike[str]
 
@@ -112,19 +116,99 @@ def read_text(path: PathLike, field: str = "scenario", limit: int = MAX_READ_BYT
         ) from exc
 
 
+class NotJson(EstimateError):
+    """Text that is not JSON at all (its syntax); what is JSON but refused -- nested too
+    deeply, a duplicate key, an integer of over 4,300 digits -- is a plain
+    :class:`EstimateError`."""
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+#: a JSON string (a key when a colon follows), or a bracket
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"(\s*:)?|[{}\[\]]')
+
+
+def _first_duplicate(text: str) -> tuple[str, int] | None:
+    """The first key of ``text`` that repeats a key of its own object, and its line; read
+    only once the parser found a duplicate, and without recursion."""
+    objects: list[set[str] | None] = []
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "{[":
+            objects.append(set() if token == "{" else None)
+        elif token in "}]":
+            if objects:
+                objects.pop()
+        elif match.group(1) and objects and objects[-1] is not None:
+            key = json.loads(match.group()[: -len(match.group(1))])  # one string: flat
+            if key in objects[-1]:
+                return key, text.count("\n", 0, match.start()) + 1
+            objects[-1].add(key)
+    return None
+
+
+def _depth(data: Any) -> int:
+    """How deeply objects and lists nest in ``data`` (a scalar: 0, ``[1]``: 1), counted
+    without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def parse_json(text: str, field: str = "scenario", name: str = "the text") -> Any:
-    """``json.loads`` whose every failure is an :class:`EstimateError`: bad syntax, nesting
-    deeper than Python's recursion allows, integers over Python's digit limit."""
+    """``json.loads`` whose every failure is an :class:`EstimateError`: bad syntax
+    (:class:`NotJson`), a key twice in one object (two values for one setting: which is
+    meant?), nesting deeper than :data:`MAX_DEPTH` (or than Python's recursion allows),
+    integers over Python's digit limit. Every JSON text a user gives is read here.
+
+    >>> try:
+    ...     parse_json('{"a": 1,\\n "a": 2}')
+    ... except EstimateError as exc:
+    ...     print(exc.detail)
+    the text is not valid JSON (line 2: the key 'a' appears twice)
+    """
     try:
-        return json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
-        raise EstimateError(
+        raise NotJson(
             field, f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from exc
+    except _DuplicateKey as exc:
+        found = _first_duplicate(text)
+        key, where = (found[0], f"line {found[1]}: ") if found else (exc.key, "")
+        raise EstimateError(
+            field, f"{name} is not valid JSON ({where}the key {shown(key)} appears twice)"
+        ) from None
     except RecursionError as exc:
-        raise EstimateError(field, f"{name} is nested too deeply to be a MemFit file") from exc
+        raise EstimateError(field, _too_deep(name)) from exc
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise EstimateError(field, f"{name} is not valid JSON: {exc}") from exc
+    if _depth(data) > MAX_DEPTH:
+        raise EstimateError(field, _too_deep(name))
+    return data
+
+
+def _too_deep(name: str) -> str:
+    return f"{name} is nested too deeply (more than {MAX_DEPTH} levels of objects and lists)"
 
 
 def read_json(path: PathLike, field: str = "scenario") -> Any:

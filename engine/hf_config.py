@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.errors import EstimateError, check_bool, check_finite, check_text, shown
-from engine.specs import MAX_DIM, MAX_EXPERTS, MAX_LAYERS, ModelSpec
+from engine.errors import EstimateError, check_bool, check_float, check_text, shown
+from engine.specs import DROPOUT, MAX_DIM, MAX_EXPERTS, MAX_LAYERS, ModelSpec
 
 Config = Mapping[str, Any]
 
@@ -78,8 +78,10 @@ class _Keys:
         """``true`` or ``false``; the string "false" is not false, so it is an error."""
         return check_bool(self.where + key, self.raw(key, default=default))
 
-    def number(self, *keys: str, default: float) -> float:
-        return check_finite(self.field(*keys), self.raw(*keys, default=default))
+    def dropout(self, *keys: str, default: float) -> float:
+        """A dropout probability in :data:`~engine.specs.DROPOUT` (an integer of thousands
+        of digits is refused as one, never turned into a float)."""
+        return check_float(self.field(*keys), self.raw(*keys, default=default), *DROPOUT)
 
     def activation(self, *keys: str, default: str) -> str:
         name = check_text(self.field(*keys), self.raw(*keys, default=default)).lower()
@@ -128,7 +130,7 @@ def _common(c: _Keys) -> dict[str, Any]:
         "attention_bias": False,
         "attention_out_bias": False,
         "mlp_bias": False,
-        "attention_dropout": c.number("attention_dropout", default=0.0),
+        "attention_dropout": c.dropout("attention_dropout", default=0.0),
         # Qwen2/3 configs carry a sliding_window that is off unless use_sliding_window
         "sliding_window": c.integer("sliding_window", default=0)
         if c.flag("use_sliding_window", True)
@@ -263,7 +265,7 @@ def _phi(c: _Keys) -> dict[str, Any]:
         mlp_bias=True,
         lm_head_bias=True,
         max_position_embeddings=c.integer("max_position_embeddings", default=2048, lo=1),
-        hidden_dropout=c.number("resid_pdrop", default=0.0),
+        hidden_dropout=c.dropout("resid_pdrop", default=0.0),
         qk_norm="head" if c.flag("qk_layernorm", False) else "none",
     )
     return spec
@@ -333,7 +335,7 @@ def _starcoder2(c: _Keys) -> dict[str, Any]:
         attention_out_bias=bias,
         mlp_bias=bias,
         tie_word_embeddings=c.flag("tie_word_embeddings", True),
-        hidden_dropout=c.number("residual_dropout", default=0.0),
+        hidden_dropout=c.dropout("residual_dropout", default=0.0),
     )
     return spec
 
@@ -352,7 +354,7 @@ def _stablelm(c: _Keys) -> dict[str, Any]:
         norms_per_layer=1 if parallel else 2,
         parallel_attention=parallel,
         attention_bias=c.flag("use_qkv_bias", False),  # q, k and v; o_proj has none
-        hidden_dropout=c.number("hidden_dropout", default=0.0),
+        hidden_dropout=c.dropout("hidden_dropout", default=0.0),
     )
     return spec
 
@@ -409,8 +411,8 @@ def _gpt_blocks(c: _Keys) -> dict[str, Any]:
         "attention_bias": True,
         "attention_out_bias": True,
         "mlp_bias": True,
-        "attention_dropout": c.number("attn_pdrop", default=0.1),
-        "hidden_dropout": c.number("resid_pdrop", default=0.1),
+        "attention_dropout": c.dropout("attn_pdrop", default=0.1),
+        "hidden_dropout": c.dropout("resid_pdrop", default=0.1),
     }
 
 
@@ -450,8 +452,8 @@ def _gptj(c: _Keys) -> dict[str, Any]:
         attention_out_bias=False,
         lm_head_bias=True,
         tie_word_embeddings=c.flag("tie_word_embeddings", False),
-        attention_dropout=c.number("attn_pdrop", default=0.0),
-        hidden_dropout=c.number("resid_pdrop", default=0.0),
+        attention_dropout=c.dropout("attn_pdrop", default=0.0),
+        hidden_dropout=c.dropout("resid_pdrop", default=0.0),
     )
     return spec
 
@@ -471,7 +473,7 @@ def _gpt_neox(c: _Keys) -> dict[str, Any]:
         fused_qkv=True,
         parallel_attention=c.flag("use_parallel_residual", True),
         activation=c.activation("hidden_act", default="gelu"),
-        hidden_dropout=c.number("hidden_dropout", default=0.0),
+        hidden_dropout=c.dropout("hidden_dropout", default=0.0),
     )
     return spec
 
@@ -539,8 +541,8 @@ def _bloom(c: _Keys) -> dict[str, Any]:
         "position_embedding": "alibi",
         "tie_word_embeddings": c.flag("tie_word_embeddings", True),
         "fused_qkv": True,
-        "attention_dropout": c.number("attention_dropout", default=0.0),
-        "hidden_dropout": c.number("hidden_dropout", default=0.0),
+        "attention_dropout": c.dropout("attention_dropout", default=0.0),
+        "hidden_dropout": c.dropout("hidden_dropout", default=0.0),
     }
 
 
@@ -569,8 +571,8 @@ def _bert(c: _Keys) -> dict[str, Any]:
         pooler=True,
         lm_head_transform=True,
         lm_head_bias=True,
-        attention_dropout=c.number("attention_probs_dropout_prob", default=0.1),
-        hidden_dropout=c.number("hidden_dropout_prob", default=0.1),
+        attention_dropout=c.dropout("attention_probs_dropout_prob", default=0.1),
+        hidden_dropout=c.dropout("hidden_dropout_prob", default=0.1),
         sliding_window=0,
     )
     return spec

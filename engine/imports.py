@@ -21,13 +21,12 @@ the file and what is wrong.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError
-from engine.files import parse_json, read_text
+from engine.errors import EstimateError, shown
+from engine.files import NotJson, parse_json, read_text
 from engine.hf_config import model_from_hf_config
 from engine.model_state import lora_targets
 from engine.params import count_parameters
@@ -134,7 +133,7 @@ def _training(base: Scenario, source: str, text: str, path: Path | None = None) 
             messages.append(f"model: {imported.model} from the local Hugging Face cache")
         except EstimateError:
             messages.append(
-                f"the file names the model {imported.model!r}, not a preset and not in the "
+                f"the file names the model {shown(imported.model)}, not a preset and not in the "
                 "local cache: the model is left as it was"
             )
     messages += config_notes(imported)
@@ -198,8 +197,8 @@ def import_text(
         raise EstimateError("import", "the text is empty")
     if stripped.startswith("{"):
         try:
-            data = json.loads(stripped)
-        except ValueError:
+            data = parse_json(stripped, "import", source)
+        except NotJson:  # YAML's flow style, perhaps: the training config reader tells
             data = None
         if _is_scenario(data) or _is_hf_config(data):
             return _from_data(data, base, source, stripped, read_as)

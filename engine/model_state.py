@@ -351,7 +351,15 @@ def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") 
     """Which tensors train, which stay frozen and which QLoRA quantizes (see
     :func:`model_state`); the same split decides what ZeRO-3/FSDP gathers."""
     method = training.method
-    cuts = (model.num_layers - training.freeze.last_layers,) if method == "freeze" else ()
+    last = training.freeze.last_layers
+    if method == "freeze" and last > model.num_layers:
+        # checked here, where the layers are split, not in the Scenario: choosing a model
+        # of fewer layers in the app keeps the model and shows this under the field
+        raise EstimateError(
+            "training.freeze.last_layers",
+            f"got {last}, expected an integer in [0, {model.num_layers}] (the model's layers)",
+        )
+    cuts = (model.num_layers - last,) if method == "freeze" else ()
     trainable: list[TensorGroup] = []
     frozen: list[TensorGroup] = []
     quantized: list[TensorGroup] = []

@@ -30,7 +30,6 @@ from engine.errors import (
     EstimateError,
     check_bool,
     check_choice,
-    check_finite,
     check_float,
     check_int,
     check_str,
@@ -43,6 +42,8 @@ MAX_LAYERS = 4096
 MAX_EXPERTS = 4096
 #: the device memory a scenario may give (GiB, 2^30 bytes)
 MEMORY_GIB = (1.0, 16384.0)
+#: the accepted dropout probabilities (of a model's config, of LoRA)
+DROPOUT = (0.0, 0.99)
 #: accepted achievable shares of a peak throughput
 EFFICIENCY_RANGE = (0.01, 1.0)
 #: fabrics between nodes: GB/s one way per node, all NICs together (Gb/s x NICs / 8)
@@ -206,7 +207,10 @@ def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
 
 def _check_type(name: str, value: Any, kind: Any) -> None:
     """``value`` is of the field's declared ``kind``, strictly: a bool is not an int, a
-    string is never a number or a bool, a float is finite, text is text."""
+    string is never a number or a bool, text is text. A float field takes an int or a
+    float here; its range -- which refuses NaN, the infinities and integers no float holds
+    -- is each class's :func:`~engine.errors.check_float`, so the error names the range of
+    that field."""
     if isinstance(kind, types.UnionType):  # ``X | None``
         if value is None and type(None) in kind.__args__:
             return
@@ -217,7 +221,8 @@ def _check_type(name: str, value: Any, kind: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise EstimateError(name, f"got {shown(value)}, expected an integer")
     elif kind is float:
-        check_finite(name, value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise EstimateError(name, f"got {shown(value)}, expected a number")
     elif kind is str:
         check_text(name, value, empty=True)
     elif typing.get_origin(kind) is tuple:
@@ -231,9 +236,9 @@ def _check_type(name: str, value: Any, kind: Any) -> None:
 
 def check_fields(spec: Any, prefix: str) -> None:
     """Every field of the dataclass ``spec`` holds a value of its declared type (see
-    :func:`_check_type`); each class then checks its ranges. This is the one boundary all
-    input crosses -- scenario files, Hugging Face configs, CLI flags, the app's fields --
-    so nothing of the wrong type reaches the engine."""
+    :func:`_check_type`); each class then checks its ranges (every float field has one).
+    This is the one boundary all input crosses -- scenario files, Hugging Face configs, CLI
+    flags, the app's fields -- so nothing of the wrong type reaches the engine."""
     for name, kind in _field_types(type(spec)):
         _check_type(prefix + name, getattr(spec, name), kind)
 
@@ -361,13 +366,18 @@ class ModelSpec:
         ):
             check_bool(f + name, getattr(self, name))
         check_int(f + "sliding_window", self.sliding_window, 0, MAX_DIM)
-        check_float(f + "attention_dropout", self.attention_dropout, 0.0, 0.99)
-        check_float(f + "hidden_dropout", self.hidden_dropout, 0.0, 0.99)
+        check_float(f + "attention_dropout", self.attention_dropout, *DROPOUT)
+        check_float(f + "hidden_dropout", self.hidden_dropout, *DROPOUT)
         check_str(f + "display_name", self.display_name or self.name)
         check_str(f + "family", self.family)
         self._check_moe(f)
         self._check_mla(f)
         check_int(f + "expert_shards", self.expert_shards, 1, MAX_EXPERTS)
+        if self.expert_shards > 1 and not self.num_experts:
+            raise EstimateError(
+                f + "expert_shards",
+                f"got {self.expert_shards}, expected 1 on a dense model (num_experts is 0)",
+            )
         if self.expert_shards > 1 and self.num_experts % self.expert_shards:
             raise EstimateError(
                 f + "expert_shards",
@@ -593,7 +603,7 @@ class LoraSpec:
             check_choice("training.lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
         check_int("training.lora.rank", self.rank, 1, 65536)
         check_float("training.lora.alpha", self.alpha, 0.0, 1e6)
-        check_float("training.lora.dropout", self.dropout, 0.0, 0.99)
+        check_float("training.lora.dropout", self.dropout, *DROPOUT)
         if not self.targets:
             raise EstimateError(
                 "training.lora.targets",

@@ -56,7 +56,8 @@ from typing import Any
 
 import yaml
 
-from engine.errors import EstimateError, check_text, shown
+from engine.errors import EstimateError, bounded, check_text, shown
+from engine.files import MAX_DEPTH as FILE_DEPTH
 from engine.files import PathLike, parse_json, read_text
 from engine.presets import load_model, model_names
 from engine.scenario_io import custom_gpu, scenario_from_dict, training_from_dict
@@ -75,8 +76,8 @@ from engine.stacks import DEFAULTS as STACK_DEFAULT_FIELDS
 FORMATS = ("axolotl", "training-arguments", "litgpt", "torchtune", "deepspeed", "accelerate")
 #: the largest training config read: real ones are a few KiB
 MAX_CONFIG_BYTES = 256 << 10
-#: the deepest nesting of mappings and lists a YAML config may have
-MAX_DEPTH = 32
+#: the deepest nesting of mappings and lists a YAML config may have (as a JSON one)
+MAX_DEPTH = FILE_DEPTH
 #: the most YAML nodes (scalars, lists, mappings) a config may expand to, aliases included
 MAX_NODES = 10_000
 
@@ -177,10 +178,37 @@ def _check_shape(text: str) -> None:
                 add(shape[0], shape[1], event.start_mark)
 
 
+class _UniqueKeys(yaml.SafeLoader):  # type: ignore[misc]
+    """``yaml.safe_load``'s loader, refusing a key given twice in one mapping: two values
+    for one setting, and which one the tool reading the file takes is its own choice. A
+    key that overrides one merged in by ``<<: *anchor`` is no duplicate: that is what a
+    merge is for."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    repeated = key in seen
+                except TypeError:  # a list as a key: the constructor says so
+                    continue
+                if repeated:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {shown(key)} appears twice", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _parse_yaml(text: str, name: str) -> Any:
+    """The YAML ``text`` built (plain data only, see :class:`_UniqueKeys`) once its shape
+    passed :func:`_check_shape`; every failure an :class:`EstimateError`."""
     try:
         _check_shape(text)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader: plain data only
     except _Refused as exc:
         raise EstimateError(_FIELD, f"{name} is refused: {exc}") from None
     except yaml.MarkedYAMLError as exc:
@@ -441,9 +469,11 @@ class _Out:
         return where.get(leaf)
 
     def ignore(self, key: str, reason: str) -> None:
-        self.ignored.append(f"{key}: {reason}")
+        self.ignored.append(bounded(f"{key}: {reason}"))
 
     def note(self, text: str) -> None:
+        """Say ``text`` once; a value of the file it repeats is cut (:func:`bounded`)."""
+        text = bounded(text)
         if text not in self.notes:
             self.notes.append(text)
 
@@ -838,7 +868,7 @@ def _name_model(out: _Out, model: str, key: str) -> None:
     out.model = model
     preset = preset_for(model)
     if preset is None:
-        out.note(f"{key} {model!r} is not a MemFit preset: the scenario's model is kept")
+        out.note(f"{key} {shown(model)} is not a MemFit preset: the scenario's model is kept")
 
 
 def _sequence(out: _Out, value: int | None, key: str, packed: bool | None) -> None:
@@ -1817,7 +1847,7 @@ def _hf_fsdp(r: _Reader) -> None:
     if isinstance(config_value, dict):
         config = _Reader(config_value, "fsdp_config.", out)
     elif isinstance(config_value, str):
-        out.note(f"fsdp_config {config_value!r} is a file: its settings are not read")
+        out.note(f"fsdp_config {shown(config_value)} is a file: its settings are not read")
     _fsdp(out, options, config, "fsdp")
 
 
@@ -1940,7 +1970,8 @@ def _litgpt(r: _Reader) -> None:
                 if per_rank < 1 or per_rank // micro < 1:
                     raise EstimateError(
                         train.key("global_batch_size"),
-                        f"got {total}, smaller than micro_batch_size {micro} x {world} devices",
+                        f"got {shown(total)}, smaller than micro_batch_size {micro} x {world} "
+                        "devices",
                     )
                 out.set(
                     "gradient_accumulation_steps", per_rank // micro, train.key("global_batch_size")
@@ -2111,7 +2142,8 @@ def _torchtune(r: _Reader) -> None:
                 out.set("loss_chunks", chunks, loss.key("num_output_chunks"))
         elif component is not None:
             out.ignore(
-                loss.key("_component_"), f"{component} is not modelled; the stack's loss is used"
+                loss.key("_component_"),
+                f"{shown(component)} is not modelled; the stack's loss is used",
             )
         loss.seen.update(loss.data)
     _torchtune_distributed(r)
@@ -2143,8 +2175,8 @@ def _torchtune_model(model: _Reader) -> None:
     base = base.removesuffix("_base").removesuffix("_instruct")
     if base not in _TORCHTUNE_MODELS:
         out.note(
-            f"model._component_ {component!r} is not a builder of a MemFit preset: the scenario's "
-            "model is kept"
+            f"model._component_ {shown(component)} is not a builder of a MemFit preset: the "
+            "scenario's model is kept"
         )
     if model.boolean("quantize_base") and method == "lora":
         method = "qlora"
@@ -2320,7 +2352,7 @@ def _accelerate(r: _Reader) -> None:
     if kind in _ACCELERATE_OTHER:
         raise EstimateError(
             "distributed_type",
-            f"got {kind_value!r}: only GPU training is modelled; expected one of "
+            f"got {shown(kind_value)}: only GPU training is modelled; expected one of "
             f"{', '.join(_ACCELERATE_TYPES)}",
         )
     if kind is not None and kind not in _ACCELERATE_TYPES:
@@ -2338,7 +2370,8 @@ def _accelerate(r: _Reader) -> None:
         if processes < 1 or processes % (machines or 1):
             raise EstimateError(
                 "num_processes",
-                f"got {processes}, expected a positive multiple of num_machines ({machines or 1})",
+                f"got {shown(processes)}, expected a positive multiple of num_machines "
+                f"({machines or 1})",
             )
         out.set_hardware("gpus_per_node", processes // (machines or 1), "num_processes")
         per_node = processes // (machines or 1)
