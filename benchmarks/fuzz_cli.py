@@ -1,7 +1,9 @@
-"""Fuzzed scenario files, Hugging Face configs and flags through the command line.
+"""Fuzzed scenario files, Hugging Face configs, training configs, flags and pasted text
+through the command line and the app's import.
 
-Prints, by kind of input, how many cases gave an estimate, a one-line error, a traceback
-or a hang (targets: 0 tracebacks, 0 hangs), then runs a sample through the installed
+Prints, by kind of input, how many cases gave an estimate, a one-line error, an error line
+that repeats a long value ("long error"), a traceback or a hang (targets: 0 long errors,
+0 tracebacks, 0 hangs), then runs a sample of the command lines through the installed
 ``memfit`` console script in a process of its own, where the terminal's encoding and the
 real exit path are in play. The cases are those of ``tests/engine/fuzzing.py``.
 
@@ -22,9 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.engine.fuzzing import KINDS, fuzz, make_case, seeds
+from tests.engine.fuzzing import KINDS, LONG_LINE, fuzz, make_case, seeds, train_configs
 
-RESULTS = ("ok", "error", "traceback", "hang")
+RESULTS = ("ok", "error", "long error", "traceback", "hang")
+#: the results that are failures
+BAD = ("long error", "traceback", "hang")
 
 
 def in_processes(count: int, seed: int) -> Counter[str]:
@@ -32,10 +36,13 @@ def in_processes(count: int, seed: int) -> Counter[str]:
     exe = shutil.which("memfit") or str(Path(sys.executable).parent / "memfit")
     rng = random.Random(seed)
     scenarios, configs = seeds()
+    training = train_configs()
     results: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="memfit-fuzz-") as tmp:
         for _ in range(count):
-            _, argv = make_case(rng, scenarios, configs, Path(tmp))
+            kind = "paste"
+            while kind == "paste":  # pasted text is the app's, in process only
+                kind, argv = make_case(rng, scenarios, configs, Path(tmp), training)
             # a command line is bytes: a lone surrogate goes as the bytes that encode it
             raw = [a.encode("utf-8", "surrogatepass") for a in argv]
             try:
@@ -51,7 +58,10 @@ def in_processes(count: int, seed: int) -> Counter[str]:
                 results["hang"] += 1
                 continue
             lines = run.stderr.splitlines()
-            if run.returncode == 0:
+            if run.returncode in (0, 2) and any(len(line) > LONG_LINE for line in lines):
+                results["long error"] += 1
+                print(f"  long error: {argv!r:.200} -> {max(lines, key=len)[:200]!r}")
+            elif run.returncode == 0:
                 results["ok"] += 1
             elif run.returncode == 2 and len(lines) == 1 and lines[0].startswith("memfit"):
                 results["error"] += 1
@@ -72,16 +82,14 @@ def main() -> int:
     outcomes = fuzz(args.cases, args.seed)
     took = time.perf_counter() - start
     table = Counter((o.kind, o.result) for o in outcomes)
-    print(
-        f"fuzzed command lines, in process ({args.cases:,} cases, seed {args.seed}, {took:.0f} s)"
-    )
-    print(f"  {'input':<10}" + "".join(f"{r:>11}" for r in RESULTS))
+    print(f"fuzzed cases, in process ({args.cases:,} cases, seed {args.seed}, {took:.0f} s)")
+    print(f"  {'input':<14}" + "".join(f"{r:>12}" for r in RESULTS))
     for kind in KINDS:
-        print(f"  {kind:<10}" + "".join(f"{table[kind, r]:>11,}" for r in RESULTS))
+        print(f"  {kind:<14}" + "".join(f"{table[kind, r]:>12,}" for r in RESULTS))
     totals = Counter(o.result for o in outcomes)
-    print(f"  {'all':<10}" + "".join(f"{totals[r]:>11,}" for r in RESULTS))
+    print(f"  {'all':<14}" + "".join(f"{totals[r]:>12,}" for r in RESULTS))
     for o in outcomes:
-        if o.result in ("traceback", "hang"):
+        if o.result in BAD:
             print(f"  {o.result}: {o.detail}")
     if args.processes:
         start = time.perf_counter()
@@ -89,9 +97,9 @@ def main() -> int:
         took = time.perf_counter() - start
         print(f"through the console script ({args.processes} processes, {took:.0f} s)")
         print("  " + "  ".join(f"{r} {sub[r]:,}" for r in RESULTS))
-        totals.update({k: v for k, v in sub.items() if k in ("traceback", "hang")})
-    bad = totals["traceback"] + totals["hang"]
-    print(f"tracebacks + hangs: {bad} (target 0)")
+        totals.update({k: v for k, v in sub.items() if k in BAD})
+    bad = sum(totals[r] for r in BAD)
+    print(f"long errors + tracebacks + hangs: {bad} (target 0)")
     return 1 if bad else 0
 
 

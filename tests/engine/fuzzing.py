@@ -1,15 +1,30 @@
-"""Fuzzed input for the command line: scenario files, Hugging Face configs and flags.
+"""Fuzzed input for the command line and the app's import: files, configs, flags, text.
 
 Each case starts from a real input -- a scenario of the validation datasets, a preset
-scenario, a ``config.json`` -- and is mutated the way hostile or careless input is: a
-value replaced by one of the wrong type or out of range, a key dropped or added, strings
-that are not text, numbers no float holds, nesting deeper than a parser allows, and files
-that are not files at all (a FIFO, ``/dev/zero``, a directory, truncated or binary
-bytes). :func:`run_case` runs one through :func:`engine.cli.main` in this process under a
-time limit and sorts the outcome:
+scenario, a ``config.json``, a training config of ``tests/fixtures/train_configs`` -- and
+is mutated the way hostile or careless input is: a value replaced by one of the wrong type
+or out of range, a key dropped, added or given twice, strings that are not text or run to
+5,000 characters, integers of 309 to 4,000 digits (no float holds them), nesting of a few
+hundred levels (which parses) and of tens of thousands (which does not), and files that
+are not files at all (a FIFO, ``/dev/zero``, a directory, truncated or binary bytes).
 
-* ``ok`` -- an estimate (exit 0);
-* ``error`` -- exit 2 with exactly one line on stderr, ``memfit: error: ...``;
+The kinds of case (:data:`KINDS`):
+
+* ``file`` -- a scenario file, ``memfit estimate --scenario``;
+* ``config`` -- a ``config.json``, ``--model-config``;
+* ``flags`` -- every flag of ``memfit estimate`` that takes a value, with values in and out
+  of range, and 5,000-character ones;
+* ``special`` -- a path that is not a small regular file;
+* ``train-config`` -- a training config (YAML or JSON), ``--from-config``;
+* ``paste`` -- text pasted into the app: :func:`engine.imports.import_text`, in process.
+
+:func:`run_case` runs one in this process under a time limit and sorts the outcome:
+
+* ``ok`` -- an estimate (exit 0), or an import;
+* ``error`` -- exit 2 with exactly one line on stderr, ``memfit: error: ...`` (for a paste,
+  an ``EstimateError``);
+* ``long error`` -- a message line (an error or a note) over :data:`LONG_LINE`
+  characters: a value repeated whole;
 * ``traceback`` -- any exception that escaped, or an error that is not one line;
 * ``hang`` -- over the time limit.
 
@@ -21,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import os
@@ -32,28 +48,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.cli import main
+import yaml
+
+from engine.cli import main, make_parser
+from engine.errors import EstimateError
+from engine.imports import import_text
 from engine.presets import gpu_names, model_names
+from engine.scenario_io import scenario_from_dict
 
 DATA = Path(__file__).resolve().parent.parent / "validation"
-KINDS = ("file", "config", "flags", "special")
+TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "fixtures" / "train_configs"
+KINDS = ("file", "config", "flags", "special", "train-config", "paste")
+#: the longest message line that is not a value repeated whole (the longest list of
+#: accepted values, the model families MemFit reads, makes a line of about 470)
+LONG_LINE = 500
+#: integers of 309, 400 and 4,000 digits: no float holds them
+HUGE = (10**308, -(10**399), 10**3999)
+#: the levels of nesting that parses (under Python's recursion limit of 1,000)
+DEEP = (300, 990)
 
 #: values that are wrong somewhere: other types, edges, non-text, non-numbers
 JUNK: tuple[Any, ...] = (
-    None, True, False, 0, -1, 1, 3, 7, 64, 2**31, 2**63, -(2**63), 10**30, 0.5, -0.0,
+    None, True, False, 0, -1, 1, 3, 7, 64, 2**31, 2**63, -(2**63), 10**30, *HUGE, 0.5, -0.0,
     1e308, -1e308, 1e-308, float("nan"), float("inf"), float("-inf"), "", " ", "64", "1e3",
     "false", "true", "no", "none", "null", "NaN", "\ud800", "a\udfffb", "\x1b[31mred\x1b[0m",
     "\x00", "line\nbreak", "<img src=x onerror=alert(1)>", "<b>bold</b>", "é漢字🙂", "x" * 5000,
-    [], [1, 2], ["q_proj", 3], {}, {"a": 1}, {"preset": "gpt2"}, [[[]]],
+    "x " * 2500, [], [1, 2], ["q_proj", 3], {}, {"a": 1}, {"preset": "gpt2"}, [[[]]],
 )  # fmt: skip
 #: JSON texts no value of :data:`JUNK` can stand for
 RAW_JUNK = (
     "9" * 5000,  # an integer Python refuses to convert (over 4,300 digits)
     "[" * 20000 + "]" * 20000,  # nesting deeper than the recursion limit
+    *("[" * n + "]" * n for n in DEEP),  # nesting that parses
+    *('{"a": ' * n + "1" + "}" * n for n in DEEP),
     "1e999",
     "-1e999",
     '"\\ud800"',
 )
+#: flag values that are long: text, text with spaces, digits, an integer no float holds
+LONG_VALUES = ("x" * 5000, "x " * 2500, "9" * 5000, "1" + "0" * 400, "\x1b[2J" * 1000)
 KEYS = ("bogus", "", "preset", "spec", "model_type", "gpu", "training", "\ud800", "\x1b[2J")
 FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--model", ("gpt2", "llama-3-8b", "nope", "", "\ud800", "../../etc/passwd")),
@@ -77,6 +110,8 @@ FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--grad-accum", ("1", "8", "0", "2000000")),
     ("--checkpointing", ("none", "full", "selective", "every-k-layers")),
     ("--offload-optimizer", ("none", "cpu", "nvme")),
+    ("--last-layers", ("0", "2", "12", "13", "100", "4096", "4097")),
+    ("--read-as", ("llama", "gpt2", "bogus")),
     ("--set", (
         "training.qlora.block_size=\"64\"", "training.qlora.block_size=64",
         "hardware.memory_gib=NaN", "hardware.memory_gib=1e308", "training=3",
@@ -85,19 +120,59 @@ FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "training.parallelism.vpp=2", "training.micro_batch_size=" + "9" * 5000,
         "training.micro_batch_size=" + "[" * 5000, "hardware.gpu=\"\\u001b[31m\"",
         "training.parallelism.expert_capacity_factor=1.37",
+        *(f"training.lora.alpha={n}" for n in HUGE), *(f"hardware.memory_gib={n}" for n in HUGE),
+        *(f"training.lora.targets={'[' * n + ']' * n}" for n in DEEP),
+        "model.spec.expert_shards=2", "model={\"preset\": \"gpt2\", \"preset\": \"gpt2\"}",
+        "x" * 5000 + "=1", "training." + "x" * 5000 + "=1",
     )),
 )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    kind: str  # file | config | flags | special
-    result: str  # ok | error | traceback | hang
+    kind: str  # one of KINDS
+    result: str  # ok | error | long error | traceback | hang
     detail: str = ""
 
 
 class _Timeout(Exception):
     pass
+
+
+@functools.cache
+def value_flags() -> dict[str, Any]:
+    """Every flag of ``memfit estimate`` that takes a value, with its argparse action."""
+    sub = next(a for a in make_parser()._actions if a.dest == "command")
+    parser = sub.choices["estimate"]  # type: ignore[index]
+    return {
+        a.option_strings[-1]: a
+        for a in parser._actions
+        if a.option_strings and a.nargs != 0 and a.dest != "help"
+    }
+
+
+#: the values tried for a flag :data:`FLAGS` does not list, by the flag's type
+_BY_TYPE: dict[Any, tuple[str, ...]] = {
+    int: ("1", "2", "0", "-1", "abc", "99999999999999999999"),
+    float: ("0.5", "1", "0", "-1", "nan", "inf", "1e308"),
+}
+
+
+def flag_value(flag: str, action: Any, rng: random.Random, folder: Path) -> str:
+    """A value for ``flag``: one of :data:`FLAGS`, a choice, one by type, a path for a
+    file flag, and now and then a 5,000-character one."""
+    if rng.random() < 0.12:
+        return rng.choice(LONG_VALUES)
+    listed = dict(FLAGS).get(flag)
+    if listed:
+        return rng.choice(listed)
+    if action.choices:
+        return str(rng.choice([*action.choices, "bogus", ""]))
+    if flag in ("--scenario", "--model-config", "--from-config"):
+        return str(folder / "missing.json")
+    if flag == "--save":
+        return str(folder / f"saved{rng.randrange(10**9)}.memfit.json")
+    return rng.choice(_BY_TYPE.get(action.type, ("x", "", "\ud800")))
 
 
 def seeds() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -174,6 +249,74 @@ def _text(data: Any, rng: random.Random) -> bytes:
     return raw
 
 
+def train_configs() -> list[tuple[str, dict[str, Any]]]:
+    """The training configs to mutate: (suffix, parsed mapping) of each fixture."""
+    out = []
+    for path in sorted(TRAIN_CONFIGS.iterdir()):
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        out.append((path.suffix, data))
+    return out
+
+
+def _nest(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def config_text(suffix: str, data: Any, rng: random.Random) -> str:
+    """A training config written as YAML or JSON (as its suffix says), sometimes made
+    hostile as text: a key given twice, an integer of thousands of digits, nesting that
+    parses (a few hundred levels) or does not (tens of thousands), a 5,000-character key
+    or value."""
+    if suffix == ".json":
+        try:
+            text = json.dumps(data, indent=1)
+        except (ValueError, RecursionError):
+            text = "{}"
+    else:
+        try:
+            text = yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
+        except yaml.YAMLError:
+            text = "{}"
+    roll = rng.random()
+    if roll < 0.5 or not isinstance(data, dict) or not data:
+        return text
+    key = str(rng.choice(list(data)))
+    hostile = rng.choice(
+        [
+            f"{key}: 1",  # a duplicate of a top-level key
+            f"{key}: {rng.choice(HUGE)}",
+            f"lora_alpha: {rng.choice(HUGE)}",
+            f"deep: {_nest(rng.choice(DEEP))}",
+            f"deep: {_nest(20000)}",
+            f"{'x' * 5000}: 1",
+            f"optimizer: {'x' * 5000}",
+        ]
+    )
+    if suffix == ".json":  # the same, as the first pair of the object
+        name, _, value = hostile.partition(": ")
+        value = value if value[:1] in "-0123456789[" else json.dumps(value)
+        return "{" + json.dumps(name) + ": " + value + ",\n" + text.lstrip()[1:]
+    return text + hostile + "\n"
+
+
+def paste_text(
+    rng: random.Random,
+    scenarios: list[dict[str, Any]],
+    configs: list[dict[str, Any]],
+    training: list[tuple[str, dict[str, Any]]],
+) -> str:
+    """Text pasted into the app: a scenario, a ``config.json`` or a training config,
+    mutated, sometimes hostile as text (see :func:`config_text`)."""
+    roll = rng.random()
+    if roll < 0.3:
+        return _text(mutate(rng.choice(scenarios), rng), rng).decode("utf-8", "replace")
+    if roll < 0.5:
+        return _text(mutate(rng.choice(configs), rng), rng).decode("utf-8", "replace")
+    suffix, data = rng.choice(training)
+    return config_text(suffix, mutate(data, rng), rng)
+
+
 def special_file(folder: Path, rng: random.Random) -> str:
     """A path that is not an ordinary small JSON file."""
     choice = rng.randrange(8)
@@ -202,9 +345,11 @@ def make_case(
     scenarios: list[dict[str, Any]],
     configs: list[dict[str, Any]],
     folder: Path,
+    training: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> tuple[str, list[str]]:
-    """One fuzzed command line and its kind."""
-    kind = rng.choices(KINDS, weights=(5, 2, 3, 0.3))[0]
+    """One fuzzed case and its kind: a command line, or for ``paste`` the text alone."""
+    training = training if training is not None else train_configs()
+    kind = rng.choices(KINDS, weights=(5, 2, 3, 0.3, 2, 1.5))[0]
     json_flag = ["--json"] if rng.random() < 0.5 else []
     path = folder / f"case{rng.randrange(10**9)}.json"
     if kind == "file":
@@ -215,17 +360,45 @@ def make_case(
         gpu = rng.choice(gpu_names())
         return kind, ["estimate", "--model-config", str(path), "--gpu", gpu, *json_flag]
     if kind == "special":
-        flag = rng.choice(["--scenario", "--model-config"])
-        return kind, ["estimate", flag, special_file(folder, rng), "--gpu", "l4"]
+        flag = rng.choice(["--scenario", "--model-config", "--from-config"])
+        argv = ["estimate", flag, special_file(folder, rng), "--gpu", "l4"]
+        return kind, argv + (["--model", "gpt2"] if flag == "--from-config" else [])
+    if kind == "train-config":
+        suffix, data = rng.choice(training)
+        path = path.with_suffix(suffix)
+        path.write_bytes(
+            config_text(suffix, mutate(data, rng), rng).encode("utf-8", "surrogatepass")
+        )
+        model = ["--model", rng.choice(model_names())] if rng.random() < 0.7 else []
+        return kind, ["estimate", "--from-config", str(path), *model, "--gpu", "h100-sxm-80gb"]
+    if kind == "paste":
+        return kind, [paste_text(rng, scenarios, configs, training)]
     argv = ["estimate", "--model", rng.choice(model_names()), "--gpu", rng.choice(gpu_names())]
+    flags = value_flags()
     for _ in range(rng.randint(1, 6)):
-        flag, values = rng.choice(FLAGS)
-        argv += [flag, rng.choice(values)]
+        flag = rng.choice([*dict(FLAGS), *flags])
+        argv += [flag, flag_value(flag, flags[flag], rng, folder)]
     return kind, argv + json_flag
 
 
+_PASTE_BASE = {"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}}
+
+
+def _paste(text: str) -> Outcome:
+    """Pasted text through the app's import; see the module docstring for the outcomes."""
+    try:
+        imported = import_text(text, scenario_from_dict(_PASTE_BASE))
+    except EstimateError as exc:
+        message = str(exc)
+        if len(message) > LONG_LINE or "\n" in message:
+            return Outcome("paste", "long error", message[:200])
+        return Outcome("paste", "error", message[:200])
+    long = [m for m in imported.messages if len(m) > LONG_LINE]
+    return Outcome("paste", "long error", long[0][:200]) if long else Outcome("paste", "ok")
+
+
 def run_case(kind: str, argv: list[str], limit_s: float = 10.0) -> Outcome:
-    """Run one command line in this process; see the module docstring for the outcomes."""
+    """Run one case in this process; see the module docstring for the outcomes."""
     out, err = io.StringIO(), io.StringIO()
 
     def alarm(_signum: int, _frame: object) -> None:
@@ -235,6 +408,8 @@ def run_case(kind: str, argv: list[str], limit_s: float = 10.0) -> Outcome:
     signal.setitimer(signal.ITIMER_REAL, limit_s)
     try:
         with contextlib.redirect_stderr(err):
+            if kind == "paste":
+                return _paste(argv[0])
             code = main(argv, out=out)
     except _Timeout:
         return Outcome(kind, "hang", " ".join(argv)[:300])
@@ -245,9 +420,12 @@ def run_case(kind: str, argv: list[str], limit_s: float = 10.0) -> Outcome:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    lines = err.getvalue().splitlines()
+    long = [line for line in lines if len(line) > LONG_LINE]
+    if long and code in (0, 2):
+        return Outcome(kind, "long error", f"{len(long[0]):,} characters: {long[0][:200]}")
     if code == 0:
         return Outcome(kind, "ok")
-    lines = err.getvalue().splitlines()
     if code == 2 and len(lines) == 1 and lines[0].startswith("memfit"):
         return Outcome(kind, "error", lines[0][:200])
     return Outcome(kind, "traceback", f"exit {code}, stderr {err.getvalue()!r:.300}")
@@ -257,11 +435,12 @@ def fuzz(cases: int, seed: int = 1, limit_s: float = 10.0) -> list[Outcome]:
     """Run ``cases`` fuzzed command lines; the outcomes in order."""
     rng = random.Random(seed)
     scenarios, configs = seeds()
+    training = train_configs()
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="memfit-fuzz-") as tmp:
         folder = Path(tmp)
         for _ in range(cases):
-            kind, argv = make_case(rng, scenarios, configs, folder)
+            kind, argv = make_case(rng, scenarios, configs, folder, training)
             outcomes.append(run_case(kind, argv, limit_s))
             for leftover in folder.iterdir():  # keep the folder small
                 if leftover.is_dir() and not leftover.is_symlink():

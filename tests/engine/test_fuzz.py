@@ -1,15 +1,58 @@
-"""A few hundred fuzzed command lines on every run: none may end in a traceback or hang
-(``benchmarks/fuzz_cli.py`` runs 30,000)."""
+"""A few hundred fuzzed cases on every run: none may end in a traceback, a hang or an error
+line that repeats a long value (``benchmarks/fuzz_cli.py`` runs 30,000)."""
 
+import itertools
+import random
+import re
+import tempfile
 from collections import Counter
+from pathlib import Path
 
-from tests.engine.fuzzing import fuzz
+from tests.engine.fuzzing import KINDS, fuzz, make_case, seeds, train_configs, value_flags
 
 
-def test_fuzzed_files_configs_and_flags_never_crash_or_hang() -> None:
+def test_fuzzed_files_configs_flags_and_pastes_never_crash_hang_or_echo() -> None:
     outcomes = fuzz(400, seed=20261201, limit_s=20.0)
-    bad = [o for o in outcomes if o.result in ("traceback", "hang")]
+    bad = [o for o in outcomes if o.result in ("long error", "traceback", "hang")]
     assert not bad, bad[:5]
     counts = Counter(o.result for o in outcomes)
     assert counts["error"] > 0 and counts["ok"] > 0  # both outcomes are exercised
-    assert {o.kind for o in outcomes} >= {"file", "config", "flags"}
+    assert {o.kind for o in outcomes} == set(KINDS)
+
+
+def test_the_cases_hold_every_hostile_class() -> None:
+    """Huge integers, nesting that parses and that does not, 5,000-character values in
+    every flag, duplicate keys in training configs, pasted text: each is drawn."""
+    rng = random.Random(7)
+    scenarios, configs = seeds()
+    training = train_configs()
+    texts: list[str] = []
+    long_flags: set[str] = set()
+    kinds: Counter[str] = Counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for _ in range(6000):
+            kind, argv = make_case(rng, scenarios, configs, folder, training)
+            kinds[kind] += 1
+            if kind == "paste":
+                texts.append(argv[0])
+                continue
+            for flag, value in itertools.pairwise(argv):
+                if len(value) >= 5000:
+                    long_flags.add(flag)
+            for arg in argv:
+                path = Path(arg)
+                if path.parent == folder and path.is_file():
+                    texts.append(path.read_bytes().decode("utf-8", "replace"))
+                    path.unlink()
+    assert set(kinds) == set(KINDS)
+    assert long_flags >= set(value_flags()), set(value_flags()) - long_flags
+    everything = "\n".join(texts)
+    for digits in (309, 400, 4000):
+        assert re.search(rf"(?<!\d)-?10{{{digits - 1}}}(?!\d)", everything), digits
+    assert "[" * 990 in everything and "[" * 20000 in everything
+    assert '{"a": ' * 300 in everything
+    assert "x" * 5000 in everything
+    # a top-level key twice: YAML's at the start of a line, JSON's one space in (indent=1)
+    top_keys = (re.findall(r'^(?:\{| )?"?([A-Za-z_][\w.-]*)"?:\s', t, re.M) for t in texts)
+    assert any(max(Counter(keys).values(), default=0) > 1 for keys in top_keys)
