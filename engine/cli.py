@@ -772,7 +772,7 @@ def printable(text: str) -> str:
 
 _UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 #: the longest line an error or a note of the command line takes
-MAX_LINE = 400
+MAX_LINE = 500
 
 
 def message_line(text: str) -> str:

@@ -26,8 +26,9 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, SHOWN_CH
 #: control characters (C0, DEL, C1: terminal escapes, line breaks) and lone surrogates
 _NOT_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 #: the longest message (a field and what is wrong with it, a note) MemFit gives: the field,
-#: the value as :func:`shown` cuts it and what is accepted fit in it, a whole input never
-MAX_MESSAGE = 360
+#: the value as :func:`shown` cuts it and what is accepted (the longest list of accepted
+#: values, the model families read, takes about 300) fit in it, a whole input never
+MAX_MESSAGE = 480
 #: the longest field name an error keeps whole (a key of the user's file can be any length)
 MAX_FIELD = 120
 #: a run of characters without a space longer than this is cut: a pasted value, a number of

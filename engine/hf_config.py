@@ -727,10 +727,8 @@ def supported_families() -> tuple[str, ...]:
 def _unknown(field: str, model_type: str) -> EstimateError:
     return EstimateError(
         field,
-        f"{shown(model_type)} is not a family MemFit reads (no reader checked against its "
-        "parameter count). If it is built like one that is, read it as that family: "
-        'read_as (CLI --read-as TYPE, or "read_as" in the model section), e.g. llama; '
-        f"the estimate then says so. Families read: {', '.join(READERS)}",
+        f"{shown(model_type)} is not a family MemFit reads; read a look-alike as one it "
+        f"reads with read_as (--read-as TYPE), e.g. llama: {', '.join(READERS)}",
     )
 
 

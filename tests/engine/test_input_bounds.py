@@ -35,8 +35,9 @@ from engine.train_configs import import_training_config
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-#: the longest line a message of MemFit may print
-LINE = 400
+#: the longest line a message of MemFit may print (the longest list of accepted values
+#: makes one of about 470 characters; a value repeated whole, thousands)
+LINE = 500
 HUGE = (10**308, 10**399, -(10**399), 10**3999, -(10**3999))
 LONG = "x" * 5000
 
