@@ -1,8 +1,10 @@
 """Property checks over random scenarios: how many held, how many failed.
 
-Two populations, drawn with hypothesis:
+Two populations, drawn with hypothesis from one seed -- a fresh one each run, printed, or
+``--seed N`` to draw the same again (CI's tests draw from fixed seeds):
 
-* **junk** -- scenario dicts with values of every type in every field
+* **junk** -- scenario dicts with values of every type in every field, integers of
+  hundreds and thousands of digits and lists nested hundreds of levels deep included
   (``tests/engine/test_properties.py``): each must estimate or raise the engine's one
   error, ``EstimateError``, naming a field; any other exception is counted;
 * **valid** -- scenarios over every preset, GPU and training setting
@@ -12,12 +14,17 @@ Two populations, drawn with hypothesis:
   activations, more sharding never raising the model state, every block's profile equal
   to its direct simulation.
 
-Run: ``python benchmarks/properties.py [--examples 10000] [--junk 10000]``.
+Every figure printed says how many were drawn and from which seed: "0 failures" holds for
+that draw, not for every scenario.
+
+Run: ``python benchmarks/properties.py [--examples 10000] [--junk 10000] [--seed N]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import reprlib
+import secrets
 import sys
 import time
 import traceback
@@ -25,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,14 +48,27 @@ QUIET = settings(
 )
 
 
-def run(strategy: Any, examples: int, check: Any) -> tuple[Counter[str], Counter[str], list[str]]:
+#: a drawn scenario as a failure shows it: short, and safe for nesting 990 levels deep
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 4, 80, 80, 80
+
+
+def run(
+    strategy: Any, examples: int, check: Any, draw_seed: int
+) -> tuple[int, Counter[str], Counter[str], list[str]]:
+    """Draw up to ``examples`` from ``strategy`` with ``draw_seed``; how many were drawn,
+    the checks that held and those that failed (by name), and the first few failures."""
     held: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     firsts: list[str] = []
+    drawn = 0
 
+    @seed(draw_seed)
     @settings(QUIET, max_examples=examples)
     @given(strategy)
     def one(data: dict[str, Any]) -> None:
+        nonlocal drawn
+        drawn += 1
         try:
             for name in check(data) or ["drawn"]:
                 held[name] += 1
@@ -57,17 +77,20 @@ def run(strategy: Any, examples: int, check: Any) -> tuple[Counter[str], Counter
             where = next((f for f in reversed(frames) if f.startswith("check")), frames[-1])
             failed[f"{where}: {type(exc).__name__}"] += 1
             if len(firsts) < 5:
-                firsts.append(f"{where}: {exc!s:.300} <- {data!r:.300}")
+                firsts.append(f"{where}: {exc!s:.300} <- {_SHORT.repr(data)[:300]}")
 
     one()
-    return held, failed, firsts
+    return drawn, held, failed, firsts
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=10_000)
     parser.add_argument("--junk", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, help="draw again what a run drew (default: fresh)")
     args = parser.parse_args()
+    draw_seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
+    print(f"seed {draw_seed} (python benchmarks/properties.py --seed {draw_seed} draws it again)")
     bad = 0
     start = time.perf_counter()
 
@@ -75,19 +98,22 @@ def main() -> int:
         check_junk(data)
         return ["estimate or EstimateError"]
 
-    held, failed, firsts = run(junk_scenarios, args.junk, junk)
+    drawn, held, failed, firsts = run(junk_scenarios, args.junk, junk, draw_seed)
     took = time.perf_counter() - start
-    print(f"junk scenarios: {args.junk:,} drawn in {took:.0f} s")
-    print(f"  {held['estimate or EstimateError']:,} estimated or refused with EstimateError")
-    print(f"  {sum(failed.values()):,} other exceptions or broken totals (target 0)")
+    of = f"of {drawn:,} drawn, seed {draw_seed}"
+    print(f"junk scenarios: {drawn:,} drawn from seed {draw_seed} in {took:.0f} s")
+    print(f"  {held['estimate or EstimateError']:,} estimated or refused with EstimateError ({of})")
+    print(f"  {sum(failed.values()):,} other exceptions or broken totals ({of}; target 0)")
     bad += sum(failed.values())
+    total = drawn
     for line in firsts:
         print("   ", line)
     start = time.perf_counter()
-    held, failed, firsts = run(scenarios, args.examples, check_all)
+    drawn, held, failed, firsts = run(scenarios, args.examples, check_all, draw_seed)
     took = time.perf_counter() - start
-    print(f"valid scenarios: {args.examples:,} drawn in {took:.0f} s")
-    print(f"  {'invariant':<16}{'held':>10}{'failed':>10}")
+    total += drawn
+    print(f"valid scenarios: {drawn:,} drawn from seed {draw_seed} in {took:.0f} s")
+    print(f"  {'invariant':<16}{'held':>10}{'failed':>10}   (of {drawn:,} drawn, seed {draw_seed})")
     for name in ("totals", "shapes", "checkpointing", "sharding", "profiles"):
         fails = sum(n for k, n in failed.items() if k.startswith(f"check_{name}"))
         print(f"  {name:<16}{held[name]:>10,}{fails:>10,}")
@@ -97,7 +123,7 @@ def main() -> int:
     bad += sum(failed.values())
     for line in firsts:
         print("   ", line)
-    print(f"failures: {bad} (target 0)")
+    print(f"failures: {bad} of {total:,} drawn from seed {draw_seed} (target 0)")
     return 1 if bad else 0
 
 

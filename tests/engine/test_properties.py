@@ -10,6 +10,16 @@ from engine.estimate import estimate
 from engine.presets import gpu_names, model_names
 from engine.scenario_io import scenario_from_dict
 from engine.specs import FRAMEWORKS, METHODS, OPTIMIZERS, PP_SCHEDULES, PP_SPLITS, PRECISIONS
+from tests.engine.fuzzing import DEEP, HUGE
+
+
+def nested(levels: int) -> list[Any]:
+    """A list nested ``levels`` deep, built without recursion."""
+    node: list[Any] = []
+    for _ in range(levels - 1):
+        node = [node]
+    return node
+
 
 junk = st.one_of(
     st.none(),
@@ -18,6 +28,8 @@ junk = st.one_of(
     st.floats(allow_nan=True),
     st.text(max_size=8),
     st.lists(st.integers(), max_size=2),
+    st.sampled_from(HUGE),  # integers no float holds
+    st.sampled_from(DEEP).map(nested),  # nesting that a JSON file could hold
 )
 
 training = st.fixed_dictionaries(
