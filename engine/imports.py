@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError, shown
+from engine.errors import EstimateError, bounded, shown
 from engine.files import NotJson, parse_json, read_text
 from engine.hf_config import model_from_hf_config
 from engine.model_state import lora_targets
@@ -88,7 +88,7 @@ def _with_model(base: Scenario, model: ModelSpec) -> tuple[Scenario, list[str]]:
 
 def _model_messages(model: ModelSpec) -> list[str]:
     total = count_parameters(model).total
-    out = [f"{model.label}: {total:,} parameters"]
+    out = [bounded(f"{model.label}: {total:,} parameters")]  # a name of 2,000 characters
     if model.read_as:
         out.append(f"read as {model.read_as} (a look-alike of {model.family})")
     if model.text_model_of:

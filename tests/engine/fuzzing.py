@@ -67,13 +67,14 @@ HUGE = (10**308, -(10**399), 10**3999)
 #: the levels of nesting that parses (under Python's recursion limit of 1,000)
 DEEP = (300, 990)
 
-#: values that are wrong somewhere: other types, edges, non-text, non-numbers
+#: values that are wrong somewhere: other types, edges, non-text, non-numbers, text at
+#: and over the longest a name may be (2,000 characters)
 JUNK: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 3, 7, 64, 2**31, 2**63, -(2**63), 10**30, *HUGE, 0.5, -0.0,
     1e308, -1e308, 1e-308, float("nan"), float("inf"), float("-inf"), "", " ", "64", "1e3",
     "false", "true", "no", "none", "null", "NaN", "\ud800", "a\udfffb", "\x1b[31mred\x1b[0m",
     "\x00", "line\nbreak", "<img src=x onerror=alert(1)>", "<b>bold</b>", "é漢字🙂", "x" * 5000,
-    "x " * 2500, [], [1, 2], ["q_proj", 3], {}, {"a": 1}, {"preset": "gpt2"}, [[[]]],
+    "x " * 2500, "y" * 2000, [], [1, 2], ["q_proj", 3], {}, {"a": 1}, {"preset": "gpt2"}, [[[]]],
 )  # fmt: skip
 #: JSON texts no value of :data:`JUNK` can stand for
 RAW_JUNK = (

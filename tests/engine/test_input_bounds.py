@@ -382,6 +382,14 @@ def test_a_5000_character_value_in_any_scenario_field_is_not_repeated(value: Any
             assert exc.field.startswith(path[0]), (path, exc.field)
 
 
+def test_a_model_named_with_2000_characters_is_not_repeated_whole() -> None:
+    config = json.loads((FIXTURES / "hf_configs" / "gpt2.json").read_text())
+    config["_name_or_path"] = "n" * 2000  # the longest name accepted
+    imported = import_text(json.dumps(config), scenario_from_dict(base_dict()))
+    assert imported.scenario.model.label == "n" * 2000
+    assert all(len(m) < LINE for m in imported.messages), [len(m) for m in imported.messages]
+
+
 @pytest.mark.parametrize("where", ["key", "value", "section"])
 def test_a_5000_character_key_or_value_in_a_training_config_is_not_repeated(where: str) -> None:
     text = (FIXTURES / "train_configs" / "axolotl-llama3-8b-lora-zero2.yml").read_text()
