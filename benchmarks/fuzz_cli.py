@@ -24,7 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.engine.fuzzing import KINDS, LONG_LINE, fuzz, make_case, seeds, train_configs
+from tests.engine.fuzzing import (
+    KINDS,
+    LONG_LINE,
+    fuzz,
+    make_case,
+    one_error,
+    seeds,
+    train_configs,
+)
 
 RESULTS = ("ok", "error", "long error", "traceback", "hang")
 #: the results that are failures
@@ -63,7 +71,7 @@ def in_processes(count: int, seed: int) -> Counter[str]:
                 print(f"  long error: {argv!r:.200} -> {max(lines, key=len)[:200]!r}")
             elif run.returncode == 0:
                 results["ok"] += 1
-            elif run.returncode == 2 and len(lines) == 1 and lines[0].startswith("memfit"):
+            elif run.returncode == 2 and one_error(lines):
                 results["error"] += 1
             else:
                 results["traceback"] += 1

@@ -21,8 +21,8 @@ The kinds of case (:data:`KINDS`):
 :func:`run_case` runs one in this process under a time limit and sorts the outcome:
 
 * ``ok`` -- an estimate (exit 0), or an import;
-* ``error`` -- exit 2 with exactly one line on stderr, ``memfit: error: ...`` (for a paste,
-  an ``EstimateError``);
+* ``error`` -- exit 2 with one line on stderr, ``memfit: error: ...``, after the notes of a
+  training config read first, if any (for a paste, an ``EstimateError``);
 * ``long error`` -- a message line (an error or a note) over :data:`LONG_LINE`
   characters: a value repeated whole;
 * ``traceback`` -- any exception that escaped, or an error that is not one line;
@@ -382,6 +382,18 @@ def make_case(
     return kind, argv + json_flag
 
 
+def one_error(lines: list[str]) -> bool:
+    """Whether stderr's ``lines`` are one error: a ``memfit: error:`` line (``memfit
+    estimate: error:`` from argparse), after the notes of a training config read before
+    the error, if any."""
+    return (
+        bool(lines)
+        and lines[-1].startswith("memfit")
+        and ": error: " in lines[-1]
+        and all(line.startswith("memfit: note: ") for line in lines[:-1])
+    )
+
+
 _PASTE_BASE = {"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}}
 
 
@@ -427,8 +439,8 @@ def run_case(kind: str, argv: list[str], limit_s: float = 10.0) -> Outcome:
         return Outcome(kind, "long error", f"{len(long[0]):,} characters: {long[0][:200]}")
     if code == 0:
         return Outcome(kind, "ok")
-    if code == 2 and len(lines) == 1 and lines[0].startswith("memfit"):
-        return Outcome(kind, "error", lines[0][:200])
+    if code == 2 and one_error(lines):
+        return Outcome(kind, "error", lines[-1][:200])
     return Outcome(kind, "traceback", f"exit {code}, stderr {err.getvalue()!r:.300}")
 
 
