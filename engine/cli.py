@@ -68,8 +68,8 @@ from engine.specs import (
 )
 from engine.steptime import StepTime
 from engine.sweep import best, describe, points_csv, sweep
+from engine.train_configs import ALLOW_FLAG, import_training_config
 from engine.train_configs import apply as apply_training_config
-from engine.train_configs import import_training_config
 
 EXIT_USAGE = 2
 
@@ -185,7 +185,9 @@ def _config_of(folder: Path, label: str) -> dict[str, Any]:
 def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list[str]) -> None:
     """``--from-config FILE`` merged into ``data`` (which has its model and hardware by now:
     the file sets training and GPU-count fields; flags and ``--set`` still override it)."""
-    imported = import_training_config(path=args.from_config)
+    imported = import_training_config(
+        path=args.from_config, allow_outside_paths=args.allow_outside_paths
+    )
     notes.append(f"{imported.format} configuration read from {Path(args.from_config).name}")
     if "model" not in data:
         if imported.model_preset:
@@ -383,6 +385,12 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the run's training configuration: Axolotl, TRL/transformers TrainingArguments, "
         "LitGPT, torchtune, DeepSpeed or accelerate",
+    )
+    p.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="let the --from-config file name files (a DeepSpeed config) outside its own "
+        "folder; without it they are not read",
     )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument(

@@ -120,10 +120,16 @@ def _from_data(
     return _training(base, source, text)
 
 
-def _training(base: Scenario, source: str, text: str, path: Path | None = None) -> Imported:
+def _training(
+    base: Scenario,
+    source: str,
+    text: str,
+    path: Path | None = None,
+    allow_outside_paths: bool = False,
+) -> Imported:
     from engine.train_configs import apply, import_training_config
 
-    imported = import_training_config(path=path, text=text)
+    imported = import_training_config(path=path, text=text, allow_outside_paths=allow_outside_paths)
     scenario = scenario_from_dict(apply(scenario_to_dict(base), imported, replace_model=True))
     messages = [f"{imported.format} configuration: stack {scenario.training.stack}"]
     if imported.model_preset:
@@ -171,10 +177,18 @@ def _folder(
     return Imported(kind, str(folder), scenario, (*messages, *said))
 
 
-def import_path(path: str | Path, base: Scenario, read_as: str | None = None) -> Imported:
+def import_path(
+    path: str | Path,
+    base: Scenario,
+    read_as: str | None = None,
+    *,
+    allow_outside_paths: bool = False,
+) -> Imported:
     """The file or folder ``path`` applied to ``base`` (see the module docstring);
     ``read_as``: a model config of an unknown family read as this look-alike
-    (:func:`engine.hf_config.model_from_hf_config`)."""
+    (:func:`engine.hf_config.model_from_hf_config`); ``allow_outside_paths``: a training
+    config may name files outside its own folder
+    (:func:`engine.train_configs.import_training_config`)."""
     p = Path(path)
     if p.is_dir():
         if (p / "config.json").is_file():
@@ -185,7 +199,7 @@ def import_path(path: str | Path, base: Scenario, read_as: str | None = None) ->
         data = parse_json(text, "import", p.name)
         if _is_scenario(data) or _is_hf_config(data):
             return _from_data(data, base, str(p), text, read_as)
-    return _training(base, str(p), text, p)
+    return _training(base, str(p), text, p, allow_outside_paths)
 
 
 def import_text(
