@@ -44,6 +44,7 @@ from typing import Any
 from engine.errors import EstimateError, shown
 from engine.files import parse_json, read_json, read_text
 from engine.hf_config import model_from_hf_config
+from engine.hub_cache import NOT_HELD, held, snapshot_of
 from engine.params import count_parameters
 from engine.specs import ModelSpec
 
@@ -571,9 +572,23 @@ def _quantization(
     )
 
 
-def _read_config(folder: Path, warnings: list[str]) -> Mapping[str, Any] | None:
+def _present(path: Path, repository: str | None) -> bool:
+    """Whether the folder's file ``path`` is there to be read. In a snapshot of the hub
+    cache (``repository``: the real path of its model folder) by the cache's own rule,
+    :func:`engine.hub_cache.held`: a link is followed only inside the model; elsewhere any
+    entry is (a dangling link then fails with its reason when read)."""
+    if repository is None:
+        return os.path.lexists(path)
+    return held(path, repository) is not None
+
+
+def _read_config(
+    folder: Path, warnings: list[str], repository: str | None
+) -> Mapping[str, Any] | None:
     path = folder / "config.json"
-    if not os.path.lexists(path):
+    if not _present(path, repository):
+        if os.path.lexists(path):
+            warnings.append(f"config.json not read for its quantization_config ({NOT_HELD})")
         return None
     try:
         cfg = read_json(path, FIELD)
@@ -584,23 +599,31 @@ def _read_config(folder: Path, warnings: list[str]) -> Mapping[str, Any] | None:
 
 
 def _read_checkpoint(
-    folder: Path, cfg: Mapping[str, Any] | None, warnings: list[str] | None = None
+    folder: Path,
+    cfg: Mapping[str, Any] | None,
+    warnings: list[str] | None = None,
+    repository: str | None = None,
 ) -> CheckpointInfo:
     if not _is_folder(folder):
         raise EstimateError(FIELD, f"{folder} is not a folder")
     warnings = [] if warnings is None else warnings
     weight_map: dict[str, str] | None = None
     index_total: int | None = None
-    if os.path.lexists(folder / INDEX_NAME):
+    if _present(folder / INDEX_NAME, repository):
         files, weight_map, index_total = _index_files(folder)
     else:
+        if os.path.lexists(folder / INDEX_NAME):
+            warnings.append(f"{INDEX_NAME}: {NOT_HELD}; the folder's *.safetensors files are read")
         files = _folder_files(folder)
     by_name: dict[str, TensorInfo] = {}
     file_bytes = 0
     for file in files:
         path = folder / file
-        if weight_map is not None and not os.path.lexists(path):
-            raise EstimateError(FIELD, f"{INDEX_NAME} names {file}, which is not in the folder")
+        if not _present(path, repository):
+            if weight_map is None:
+                raise _error(path, NOT_HELD)
+            why = NOT_HELD if repository is not None else "which is not in the folder"
+            raise EstimateError(FIELD, f"{INDEX_NAME} names {file}, {why}")
         _, tensors, size = _header_tensors(path)
         file_bytes += size
         for t in tensors:
@@ -666,8 +689,15 @@ def read_checkpoint(folder: str | os.PathLike[str]) -> CheckpointInfo:
     """
     folder = Path(folder)
     warnings: list[str] = []
-    cfg = _read_config(folder, warnings) if _is_folder(folder) else None
-    return _read_checkpoint(folder, cfg, warnings)
+    repository = _repository(folder)
+    cfg = _read_config(folder, warnings, repository) if _is_folder(folder) else None
+    return _read_checkpoint(folder, cfg, warnings, repository)
+
+
+def _repository(folder: Path) -> str | None:
+    """The real path of the model folder when ``folder`` is a snapshot of the hub cache."""
+    found = snapshot_of(folder)
+    return found[1] if found is not None else None
 
 
 def _is_folder(path: Path) -> bool:
@@ -682,11 +712,27 @@ def _is_folder(path: Path) -> bool:
 
 def _default_name(folder: Path) -> str:
     """``org/name`` for a snapshot of the hub cache, else the folder's name."""
-    absolute = Path(os.path.abspath(folder))
-    parent, grand = absolute.parent, absolute.parent.parent
-    if parent.name == "snapshots" and grand.name.startswith("models--"):
-        return grand.name[len("models--") :].replace("--", "/")
-    return absolute.name or "model"
+    found = snapshot_of(folder)
+    return found[0] if found is not None else Path(os.path.abspath(folder)).name or "model"
+
+
+def model_config(folder: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """The JSON object of the model folder's ``config.json``; in a snapshot of the hub
+    cache, read only by the cache's rule (:func:`engine.hub_cache.held`). Any problem is
+    an :class:`EstimateError` for the field ``"model"``."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not _is_folder(folder):
+        raise EstimateError("model", f"{folder} is not a folder")
+    repository = _repository(folder)
+    if repository is not None and not _present(path, repository):
+        raise EstimateError("model", f"{_default_name(folder)}: config.json: {NOT_HELD}")
+    if not os.path.lexists(path):
+        raise EstimateError("model", f"{folder.name or folder} has no config.json")
+    cfg = read_json(path, "model")
+    if not isinstance(cfg, Mapping):
+        raise EstimateError("model", f"config.json is a JSON {type(cfg).__name__}, not an object")
+    return cfg
 
 
 def model_from_folder(
@@ -702,14 +748,7 @@ def model_from_folder(
     ``"checkpoint"``.
     """
     folder = Path(folder)
-    path = folder / "config.json"
-    if not _is_folder(folder):
-        raise EstimateError("model", f"{folder} is not a folder")
-    if not os.path.lexists(path):
-        raise EstimateError("model", f"{folder.name or folder} has no config.json")
-    cfg = read_json(path, "model")
-    if not isinstance(cfg, Mapping):
-        raise EstimateError("model", f"config.json is a JSON {type(cfg).__name__}, not an object")
+    cfg = model_config(folder)
     label = name or _default_name(folder)
     reader: Callable[..., ModelSpec] = model_from_hf_config
     if read_as is None:
@@ -718,7 +757,7 @@ def model_from_folder(
         spec = reader(cfg, label, read_as=read_as)
     else:
         raise EstimateError("read_as", "the config reader of this version does not take read_as")
-    return spec, _read_checkpoint(folder, cfg)
+    return spec, _read_checkpoint(folder, cfg, repository=_repository(folder))
 
 
 def _tied_head(info: CheckpointInfo) -> TensorInfo | None:

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from engine.checkpoint import compare, model_from_folder
+from engine.checkpoint import compare, model_config, model_from_folder
 from engine.errors import EstimateError, shown
 from engine.estimate import GIB, Estimate, estimate
 from engine.explain import explained, groups_text, groups_to_dict
@@ -176,10 +176,7 @@ def model_section(name: str) -> dict[str, Any]:
 
 
 def _config_of(folder: Path, label: str) -> dict[str, Any]:
-    config = read_json(folder / "config.json", "model")
-    if not isinstance(config, dict):
-        raise EstimateError("model", f"{label}: config.json does not hold a JSON object")
-    return {**config, "_name_or_path": label}
+    return {**model_config(folder), "_name_or_path": label}
 
 
 def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list[str]) -> None:

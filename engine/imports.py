@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,7 @@ def import_path(
     (:func:`engine.train_configs.import_training_config`)."""
     p = Path(path)
     if p.is_dir():
-        if (p / "config.json").is_file():
+        if os.path.lexists(p / "config.json"):  # a link is model_from_folder's to judge
             return _folder(p, base, read_as=read_as)
         raise EstimateError("import", f"{p.name}: a folder without a config.json")
     text = read_text(p, "import")
