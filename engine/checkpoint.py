@@ -54,6 +54,9 @@ MAX_HEADER_BYTES = 100_000_000
 MAX_INDEX_BYTES = 64 << 20
 #: the most dimensions a tensor may have
 MAX_RANK = 64
+#: the most elements, and the largest dimension, a tensor may have: safetensors stores
+#: sizes as unsigned 64-bit integers, so no file describes more
+MAX_ELEMENTS = 2**64 - 1
 FIELD = "checkpoint"
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -222,12 +225,20 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+class _Duplicate(ValueError):
+    """A key repeated in one JSON object of a header."""
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {shown(key)} appears twice")
-        out[key] = value
+    # called for every object of the header: the dict is built at C speed, and only an
+    # object that lost a key to a repeat is walked again to name it
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Duplicate(f"the key {shown(key)} appears twice")
+            seen.add(key)
     return out
 
 
@@ -277,8 +288,10 @@ def _raw_header(path: Path) -> tuple[dict[str, Any], int, int]:
         ) from exc
     except RecursionError as exc:
         raise _error(path, "the header is nested too deeply to be safetensors") from exc
-    except ValueError as exc:  # a duplicate key, an integer of thousands of digits
+    except _Duplicate as exc:
         raise _error(path, f"the header is not valid: {exc}") from exc
+    except ValueError as exc:  # an integer over Python's 4,300 digits
+        raise _error(path, "the header holds a number of over 4,300 digits") from exc
     if not isinstance(header, dict):
         raise _error(path, f"the header is a JSON {type(header).__name__}, not an object")
     return header, size - 8 - n, size
@@ -307,6 +320,7 @@ def _tensor(path: Path, name: str, entry: Any, data_len: int) -> tuple[TensorInf
         raise _error(
             path, f"{where}: shape is {shown(shape)}, expected a list of non-negative integers"
         )
+    count = _elements(path, where, shape)
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_int, offsets)):
         raise _error(
             path, f"{where}: data_offsets is {shown(offsets)}, expected two integers [start, end]"
@@ -323,15 +337,45 @@ def _tensor(path: Path, name: str, entry: Any, data_len: int) -> tuple[TensorInf
     dims = tuple(shape)
     bits = DTYPE_BITS.get(dtype)
     if bits is not None:
-        need = prod(dims) * bits
+        need = count * bits
         if need % 8 or need // 8 != end - start:
-            have = f"{need / 8:,g}" if need % 8 else f"{need // 8:,}"
             raise _error(
                 path,
-                f"{where}: {dtype} {list(dims)} takes {have} bytes but data_offsets "
-                f"span {end - start:,}",
+                f"{where}: {dtype} {shown(shape)} takes {_bytes_of_bits(need)} bytes but "
+                f"data_offsets span {end - start:,}",
             )
     return TensorInfo(name, dtype, dims, path.name, end - start), start
+
+
+def _elements(path: Path, where: str, shape: list[int]) -> int:
+    """The element count of ``shape`` (non-negative integers), refused when a dimension
+    or the count is over :data:`MAX_ELEMENTS`: no product grows past it, and no error
+    shows a number longer than a 64-bit one."""
+    for i, d in enumerate(shape):
+        if d > MAX_ELEMENTS:
+            raise _error(
+                path,
+                f"{where}: dimension {i} of its shape is a {len(str(d)):,}-digit number; "
+                f"safetensors sizes are unsigned 64-bit (at most 2^64 - 1)",
+            )
+    if 0 in shape:
+        return 0
+    count = 1
+    for d in shape:
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise _error(
+                path,
+                f"{where}: shape {shown(shape)} holds over 2^64 - 1 elements, more than a "
+                "safetensors size counts",
+            )
+    return count
+
+
+def _bytes_of_bits(bits: int) -> str:
+    """``bits`` in bytes, exactly: ``"2,048"``, ``"2.5"``, ``"0.125"`` (no float rounds it)."""
+    whole, part = divmod(bits, 8)
+    return f"{whole:,}" + (f".{part * 125:03d}".rstrip("0") if part else "")
 
 
 def _header_tensors(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int]:
