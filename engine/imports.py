@@ -25,7 +25,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import EstimateError
 from engine.files import parse_json, read_text
@@ -35,6 +35,9 @@ from engine.params import count_parameters
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
 from engine.specs import ModelSpec, Scenario
 from engine.train_configs import ImportedConfig
+
+if TYPE_CHECKING:
+    from engine.checkpoint import Cancelled, Progress
 
 
 def asks_for_read_as(error: EstimateError) -> bool:
@@ -154,11 +157,16 @@ def config_notes(imported: ImportedConfig) -> list[str]:
 
 
 def _folder(
-    folder: Path, base: Scenario, kind: str = "model-folder", read_as: str | None = None
+    folder: Path,
+    base: Scenario,
+    kind: str = "model-folder",
+    read_as: str | None = None,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
 ) -> Imported:
     from engine.checkpoint import compare, model_from_folder
 
-    model, info = model_from_folder(folder, read_as=read_as)
+    model, info = model_from_folder(folder, read_as=read_as, progress=progress, cancelled=cancelled)
     messages = _model_messages(model)
     c = compare(model, info)
     quant = f", {info.quantization.method}" if info.quantization else ""
@@ -184,16 +192,21 @@ def import_path(
     read_as: str | None = None,
     *,
     allow_outside_paths: bool = False,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
 ) -> Imported:
     """The file or folder ``path`` applied to ``base`` (see the module docstring);
     ``read_as``: a model config of an unknown family read as this look-alike
     (:func:`engine.hf_config.model_from_hf_config`); ``allow_outside_paths``: a training
     config may name files outside its own folder
-    (:func:`engine.train_configs.import_training_config`)."""
+    (:func:`engine.train_configs.import_training_config`); ``progress`` and
+    ``cancelled``: a model folder's reading reports to and polls them
+    (:func:`engine.checkpoint.read_checkpoint`; a cancel raises
+    :class:`~engine.checkpoint.ReadCancelled`)."""
     p = Path(path)
     if p.is_dir():
         if os.path.lexists(p / "config.json"):  # a link is model_from_folder's to judge
-            return _folder(p, base, read_as=read_as)
+            return _folder(p, base, read_as=read_as, progress=progress, cancelled=cancelled)
         raise EstimateError("import", f"{p.name}: a folder without a config.json")
     text = read_text(p, "import")
     if p.suffix.lower() == ".json":
@@ -222,11 +235,18 @@ def import_text(
 
 
 def import_cached(
-    repo_id: str, base: Scenario, revision: str | None = None, read_as: str | None = None
+    repo_id: str,
+    base: Scenario,
+    revision: str | None = None,
+    read_as: str | None = None,
+    *,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
 ) -> Imported:
-    """A model of the local Hugging Face cache (``org/name``) applied to ``base``."""
+    """A model of the local Hugging Face cache (``org/name``) applied to ``base``;
+    ``progress`` and ``cancelled`` as :func:`import_path` takes them."""
     from engine.hub_cache import find_model
 
     snapshot = find_model(repo_id, revision)
-    imported = _folder(Path(snapshot.path), base, "cached-model", read_as)
+    imported = _folder(Path(snapshot.path), base, "cached-model", read_as, progress, cancelled)
     return dataclasses.replace(imported, source=f"{repo_id}@{snapshot.commit[:12]}")

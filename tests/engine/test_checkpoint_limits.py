@@ -1,6 +1,10 @@
 """Safetensors headers at and past their limits: sizes no 64-bit file can hold, headers
 too large to be real, and a long read that reports progress and can be stopped.
 
+Real headers are small: DeepSeek-V3's largest shard header is well under 1 MiB and its
+163 shards' headers take about 12 MB together. A header or a folder of headers far past
+that is refused, with the file and the bound named, before it is parsed.
+
 safetensors stores sizes as unsigned 64-bit integers, so a dimension or an element count
 over 2^64 - 1 describes no tensor any file holds; such a header is refused with a short
 error before any arithmetic on it (a float division of a 400-digit byte count overflows).
@@ -16,10 +20,26 @@ from typing import Any
 
 import pytest
 
-from engine.checkpoint import MAX_ELEMENTS, read_safetensors_header
+from engine import checkpoint
+from engine.checkpoint import (
+    MAX_ELEMENTS,
+    ReadCancelled,
+    model_from_folder,
+    read_checkpoint,
+    read_safetensors_header,
+)
 from engine.cli import main
 from engine.errors import EstimateError
-from tests.engine.test_checkpoint import CONFIG, write_raw
+from engine.imports import import_cached, import_path
+from engine.scenario_io import scenario_from_dict
+from tests.engine.test_checkpoint import (
+    CONFIG,
+    model_folder,
+    plain_tensors,
+    write_raw,
+    write_safetensors,
+)
+from tests.engine.test_imports import cached
 
 #: shapes no safetensors file holds: a dimension or the element count over 2^64 - 1
 ABSURD_SHAPES: dict[str, list[int]] = {
@@ -114,3 +134,144 @@ def test_numbers_no_integer_holds_are_refused_in_words(tmp_path: Path, where: st
     with pytest.raises(EstimateError, match="over 4,300 digits") as info:
         read_safetensors_header(path)
     assert len(str(info.value)) < 120 and "sys." not in str(info.value)
+
+
+# -- headers too large to be real ----------------------------------------------------------
+
+
+def reads_of(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of every read of a safetensors file from now on."""
+    reads: list[int] = []
+    real = checkpoint._read_exact
+
+    def read_exact(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return real(fd, n)
+
+    monkeypatch.setattr(checkpoint, "_read_exact", read_exact)
+    return reads
+
+
+def claiming(path: Path, n: int) -> Path:
+    """A file whose header claims ``n`` bytes and that is long enough for it (sparse)."""
+    with open(path, "wb") as f:
+        f.write(n.to_bytes(8, "little"))
+        f.truncate(8 + n + 16)
+    return path
+
+
+def test_bounds_are_stated_and_real_checkpoints_fit_them() -> None:
+    # DeepSeek-V3's largest shard header is under 1 MiB, its 163 headers ~12 MB together
+    assert checkpoint.MAX_HEADER_BYTES >= 8 << 20
+    assert checkpoint.MAX_FOLDER_HEADER_BYTES >= 32 << 20
+    assert checkpoint.MAX_HEADER_BYTES < 60_000_000 < checkpoint.MAX_FOLDER_HEADER_BYTES * 10
+
+
+@pytest.mark.parametrize("n", [checkpoint.MAX_HEADER_BYTES + 1, 60_000_000, 2**40])
+def test_a_header_over_the_bound_is_refused_unread(
+    tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = claiming(tmp_path / "big.safetensors", n)
+    reads = reads_of(monkeypatch)
+    with pytest.raises(EstimateError) as info:
+        read_safetensors_header(path)
+    message = str(info.value)
+    assert "big.safetensors" in message and f"{checkpoint.MAX_HEADER_BYTES:,}" in message
+    assert reads == [8]  # its length only
+
+
+def test_a_folder_whose_headers_together_are_over_the_bound_is_refused_unparsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    per_file = checkpoint.MAX_HEADER_BYTES - 8
+    files = checkpoint.MAX_FOLDER_HEADER_BYTES // per_file + 1
+    for i in range(files):
+        claiming(folder / f"model-{i:05d}.safetensors", per_file)
+    reads = reads_of(monkeypatch)
+    with pytest.raises(EstimateError) as info:
+        read_checkpoint(folder)
+    message = str(info.value)
+    assert f"model-{files - 1:05d}.safetensors" in message
+    assert f"{checkpoint.MAX_FOLDER_HEADER_BYTES:,}" in message
+    assert reads == [8] * files  # the lengths only
+
+
+def test_a_folder_of_too_many_files_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint, "MAX_FILES", 3)
+    folder = model_folder(tmp_path / "m", plain_tensors())
+    for i in range(3):
+        write_safetensors(folder / f"extra-{i}.safetensors", {f"extra.{i}": ("F32", [1])})
+    with pytest.raises(EstimateError, match="4 safetensors files; over 3"):
+        read_checkpoint(folder)
+
+
+# -- progress and cancel --------------------------------------------------------------------
+
+
+def many_tensors(folder: Path, files: int = 3, per_file: int = 9000) -> Path:
+    """A model folder of ``files`` shards of ``per_file`` tiny tensors each."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    for f in range(files):
+        tensors = {f"t.{f}.{i}.weight": ("F32", [1]) for i in range(per_file)}
+        write_safetensors(folder / f"model-{f:05d}-of-{files:05d}.safetensors", tensors)
+    return folder
+
+
+def header_bytes(folder: Path) -> int:
+    return sum(int.from_bytes(p.read_bytes()[:8], "little") for p in folder.glob("*.safetensors"))
+
+
+def test_progress_counts_header_bytes_up_to_the_total(tmp_path: Path) -> None:
+    folder = many_tensors(tmp_path / "m")
+    seen: list[tuple[int, int]] = []
+    info = read_checkpoint(folder, progress=lambda done, total: seen.append((done, total)))
+    assert info.tensor_count == 27000
+    total = header_bytes(folder)
+    assert {t for _, t in seen} == {total}
+    dones = [d for d, _ in seen]
+    assert dones == sorted(dones) and dones[0] == 0 and dones[-1] == total
+    assert len(seen) > 2 * 3  # within files too, not only between them
+
+
+@pytest.mark.parametrize("after", [0, 1, 3, 7])
+def test_cancel_stops_the_reading_at_the_next_poll(tmp_path: Path, after: int) -> None:
+    folder = many_tensors(tmp_path / "m")
+    polls: list[int] = []
+
+    def cancelled() -> bool:
+        polls.append(1)
+        return len(polls) > after
+
+    with pytest.raises(ReadCancelled):
+        read_checkpoint(folder, cancelled=cancelled)
+    assert len(polls) == after + 1
+
+
+def test_every_entry_point_takes_progress_and_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = many_tensors(tmp_path / "files", files=2, per_file=5000)
+    root = tmp_path / "hub"
+    cached(root, "org/many", folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    base = scenario_from_dict(
+        {"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}}
+    )
+    reads = {
+        "model_from_folder": lambda **kw: model_from_folder(folder, **kw),
+        "read_checkpoint": lambda **kw: read_checkpoint(folder, **kw),
+        "import_path": lambda **kw: import_path(folder, base, **kw),
+        "import_cached": lambda **kw: import_cached("org/many", base, **kw),
+    }
+    for name, read in reads.items():
+        seen: list[int] = []
+        read(progress=lambda done, total, seen=seen: seen.append(done))
+        assert seen[-1] == header_bytes(folder), name
+        with pytest.raises(ReadCancelled):
+            read(cancelled=lambda: True)
