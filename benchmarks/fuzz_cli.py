@@ -1,9 +1,12 @@
 """Fuzzed scenario files, Hugging Face configs and flags through the command line.
 
-Prints, by kind of input, how many cases gave an estimate, a one-line error, a traceback
-or a hang (targets: 0 tracebacks, 0 hangs), then runs a sample through the installed
-``memfit`` console script in a process of its own, where the terminal's encoding and the
-real exit path are in play. The cases are those of ``tests/engine/fuzzing.py``.
+Prints, by kind of input, how many cases gave an estimate, a one-line error, a traceback,
+a hang or a leak of a file's secret (targets: 0 tracebacks, 0 hangs, 0 leaks), then runs
+a sample through the installed ``memfit`` console script in a process of its own, where
+the terminal's encoding and the real exit path are in play. The cases are those of
+``tests/engine/fuzzing.py``: files, configs, flags and special files, model folders with
+hostile safetensors headers (``checkpoint``) and training configs naming hostile paths
+(``paths``).
 
 Run: ``python benchmarks/fuzz_cli.py [--cases 30000] [--seed 1] [--processes 200]``.
 """
@@ -22,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.engine.fuzzing import KINDS, fuzz, make_case, seeds
+from tests.engine.fuzzing import KINDS, SECRET, fuzz, make_case, seeds
 
-RESULTS = ("ok", "error", "traceback", "hang")
+RESULTS = ("ok", "error", "traceback", "hang", "leak")
 
 
 def in_processes(count: int, seed: int) -> Counter[str]:
@@ -51,7 +54,10 @@ def in_processes(count: int, seed: int) -> Counter[str]:
                 results["hang"] += 1
                 continue
             lines = run.stderr.splitlines()
-            if run.returncode == 0:
+            if SECRET in run.stdout or SECRET in run.stderr:
+                results["leak"] += 1
+                print(f"  leak: {argv!r:.200}")
+            elif run.returncode == 0:
                 results["ok"] += 1
             elif run.returncode == 2 and len(lines) == 1 and lines[0].startswith("memfit"):
                 results["error"] += 1
@@ -81,7 +87,7 @@ def main() -> int:
     totals = Counter(o.result for o in outcomes)
     print(f"  {'all':<10}" + "".join(f"{totals[r]:>11,}" for r in RESULTS))
     for o in outcomes:
-        if o.result in ("traceback", "hang"):
+        if o.result in ("traceback", "hang", "leak"):
             print(f"  {o.result}: {o.detail}")
     if args.processes:
         start = time.perf_counter()
@@ -89,9 +95,9 @@ def main() -> int:
         took = time.perf_counter() - start
         print(f"through the console script ({args.processes} processes, {took:.0f} s)")
         print("  " + "  ".join(f"{r} {sub[r]:,}" for r in RESULTS))
-        totals.update({k: v for k, v in sub.items() if k in ("traceback", "hang")})
-    bad = totals["traceback"] + totals["hang"]
-    print(f"tracebacks + hangs: {bad} (target 0)")
+        totals.update({k: v for k, v in sub.items() if k in ("traceback", "hang", "leak")})
+    bad = totals["traceback"] + totals["hang"] + totals["leak"]
+    print(f"tracebacks + hangs + leaks: {bad} (target 0)")
     return 1 if bad else 0
 
 
