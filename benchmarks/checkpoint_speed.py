@@ -26,16 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.checkpoint import MAX_HEADER_BYTES, read_safetensors_header
 from engine.cli import main as memfit
-
-CONFIG = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 1000,
-}
+from tests.engine.fuzzing import TINY_CONFIG, expert_tensors
 
 
 def folder_of(root: Path, tensors: int) -> tuple[Path, int]:
@@ -43,15 +34,8 @@ def folder_of(root: Path, tensors: int) -> tuple[Path, int]:
     tensors, named as a large MoE's experts are; the folder and the header's bytes."""
     folder = root / f"m{tensors}"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    header = {
-        f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.down_proj.weight": {
-            "dtype": "F32",
-            "shape": [1],
-            "data_offsets": [4 * i, 4 * i + 4],
-        }
-        for i in range(tensors)
-    }
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
+    header = expert_tensors(tensors)
     raw = json.dumps(header).encode()
     with open(folder / "model.safetensors", "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))

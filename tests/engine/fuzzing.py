@@ -367,18 +367,23 @@ def _tiny_header(rng: random.Random) -> tuple[dict[str, Any], int]:
     return tensors, offset
 
 
-def _many_tensors(rng: random.Random) -> tuple[dict[str, Any], int]:
-    """A header of tens of thousands of tiny tensors: large, still under the bound."""
-    count = rng.choice((5_000, 20_000, 60_000))
-    tensors = {
-        f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.w.weight": {
+def expert_tensors(count: int) -> dict[str, Any]:
+    """Header entries of ``count`` 1-element F32 tensors, named as a large MoE's experts
+    are (about 110 bytes of JSON each), over ``4 * count`` bytes of data."""
+    return {
+        f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.down_proj.weight": {
             "dtype": "F32",
             "shape": [1],
             "data_offsets": [4 * i, 4 * i + 4],
         }
         for i in range(count)
     }
-    return {**tensors, **_tiny_header(rng)[0]}, 4 * count
+
+
+def _many_tensors(rng: random.Random) -> tuple[dict[str, Any], int]:
+    """A header of tens of thousands of tiny tensors: large, still under the bound."""
+    count = rng.choice((5_000, 20_000, 60_000))
+    return {**expert_tensors(count), **_tiny_header(rng)[0]}, 4 * count
 
 
 def _huge_header(rng: random.Random) -> tuple[bytes, int]:

@@ -16,23 +16,14 @@ from pytestqt.qtbot import QtBot
 from engine import checkpoint
 from gui.main_window import MainWindow
 from gui.monkey import MessageBoxes
-from tests.engine.test_checkpoint import CONFIG, model_folder, plain_tensors, write_safetensors
+from tests.engine.test_checkpoint import CONFIG, model_folder, plain_tensors
+from tests.engine.test_checkpoint_limits import many_tensors
 
 WAIT_MS = 20_000
 
 
 def settle(window: MainWindow, qtbot: QtBot) -> None:
     qtbot.waitUntil(lambda: not window.importer.busy, timeout=WAIT_MS)
-
-
-def large_folder(folder: Path, shards: int = 4, per_shard: int = 20_000) -> Path:
-    """A model folder whose shards' headers hold ``per_shard`` tiny tensors each."""
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    for s in range(shards):
-        tensors = {f"extra.{s}.{i}.weight": ("F32", [1]) for i in range(per_shard)}
-        write_safetensors(folder / f"model-{s:05d}-of-{shards:05d}.safetensors", tensors)
-    return folder
 
 
 class Gate:
@@ -75,7 +66,7 @@ def test_a_folder_is_read_in_the_background_and_applies_as_before(
 def test_the_dialog_shows_the_header_bytes_read(
     window: MainWindow, qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = large_folder(tmp_path / "large")
+    folder = many_tensors(tmp_path / "large", files=4, per_file=20_000)
     total = sum(int.from_bytes(p.read_bytes()[:8], "little") for p in folder.glob("*.safetensors"))
     gate = Gate(monkeypatch)
     window.importer.import_path(folder)
@@ -100,7 +91,7 @@ def test_cancel_stops_the_reading_and_changes_nothing(
 ) -> None:
     before = window.store.scenario
     undo_steps = window.store.undo_stack.count()
-    folder = large_folder(tmp_path / "large")
+    folder = many_tensors(tmp_path / "large", files=4, per_file=20_000)
     gate = Gate(monkeypatch)
     window.importer.import_path(folder)
     qtbot.waitUntil(gate.first.is_set, timeout=WAIT_MS)
@@ -158,7 +149,7 @@ def test_a_folder_of_an_unknown_family_can_be_read_as_a_look_alike(
 def test_closing_the_window_stops_the_reading(
     window: MainWindow, qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = large_folder(tmp_path / "large")
+    folder = many_tensors(tmp_path / "large", files=4, per_file=20_000)
     gate = Gate(monkeypatch)
     window.importer.import_path(folder)
     qtbot.waitUntil(gate.first.is_set, timeout=WAIT_MS)
