@@ -1224,7 +1224,7 @@ def _named_file(out: _Out, key: str, path: str) -> Path | str | None:
         target = out.base / target
     if not out.allow_outside_paths and not resolves_inside(target, out.base):
         return f"was not read, being outside the config's folder (allow it with {ALLOW_FLAG})"
-    return target if os.path.lexists(target) else None
+    return target if os.path.exists(target) else None  # a dangling link: not there
 
 
 def _unshown(exc: EstimateError, key: str, name: str) -> EstimateError:

@@ -129,6 +129,13 @@ def test_allowed_outside_the_file_is_read_and_its_content_still_not_shown(
     assert allowed.training["parallelism"]["zero_stage"] == 2
 
 
+def test_a_dangling_link_inside_is_a_file_not_found(home: Path) -> None:
+    (home / "run" / "ds_zero2.json").symlink_to("gone.json")
+    imported = import_training_config(config(home, "axolotl", "ds_zero2.json"))
+    assert imported.training["parallelism"]["zero_stage"] == 2
+    assert any("was not found: ZeRO stage 2 read from its name" in n for n in imported.notes)
+
+
 def test_inside_the_folder_links_and_subfolders_are_read(home: Path) -> None:
     (home / "run" / "configs").mkdir()
     (home / "run" / "configs" / "ds.json").write_text(
