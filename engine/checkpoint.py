@@ -329,7 +329,8 @@ def _header_length(path: Path, fd: int, size: int) -> int:
         raise _error(
             path,
             f"the header claims {n:,} bytes; headers over {MAX_HEADER_BYTES:,} bytes "
-            "(16 MiB) are refused: a real one takes well under 1 MiB",
+            f"({MAX_HEADER_BYTES / (1 << 20):g} MiB) are refused: a real one takes well "
+            "under 1 MiB",
         )
     if n < 2:
         raise _error(path, f"the header is {n} byte(s): too short for a JSON object")
@@ -387,7 +388,8 @@ def _folder_bound(path: Path) -> EstimateError:
     return _error(
         path,
         f"with it the folder's headers are over {MAX_FOLDER_HEADER_BYTES:,} bytes "
-        "(64 MiB) together, and refused: a real checkpoint's take a few MB",
+        f"({MAX_FOLDER_HEADER_BYTES / (1 << 20):g} MiB) together, and refused: a real "
+        "checkpoint's take a few MB",
     )
 
 
@@ -508,9 +510,9 @@ def _header_tensors(
     path: Path, watch: _Watch | None = None, limit: int | None = None
 ) -> tuple[dict[str, Any], list[TensorInfo], int, int]:
     """The header, its tensors checked (in header order), the file's size and the
-    header's length; ``watch``
-    is polled every :data:`POLL_EVERY` tensors (its ``done`` counts this header's bytes
-    in proportion), ``limit`` is what the folder's bound leaves for this header."""
+    header's length. ``watch`` is polled every :data:`POLL_EVERY` tensors (its ``done``
+    counts this header's bytes in proportion); ``limit`` is what the folder's bound
+    leaves for this header."""
     header, data_len, size = _raw_header(path, limit)
     tensors: list[TensorInfo] = []
     starts: list[tuple[int, int, str]] = []
