@@ -2,10 +2,13 @@
 through the command line and the app's import.
 
 Prints, by kind of input, how many cases gave an estimate, a one-line error, an error line
-that repeats a long value ("long error"), a traceback or a hang (targets: 0 long errors,
-0 tracebacks, 0 hangs), then runs a sample of the command lines through the installed
-``memfit`` console script in a process of its own, where the terminal's encoding and the
-real exit path are in play. The cases are those of ``tests/engine/fuzzing.py``.
+that repeats a long value ("long error"), a traceback, a hang or a leak of a file's secret
+(targets: 0 long errors, 0 tracebacks, 0 hangs, 0 leaks), then runs a sample of the
+command lines through the installed ``memfit`` console script in a process of its own,
+where the terminal's encoding and the real exit path are in play. The cases are those of
+``tests/engine/fuzzing.py``: files, configs, flags, pasted text and special files, model
+folders with hostile safetensors headers (``checkpoint``) and training configs naming
+hostile paths (``paths``).
 
 Run: ``python benchmarks/fuzz_cli.py [--cases 30000] [--seed 1] [--processes 200]``.
 """
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.engine.fuzzing import (
     KINDS,
     LONG_LINE,
+    SECRET,
     fuzz,
     make_case,
     one_error,
@@ -34,9 +38,9 @@ from tests.engine.fuzzing import (
     train_configs,
 )
 
-RESULTS = ("ok", "error", "long error", "traceback", "hang")
+RESULTS = ("ok", "error", "long error", "traceback", "hang", "leak")
 #: the results that are failures
-BAD = ("long error", "traceback", "hang")
+BAD = ("long error", "traceback", "hang", "leak")
 
 
 def in_processes(count: int, seed: int) -> Counter[str]:
@@ -66,7 +70,10 @@ def in_processes(count: int, seed: int) -> Counter[str]:
                 results["hang"] += 1
                 continue
             lines = run.stderr.splitlines()
-            if run.returncode in (0, 2) and any(len(line) > LONG_LINE for line in lines):
+            if SECRET in run.stdout or SECRET in run.stderr:
+                results["leak"] += 1
+                print(f"  leak: {argv!r:.200}")
+            elif run.returncode in (0, 2) and any(len(line) > LONG_LINE for line in lines):
                 results["long error"] += 1
                 print(f"  long error: {argv!r:.200} -> {max(lines, key=len)[:200]!r}")
             elif run.returncode == 0:
@@ -107,7 +114,7 @@ def main() -> int:
         print("  " + "  ".join(f"{r} {sub[r]:,}" for r in RESULTS))
         totals.update({k: v for k, v in sub.items() if k in BAD})
     bad = sum(totals[r] for r in BAD)
-    print(f"long errors + tracebacks + hangs: {bad} (target 0)")
+    print(f"long errors + tracebacks + hangs + leaks: {bad} (target 0)")
     return 1 if bad else 0
 
 

@@ -44,15 +44,31 @@ from typing import Any
 from engine.errors import EstimateError, shown
 from engine.files import parse_json, read_json, read_text
 from engine.hf_config import model_from_hf_config
+from engine.hub_cache import NOT_HELD, held, snapshot_of
 from engine.params import count_parameters
 from engine.specs import ModelSpec
 
-#: the largest safetensors header read; a larger claim is refused before reading it
-MAX_HEADER_BYTES = 100_000_000
+#: the largest safetensors header read; a larger claim is refused before reading it.
+#: Real headers are small: a tensor's entry is ~130 bytes, a 5 GB shard holds a few
+#: thousand tensors at most, and DeepSeek-V3's largest shard header is well under 1 MiB;
+#: 16 MiB holds ~120,000 entries, a whole DeepSeek-V3 (fp8 scales included) in one file
+MAX_HEADER_BYTES = 16 << 20
+#: the most header bytes one folder's files may hold together, checked before any is
+#: parsed: DeepSeek-V3's 163 headers take ~12 MB, a 1T-parameter MoE stored as 4-bit
+#: GPTQ (four tensors per linear) ~40 MB; as much as the index may be
+MAX_FOLDER_HEADER_BYTES = 64 << 20
+#: the most safetensors files one folder may hold: the largest checkpoints have a few
+#: hundred shards (Llama 3.1 405B: 191)
+MAX_FILES = 10_000
 #: the largest ``model.safetensors.index.json`` read (a 600B-parameter MoE's is ~10 MB)
 MAX_INDEX_BYTES = 64 << 20
+#: tensors between two calls of a reading's ``progress`` and ``cancelled``
+POLL_EVERY = 4096
 #: the most dimensions a tensor may have
 MAX_RANK = 64
+#: the most elements, and the largest dimension, a tensor may have: safetensors stores
+#: sizes as unsigned 64-bit integers, so no file describes more
+MAX_ELEMENTS = 2**64 - 1
 FIELD = "checkpoint"
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -87,6 +103,17 @@ _EMBEDDINGS = (
     "embed_in.weight",
     "tok_embeddings.weight",
 )
+
+
+#: ``progress(done, total)``: bytes of safetensors headers read of the folder's total
+Progress = Callable[[int, int], object]
+#: ``cancelled()``: true when the reading should stop (polled between files and every
+#: :data:`POLL_EVERY` tensors)
+Cancelled = Callable[[], bool]
+
+
+class ReadCancelled(Exception):
+    """A reading stopped because its ``cancelled`` callable said so; nothing was read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,42 +248,114 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+class _Duplicate(ValueError):
+    """A key repeated in one JSON object of a header."""
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {shown(key)} appears twice")
-        out[key] = value
+    # called for every object of the header: the dict is built at C speed, and only an
+    # object that lost a key to a repeat is walked again to name it
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Duplicate(f"the key {shown(key)} appears twice")
+            seen.add(key)
     return out
 
 
-def _raw_header(path: Path) -> tuple[dict[str, Any], int, int]:
-    """The parsed header object, the bytes of data after it, and the file's size."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+class _Watch:
+    """A reading's progress and cancel: bytes of headers done of the total, polled."""
+
+    def __init__(self, progress: Progress | None, cancelled: Cancelled | None) -> None:
+        self.progress = progress
+        self.cancelled = cancelled
+        self.total = 0
+        self.done = 0
+
+    def check(self) -> None:
+        """Stop (:class:`ReadCancelled`) if asked to."""
+        if self.cancelled is not None and self.cancelled():
+            raise ReadCancelled
+
+    def poll(self, done: int) -> None:
+        """Stop if asked to; else say that ``done`` bytes of headers are read."""
+        self.check()
+        self.done = min(max(done, self.done), self.total)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_BINARY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _open(path: Path) -> tuple[int, int]:
+    """An open descriptor of the regular file ``path`` and its size; a FIFO or a device
+    is refused without blocking (opened non-blocking, checked on the descriptor)."""
     try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         raise _error(path, f"cannot read it: {exc.strerror or exc}") from exc
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _error(path, f"is {_kind(info.st_mode)}, not a safetensors file")
-        size = info.st_size
-        if size < 8:
-            raise _error(path, f"{size} bytes: too short for a safetensors file")
-        n = int.from_bytes(_read_exact(fd, 8), "little")
-        if n > size - 8:
-            raise _error(
-                path,
-                f"the header claims {n:,} bytes but only {size - 8:,} follow its length "
-                "(a truncated file, or not safetensors)",
-            )
-        if n > MAX_HEADER_BYTES:
-            raise _error(
-                path, f"the header claims {n:,} bytes; over {MAX_HEADER_BYTES:,} is refused"
-            )
-        if n < 2:
-            raise _error(path, f"the header is {n} byte(s): too short for a JSON object")
+    except OSError as exc:
+        os.close(fd)
+        raise _error(path, f"cannot read it: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _error(path, f"is {_kind(info.st_mode)}, not a safetensors file")
+    return fd, info.st_size
+
+
+def _header_length(path: Path, fd: int, size: int) -> int:
+    """The header length the file's first 8 bytes claim, checked against the file's size
+    and :data:`MAX_HEADER_BYTES` before a byte of the header is read."""
+    if size < 8:
+        raise _error(path, f"{size} bytes: too short for a safetensors file")
+    n = int.from_bytes(_read_exact(fd, 8), "little")
+    if n > size - 8:
+        raise _error(
+            path,
+            f"the header claims {n:,} bytes but only {size - 8:,} follow its length "
+            "(a truncated file, or not safetensors)",
+        )
+    if n > MAX_HEADER_BYTES:
+        raise _error(
+            path,
+            f"the header claims {n:,} bytes; headers over {MAX_HEADER_BYTES:,} bytes "
+            f"({MAX_HEADER_BYTES / (1 << 20):g} MiB) are refused: a real one takes well "
+            "under 1 MiB",
+        )
+    if n < 2:
+        raise _error(path, f"the header is {n} byte(s): too short for a JSON object")
+    return n
+
+
+def _claimed_length(path: Path) -> int:
+    """:func:`_header_length` of the file ``path``: its first 8 bytes only."""
+    fd, size = _open(path)
+    try:
+        return _header_length(path, fd, size)
+    except OSError as exc:
+        raise _error(path, f"cannot read it: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _raw_header(path: Path, limit: int | None = None) -> tuple[dict[str, Any], int, int]:
+    """The parsed header object, the bytes of data after it, and the file's size; a
+    header longer than ``limit`` (what the folder's bound leaves) is refused unread."""
+    fd, size = _open(path)
+    try:
+        n = _header_length(path, fd, size)
+        if limit is not None and n > limit:
+            raise _folder_bound(path)
         raw = _read_exact(fd, n)
     except OSError as exc:
         raise _error(path, f"cannot read it: {exc.strerror or exc}") from exc
@@ -276,11 +375,22 @@ def _raw_header(path: Path) -> tuple[dict[str, Any], int, int]:
         ) from exc
     except RecursionError as exc:
         raise _error(path, "the header is nested too deeply to be safetensors") from exc
-    except ValueError as exc:  # a duplicate key, an integer of thousands of digits
+    except _Duplicate as exc:
         raise _error(path, f"the header is not valid: {exc}") from exc
+    except ValueError as exc:  # an integer over Python's 4,300 digits
+        raise _error(path, "the header holds a number of over 4,300 digits") from exc
     if not isinstance(header, dict):
         raise _error(path, f"the header is a JSON {type(header).__name__}, not an object")
     return header, size - 8 - n, size
+
+
+def _folder_bound(path: Path) -> EstimateError:
+    return _error(
+        path,
+        f"with it the folder's headers are over {MAX_FOLDER_HEADER_BYTES:,} bytes "
+        f"({MAX_FOLDER_HEADER_BYTES / (1 << 20):g} MiB) together, and refused: a real "
+        "checkpoint's take a few MB",
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -306,6 +416,7 @@ def _tensor(path: Path, name: str, entry: Any, data_len: int) -> tuple[TensorInf
         raise _error(
             path, f"{where}: shape is {shown(shape)}, expected a list of non-negative integers"
         )
+    count = _elements(path, where, shape)
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_int, offsets)):
         raise _error(
             path, f"{where}: data_offsets is {shown(offsets)}, expected two integers [start, end]"
@@ -322,28 +433,107 @@ def _tensor(path: Path, name: str, entry: Any, data_len: int) -> tuple[TensorInf
     dims = tuple(shape)
     bits = DTYPE_BITS.get(dtype)
     if bits is not None:
-        need = prod(dims) * bits
+        need = count * bits
         if need % 8 or need // 8 != end - start:
-            have = f"{need / 8:,g}" if need % 8 else f"{need // 8:,}"
             raise _error(
                 path,
-                f"{where}: {dtype} {list(dims)} takes {have} bytes but data_offsets "
-                f"span {end - start:,}",
+                f"{where}: {dtype} {shown(shape)} takes {_bytes_of_bits(need)} bytes but "
+                f"data_offsets span {end - start:,}",
             )
     return TensorInfo(name, dtype, dims, path.name, end - start), start
 
 
-def _header_tensors(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int]:
-    """The header, its tensors checked (in header order), and the file's size."""
-    header, data_len, size = _raw_header(path)
+def _elements(path: Path, where: str, shape: list[int]) -> int:
+    """The element count of ``shape`` (non-negative integers), refused when a dimension
+    or the count is over :data:`MAX_ELEMENTS`: no product grows past it, and no error
+    shows a number longer than a 64-bit one."""
+    for i, d in enumerate(shape):
+        if d > MAX_ELEMENTS:
+            raise _error(
+                path,
+                f"{where}: dimension {i} of its shape is a {len(str(d)):,}-digit number; "
+                f"safetensors sizes are unsigned 64-bit (at most 2^64 - 1)",
+            )
+    if 0 in shape:
+        return 0
+    count = 1
+    for d in shape:
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise _error(
+                path,
+                f"{where}: shape {shown(shape)} holds over 2^64 - 1 elements, more than a "
+                "safetensors size counts",
+            )
+    return count
+
+
+def _bytes_of_bits(bits: int) -> str:
+    """``bits`` in bytes, exactly: ``"2,048"``, ``"2.5"``, ``"0.125"`` (no float rounds it)."""
+    whole, part = divmod(bits, 8)
+    return f"{whole:,}" + (f".{part * 125:03d}".rstrip("0") if part else "")
+
+
+def _tensor_fast(
+    file: str, name: str, entry: Any, data_len: int, dtypes: dict[str, int | None]
+) -> tuple[TensorInfo, int] | None:
+    """:func:`_tensor` for an entry that passes every one of its checks, without building
+    a message; ``None`` for any other entry, which :func:`_tensor` then reads and names.
+    ``dtypes``: the dtype strings already found valid, with their bits."""
+    if type(entry) is not dict:
+        return None
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
+        return None
+    if not isinstance(dtype, str) or (bits := dtypes.get(dtype, 0)) == 0:
+        return None  # a dtype not met yet (or not a string): the full check decides
+    if len(shape) > MAX_RANK:
+        return None
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0 or d > MAX_ELEMENTS:
+            return None
+        count *= d
+    if count > MAX_ELEMENTS:
+        return None
+    start, end = offsets
+    if type(start) is not int or type(end) is not int or not 0 <= start <= end <= data_len:
+        return None
+    if bits is not None and count * bits != (end - start) * 8:
+        return None
+    return TensorInfo(name, dtype, tuple(shape), file, end - start), start
+
+
+def _header_tensors(
+    path: Path, watch: _Watch | None = None, limit: int | None = None
+) -> tuple[dict[str, Any], list[TensorInfo], int, int]:
+    """The header, its tensors checked (in header order), the file's size and the
+    header's length. ``watch`` is polled every :data:`POLL_EVERY` tensors (its ``done``
+    counts this header's bytes in proportion); ``limit`` is what the folder's bound
+    leaves for this header."""
+    header, data_len, size = _raw_header(path, limit)
     tensors: list[TensorInfo] = []
     starts: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
+    dtypes: dict[str, int | None] = {}
+    file = path.name
+    header_len = size - 8 - data_len
+    before = watch.done if watch is not None else 0
+    entries = len(header)
+    for i, (name, entry) in enumerate(header.items()):
+        if watch is not None and i % POLL_EVERY == 0 and i:
+            watch.poll(before + header_len * i // entries)
         if name == "__metadata__":
             if not isinstance(entry, dict):
                 raise _error(path, f"__metadata__ is {shown(entry)}, expected an object")
             continue
-        tensor, start = _tensor(path, name, entry, data_len)
+        found = _tensor_fast(file, name, entry, data_len, dtypes)
+        if found is None:
+            found = _tensor(path, name, entry, data_len)
+            dtype = found[0].dtype
+            dtypes[dtype] = DTYPE_BITS.get(dtype)
+        tensor, start = found
         tensors.append(tensor)
         if tensor.nbytes:
             starts.append((start, start + tensor.nbytes, name))
@@ -351,7 +541,7 @@ def _header_tensors(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int]:
     for (_, end_a, a), (start_b, _, b) in itertools.pairwise(starts):
         if start_b < end_a:
             raise _error(path, f"tensors {shown(a)} and {shown(b)} overlap in the data")
-    return header, tensors, size
+    return header, tensors, size, header_len
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -364,8 +554,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     dtype x shape for every dtype of :data:`DTYPE_BITS`), no two tensors overlapping.
     Anything else is an :class:`EstimateError` (field ``"checkpoint"``) naming the file.
     """
-    header, _, _ = _header_tensors(Path(path))
-    return header
+    return _header_tensors(Path(path))[0]
 
 
 # -- a folder -----------------------------------------------------------------------------
@@ -571,9 +760,23 @@ def _quantization(
     )
 
 
-def _read_config(folder: Path, warnings: list[str]) -> Mapping[str, Any] | None:
+def _present(path: Path, repository: str | None) -> bool:
+    """Whether the folder's file ``path`` is there to be read. In a snapshot of the hub
+    cache (``repository``: the real path of its model folder) by the cache's own rule,
+    :func:`engine.hub_cache.held`: a link is followed only inside the model; elsewhere any
+    entry is (a dangling link then fails with its reason when read)."""
+    if repository is None:
+        return os.path.lexists(path)
+    return held(path, repository) is not None
+
+
+def _read_config(
+    folder: Path, warnings: list[str], repository: str | None
+) -> Mapping[str, Any] | None:
     path = folder / "config.json"
-    if not os.path.lexists(path):
+    if not _present(path, repository):
+        if os.path.lexists(path):
+            warnings.append(f"config.json not read for its quantization_config ({NOT_HELD})")
         return None
     try:
         cfg = read_json(path, FIELD)
@@ -584,30 +787,57 @@ def _read_config(folder: Path, warnings: list[str]) -> Mapping[str, Any] | None:
 
 
 def _read_checkpoint(
-    folder: Path, cfg: Mapping[str, Any] | None, warnings: list[str] | None = None
+    folder: Path,
+    cfg: Mapping[str, Any] | None,
+    warnings: list[str] | None = None,
+    repository: str | None = None,
+    watch: _Watch | None = None,
 ) -> CheckpointInfo:
     if not _is_folder(folder):
         raise EstimateError(FIELD, f"{folder} is not a folder")
     warnings = [] if warnings is None else warnings
+    watch = watch or _Watch(None, None)
     weight_map: dict[str, str] | None = None
     index_total: int | None = None
-    if os.path.lexists(folder / INDEX_NAME):
+    if _present(folder / INDEX_NAME, repository):
         files, weight_map, index_total = _index_files(folder)
     else:
+        if os.path.lexists(folder / INDEX_NAME):
+            warnings.append(f"{INDEX_NAME}: {NOT_HELD}; the folder's *.safetensors files are read")
         files = _folder_files(folder)
+    if len(files) > MAX_FILES:
+        raise EstimateError(
+            FIELD,
+            f"{folder.name or folder}: {len(files):,} safetensors files; over {MAX_FILES:,} "
+            "are refused (the largest checkpoints have a few hundred)",
+        )
+    # first every header's length: the total for progress, and the folder's bound
+    # checked before any header is parsed
+    for file in files:
+        watch.check()
+        path = folder / file
+        if not _present(path, repository):
+            if weight_map is None:
+                raise _error(path, NOT_HELD)
+            why = NOT_HELD if repository is not None else "which is not in the folder"
+            raise EstimateError(FIELD, f"{INDEX_NAME} names {file}, {why}")
+        watch.total += _claimed_length(path)
+        if watch.total > MAX_FOLDER_HEADER_BYTES:
+            raise _folder_bound(path)
     by_name: dict[str, TensorInfo] = {}
-    file_bytes = 0
+    file_bytes = read = 0
     for file in files:
         path = folder / file
-        if weight_map is not None and not os.path.lexists(path):
-            raise EstimateError(FIELD, f"{INDEX_NAME} names {file}, which is not in the folder")
-        _, tensors, size = _header_tensors(path)
+        watch.poll(read)
+        _, tensors, size, length = _header_tensors(path, watch, MAX_FOLDER_HEADER_BYTES - read)
         file_bytes += size
+        read += length
         for t in tensors:
             other = by_name.get(t.name)
             if other is not None:
                 raise _error(path, f"tensor {shown(t.name)} is also in {other.file}")
             by_name[t.name] = t
+    watch.poll(watch.total)
     if weight_map is not None:
         absent = [(n, f) for n, f in weight_map.items() if n not in by_name]
         if absent:
@@ -630,23 +860,26 @@ def _read_checkpoint(
         )
     if not tensors_all:
         warnings.append("the checkpoint holds no tensors")
-    stats: dict[str, DtypeStats] = {}
+    tally: dict[str, list[int]] = {}  # dtype -> [tensors, elements, bytes]
     for t in tensors_all:
-        s = stats.get(t.dtype, DtypeStats(t.dtype, 0, 0, 0))
-        stats[t.dtype] = DtypeStats(
-            t.dtype, s.tensors + 1, s.elements + t.numel, s.bytes + t.nbytes
-        )
-        if t.dtype not in DTYPE_BITS and s.tensors == 0:
-            warnings.append(f"dtype {shown(t.dtype)} is not a safetensors dtype MemFit knows")
+        counts = tally.get(t.dtype)
+        if counts is None:
+            counts = tally[t.dtype] = [0, 0, 0]
+            if t.dtype not in DTYPE_BITS:
+                warnings.append(f"dtype {shown(t.dtype)} is not a safetensors dtype MemFit knows")
+        counts[0] += 1
+        counts[1] += t.numel
+        counts[2] += t.nbytes
+    stats = [DtypeStats(dtype, *counts) for dtype, counts in tally.items()]
     logical, slack, not_params, quant = _classify(by_name, _quant_config(cfg), warnings)
     return CheckpointInfo(
         folder=folder,
         files=tuple(files),
         tensors=tensors_all,
-        by_dtype=tuple(sorted(stats.values(), key=lambda s: (-s.bytes, s.dtype))),
+        by_dtype=tuple(sorted(stats, key=lambda s: (-s.bytes, s.dtype))),
         total_bytes=total_bytes,
         file_bytes=file_bytes,
-        raw_elements=sum(t.numel for t in tensors_all),
+        raw_elements=sum(s.elements for s in stats),
         logical_parameters=logical,
         logical_slack=slack,
         not_parameters=tuple(not_params),
@@ -655,19 +888,39 @@ def _read_checkpoint(
     )
 
 
-def read_checkpoint(folder: str | os.PathLike[str]) -> CheckpointInfo:
+def read_checkpoint(
+    folder: str | os.PathLike[str],
+    *,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
+) -> CheckpointInfo:
     """Every tensor of the safetensors checkpoint in ``folder``, counted and classified.
 
     The files are those ``model.safetensors.index.json`` maps tensors to when it exists
     (each must be there and hold the tensors listed for it), else every ``*.safetensors``
-    in the folder. Each header is checked as :func:`read_safetensors_header` checks it; a
+    in the folder, at most :data:`MAX_FILES` of them. Each header is checked as
+    :func:`read_safetensors_header` checks it; together they may hold at most
+    :data:`MAX_FOLDER_HEADER_BYTES`, checked from their lengths before any is parsed; a
     tensor in two files is an error. ``config.json``'s ``quantization_config``, if there,
     confirms the quantization found and gives GPTQ's and AWQ's bits (4 if not given).
+
+    ``progress(done, total)`` is told the bytes of headers read, from ``(0, total)`` to
+    ``(total, total)``; ``cancelled()`` is asked between files and every
+    :data:`POLL_EVERY` tensors, and a true answer stops the reading with
+    :class:`ReadCancelled`.
     """
     folder = Path(folder)
     warnings: list[str] = []
-    cfg = _read_config(folder, warnings) if _is_folder(folder) else None
-    return _read_checkpoint(folder, cfg, warnings)
+    repository = _repository(folder)
+    cfg = _read_config(folder, warnings, repository) if _is_folder(folder) else None
+    watch = _Watch(progress, cancelled)
+    return _read_checkpoint(folder, cfg, warnings, repository, watch)
+
+
+def _repository(folder: Path) -> str | None:
+    """The real path of the model folder when ``folder`` is a snapshot of the hub cache."""
+    found = snapshot_of(folder)
+    return found[1] if found is not None else None
 
 
 def _is_folder(path: Path) -> bool:
@@ -682,15 +935,36 @@ def _is_folder(path: Path) -> bool:
 
 def _default_name(folder: Path) -> str:
     """``org/name`` for a snapshot of the hub cache, else the folder's name."""
-    absolute = Path(os.path.abspath(folder))
-    parent, grand = absolute.parent, absolute.parent.parent
-    if parent.name == "snapshots" and grand.name.startswith("models--"):
-        return grand.name[len("models--") :].replace("--", "/")
-    return absolute.name or "model"
+    found = snapshot_of(folder)
+    return found[0] if found is not None else Path(os.path.abspath(folder)).name or "model"
+
+
+def model_config(folder: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """The JSON object of the model folder's ``config.json``; in a snapshot of the hub
+    cache, read only by the cache's rule (:func:`engine.hub_cache.held`). Any problem is
+    an :class:`EstimateError` for the field ``"model"``."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not _is_folder(folder):
+        raise EstimateError("model", f"{folder} is not a folder")
+    repository = _repository(folder)
+    if repository is not None and not _present(path, repository):
+        raise EstimateError("model", f"{_default_name(folder)}: config.json: {NOT_HELD}")
+    if not os.path.lexists(path):
+        raise EstimateError("model", f"{folder.name or folder} has no config.json")
+    cfg = read_json(path, "model")
+    if not isinstance(cfg, Mapping):
+        raise EstimateError("model", f"config.json is a JSON {type(cfg).__name__}, not an object")
+    return cfg
 
 
 def model_from_folder(
-    folder: str | os.PathLike[str], read_as: str | None = None, name: str | None = None
+    folder: str | os.PathLike[str],
+    read_as: str | None = None,
+    name: str | None = None,
+    *,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
 ) -> tuple[ModelSpec, CheckpointInfo]:
     """The :class:`ModelSpec` of ``folder``'s ``config.json`` and its checkpoint's
     :class:`CheckpointInfo`.
@@ -699,17 +973,11 @@ def model_from_folder(
     passed on when given. ``name`` defaults to ``org/name`` for a hub-cache snapshot and
     to the folder's name otherwise. A missing or unreadable config is an
     :class:`EstimateError` for the field ``"model"``; checkpoint problems are for
-    ``"checkpoint"``.
+    ``"checkpoint"``. ``progress`` and ``cancelled``: as :func:`read_checkpoint` takes
+    them.
     """
     folder = Path(folder)
-    path = folder / "config.json"
-    if not _is_folder(folder):
-        raise EstimateError("model", f"{folder} is not a folder")
-    if not os.path.lexists(path):
-        raise EstimateError("model", f"{folder.name or folder} has no config.json")
-    cfg = read_json(path, "model")
-    if not isinstance(cfg, Mapping):
-        raise EstimateError("model", f"config.json is a JSON {type(cfg).__name__}, not an object")
+    cfg = model_config(folder)
     label = name or _default_name(folder)
     reader: Callable[..., ModelSpec] = model_from_hf_config
     if read_as is None:
@@ -718,7 +986,8 @@ def model_from_folder(
         spec = reader(cfg, label, read_as=read_as)
     else:
         raise EstimateError("read_as", "the config reader of this version does not take read_as")
-    return spec, _read_checkpoint(folder, cfg)
+    watch = _Watch(progress, cancelled)
+    return spec, _read_checkpoint(folder, cfg, repository=_repository(folder), watch=watch)
 
 
 def _tied_head(info: CheckpointInfo) -> TensorInfo | None:

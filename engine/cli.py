@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from engine.checkpoint import compare, model_from_folder
+from engine.checkpoint import compare, model_config, model_from_folder
 from engine.errors import EstimateError, bounded, shown
 from engine.estimate import GIB, Estimate, estimate
 from engine.explain import explained, groups_text, groups_to_dict
@@ -68,8 +68,8 @@ from engine.specs import (
 )
 from engine.steptime import StepTime
 from engine.sweep import best, describe, points_csv, sweep
+from engine.train_configs import ALLOW_FLAG, import_training_config
 from engine.train_configs import apply as apply_training_config
-from engine.train_configs import import_training_config
 
 EXIT_USAGE = 2
 
@@ -175,16 +175,15 @@ def model_section(name: str) -> dict[str, Any]:
 
 
 def _config_of(folder: Path, label: str) -> dict[str, Any]:
-    config = read_json(folder / "config.json", "model")
-    if not isinstance(config, dict):
-        raise EstimateError("model", f"{label}: config.json does not hold a JSON object")
-    return {**config, "_name_or_path": label}
+    return {**model_config(folder), "_name_or_path": label}
 
 
 def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list[str]) -> None:
     """``--from-config FILE`` merged into ``data`` (which has its model and hardware by now:
     the file sets training and GPU-count fields; flags and ``--set`` still override it)."""
-    imported = import_training_config(path=args.from_config)
+    imported = import_training_config(
+        path=args.from_config, allow_outside_paths=args.allow_outside_paths
+    )
     notes.append(f"{imported.format} configuration read from {Path(args.from_config).name}")
     if "model" not in data:
         if imported.model_preset:
@@ -382,6 +381,12 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the run's training configuration: Axolotl, TRL/transformers TrainingArguments, "
         "LitGPT, torchtune, DeepSpeed or accelerate",
+    )
+    p.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="let the --from-config file name files (a DeepSpeed config) outside its own "
+        "folder; without it they are not read",
     )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument(

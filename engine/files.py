@@ -10,7 +10,9 @@ Reading:
   is refused at once, without blocking (the file is opened ``O_NONBLOCK`` and checked with
   ``fstat`` on the open descriptor, so a file swapped in between cannot slip through);
 * at most :data:`MAX_READ_BYTES` are read; a larger file is refused with its size named;
-* the text is UTF-8, with or without a byte-order mark.
+* the text is UTF-8, with or without a byte-order mark;
+* a file that one file names (a DeepSpeed config named by a training config, a model's
+  files in the hub cache) is read only where :func:`resolves_inside` its folder.
 
 Writing is what an editor does on save:
 
@@ -70,6 +72,25 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def is_within(real: str, folder: str) -> bool:
+    """Whether the resolved path ``real`` is the resolved folder ``folder`` or lies inside
+    it (both as :func:`os.path.realpath` gives them: compare real paths, never names)."""
+    try:
+        return os.path.commonpath([real, folder]) == folder
+    except ValueError:  # one relative, one absolute; different drives
+        return False
+
+
+def resolves_inside(path: PathLike, folder: PathLike) -> bool:
+    """Whether ``path``, with every symbolic link on the way followed, is inside
+    ``folder`` (its links followed too): ``../`` and a link out of the folder are not,
+    whatever the names say; a path that cannot be resolved is not inside."""
+    try:
+        return is_within(os.path.realpath(path), os.path.realpath(folder))
+    except (OSError, ValueError):
+        return False
 
 
 def read_bytes(path: PathLike, field: str = "scenario", limit: int = MAX_READ_BYTES) -> bytes:

@@ -13,7 +13,8 @@ every model in it (datasets and spaces are skipped) and :func:`find_model` resol
 ``"org/name"``, ``"org/name@revision"`` or a ref name to one snapshot folder.
 
 The walk is defensive: directories are listed with :func:`os.scandir` without following
-symbolic links, a link is followed only when it resolves inside its own repository folder,
+symbolic links, a link is followed only when it resolves inside its own repository folder
+(:func:`held`, the rule every reader of a cached model's files follows too),
 every :class:`OSError` (a dangling link, a link loop, an unreadable folder) becomes a
 warning on the model instead of an exception, and at most :data:`MAX_REPO_ENTRIES`
 entries are visited per model, :data:`MAX_ROOT_ENTRIES` at the cache's top level.
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import EstimateError, check_text, shown
+from engine.files import is_within
 
 #: entries visited inside one model folder (refs, snapshots, blobs) before the walk stops
 MAX_REPO_ENTRIES = 200_000
@@ -214,11 +216,38 @@ def _is_link(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def _inside(path: str, folder: str) -> bool:
+#: a snapshot's file that is not read, in the words of the listing and of every reader
+NOT_HELD = "missing, dangling or pointing outside the model"
+
+
+def held(path: str | os.PathLike[str], repository: str) -> os.stat_result | None:
+    """The stat of the regular file a snapshot's ``path`` holds -- a plain file, or the
+    file its links resolve to inside the model folder ``repository`` (a real path, as
+    :func:`os.path.realpath` gives it) -- or ``None`` when there is none: missing,
+    dangling, a loop, resolving outside the model, or not a regular file.
+
+    The one rule for every file of a cached model: the scan counts a file by it and
+    every reader of a cached model (:mod:`engine.checkpoint`) reads a file only by it."""
     try:
-        return os.path.commonpath([path, folder]) == folder
-    except ValueError:  # different drives
-        return False
+        real = os.path.realpath(path)
+        if not is_within(real, repository):
+            return None
+        info = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
+def snapshot_of(folder: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """``(repo id, real path of its model folder)`` when ``folder`` is a snapshot of the
+    hub cache (``.../models--org--name/snapshots/<commit>``), however it was reached;
+    ``None`` for any other folder."""
+    absolute = Path(os.path.abspath(folder))
+    parent = absolute.parent
+    repo_id = _repo_id(parent.parent.name) if parent.name == "snapshots" else None
+    if repo_id is None:
+        return None
+    return repo_id, os.path.realpath(parent.parent)
 
 
 class _RepoWalk:
@@ -240,17 +269,7 @@ class _RepoWalk:
     def target(self, entry: os.DirEntry[str]) -> os.stat_result | None:
         """The stat of what a snapshot entry holds: a plain file, or the file its link
         resolves to inside this model's folder; ``None`` if there is none to count."""
-        try:
-            if entry.is_symlink():
-                real = os.path.realpath(entry.path)
-                if not _inside(real, self.real):
-                    return None
-                info = os.stat(real)
-            else:
-                info = entry.stat(follow_symlinks=False)
-        except (OSError, ValueError):
-            return None
-        return info if stat.S_ISREG(info.st_mode) else None
+        return held(entry.path, self.real)
 
     def refs(self) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -323,8 +342,8 @@ class _RepoWalk:
                 newest = None
         if missing:
             self.warnings.append(
-                f"snapshot {entry.name[:12]}: {len(missing)} file(s) missing, dangling or "
-                f"pointing outside the model (first: {missing[0]})"
+                f"snapshot {entry.name[:12]}: {len(missing)} file(s) {NOT_HELD} "
+                f"(first: {missing[0]})"
             )
         return Snapshot(
             repo_id=repo_id,

@@ -21,9 +21,10 @@ the file and what is wrong.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import EstimateError, bounded, shown
 from engine.files import NotJson, parse_json, read_text
@@ -33,6 +34,9 @@ from engine.params import count_parameters
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
 from engine.specs import ModelSpec, Scenario
 from engine.train_configs import ImportedConfig
+
+if TYPE_CHECKING:
+    from engine.checkpoint import Cancelled, Progress
 
 
 def asks_for_read_as(error: EstimateError) -> bool:
@@ -119,10 +123,16 @@ def _from_data(
     return _training(base, source, text)
 
 
-def _training(base: Scenario, source: str, text: str, path: Path | None = None) -> Imported:
+def _training(
+    base: Scenario,
+    source: str,
+    text: str,
+    path: Path | None = None,
+    allow_outside_paths: bool = False,
+) -> Imported:
     from engine.train_configs import apply, import_training_config
 
-    imported = import_training_config(path=path, text=text)
+    imported = import_training_config(path=path, text=text, allow_outside_paths=allow_outside_paths)
     scenario = scenario_from_dict(apply(scenario_to_dict(base), imported, replace_model=True))
     messages = [f"{imported.format} configuration: stack {scenario.training.stack}"]
     if imported.model_preset:
@@ -146,11 +156,16 @@ def config_notes(imported: ImportedConfig) -> list[str]:
 
 
 def _folder(
-    folder: Path, base: Scenario, kind: str = "model-folder", read_as: str | None = None
+    folder: Path,
+    base: Scenario,
+    kind: str = "model-folder",
+    read_as: str | None = None,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
 ) -> Imported:
     from engine.checkpoint import compare, model_from_folder
 
-    model, info = model_from_folder(folder, read_as=read_as)
+    model, info = model_from_folder(folder, read_as=read_as, progress=progress, cancelled=cancelled)
     messages = _model_messages(model)
     c = compare(model, info)
     quant = f", {info.quantization.method}" if info.quantization else ""
@@ -170,21 +185,34 @@ def _folder(
     return Imported(kind, str(folder), scenario, (*messages, *said))
 
 
-def import_path(path: str | Path, base: Scenario, read_as: str | None = None) -> Imported:
+def import_path(
+    path: str | Path,
+    base: Scenario,
+    read_as: str | None = None,
+    *,
+    allow_outside_paths: bool = False,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
+) -> Imported:
     """The file or folder ``path`` applied to ``base`` (see the module docstring);
     ``read_as``: a model config of an unknown family read as this look-alike
-    (:func:`engine.hf_config.model_from_hf_config`)."""
+    (:func:`engine.hf_config.model_from_hf_config`); ``allow_outside_paths``: a training
+    config may name files outside its own folder
+    (:func:`engine.train_configs.import_training_config`); ``progress`` and
+    ``cancelled``: a model folder's reading reports to and polls them
+    (:func:`engine.checkpoint.read_checkpoint`; a cancel raises
+    :class:`~engine.checkpoint.ReadCancelled`)."""
     p = Path(path)
     if p.is_dir():
-        if (p / "config.json").is_file():
-            return _folder(p, base, read_as=read_as)
+        if os.path.lexists(p / "config.json"):  # a link is model_from_folder's to judge
+            return _folder(p, base, read_as=read_as, progress=progress, cancelled=cancelled)
         raise EstimateError("import", f"{p.name}: a folder without a config.json")
     text = read_text(p, "import")
     if p.suffix.lower() == ".json":
         data = parse_json(text, "import", p.name)
         if _is_scenario(data) or _is_hf_config(data):
             return _from_data(data, base, str(p), text, read_as)
-    return _training(base, str(p), text, p)
+    return _training(base, str(p), text, p, allow_outside_paths)
 
 
 def import_text(
@@ -206,11 +234,18 @@ def import_text(
 
 
 def import_cached(
-    repo_id: str, base: Scenario, revision: str | None = None, read_as: str | None = None
+    repo_id: str,
+    base: Scenario,
+    revision: str | None = None,
+    read_as: str | None = None,
+    *,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
 ) -> Imported:
-    """A model of the local Hugging Face cache (``org/name``) applied to ``base``."""
+    """A model of the local Hugging Face cache (``org/name``) applied to ``base``;
+    ``progress`` and ``cancelled`` as :func:`import_path` takes them."""
     from engine.hub_cache import find_model
 
     snapshot = find_model(repo_id, revision)
-    imported = _folder(Path(snapshot.path), base, "cached-model", read_as)
+    imported = _folder(Path(snapshot.path), base, "cached-model", read_as, progress, cancelled)
     return dataclasses.replace(imported, source=f"{repo_id}@{snapshot.commit[:12]}")

@@ -39,7 +39,9 @@ Reading is bounded like every other file MemFit reads: a regular file of at most
 :data:`MAX_CONFIG_BYTES`, UTF-8. YAML is first walked as the parser's events, counting
 its nodes with every alias expanded and its nesting, and refused at the first excess
 (a "billion laughs" document never gets built); what passes is read by
-``yaml.safe_load`` (no tags that build Python objects). Every problem is an
+``yaml.safe_load`` (no tags that build Python objects). A file the config names (a
+DeepSpeed config) is read only from the config's own folder, links followed, unless
+``allow_outside_paths``; nothing such a file holds is ever shown. Every problem is an
 :class:`~engine.errors.EstimateError` naming the file's own key (``lora_r``,
 ``train.micro_batch_size``, ``zero_optimization.stage``) and the values it accepts.
 """
@@ -47,6 +49,7 @@ its nodes with every alias expanded and its nesting, and refused at the first ex
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,7 +61,7 @@ import yaml
 
 from engine.errors import EstimateError, bounded, check_text, shown
 from engine.files import MAX_DEPTH as FILE_DEPTH
-from engine.files import PathLike, parse_json, read_text
+from engine.files import PathLike, parse_json, read_text, resolves_inside
 from engine.presets import load_model, model_names
 from engine.scenario_io import custom_gpu, scenario_from_dict, training_from_dict
 from engine.specs import (
@@ -425,11 +428,15 @@ _SECTIONS: dict[str, type[Any]] = {
 class _Out:
     """What a config says, collected as it is read."""
 
-    def __init__(self, fmt: str, source: str, base: Path | None) -> None:
+    def __init__(
+        self, fmt: str, source: str, base: Path | None, allow_outside_paths: bool = False
+    ) -> None:
         self.format = fmt
         self.source = source
         #: the config's folder, where files it names (a DeepSpeed config) are looked for
         self.base = base
+        #: files it names may be read outside ``base`` too
+        self.allow_outside_paths = allow_outside_paths
         self.training: dict[str, Any] = {}
         self.hardware: dict[str, Any] = {}
         self.model: str | None = None
@@ -1223,26 +1230,76 @@ def _deepspeed(out: _Out, ds: _Reader, key: str) -> None:
 _ZERO_NAME = re.compile(r"zero[_-]?([0-3])", re.IGNORECASE)
 
 
+#: the flag that lets a config name files outside its folder, as the notes name it
+ALLOW_FLAG = "--allow-outside-paths"
+#: keys a DeepSpeed config has at its top level; a named file with none of them is no
+#: DeepSpeed config (a token, a page, someone else's settings) and is not read further
+_DS_TOP_KEYS = _SIGNATURES["deepspeed"] | {
+    "bf16", "bfloat16", "fp16", "optimizer", "scheduler", "gradient_accumulation_steps",
+    "amp", "data_types", "zero_quantized_weights", "zero_hpz_partition_size",
+}  # fmt: skip
+_WHERE = re.compile(r"line \d+, column \d+")
+_UNSHOWN = "what a file named by the config holds is not shown"
+
+
+def _named_file(out: _Out, key: str, path: str) -> Path | str | None:
+    """Where to read the file that the config's ``key`` names as ``path``: relative to the
+    config's folder, and only when it resolves inside that folder, links followed (unless
+    ``allow_outside_paths``). ``None`` when there is nothing to read (text given as such
+    has no folder; no such file); a reason, in words, when the file is not read."""
+    if out.base is None:
+        return None
+    target = Path(path)
+    if not target.is_absolute():
+        target = out.base / target
+    if not out.allow_outside_paths and not resolves_inside(target, out.base):
+        return f"was not read, being outside the config's folder (allow it with {ALLOW_FLAG})"
+    return target if os.path.exists(target) else None  # a dangling link: not there
+
+
+def _unshown(exc: EstimateError, key: str, name: str) -> EstimateError:
+    """An error met in the file ``name`` that the config's ``key`` names, without anything
+    the file holds: its values, its text, its YAML anchors. What is accepted is kept (the
+    engine's own words after "expected"), and where, for a file that does not parse."""
+    if exc.field.startswith(f"{key}[{name}]"):
+        _, sep, accepted = exc.detail.rpartition("expected ")
+        tail = f"; expected {accepted}" if sep else ""
+        return EstimateError(exc.field, f"the value {name} gives is refused{tail} ({_UNSHOWN})")
+    where = _WHERE.search(exc.detail)
+    at = f" at {where.group()}" if where else ""
+    return EstimateError(
+        key,
+        f"{name} is not a DeepSpeed config MemFit reads (not a JSON or YAML mapping of "
+        f"DeepSpeed keys{at})",
+    )
+
+
 def _deepspeed_reference(out: _Out, value: Any, key: str) -> None:
     """The ``deepspeed`` key of a Trainer or Axolotl config: a DeepSpeed config as a dict,
-    or the path of one (read when it exists beside the config, else its name is read
-    for the ZeRO stage, as Axolotl's shipped ``deepspeed_configs/zero3_bf16.json``)."""
+    or the path of one: read when it is in the config's folder (:func:`_named_file`), else
+    its name is read for the ZeRO stage, as Axolotl's shipped
+    ``deepspeed_configs/zero3_bf16.json``. Nothing the named file holds is ever shown."""
     if isinstance(value, dict):
         _deepspeed(out, _Reader(value, key + ".", out), key)
         return
     path = check_text(key, value)
-    target = Path(path)
-    if out.base is not None and not target.is_absolute():
-        target = out.base / target
-    # only a config read from a file names files: text given as such has no folder
-    if out.base is not None and target.is_file():
-        data = _parse(read_text(target, key, MAX_CONFIG_BYTES), target.name, target.suffix.lower())
-        _deepspeed(out, _Reader(data, f"{key}[{target.name}].", out), key)
+    target = _named_file(out, key, path)
+    if isinstance(target, Path):
+        # a FIFO, a device or a folder is refused here, at once, by read_text
+        text = read_text(target, key, MAX_CONFIG_BYTES)
+        try:
+            data = _parse(text, target.name, target.suffix.lower())
+            if not _DS_TOP_KEYS & set(data):
+                raise EstimateError(_FIELD, "no DeepSpeed key")
+            _deepspeed(out, _Reader(data, f"{key}[{target.name}].", out), key)
+        except EstimateError as exc:
+            raise _unshown(exc, key, target.name) from None
         return
+    why = target or "was not found"
     out.set("parallelism.framework", "deepspeed", key)
     match = _ZERO_NAME.search(Path(path).name)
     if match is None:
-        out.note(f"{key} {path!r} was not found: DeepSpeed with the scenario's ZeRO stage")
+        out.note(f"{key} {shown(path)} {why}: DeepSpeed with the scenario's ZeRO stage")
         return
     stage = int(match.group(1))
     out.set("parallelism.zero_stage", stage, key)
@@ -1252,7 +1309,7 @@ def _deepspeed_reference(out: _Out, value: Any, key: str) -> None:
         out.set("offload.parameters", "cpu", key)
     elif stage == 3 and "cpuoffload_params" in name:
         out.set("offload.parameters", "cpu", key)
-    out.note(f"{key} {path!r} was not found: ZeRO stage {stage} read from its name")
+    out.note(f"{key} {shown(path)} {why}: ZeRO stage {stage} read from its name")
 
 
 # --------------------------------------------------------------------------------------
@@ -2501,11 +2558,20 @@ def _field_of(exc: EstimateError, origins: Mapping[str, str]) -> EstimateError:
 
 
 def import_training_config(
-    path: PathLike | None = None, text: str | None = None, fmt: str | None = None
+    path: PathLike | None = None,
+    text: str | None = None,
+    fmt: str | None = None,
+    *,
+    allow_outside_paths: bool = False,
 ) -> ImportedConfig:
     """Read the training config at ``path`` (or the config ``text``; with both, ``path``
     names the text) as the format ``fmt`` -- one of :data:`FORMATS`, else detected
-    (:func:`detect_format`) -- into an :class:`ImportedConfig`."""
+    (:func:`detect_format`) -- into an :class:`ImportedConfig`.
+
+    A file the config names (a DeepSpeed config) is looked for relative to the config's
+    folder and read only when it resolves inside that folder, symbolic links followed; one
+    outside is not read (a note says so) unless ``allow_outside_paths``. Text given as
+    such names no files. Errors and notes never show what a named file holds."""
     if path is None and text is None:
         raise EstimateError(_FIELD, "give a file or the text of one")
     if fmt is not None and fmt not in FORMATS:
@@ -2519,7 +2585,8 @@ def import_training_config(
     suffix = file.suffix.lower() if file is not None else ""
     data = _parse(text, shown_name, suffix)
     chosen = fmt or _detect(data, shown_name)
-    out = _Out(chosen, source, file.parent if file is not None else None)
+    base = file.parent if file is not None else None
+    out = _Out(chosen, source, base, allow_outside_paths)
     _READERS[chosen](_Reader(data, "", out))
     preset: str | None = None
     if out.model is not None and chosen == "torchtune":
@@ -2601,6 +2668,7 @@ def apply(
 
 
 __all__ = [
+    "ALLOW_FLAG",
     "FORMATS",
     "MAX_CONFIG_BYTES",
     "ImportedConfig",

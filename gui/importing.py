@@ -5,15 +5,23 @@ Everything is read by :mod:`engine.imports` (the CLI reads the same way); this m
 asks for the file, folder, text or cached model, applies the result to the store -- a
 scenario file opens as a document, anything else is one undoable edit -- and says what the
 import assumed and what MemFit cannot model.
+
+A model folder or a cached model is read off the GUI thread (:mod:`gui.background`): its
+safetensors headers can take seconds. A window-modal progress dialog shows the header
+bytes read and has a Cancel that stops the reading at its next poll, leaving the
+scenario as it was. Imports asked for meanwhile (several dropped files) wait their turn,
+so they still apply in order.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QSortFilterProxyModel, Qt
+from PySide6.QtCore import QObject, QSortFilterProxyModel, Qt, Slot
 from PySide6.QtGui import QGuiApplication, QKeySequence, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -25,15 +33,19 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMessageBox,
+    QProgressDialog,
     QTableView,
     QVBoxLayout,
     QWidget,
 )
 
+from engine.checkpoint import Cancelled, Progress, ReadCancelled
 from engine.errors import EstimateError
 from engine.files import read_bytes
 from engine.hf_config import supported_families
 from engine.imports import Imported, asks_for_read_as, import_cached, import_path, import_text
+from engine.specs import Scenario
+from gui.background import Channel, KeepGoing
 
 if TYPE_CHECKING:
     from engine.hub_cache import CachedModel
@@ -56,6 +68,43 @@ def is_scenario_file(path: Path) -> bool:
         return b'"memfit_scenario"' in read_bytes(path, "import")[:4096]
     except EstimateError:
         return False
+
+
+#: a background read: the base scenario, the look-alike family (or None), progress and
+#: cancel as :func:`engine.checkpoint.read_checkpoint` takes them
+Read = Callable[[Scenario, str | None, Progress, Cancelled], Imported]
+
+
+@dataclass(frozen=True)
+class FolderImport:
+    """A model folder or a cached model to read in the background."""
+
+    read: Read
+    name: str
+    #: the folder, for the recent list (None for a cached model)
+    path: Path | None = None
+
+
+def read_in_background(
+    read: Read, base: Scenario, read_as: str | None, keep_going: KeepGoing
+) -> Imported | EstimateError | OSError | None:
+    """``read`` run on a worker thread: the import, the error to show on the GUI thread
+    (where a look-alike family can be asked for), or ``None`` once cancelled."""
+    latest = [0, 0]
+
+    def progress(done: int, total: int) -> None:
+        latest[:] = [done, total]
+        keep_going(done, total)
+
+    def cancelled() -> bool:
+        return not keep_going(*latest)
+
+    try:
+        return read(base, read_as, progress, cancelled)
+    except ReadCancelled:
+        return None
+    except (EstimateError, OSError) as exc:
+        return exc
 
 
 def human_bytes(n: int) -> str:
@@ -96,6 +145,16 @@ class Importer(QObject):
             QKeySequence("Ctrl+Shift+V"),
             "Read a scenario, a config.json or a training configuration from the clipboard",
         )
+        #: reads model folders and cached models off the GUI thread, one at a time
+        self.reader = Channel(self)
+        self.reader.progressed.connect(self._on_progress)
+        self.reader.finished.connect(self._on_read)
+        self.reader.failed.connect(self._on_failed)
+        #: the progress dialog of the background read, while one runs
+        self.progress: QProgressDialog | None = None
+        self._current: FolderImport | None = None
+        #: imports asked for while a background read runs, in order
+        self._waiting: deque[Callable[[], object]] = deque()
 
     @property
     def actions(self) -> list:  # type: ignore[type-arg]
@@ -120,16 +179,48 @@ class Importer(QObject):
         dialog = ModelBrowser(self.window)
         if dialog.exec() == QDialog.DialogCode.Accepted and dialog.chosen:
             repo, revision = dialog.chosen
-            self.run(lambda r: import_cached(repo, self.window.store.scenario, revision, r), repo)
+            self.start(
+                FolderImport(
+                    lambda base, r, progress, cancelled: import_cached(
+                        repo, base, revision, r, progress=progress, cancelled=cancelled
+                    ),
+                    repo,
+                )
+            )
 
     def paste(self) -> None:
         self.import_pasted(QGuiApplication.clipboard().text(), "the clipboard")
 
     def import_pasted(self, text: str, name: str) -> bool:
+        if self.busy:
+            self._waiting.append(lambda: self.import_pasted(text, name))
+            return True
         return self.run(lambda r: import_text(text, self.window.store.scenario, name, r), name)
 
     # -- doing ------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """A model folder or a cached model is being read in the background."""
+        return self.reader.busy
+
     def import_path(self, path: Path) -> bool:
+        """Import the file or folder ``path``: a file at once (``True`` if it applied), a
+        folder in the background (``True``: started; it applies when read). While a
+        folder is read, the import waits its turn."""
+        if self.busy:
+            self._waiting.append(lambda: self.import_path(path))
+            return True
+        if path.is_dir():
+            self.start(
+                FolderImport(
+                    lambda base, r, progress, cancelled: import_path(
+                        path, base, r, progress=progress, cancelled=cancelled
+                    ),
+                    path.name,
+                    path,
+                )
+            )
+            return True
         return self.run(lambda r: import_path(path, self.window.store.scenario, r), path.name, path)
 
     def import_paths(self, paths: Sequence[Path]) -> bool:
@@ -161,6 +252,92 @@ class Importer(QObject):
             message_box(self.window, QMessageBox.Icon.Warning, f"Could not import {name}:\n{exc}")
             return False
         return self.apply(imported, path)
+
+    def start(self, job: FolderImport, read_as: str | None = None) -> None:
+        """Read ``job`` in the background on the current scenario, with a progress
+        dialog; it applies as :meth:`run` applies an import when it is read."""
+        self._current = job
+        base = self.window.store.scenario
+        self._show_progress(job.name)
+        self.reader.start(lambda keep: read_in_background(job.read, base, read_as, keep))
+
+    def cancel(self) -> None:
+        """Stop the background read; the scenario stays as it was."""
+        if self.busy:
+            self.reader.cancel()
+
+    def shutdown(self) -> None:
+        """Stop the background read and wait for it (the window is closing)."""
+        self._waiting.clear()
+        self.reader.shutdown()
+        self._close_progress()
+
+    def _show_progress(self, name: str) -> None:
+        self._close_progress()
+        dialog = QProgressDialog(self.window)
+        label = QLabel(f"Reading the checkpoint headers of {name}")
+        label.setTextFormat(Qt.TextFormat.PlainText)  # a folder's name is no markup
+        dialog.setLabel(label)
+        dialog.setCancelButtonText("Cancel")
+        dialog.setWindowTitle("Importing")
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)  # no edits meanwhile
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        dialog.setRange(0, 0)  # busy until the total is known
+        dialog.canceled.connect(self.cancel)
+        dialog.show()  # at once: the window takes no edits while the import reads
+        self.progress = dialog
+
+    def _close_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.canceled.disconnect(self.cancel)
+            self.progress.reset()
+            self.progress.hide()
+            self.progress.deleteLater()
+            self.progress = None
+
+    @Slot(int, int)
+    def _on_progress(self, done: int, total: int) -> None:
+        if self.progress is not None and total > 0:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+
+    @Slot(object, bool)
+    def _on_read(self, result: object, complete: bool) -> None:
+        job, self._current = self._current, None
+        self._close_progress()
+        if job is None:
+            return
+        if result is None or not complete:
+            self.window.statusBar().showMessage(f"Import of {job.name} cancelled", 5000)
+        elif isinstance(result, EstimateError) and asks_for_read_as(result):
+            family = self.ask_read_as(job.name, str(result))
+            if family is not None:
+                self.start(job, family)
+                return
+        elif isinstance(result, EstimateError | OSError):
+            self._could_not(job.name, str(result))
+        elif isinstance(result, Imported):
+            self.apply(result, job.path)
+        self._next()
+
+    @Slot(str)
+    def _on_failed(self, message: str) -> None:
+        job, self._current = self._current, None
+        self._close_progress()
+        self._could_not(job.name if job is not None else "the folder", message)
+        self._next()
+
+    def _could_not(self, name: str, problem: str) -> None:
+        from gui.main_window import message_box
+
+        message_box(self.window, QMessageBox.Icon.Warning, f"Could not import {name}:\n{problem}")
+
+    def _next(self) -> None:
+        """The imports that waited for the background read, in order, until one of them
+        starts another."""
+        while self._waiting and not self.busy:
+            self._waiting.popleft()()
 
     def ask_read_as(self, name: str, problem: str) -> str | None:
         """The family to read an unknown config as, chosen by the user (None: cancel)."""

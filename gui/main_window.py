@@ -1148,4 +1148,5 @@ class MainWindow(QMainWindow):
         self.write_settings()
         self.write_autosave(discarded=choice == DISCARDED)
         self.tradeoffs.shutdown()
+        self.importer.shutdown()
         event.accept()

@@ -26,7 +26,16 @@ The kinds of case (:data:`KINDS`):
 * ``long error`` -- a message line (an error or a note) over :data:`LONG_LINE`
   characters: a value repeated whole;
 * ``traceback`` -- any exception that escaped, or an error that is not one line;
-* ``hang`` -- over the time limit.
+* ``hang`` -- over the time limit;
+* ``leak`` -- the output holds :data:`SECRET`, the content of a file MemFit must never
+  show (a hub token a training config names).
+
+Two kinds build folders: ``checkpoint`` -- model folders (some laid out as a snapshot of
+the hub cache) whose safetensors headers are mutated: absurd shapes, odd dtypes, lengths
+that claim more than the file, headers near their bound, files that are FIFOs, devices or
+links out of the folder -- run through ``memfit checkpoint``; ``paths`` -- training
+configs whose DeepSpeed config path is hostile: absolute, ``../`` out of the folder, a
+link out, a FIFO, ``/dev/zero``, or a file inside the folder whose content is the secret.
 
 ``benchmarks/fuzz_cli.py`` runs tens of thousands of cases and prints the counts;
 ``tests/engine/test_fuzz.py`` runs a few hundred on every CI run.
@@ -39,8 +48,10 @@ import copy
 import functools
 import io
 import json
+import math
 import os
 import random
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -58,7 +69,9 @@ from engine.scenario_io import scenario_from_dict
 
 DATA = Path(__file__).resolve().parent.parent / "validation"
 TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "fixtures" / "train_configs"
-KINDS = ("file", "config", "flags", "special", "train-config", "paste")
+KINDS = (
+    "file", "config", "flags", "special", "train-config", "paste", "checkpoint", "paths",
+)  # fmt: skip
 #: the longest message line that is not a value repeated whole (the longest list of
 #: accepted values, the model families MemFit reads, makes a line of about 470)
 LONG_LINE = 500
@@ -66,6 +79,8 @@ LONG_LINE = 500
 HUGE = (10**308, -(10**399), 10**3999)
 #: the levels of nesting that parses (under Python's recursion limit of 1,000)
 DEEP = (300, 990)
+#: the content of a file no output may ever show (see the ``leak`` outcome)
+SECRET = "hf_FuzzedSecretToken0123456789abcdefXYZ"
 
 #: values that are wrong somewhere: other types, edges, non-text, non-numbers, text at
 #: and over the longest a name may be (2,000 characters)
@@ -350,7 +365,11 @@ def make_case(
 ) -> tuple[str, list[str]]:
     """One fuzzed case and its kind: a command line, or for ``paste`` the text alone."""
     training = training if training is not None else train_configs()
-    kind = rng.choices(KINDS, weights=(5, 2, 3, 0.3, 2, 1.5))[0]
+    kind = rng.choices(KINDS, weights=(5, 2, 3, 0.3, 2, 1.5, 1, 1))[0]
+    if kind == "checkpoint":
+        return kind, checkpoint_case(rng, folder / f"ckpt{rng.randrange(10**9)}")
+    if kind == "paths":
+        return kind, paths_case(rng, folder / f"paths{rng.randrange(10**9)}")
     json_flag = ["--json"] if rng.random() < 0.5 else []
     path = folder / f"case{rng.randrange(10**9)}.json"
     if kind == "file":
@@ -433,6 +452,8 @@ def run_case(kind: str, argv: list[str], limit_s: float = 10.0) -> Outcome:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if SECRET in out.getvalue() or SECRET in err.getvalue():
+        return Outcome(kind, "leak", " ".join(argv)[:300])
     lines = err.getvalue().splitlines()
     long = [line for line in lines if len(line) > LONG_LINE]
     if long and code in (0, 2):
@@ -457,7 +478,282 @@ def fuzz(cases: int, seed: int = 1, limit_s: float = 10.0) -> list[Outcome]:
             outcomes.append(run_case(kind, argv, limit_s))
             for leftover in folder.iterdir():  # keep the folder small
                 if leftover.is_dir() and not leftover.is_symlink():
-                    leftover.rmdir()
+                    shutil.rmtree(leftover)
                 else:
                     leftover.unlink()
     return outcomes
+
+
+# -- model folders with hostile safetensors headers ------------------------------------------
+
+#: a tiny Llama whose tensors a checkpoint case starts from
+TINY_CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 1,
+    "hidden_size": 8,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 16,
+    "vocab_size": 32,
+    "tie_word_embeddings": False,
+}
+_TINY: dict[str, list[int]] = {
+    "model.embed_tokens.weight": [32, 8],
+    "model.layers.0.self_attn.q_proj.weight": [8, 8],
+    "model.layers.0.self_attn.k_proj.weight": [4, 8],
+    "model.layers.0.self_attn.v_proj.weight": [4, 8],
+    "model.layers.0.self_attn.o_proj.weight": [8, 8],
+    "model.layers.0.mlp.gate_proj.weight": [16, 8],
+    "model.layers.0.mlp.up_proj.weight": [16, 8],
+    "model.layers.0.mlp.down_proj.weight": [8, 16],
+    "model.layers.0.input_layernorm.weight": [8],
+    "model.layers.0.post_attention_layernorm.weight": [8],
+    "model.norm.weight": [8],
+    "lm_head.weight": [32, 8],
+}
+#: shapes no safetensors file holds, and edges of the ones it does
+SHAPES: tuple[Any, ...] = (
+    [10**400], [3**840], [2**64], [2**64 - 1], [2**64, 2**64], [2**32, 2**32], [2**63, 3],
+    [0, 2**64], [2] * 64, [1] * 65, [-1], [True], [1.5], ["8"], [], [0], 8, None, {},
+)  # fmt: skip
+#: dtypes of every width, odd ones first, and ones no file should hold
+DTYPES: tuple[Any, ...] = (
+    "F4", "F6_E2M3", "F6_E3M2", "F8_E4M3", "BF16", "F32", "C64", "BOOL", "Q3_K", "", "\x00",
+    "é", 7, None, ["F32"],
+)  # fmt: skip
+#: data offsets past every limit
+OFFSETS: tuple[Any, ...] = (
+    [0, 2**64], [0, 10**30], [-1, 4], [8, 4], [0], [0, 1, 2], ["0", "4"], None, [0, 2**63],
+)  # fmt: skip
+
+
+def _header(tensors: dict[str, Any]) -> bytes:
+    raw = json.dumps(tensors).encode()
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def _tiny_header(rng: random.Random) -> tuple[dict[str, Any], int]:
+    """The tiny model's header as a dict, some entries mutated, and its data's bytes."""
+    tensors: dict[str, Any] = {}
+    offset = 0
+    for name, shape in _TINY.items():
+        size = 2 * math.prod(shape)
+        tensors[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    for _ in range(rng.randint(0, 3)):
+        entry = tensors[rng.choice(list(tensors))]
+        field = rng.choice(("shape", "dtype", "data_offsets", "entry"))
+        if not isinstance(entry, dict):
+            continue
+        if field == "shape" and rng.random() < 0.5:  # an absurd size in an odd width
+            entry["dtype"] = rng.choice(("F4", "F6_E2M3", "F6_E3M2"))
+            entry["shape"] = rng.choice(([3**840], [3**41, 3**41], [10**400 + 1], [2**64 + 1]))
+        elif field == "shape":
+            entry["shape"] = copy.deepcopy(rng.choice(SHAPES))
+        elif field == "dtype":
+            entry["dtype"] = copy.deepcopy(rng.choice(DTYPES))
+        elif field == "data_offsets":
+            entry["data_offsets"] = copy.deepcopy(rng.choice(OFFSETS))
+        else:
+            tensors[rng.choice(list(tensors))] = copy.deepcopy(rng.choice(JUNK))
+    if rng.random() < 0.1:
+        tensors["__metadata__"] = copy.deepcopy(rng.choice(JUNK))
+    return tensors, offset
+
+
+def expert_tensors(count: int) -> dict[str, Any]:
+    """Header entries of ``count`` 1-element F32 tensors, named as a large MoE's experts
+    are (about 110 bytes of JSON each), over ``4 * count`` bytes of data."""
+    return {
+        f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.down_proj.weight": {
+            "dtype": "F32",
+            "shape": [1],
+            "data_offsets": [4 * i, 4 * i + 4],
+        }
+        for i in range(count)
+    }
+
+
+def _many_tensors(rng: random.Random) -> tuple[dict[str, Any], int]:
+    """A header of tens of thousands of tiny tensors: large, still under the bound."""
+    count = rng.choice((5_000, 20_000, 60_000))
+    return {**expert_tensors(count), **_tiny_header(rng)[0]}, 4 * count
+
+
+def _huge_header(rng: random.Random) -> tuple[bytes, int]:
+    """A real header of 600,000 tiny tensors, ~60 MB: past the bound, read whole by a
+    reader without one."""
+    count = rng.choice((200_000, 600_000))
+    parts = [
+        b'"t%d":{"dtype":"F32","shape":[1],"data_offsets":[%d,%d]}' % (i, 4 * i, 4 * i + 4)
+        for i in range(count)
+    ]
+    raw = b"{" + b",".join(parts) + b"}"
+    return len(raw).to_bytes(8, "little") + raw, 4 * count
+
+
+def _safetensors(path: Path, rng: random.Random) -> None:
+    """One shard: a mutated header, a length that may claim more than there is, the data
+    (some of it missing), or something that is no file at all."""
+    roll = rng.random()
+    if roll < 0.04:
+        os.mkfifo(path)
+        return
+    if roll < 0.06:
+        path.symlink_to("/dev/zero")
+        return
+    if roll < 0.08:
+        path.mkdir()
+        return
+    if roll < 0.09:
+        raw, data = _huge_header(rng)
+        with open(path, "wb") as f:
+            f.write(raw)
+            f.truncate(len(raw) + data)
+        return
+    tensors, data = _many_tensors(rng) if roll < 0.12 else _tiny_header(rng)
+    raw = _header(tensors)
+    roll = rng.random()
+    if roll < 0.1:  # the length claims more: past the file, past the bound, past 2^63
+        claim = rng.choice((len(raw) - 8 + 1, 17 << 20, 60_000_000, 2**63, 2**64 - 1))
+        raw = claim.to_bytes(8, "little") + raw[8:]
+    elif roll < 0.15:
+        raw = raw[: rng.randrange(len(raw))]
+    elif roll < 0.18:
+        raw = raw.replace(b'"BF16"', b'"BF16", "dtype": "F32"', 1)  # a repeated key
+    elif roll < 0.2:
+        raw = raw[:8] + raw[8:].replace(b"8", b"9" * 5000, 1)  # a number past 4,300 digits
+    data_bytes = data if rng.random() < 0.9 else rng.randrange(data + 1)
+    with open(path, "wb") as f:
+        f.write(raw)
+        f.truncate(len(raw) + data_bytes)  # sparse: the data is never read
+
+
+def _link_out(path: Path, outside: Path, rng: random.Random) -> None:
+    """``path`` replaced by a link out of its folder, absolute or relative."""
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    elif os.path.lexists(path):
+        path.unlink()
+    target = outside if rng.random() < 0.5 else Path(os.path.relpath(outside, path.parent))
+    path.symlink_to(target)
+
+
+def checkpoint_case(rng: random.Random, case: Path) -> list[str]:
+    """``memfit checkpoint`` of a model folder with hostile safetensors headers, an index
+    and a ``config.json`` -- half of them laid out as a snapshot of the hub cache, where a
+    link out of the model's folder must read as missing."""
+    snapshot = rng.random() < 0.5
+    folder = case / "hub" / "models--org--fuzz" / "snapshots" / ("a" * 40) if snapshot else case
+    folder.mkdir(parents=True)
+    outside = case / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (outside / "token").write_text(SECRET + "\n")
+    _safetensors(outside / "model.safetensors", random.Random(rng.random()))
+    config: Any = TINY_CONFIG if rng.random() < 0.8 else mutate(TINY_CONFIG, rng)
+    (folder / "config.json").write_bytes(
+        _text(config, rng) if rng.random() < 0.1 else json.dumps(config).encode()
+    )
+    shards = rng.choice((1, 1, 2, 3))
+    names = (
+        ["model.safetensors"]
+        if shards == 1
+        else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    )
+    for name in names:
+        _safetensors(folder / name, rng)
+    if shards > 1 and rng.random() < 0.8:
+        weight_map: Any = {f"t{i}": rng.choice(names) for i in range(rng.randint(0, 5))}
+        if rng.random() < 0.2:
+            weight_map = mutate(weight_map, rng)
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": weight_map}, default=str)
+        )
+    for name in ("config.json", rng.choice(names), "model.safetensors.index.json"):
+        if rng.random() < 0.15:
+            source = {"config.json": "config.json"}.get(name, "model.safetensors")
+            _link_out(folder / name, outside / (source if rng.random() < 0.8 else "token"), rng)
+    return ["checkpoint", str(folder), *(["--json"] if rng.random() < 0.3 else [])]
+
+
+# -- training configs that name hostile paths -------------------------------------------------
+
+
+def _secret_files(rng: random.Random, path: Path) -> None:
+    """A file whose content holds :data:`SECRET` in one of the shapes a named file may
+    take: a one-line token, a page, a YAML or JSON mapping with it where a value is read."""
+    shapes = (
+        SECRET + "\n",
+        f"<html><body><h1>{SECRET}</h1><img src=x></body></html>",
+        f"zero_optimization:\n  stage: {SECRET}\n",
+        f"zero_optimization:\n  stage: 3\n  offload_optimizer:\n    device: {SECRET}\n",
+        json.dumps({"optimizer": {"type": SECRET}}),
+        json.dumps({"bf16": {"enabled": SECRET}}),
+        json.dumps({"train_micro_batch_size_per_gpu": [SECRET]}),
+        json.dumps({"zero_optimization": SECRET}),
+        f"zero_optimization: *{SECRET}\n",
+        f"HF_TOKEN={SECRET}\n",
+        f"\t{SECRET}: 1\n",
+    )
+    path.write_text(rng.choice(shapes))
+
+
+def paths_case(rng: random.Random, case: Path) -> list[str]:
+    """``memfit estimate --from-config`` of a training config whose DeepSpeed config path
+    is hostile; the user's hub token sits beside the config's folder."""
+    token = case / "home" / ".cache" / "huggingface" / "token"
+    token.parent.mkdir(parents=True)
+    token.write_text(SECRET + "\n")
+    run = case / "run"
+    (run / "sub").mkdir(parents=True)
+    named = rng.choice(("ds_zero3.json", "ds.json", "deepspeed.yaml", "token", "ds"))
+    roll = rng.randrange(12)
+    if roll == 0:
+        ref = str(token)
+    elif roll == 1:
+        ref = "../home/.cache/huggingface/token"
+    elif roll == 2:
+        ref = "sub/../../home/.cache/huggingface/token"
+    elif roll == 3:
+        (run / named).symlink_to(os.path.relpath(token, run) if rng.random() < 0.5 else token)
+        ref = named
+    elif roll == 4:
+        (run / "configs").symlink_to(token.parent)
+        ref = "configs/token"
+    elif roll == 5:
+        os.mkfifo(run / named)
+        ref = named
+    elif roll == 6:
+        ref = rng.choice(("/dev/zero", "/dev/null", "/proc/self/environ", "/"))
+    elif roll == 7:
+        (run / named).mkdir()
+        ref = named
+    elif roll == 8:
+        ref = rng.choice(("zero3_missing.json", "x" * 3000, "a\x00b", "\ud800", "", "~/token"))
+    elif roll == 9:
+        (run / named).write_text(json.dumps({"zero_optimization": {"stage": rng.randrange(5)}}))
+        ref = named
+    else:
+        _secret_files(rng, run / named)
+        ref = named
+    fmt = rng.randrange(3)
+    value = json.dumps(ref)
+    if fmt == 0:
+        config, text = run / "run.yml", f"base_model: gpt2\ndeepspeed: {value}\n"
+    elif fmt == 1:
+        config = run / "args.json"
+        text = json.dumps(
+            {"per_device_train_batch_size": 1, "optim": "adamw_torch", "deepspeed": ref}
+        )
+    else:
+        config = run / "accelerate.yaml"
+        text = (
+            "distributed_type: DEEPSPEED\nnum_processes: 2\n"
+            f"deepspeed_config:\n  deepspeed_config_file: {value}\n"
+        )
+    config.write_text(text, encoding="utf-8", errors="surrogatepass")
+    argv = ["estimate", "--from-config", str(config), "--model", "gpt2", "--gpu", "l4"]
+    if rng.random() < 0.3:
+        argv.append("--allow-outside-paths")
+    return argv + (["--json"] if rng.random() < 0.3 else [])

@@ -40,6 +40,11 @@ def notices(window: MainWindow) -> str:
     return " ".join(window.notice.messages())
 
 
+def settle(window: MainWindow, qtbot: QtBot) -> None:
+    """Wait for a model folder read in the background, and the imports after it."""
+    qtbot.waitUntil(lambda: not window.importer.busy, timeout=20_000)
+
+
 def test_import_a_config_json_is_one_undoable_edit(window: MainWindow) -> None:
     before = window.store.scenario
     assert window.importer.import_path(LLAMA)
@@ -62,17 +67,18 @@ def test_import_a_training_config_names_what_it_cannot_model(window: MainWindow)
 
 
 def test_import_a_model_folder_shows_the_checkpoint_count(
-    window: MainWindow, tmp_path: Path
+    window: MainWindow, tmp_path: Path, qtbot: QtBot
 ) -> None:
     folder = model_folder(tmp_path / "tiny", plain_tensors())
     assert window.importer.import_path(folder)
+    settle(window, qtbot)
     assert window.store.scenario.model.hidden_size == CONFIG["hidden_size"]
     assert f"{ENGINE_COUNT:,} parameters" in notices(window)
     assert "matches the engine's count" in notices(window)
 
 
 def test_a_bad_file_is_named_and_changes_nothing(
-    window: MainWindow, tmp_path: Path, message_boxes: MessageBoxes
+    window: MainWindow, tmp_path: Path, message_boxes: MessageBoxes, qtbot: QtBot
 ) -> None:
     before = window.store.scenario
     bad = tmp_path / "broken.yaml"
@@ -80,8 +86,10 @@ def test_a_bad_file_is_named_and_changes_nothing(
     assert not window.importer.import_path(bad)
     assert window.store.scenario == before
     assert "Could not import broken.yaml" in message_boxes.texts()[-1]
-    assert not window.importer.import_path(tmp_path)  # a folder without config.json
+    window.importer.import_path(tmp_path)  # a folder without config.json
+    settle(window, qtbot)
     assert window.store.scenario == before
+    assert f"Could not import {tmp_path.name}" in message_boxes.texts()[-1]
 
 
 def test_paste_reads_the_clipboard(window: MainWindow, message_boxes: MessageBoxes) -> None:
@@ -95,7 +103,7 @@ def test_paste_reads_the_clipboard(window: MainWindow, message_boxes: MessageBox
     assert "empty" in message_boxes.texts()[-1]
 
 
-def test_drop_files_folders_and_text(window: MainWindow, tmp_path: Path) -> None:
+def test_drop_files_folders_and_text(window: MainWindow, tmp_path: Path, qtbot: QtBot) -> None:
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(LLAMA))])
     drop(window, mime)
@@ -104,7 +112,10 @@ def test_drop_files_folders_and_text(window: MainWindow, tmp_path: Path) -> None
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(folder)), QUrl.fromLocalFile(str(LITGPT))])
     drop(window, mime)  # in order: the model, then the training config
+    settle(window, qtbot)
     assert window.store.scenario.training.stack == "lightning"
+    # the config names a preset, which replaced the folder's model: the folder came first
+    assert window.store.scenario.model == load_model("llama-3.1-8b")
     text = QMimeData()
     text.setText(LLAMA.read_text())
     drop(window, text)
@@ -157,6 +168,7 @@ def test_the_model_browser_lists_the_cache_and_imports(
 
     monkeypatch.setattr(ModelBrowser, "exec", accept_first)
     window.importer.browse_act.trigger()
+    settle(window, qtbot)
     assert window.store.scenario.model.hidden_size == CONFIG["hidden_size"]
     assert "Imported cached model" in notices(window)
 
