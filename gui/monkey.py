@@ -556,7 +556,7 @@ def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1
 
     folder.mkdir(parents=True, exist_ok=True)
     settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings, autosave=folder / "last.memfit.json")
+    window = MainWindow(settings=settings, data_dir=folder)
     window.resize(*size)
     window.show()
     QApplication.processEvents()

@@ -1,18 +1,24 @@
-"""What survives a restart -- the recovery file and the settings file -- and never stops one.
+"""What survives a restart -- the recovery files and the settings file -- and never stops one.
 
-* :func:`autosave_text` and :func:`read_session` -- the recovery file (``last.memfit.json``
-  in the app's data folder): the working scenario, the document's path and whether it has
-  unsaved changes, written a moment after every change and on close, so that a crash or a
-  ``kill -9`` loses nothing::
+* :class:`RecoveryFile`, :func:`recover` -- each window's own recovery file,
+  ``recovery/<id>.memfit.json`` in the app's data folder, locked (a ``QLockFile`` beside
+  it, ``.lock``) while its window lives: the working scenario, the document's path and
+  whether it has unsaved changes, written at the first change of a burst and a moment
+  after the last one, so that a crash or a ``kill -9`` loses nothing::
 
       {"memfit_autosave": 1, "path": "/home/me/run.memfit.json", "modified": true,
        "scenario": {"memfit_scenario": 1, ...}}
 
-  ``"scenario": null`` means "the file at ``path`` as it is on disk" (a close that
-  discarded the changes). A plain scenario file, the format before this one, is read too.
-  Whatever is wrong with the file -- a FIFO, a device, too big, not JSON, a scenario the
-  engine refuses -- gives the default scenario and a message saying what was not restored;
-  a regular file that could not be read is kept beside it as ``*.unreadable``.
+  A window that closes removes its file (the document was saved or its changes
+  discarded). A start claims every *orphan* -- a recovery file whose owner is no longer
+  running -- and restores the newest one with unsaved changes; the others are kept and
+  offered, never dropped: several instances never share a file, and none removes
+  another's. ``"scenario": null`` means "the file at ``path`` as it is on disk". The
+  single ``last.memfit.json`` of earlier versions is read once: it moves into the folder
+  as an orphan. A plain scenario file, the format before that one, is read too.
+  Whatever is wrong with a file -- a FIFO, a device, too big, not JSON, a scenario the
+  engine refuses -- gives a message saying what was not restored; a regular file that
+  could not be read is kept beside it as ``*.unreadable``.
 * :func:`open_settings` -- the settings file, checked before ``QSettings`` opens it
   (``QSettings`` would block on a FIFO and read a device or a huge file whole): a file
   that is not a regular one, too big or unreadable gives :class:`MemorySettings`, which
@@ -27,29 +33,41 @@ import contextlib
 import json
 import os
 import stat
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QStandardPaths
+from PySide6.QtCore import QLockFile, QSettings, QStandardPaths
 
 from engine.errors import EstimateError
-from engine.files import read_json
+from engine.files import read_json, write_text
 from engine.scenario_io import load_scenario, scenario_from_dict, scenario_to_dict
 from engine.specs import Scenario
 from gui.store import default_scenario
 
 AUTOSAVE_KEY = "memfit_autosave"
 AUTOSAVE_VERSION = 1
+#: the recovery files' folder in the data folder, and how their names end
+RECOVERY_FOLDER = "recovery"
+RECOVERY_SUFFIX = ".memfit.json"
+#: the one recovery file of earlier versions, in the data folder: read once
+LEGACY_NAME = "last.memfit.json"
+#: a lock file that says no owner and is older than this (seconds) is left over, not one
+#: being written
+LOCK_WRITE_S = 10.0
 #: a settings file is a few KiB; a bigger one is not read
 SETTINGS_LIMIT = 1 << 20
 ORG_NAME = "MemFit"
 APP_NAME = "MemFit"
 
 
-def autosave_location() -> Path:
+def data_location() -> Path:
+    """The app's data folder: the recovery files live in its ``recovery`` folder."""
     base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
-    return Path(base or Path.home() / ".memfit") / "last.memfit.json"
+    return Path(base or Path.home() / ".memfit")
 
 
 def settings_location() -> Path:
@@ -67,6 +85,11 @@ class Session:
     modified: bool = False
     message: str = ""
 
+    @property
+    def name(self) -> str:
+        """The document's file name, or "the untitled scenario"."""
+        return self.path.name if self.path else "the untitled scenario"
+
 
 def autosave_text(scenario: Scenario | None, path: Path | None, modified: bool) -> str:
     """The recovery file's text; ``scenario`` ``None``: the file at ``path`` as saved."""
@@ -83,23 +106,21 @@ class SessionError(Exception):
     """The recovery file's content cannot be used; the message says why."""
 
 
-def read_session(autosave: Path) -> Session | None:
-    """The document the last session left in ``autosave``; ``None`` when there is no
-    recovery file (a first start). Never raises: a problem gives the default scenario with
-    a message."""
-    if not os.path.lexists(autosave):
+def _restore(file: Path) -> Session | str | None:
+    """The session in the recovery file ``file``, ``None`` when there is none, or why it
+    cannot be restored (a regular file is then kept as ``*.unreadable``, and the reason
+    says so). Never raises."""
+    if not os.path.lexists(file):
         return None
     try:
-        data = read_json(autosave, field="recovery file")
+        data = read_json(file, field="recovery file")
     except Exception as exc:  # unreadable, a FIFO, too big, not JSON: start afresh
-        _set_aside(autosave)
         reason = exc.detail if isinstance(exc, EstimateError) else _reason(exc)
-        return _fresh(f"could not restore the last session: {reason}")
+        return reason + _set_aside(file)
     try:
         return _session(data)
     except Exception as exc:  # the engine refuses what it holds; its checks grow stricter
-        _set_aside(autosave)
-        return _fresh(f"could not restore the last session: {_reason(exc)}")
+        return _reason(exc) + _set_aside(file)
 
 
 def _session(data: Any) -> Session:
@@ -116,17 +137,20 @@ def _session(data: Any) -> Session:
         raise SessionError(f"modified is {modified!r}, expected true or false")
     path = Path(raw_path) if raw_path else None
     if raw is None:
-        if path is None:
-            return Session(default_scenario())
-        try:
-            return Session(load_scenario(path), path, False)
-        except Exception as exc:
-            return _fresh(f"could not reopen {path.name}: {_reason(exc)}")
-    scenario = scenario_from_dict(raw)
+        return reopen(path) if path is not None else Session(default_scenario())
+    session = Session(scenario_from_dict(raw), path, modified)
     if modified:
-        name = path.name if path else "the untitled scenario"
-        return Session(scenario, path, True, f"recovered unsaved changes to {name}")
-    return Session(scenario, path, False)
+        return replace(session, message=f"recovered unsaved changes to {session.name}")
+    return session
+
+
+def reopen(path: Path) -> Session:
+    """The scenario file ``path`` as it is on disk (the document of the last session);
+    the default scenario and a message when it cannot be opened."""
+    try:
+        return Session(load_scenario(path), path, False)
+    except Exception as exc:
+        return _fresh(f"could not reopen {path.name}: {_reason(exc)}")
 
 
 def _reason(exc: Exception) -> str:
@@ -137,12 +161,187 @@ def _fresh(message: str) -> Session:
     return Session(default_scenario(), None, False, f"{message}; started with a new scenario")
 
 
-def _set_aside(autosave: Path) -> None:
+def _set_aside(autosave: Path) -> str:
     """Keep a regular recovery file that could not be restored as ``*.unreadable``, so the
-    next autosave does not overwrite what it held."""
-    with contextlib.suppress(OSError):
+    next autosave does not overwrite what it held; says where (``""``: not kept)."""
+    kept = autosave.with_name(autosave.name + ".unreadable")
+    try:
         if stat.S_ISREG(os.lstat(autosave).st_mode):
-            os.replace(autosave, autosave.with_name(autosave.name + ".unreadable"))
+            os.replace(autosave, kept)
+            return f" (kept as {kept})"
+    except OSError:
+        pass
+    return ""
+
+
+# -- one recovery file per window ------------------------------------------------------
+
+
+class RecoveryFile:
+    """A window's recovery file and its lock (``QLockFile``, ``<file>.lock``): held while
+    the window lives, released by the operating system with its process. A file whose
+    lock nobody holds is an orphan, which the next start may claim."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = QLockFile(str(path) + ".lock")
+        # a lock is stale when its process is gone, never by age: a window may stay open
+        # for weeks
+        self._lock.setStaleLockTime(0)
+
+    @classmethod
+    def new(cls, folder: Path) -> RecoveryFile:
+        """A file of a name no other window has, locked for this one."""
+        with contextlib.suppress(OSError):
+            folder.mkdir(parents=True, exist_ok=True)
+        own = cls(folder / f"{uuid.uuid4().hex}{RECOVERY_SUFFIX}")
+        own.take()
+        return own
+
+    def take(self) -> bool:
+        """Lock the file for this process; ``False`` while a running process holds it. A
+        lock file naming no process (damaged) and not being written counts as stale."""
+        if self._lock.isLocked() or self._lock.tryLock(0):
+            return True
+        if self._lock.error() != QLockFile.LockError.LockFailedError:
+            return False
+        pid = self._lock.getLockInfo()[0]
+        lock_file = Path(self._lock.fileName())
+        with contextlib.suppress(OSError):
+            if not pid and time.time() - lock_file.stat().st_mtime > LOCK_WRITE_S:
+                self._lock.removeStaleLockFile()
+                return self._lock.tryLock(0)
+        return False
+
+    @property
+    def owned(self) -> bool:
+        return self._lock.isLocked()
+
+    def write(self, text: str) -> None:
+        """Replace the file's content (as every save does: :func:`engine.files.write_text`);
+        a file another window has claimed since (its lock lost) is left to it, and this
+        window takes a new name."""
+        if not self.take():
+            other = RecoveryFile.new(self.path.parent)
+            self.path, self._lock = other.path, other._lock
+        write_text(self.path, text)
+
+    def release(self) -> None:
+        """Unlock, keeping the file: the next start offers it."""
+        self._lock.unlock()
+
+    def remove(self) -> None:
+        """Delete the file (only while this window holds it, and only a regular file) and
+        unlock: its window closed, or what it held is elsewhere now."""
+        if self._lock.isLocked():
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(self.path).st_mode):
+                    self.path.unlink()
+        self._lock.unlock()
+
+    def changed_at(self) -> float:
+        """When the file was last written (seconds since the epoch; 0 if unknown)."""
+        try:
+            return os.lstat(self.path).st_mtime
+        except OSError:
+            return 0.0
+
+
+def claim_orphans(folder: Path) -> list[RecoveryFile]:
+    """The recovery files in ``folder`` whose owner is no longer running, locked for this
+    process, newest first. A lock left without its file (an owner that died before its
+    first change) is removed."""
+    try:
+        names = {entry.name: entry for entry in os.scandir(folder)}
+    except OSError:
+        return []
+    found: list[RecoveryFile] = []
+    for name, entry in names.items():
+        if name.endswith(RECOVERY_SUFFIX) and entry.is_file(follow_symlinks=False):
+            orphan = RecoveryFile(Path(entry.path))
+            if orphan.take():
+                found.append(orphan)
+        elif name.endswith(RECOVERY_SUFFIX + ".lock") and name[: -len(".lock")] not in names:
+            left = RecoveryFile(Path(entry.path[: -len(".lock")]))
+            if left.take():
+                left.release()
+    return sorted(found, key=RecoveryFile.changed_at, reverse=True)
+
+
+@dataclass
+class Recovered:
+    """What a start found in the recovery folder: the window's own file (an orphan it
+    restored, or a new one), the session to start with (``None``: none was left), the
+    other orphans with unsaved changes (claimed, offered), and what to tell the user."""
+
+    own: RecoveryFile
+    session: Session | None = None
+    others: list[tuple[RecoveryFile, Session]] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+
+def recover(folder: Path, legacy: Path | None = None) -> Recovered:
+    """Claim the orphans of ``folder`` (and ``legacy``, the single recovery file of
+    earlier versions, moved in first): the newest with unsaved changes is restored and
+    becomes the window's own file, the other unsaved ones are kept and offered, and those
+    with nothing unsaved are removed (their documents are on disk); the newest of these is
+    the session when nothing was unsaved and it came from ``legacy``."""
+    moved, problem = _migrate(legacy, folder) if legacy is not None else (None, "")
+    messages = [problem] if problem else []
+    unsaved: list[tuple[RecoveryFile, Session]] = []
+    saved: list[tuple[RecoveryFile, Session]] = []
+    for orphan in claim_orphans(folder):
+        restored = _restore(orphan.path)
+        if isinstance(restored, str):
+            which = "the last session" if moved and orphan.path == moved.path else "a session"
+            messages.append(f"could not restore {which}: {restored}")
+            orphan.release()
+        elif restored is None:  # gone meanwhile
+            orphan.release()
+        else:
+            (unsaved if restored.modified else saved).append((orphan, restored))
+    last: Session | None = None
+    for orphan, session in saved:
+        if moved is not None and orphan.path == moved.path:
+            last = session  # the last session of an earlier version: its document
+        orphan.remove()
+    if not unsaved:
+        return Recovered(RecoveryFile.new(folder), last, [], messages)
+    (own, session), others = unsaved[0], unsaved[1:]
+    if others:
+        names = ", ".join(f"{s.name} ({_when(f)})" for f, s in others)
+        messages.append(
+            f"{len(others)} more unsaved session{'s' * (len(others) > 1)} kept: {names}; "
+            "File > Recover Unsaved Session opens each"
+        )
+    return Recovered(own, session, others, [session.message, *messages])
+
+
+def _when(file: RecoveryFile) -> str:
+    return datetime.fromtimestamp(file.changed_at()).strftime("%Y-%m-%d %H:%M")
+
+
+def _migrate(legacy: Path, folder: Path) -> tuple[RecoveryFile | None, str]:
+    """Move the single recovery file of earlier versions into ``folder`` as an orphan,
+    atomically (a second start finds nothing to move); something other than a regular
+    file in its place stays where it is, with a message saying what it is."""
+    try:
+        info = os.lstat(legacy)
+    except OSError:
+        return None, ""
+    if not stat.S_ISREG(info.st_mode):
+        problem = _restore(legacy)  # read as every file is: refused without blocking
+        if not isinstance(problem, str):
+            return None, ""
+        return None, f"could not restore the last session: {problem}"
+    file = RecoveryFile.new(folder)
+    try:
+        os.replace(legacy, file.path)
+    except OSError as exc:
+        file.remove()
+        return None, f"could not restore the last session: {_reason(exc)}"
+    file.release()  # an orphan now, which claim_orphans takes again
+    return file, ""
 
 
 class MemorySettings:
