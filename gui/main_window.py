@@ -88,9 +88,13 @@ from gui.session import (
     Settings,
     autosave_text,
     data_location,
+    drop_lost_settings,
     open_settings,
+    put_setting,
     recover,
     reopen,
+    seal_settings,
+    setting_words,
     settings_location,
     settings_problem,
 )
@@ -210,6 +214,9 @@ class MainWindow(QMainWindow):
             if problem:
                 notes.append(problem)
         self.settings: Settings = settings
+        #: settings the file lost or holds not as written: they start afresh (the note of
+        #: read_settings names them)
+        self._lost_settings = drop_lost_settings(settings)
         data_dir = data_dir or data_location()
         self._autosave_failed = False
         #: other windows' unsaved sessions found at start, claimed, offered in the menu
@@ -572,9 +579,11 @@ class MainWindow(QMainWindow):
     # -- settings ------------------------------------------------------------------------
     def read_settings(self) -> list[str]:
         """Apply the saved preferences; returns a note naming those that could not be."""
-        bad: list[str] = []
+        bad: list[str] = list(self._lost_settings)
         geometry = self._setting("window/geometry", bad, QByteArray)
         if not (isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)):
+            if geometry is not None:
+                bad.append("window/geometry")
             self.resize(1280, 800)
         state = self._setting("window/splitter", bad, QByteArray)
         if isinstance(state, QByteArray) and not self.splitter.restoreState(state):
@@ -594,7 +603,10 @@ class MainWindow(QMainWindow):
         self.update_recent_menu()
         if not bad:
             return []
-        return [f"some settings could not be restored and start afresh: {', '.join(bad)}"]
+        return [
+            "some settings could not be restored and start afresh: "
+            + setting_words(list(dict.fromkeys(bad)))
+        ]
 
     def _setting(self, key: str, bad: list[str], kind: type) -> Any:
         """The setting ``key`` if it is a ``kind`` (``None`` when absent); a value of the
@@ -624,18 +636,23 @@ class MainWindow(QMainWindow):
                 kept = {k: self.settings.value(k) for k in ("document/recent", "view/theme")}
                 self.settings = MemorySettings({k: v for k, v in kept.items() if v is not None})
                 self.notify(f"settings are kept for this session only: {problem}")
-        self.settings.setValue(key, value)
+        put_setting(self.settings, key, value)
 
     def write_settings(self) -> None:
+        """At close: every preference, the document to reopen (saved, or discarded back
+        to its file as saved), and the settings file's check."""
+        path = self.store.path
+        self._put_setting("document/last", str(path) if path else "")
         self._put_setting("window/geometry", self.saveGeometry())
         self._put_setting("window/splitter", self.splitter.saveState())
         self._put_setting("view/table", self.table_act.isChecked())
         self._put_setting("view/conventions", self.training_panel.conventions.is_expanded())
+        self._put_setting("view/theme", self._theme)
         if isinstance(self.settings, QSettings) and settings_problem(
             Path(self.settings.fileName())
         ):
             return
-        self.settings.sync()
+        seal_settings(self.settings)
 
     def recent_files(self) -> list[str]:
         try:
@@ -1200,8 +1217,6 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self._autosave_timer.stop()
-        path = self.store.path  # saved, or discarded back to the file as saved
-        self._put_setting("document/last", str(path) if path else "")
         self.write_settings()
         # the document is saved or its changes discarded: nothing left to recover
         self.recovery.remove()

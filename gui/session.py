@@ -23,6 +23,13 @@
   (``QSettings`` would block on a FIFO and read a device or a huge file whole): a file
   that is not a regular one, too big or unreadable gives :class:`MemorySettings`, which
   keeps the settings for this session only, and a message saying so.
+* :func:`put_setting`, :func:`seal_settings`, :func:`lost_settings` -- a damaged settings
+  file never loses a preference silently. ``QSettings`` drops every line it cannot parse
+  and takes the last of keys given twice, without a word; so the file carries a check
+  (``written``, the first line: each key the app wrote with a CRC-32 of its value), and a
+  start names every setting that is missing or differs from what was written. Without a
+  readable check (a file of an earlier version, or the check line itself damaged), every
+  setting is expected, and those missing are named.
 
 Reads go through :func:`engine.files.read_json`, which never blocks.
 """
@@ -32,15 +39,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QLockFile, QSettings, QStandardPaths
+from PySide6.QtCore import QByteArray, QLockFile, QSettings, QStandardPaths
 
 from engine.errors import EstimateError
 from engine.files import read_json, write_text
@@ -60,6 +69,19 @@ LEGACY_NAME = "last.memfit.json"
 LOCK_WRITE_S = 10.0
 #: a settings file is a few KiB; a bigger one is not read
 SETTINGS_LIMIT = 1 << 20
+#: every setting the app keeps, in the words a notice names it by
+SETTING_NAMES = {
+    "view/theme": "the colours",
+    "window/geometry": "the window's size and place",
+    "window/splitter": "the width of the left column",
+    "view/table": "whether Breakdown Details show",
+    "view/conventions": "whether Conventions is unfolded",
+    "document/recent": "the recent files",
+    "document/last": "the document to reopen",
+}
+#: the settings file's check: ``key:crc32 key:crc32 ...`` of the settings written
+CHECK_KEY = "written"
+_CHECK = re.compile(r"[a-z]+/[a-z]+:[0-9a-f]{8}(?: [a-z]+/[a-z]+:[0-9a-f]{8})*")
 ORG_NAME = "MemFit"
 APP_NAME = "MemFit"
 
@@ -360,6 +382,9 @@ class MemorySettings:
     def sync(self) -> None:
         pass
 
+    def remove(self, key: str) -> None:  # QSettings' name
+        self._values.pop(key, None)
+
     def fileName(self) -> str:  # QSettings' name
         return ""
 
@@ -391,7 +416,98 @@ def open_settings(path: Path) -> tuple[Settings, str]:
     problem = settings_problem(path)
     if problem:
         return MemorySettings(), f"settings are kept for this session only: {problem}"
-    settings = QSettings(str(path), QSettings.Format.IniFormat)
-    if settings.status() == QSettings.Status.FormatError:
-        return settings, f"could not read the settings in {path}; they start afresh"
-    return settings, ""
+    return QSettings(str(path), QSettings.Format.IniFormat), ""
+
+
+def setting_words(keys: list[str]) -> str:
+    """``keys`` in words, each with its key: "the colours (view/theme), ..."."""
+    return ", ".join(f"{SETTING_NAMES[k]} ({k})" if k in SETTING_NAMES else k for k in keys)
+
+
+def _value(settings: Settings, key: str) -> Any:
+    try:
+        return settings.value(key, None)
+    except Exception:  # a value QSettings cannot convert
+        return None
+
+
+def _crc(value: Any) -> str:
+    """A CRC-32 of a setting's value, the same for what was written and what an ini file
+    gives back (``True`` and ``"true"``, a one-item list and its item, ``[]`` and none)."""
+    if isinstance(value, QByteArray):
+        data = b"bytes:" + value.data()
+    elif isinstance(value, bool):
+        data = b"true" if value else b"false"
+    elif value is None:
+        data = b""
+    elif isinstance(value, list | tuple):
+        data = "\x1f".join(map(str, value)).encode("utf-8", "surrogatepass")
+    else:
+        data = str(value).encode("utf-8", "surrogatepass")
+    return f"{zlib.crc32(data):08x}"
+
+
+def _checks(settings: Settings) -> dict[str, str] | None:
+    """The check the settings carry, ``None`` when there is none or it is damaged."""
+    text = _value(settings, CHECK_KEY)
+    if not (isinstance(text, str) and _CHECK.fullmatch(text)):
+        return None
+    return dict(item.split(":") for item in text.split(" "))
+
+
+def _put_checks(settings: Settings, checks: dict[str, str]) -> None:
+    settings.setValue(CHECK_KEY, " ".join(f"{k}:{v}" for k, v in sorted(checks.items())))
+
+
+def put_setting(settings: Settings, key: str, value: Any) -> None:
+    """Set ``key`` and its check together (a kill after the next write finds both)."""
+    settings.setValue(key, value)
+    checks = _checks(settings) or {}
+    checks[key] = _crc(value)
+    _put_checks(settings, checks)
+
+
+def seal_settings(settings: Settings) -> None:
+    """Write the settings with a check of every one the file holds: another instance's
+    changes, read in by the first sync, are checked as they are."""
+    settings.sync()
+    _put_checks(
+        settings,
+        {k: _crc(_value(settings, k)) for k in SETTING_NAMES if _value(settings, k) is not None},
+    )
+    settings.sync()
+
+
+def drop_lost_settings(settings: Settings) -> list[str]:
+    """:func:`lost_settings`, removed with their checks: they start afresh, in the file
+    too (a value not as written is not kept for a later check to vouch for)."""
+    lost = lost_settings(settings)
+    if lost:
+        for key in lost:
+            settings.remove(key)
+        checks = _checks(settings)
+        if checks is not None:
+            _put_checks(settings, {k: v for k, v in checks.items() if k not in lost})
+    return lost
+
+
+def lost_settings(settings: Settings) -> list[str]:
+    """The settings the file's check names that are missing or not as written -- every
+    setting missing when the check itself is missing or damaged -- in the order of
+    :data:`SETTING_NAMES`. Nothing for settings in memory or a file not written yet."""
+    if not isinstance(settings, QSettings):
+        return []
+    try:
+        if not stat.S_ISREG(os.stat(settings.fileName()).st_mode):
+            return []
+        keys = set(settings.allKeys())
+    except (OSError, ValueError):
+        return []
+    checks = _checks(settings)
+    if checks is None:
+        return [key for key in SETTING_NAMES if key not in keys]
+    return [
+        key
+        for key in SETTING_NAMES
+        if key in checks and (key not in keys or _crc(_value(settings, key)) != checks[key])
+    ]
