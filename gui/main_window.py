@@ -681,7 +681,9 @@ class MainWindow(QMainWindow):
             when = datetime.fromtimestamp(file.changed_at()).strftime("%Y-%m-%d %H:%M")
             name = session.name.replace("&", "&&")
             act = self.recover_menu.addAction(f"&{i} {name}, unsaved changes of {when}")
-            act.setStatusTip(f"Open the unsaved changes to {session.name} kept in {file.path}")
+            tip = f"Open the unsaved changes to {session.name} kept in {file.path}"
+            act.setStatusTip(tip)
+            act.setToolTip(rich_text(tip))
             act.triggered.connect(lambda _c=False, f=file: self.recover_session(f))
         self.recover_menu.menuAction().setVisible(bool(self.unsaved_sessions))
 
@@ -718,6 +720,7 @@ class MainWindow(QMainWindow):
         for i, name in enumerate(files, 1):
             act = self.recent_menu.addAction(f"&{i} {Path(name).name.replace('&', '&&')}")
             act.setStatusTip(name)
+            act.setToolTip(rich_text(name))  # not its text, which Qt would take as markup
             act.triggered.connect(lambda _c=False, n=name: self.open_recent(Path(n)))
         self.recent_menu.setEnabled(bool(files))
 
@@ -767,8 +770,10 @@ class MainWindow(QMainWindow):
                 summary += f" of {est.host_capacity_bytes / GIB:,.1f} · {est.host_verdict}"
         self.summary.setText(summary)
         self.summary.setToolTip(
-            f"Per GPU of {est.scenario.hardware.gpu.display_name}: the banner's figure, "
-            f"device bytes. Help > {HELP_TITLE}"
+            rich_text(
+                f"Per GPU of {est.scenario.hardware.gpu.display_name}: the banner's figure, "
+                f"device bytes. Help > {HELP_TITLE}"
+            )
         )
 
     @Slot(list)

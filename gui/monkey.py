@@ -36,23 +36,29 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6 import QtGui
+from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPoint, QPointF, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QAbstractSpinBox,
     QApplication,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
+    QGraphicsTextItem,
+    QGraphicsView,
+    QLabel,
     QMessageBox,
     QSpinBox,
+    QTabBar,
     QWidget,
 )
 
@@ -537,6 +543,78 @@ class Monkey:
             return str(self.folder / "files" / "fifo.memfit.json"), ""
         self._saves += 1
         return str(self.folder / f"saved-{self._saves % 5}.memfit.json"), ""
+
+
+#: what a markup in a user's text looks like once rendered, or still raw in rich text
+MARKUP_SIGNS = ("<img", "<h1")
+
+
+def rendered_markup(widgets: Iterable[QWidget], signs: Sequence[str] = MARKUP_SIGNS) -> list[str]:
+    """Where ``widgets`` and everything inside them would render a user's markup (raw
+    ``<img``/``<h1``) as rich text: a label of rich or automatic format holding it, a
+    tooltip (of a widget, an action, a tab, an item of a table, list, tree or combo, a
+    chart item) holding it unescaped, a text of a chart whose document has a real image or
+    heading. Empty: every user text is shown as plain text."""
+
+    def raw(text: str) -> bool:
+        return any(sign in text for sign in signs)
+
+    def rich(text: str) -> bool:
+        return raw(text) and QtGui.Qt.mightBeRichText(text)
+
+    found: list[str] = []
+    for top in widgets:
+        for widget in [top, *top.findChildren(QWidget)]:
+            name = f"{type(widget).__name__} {widget.objectName()}".strip()
+            if rich(widget.toolTip()):
+                found.append(f"{name}: tooltip {widget.toolTip()!r}")
+            if isinstance(widget, QLabel) and raw(widget.text()):
+                kind = widget.textFormat()
+                if kind == Qt.TextFormat.RichText or (
+                    kind == Qt.TextFormat.AutoText and QtGui.Qt.mightBeRichText(widget.text())
+                ):
+                    found.append(f"{name}: rich label {widget.text()!r}")
+            for action in widget.actions():
+                if rich(action.toolTip()):
+                    found.append(f"{name}: action tooltip {action.toolTip()!r}")
+            if isinstance(widget, QTabBar):
+                tips = [widget.tabToolTip(i) for i in range(widget.count())]
+                found += [f"{name}: tab tooltip {tip!r}" for tip in tips if rich(tip)]
+            models = []
+            if isinstance(widget, QAbstractItemView) and widget.model() is not None:
+                models.append(widget.model())
+            if isinstance(widget, QComboBox):
+                models.append(widget.model())
+            for model in models:
+                for tip in _item_tips(model):
+                    if rich(tip):
+                        found.append(f"{name}: item tooltip {tip!r}")
+            if isinstance(widget, QGraphicsView) and widget.scene() is not None:
+                for item in widget.scene().items():
+                    if rich(item.toolTip()):
+                        found.append(f"{name}: chart item tooltip {item.toolTip()!r}")
+                    if isinstance(item, QGraphicsTextItem):
+                        shown = item.toHtml().lower()
+                        if any(sign in shown for sign in signs):
+                            found.append(f"{name}: chart text {item.toPlainText()!r}")
+    return found
+
+
+def _item_tips(model: QAbstractItemModel, parent: QModelIndex | None = None) -> Iterator[str]:
+    """The tooltips of every item of ``model`` (a tree's children too)."""
+    parent = QModelIndex() if parent is None else parent
+    try:
+        rows, columns = model.rowCount(parent), model.columnCount(parent)
+    except TypeError:  # Qt's empty model of a view without one keeps them private
+        return
+    for row in range(rows):
+        for column in range(columns):
+            index = model.index(row, column, parent)
+            tip = model.data(index, Qt.ItemDataRole.ToolTipRole)
+            if isinstance(tip, str):
+                yield tip
+            if column == 0 and model.rowCount(index) > 0:
+                yield from _item_tips(model, index)
 
 
 def agree(row: Row, shown: Any, value: Any) -> bool:

@@ -203,18 +203,19 @@ def test_an_unknown_family_can_be_read_as_a_look_alike(
     path.write_text(json.dumps(config))
     asked: list[str] = []
 
-    def choose(_parent: object, _title: str, label: str, items: list[str], *_: object):  # type: ignore[no-untyped-def]
-        asked.append(label)
-        return "llama", True
+    def choose(dialog: QInputDialog) -> int:
+        asked.append(dialog.labelText())
+        dialog.setTextValue("llama")
+        return QDialog.DialogCode.Accepted.value
 
-    monkeypatch.setattr(QInputDialog, "getItem", choose)
+    monkeypatch.setattr(QInputDialog, "exec", choose)
     assert window.importer.import_path(path)
     assert "is not a family MemFit reads" in asked[0]
     assert window.store.scenario.model.read_as == "llama"
     assert "read as llama" in notices(window)
     # cancelled: nothing changes
     before = window.store.scenario
-    monkeypatch.setattr(QInputDialog, "getItem", lambda *a: ("", False))
+    monkeypatch.setattr(QInputDialog, "exec", lambda _dialog: QDialog.DialogCode.Rejected.value)
     config["num_hidden_layers"] = 3
     path.write_text(json.dumps(config))
     assert not window.importer.import_path(path)
