@@ -353,11 +353,11 @@ def test_a_discarded_untitled_document_starts_afresh(
     assert not again.store.modified and again.notice.messages() == []
 
 
-KILLED = """
+#: a process of its own with a shown window, its data folder the first argument
+WINDOW_PROCESS = """
 import os, signal, sys, time
 from pathlib import Path
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QApplication
 from gui.app import make_app
 app = make_app()
 from gui.main_window import MainWindow
@@ -365,6 +365,10 @@ folder = Path(sys.argv[1])
 window = MainWindow(settings=QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat),
                     data_dir=folder)
 window.show()
+"""
+KILLED = (
+    WINDOW_PROCESS
+    + """
 window.training_panel.rows["training.micro_batch_size"].widget.setValue(3)
 window.model_panel.rows["model.num_layers"].widget.setValue(20)
 recovery = window.recovery.path
@@ -376,6 +380,7 @@ while time.monotonic() < deadline:
     time.sleep(0.02)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
@@ -424,20 +429,13 @@ def test_the_first_change_is_in_the_recovery_file_at_once(start, qtbot: QtBot) -
     )
 
 
-KILLED_AT_ONCE = """
-import os, signal, sys
-from pathlib import Path
-from PySide6.QtCore import QSettings
-from gui.app import make_app
-make_app()
-from gui.main_window import MainWindow
-folder = Path(sys.argv[1])
-window = MainWindow(settings=QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat),
-                    data_dir=folder)
-window.show()
+KILLED_AT_ONCE = (
+    WINDOW_PROCESS
+    + """
 window.training_panel.rows["training.micro_batch_size"].widget.setValue(3)
 os.kill(os.getpid(), signal.SIGKILL)  # at once: no event processed, no timer run
 """
+)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
@@ -468,21 +466,14 @@ def test_two_windows_never_share_a_recovery_file(
     assert third.notice.messages() == ["Recovered unsaved changes to the untitled scenario."]
 
 
-OTHER_INSTANCE = """
-import sys
-from pathlib import Path
-from PySide6.QtCore import QSettings
-from gui.app import make_app
-make_app()
-from gui.main_window import MainWindow
-folder = Path(sys.argv[1])
-window = MainWindow(settings=QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat),
-                    data_dir=folder)
-window.show()
+OTHER_INSTANCE = (
+    WINDOW_PROCESS
+    + """
 window.training_panel.rows["training.micro_batch_size"].widget.setValue(5)
 print("edited", flush=True)
 sys.stdin.readline()  # runs until it is killed
 """
+)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
