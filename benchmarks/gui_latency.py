@@ -31,7 +31,7 @@ app = make_app()
 from gui.main_window import MainWindow
 from pathlib import Path
 window = MainWindow(settings=QSettings(sys.argv[1], QSettings.Format.IniFormat),
-                    autosave=Path(sys.argv[2]))
+                    data_dir=Path(sys.argv[2]))
 
 class FirstPaint(QObject):
     def eventFilter(self, obj, event):
@@ -60,7 +60,7 @@ def startup_seconds(repeats: int = 5) -> tuple[list[float], list[float]]:
                     "-c",
                     STARTUP,
                     str(Path(tmp) / f"s{i}.ini"),
-                    str(Path(tmp) / f"a{i}.json"),
+                    str(Path(tmp) / f"data{i}"),
                 ],
                 capture_output=True,
                 text=True,
@@ -83,9 +83,7 @@ def edit_latency() -> dict[str, list[float]]:
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         settings = QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(
-            settings=settings, autosave=Path(tmp) / "a.json", scenario=default_scenario()
-        )
+        window = MainWindow(settings=settings, data_dir=Path(tmp), scenario=default_scenario())
         window.resize(1280, 800)
         window.show()
         window.compare_all()

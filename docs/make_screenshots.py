@@ -81,9 +81,7 @@ def main(out: Path) -> list[Path]:
     written = []
     with tempfile.TemporaryDirectory() as tmp:
         settings = QSettings(str(Path(tmp) / "light.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(
-            settings=settings, autosave=Path(tmp) / "last.json", scenario=scenario()
-        )
+        window = MainWindow(settings=settings, data_dir=Path(tmp), scenario=scenario())
         window.set_theme("light")
         window.resize(1280, 800)
         window.show()

@@ -17,12 +17,16 @@ Reading:
 Writing is what an editor does on save:
 
 * a symbolic link is followed to its target, which is replaced (the link stays a link);
-* a target that exists and is not a regular file is refused;
+* a target that exists and is not a regular file is refused, and so is a read-only one
+  (no write permission bit, or not writable by the user): it is not replaced behind the
+  user's back, as editors refuse it;
 * the new file keeps the old file's permission bits; a new file gets the user's default
   (``0o666`` minus the umask), never the ``0o600`` of a temporary file;
 * the bytes go to a temporary file beside the target, which is flushed to disk and renamed
   over the target, so a crash leaves the old file or the new one, never half of one; the
-  temporary file is removed on any failure;
+  temporary file is removed on any failure, and one a killed save left behind
+  (``.<name>.<8 random characters>.tmp``, a regular file of the user's, over
+  :data:`STALE_TEMP_S` old) is removed by the next save of the same target;
 * every error names the target.
 
 >>> import tempfile, pathlib
@@ -41,6 +45,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +58,13 @@ MAX_READ_BYTES = 4 << 20
 MAX_DEPTH = 32
 
 PathLike = str | os.PathLike[str]
+
+#: A temporary file of a save older than this (seconds) is left over from a killed save;
+#: a younger one may belong to a save under way in another process.
+STALE_TEMP_S = 60.0
+#: the random part of a name :func:`tempfile.mkstemp` makes
+_TEMP_RANDOM = re.compile(r"[a-z0-9_]{8}")
+_WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -245,7 +257,8 @@ def _umask() -> int:
 
 def save_target(path: PathLike) -> tuple[Path, int]:
     """Where a save of ``path`` writes, with symbolic links followed, and the permission
-    bits the new file gets; a target that exists but is not a regular file is refused."""
+    bits the new file gets; a target that exists but is not a regular file, or is
+    read-only, is refused."""
     target = Path(os.path.realpath(os.fspath(path)))
     try:
         info = target.stat()
@@ -257,7 +270,44 @@ def save_target(path: PathLike) -> tuple[Path, int]:
         raise FileRefused(
             errno.EINVAL, f"cannot write {target}: it is {_kind(info.st_mode)}, not a file"
         )
-    return target, stat.S_IMODE(info.st_mode)
+    mode = stat.S_IMODE(info.st_mode)
+    # the bits, not only access(): the superuser may write anything, yet 0444 says "keep"
+    if not mode & _WRITE_BITS or not os.access(target, os.W_OK):
+        raise FileRefused(
+            errno.EACCES,
+            f"cannot write {target}: it is read-only (save under another name, or make it "
+            "writable first)",
+        )
+    return target, mode
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Remove the temporary files that killed saves of ``target`` left beside it (see the
+    module docstring); returns those removed. Anything else -- another name, a link, a
+    folder, another user's file, a save under way -- is kept."""
+    prefix, suffix = f".{target.name}.", ".tmp"
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    removed: list[Path] = []
+    try:
+        entries = [e for e in os.scandir(target.parent) if e.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for entry in entries:
+        middle = entry.name[len(prefix) : -len(suffix)]
+        if not (entry.name.endswith(suffix) and _TEMP_RANDOM.fullmatch(middle)):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if (
+                stat.S_ISREG(info.st_mode)
+                and (uid is None or info.st_uid == uid)
+                and time.time() - info.st_mtime > STALE_TEMP_S
+            ):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
 
 
 def write_bytes(path: PathLike, data: bytes) -> Path:
@@ -284,6 +334,7 @@ def write_bytes(path: PathLike, data: bytes) -> Path:
                 exc.errno or errno.EIO, f"cannot write {target}: {exc.strerror or exc}"
             ) from exc
         raise
+    remove_stale_temps(target)
     return target
 
 

@@ -997,8 +997,10 @@ class BreakdownChart(QWidget):
             hardware = current.scenario.hardware
             capacity = current.capacity_bytes / GIB
             self.capacity_line.setPos(capacity)
+            # a format string (pyqtgraph fills in {value}): the braces of a name are text
+            name = hardware.gpu.display_name.replace("{", "{{").replace("}", "}}")
             self.capacity_line.label.setFormat(
-                f"{hardware.gpu.display_name} capacity {gib_text(current.capacity_bytes)}"
+                f"{name} capacity {gib_text(current.capacity_bytes)}"
             )
             self.budget_line.setPos(current.budget_bytes / GIB)
             self.budget_line.label.setFormat(

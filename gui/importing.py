@@ -340,18 +340,22 @@ class Importer(QObject):
             self._waiting.popleft()()
 
     def ask_read_as(self, name: str, problem: str) -> str | None:
-        """The family to read an unknown config as, chosen by the user (None: cancel)."""
-        families = list(supported_families())
-        family, ok = QInputDialog.getItem(
-            self.window,
-            "Read as a look-alike?",
+        """The family to read an unknown config as, chosen by the user (None: cancel).
+        The prompt names the file and quotes the config's ``model_type``: plain text."""
+        dialog = QInputDialog(self.window)
+        dialog.setWindowTitle("Read as a look-alike?")
+        dialog.setLabelText(
             f"{problem}\n\nRead {name} as the family it is built like (the estimate will "
-            "say so), or cancel:",
-            families,
-            families.index("llama"),
-            False,
+            "say so), or cancel:"
         )
-        return family if ok and family else None
+        for label in dialog.findChildren(QLabel):
+            label.setTextFormat(Qt.TextFormat.PlainText)
+        dialog.setComboBoxItems(list(supported_families()))
+        dialog.setComboBoxEditable(False)
+        dialog.setTextValue("llama")
+        if dialog.exec() != QDialog.DialogCode.Accepted:
+            return None
+        return dialog.textValue() or None
 
     def apply(self, imported: Imported, path: Path | None = None) -> bool:
         w = self.window

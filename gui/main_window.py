@@ -9,17 +9,17 @@ changes that make it fit). All of them read from and write to one
 
 The window always starts: a scenario the estimate rejects, a broken recovery file or
 settings file give a working window and a notice (:mod:`gui.session`). It never loses
-edits: closing asks Save / Discard / Cancel, and the recovery file is written a moment
-after every change and on close, with the document's path and modified state. Text from
-files and the engine is shown as plain text.
+edits: closing asks Save / Discard / Cancel, and the window's own recovery file is written
+at the first change of a burst and a moment after the last one, with the document's path
+and modified state; a clean close removes it, and a start restores the newest that a
+window left behind (killed, crashed) and offers the others (File > Recover Unsaved
+Session). Text from files and the engine is shown as plain text.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +80,21 @@ from gui.importing import is_scenario_file as _is_scenario_file
 from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
 from gui.readout import HELP_TITLE, Readout, gib_cell, show_help, status_summary
 from gui.session import (
+    LEGACY_NAME,
+    RECOVERY_FOLDER,
     MemorySettings,
+    RecoveryFile,
     Session,
     Settings,
-    autosave_location,
     autosave_text,
+    data_location,
+    drop_lost_settings,
     open_settings,
-    read_session,
+    put_setting,
+    recover,
+    reopen,
+    seal_settings,
+    setting_words,
     settings_location,
     settings_problem,
 )
@@ -96,7 +104,7 @@ from gui.theme import apply_theme, repolish_window
 from gui.tradeoffs import TradeoffsView
 from gui.whatif_bar import WhatIfBar
 
-__all__ = ["MainWindow", "app_icon", "autosave_location", "message_box"]
+__all__ = ["MainWindow", "app_icon", "message_box"]
 
 APP_NAME = "MemFit"
 MAX_RECENT = 8
@@ -104,7 +112,8 @@ SCENARIO_FILTER = "MemFit scenario (*.memfit.json);;JSON (*.json)"
 #: the chart export's file type for an SVG (the PNG types name their size, see chart_filters)
 SVG_FILTER = "SVG drawing, vector (*.svg)"
 DATA_FILTERS = {"CSV (*.csv)": "csv", "JSON (*.json)": "json", "Markdown table (*.md)": "md"}
-#: the recovery file is written this long after the last change (and on close)
+#: the first change of a burst is written to the recovery file at once, the others this
+#: long after the last one
 AUTOSAVE_DELAY_MS = 500
 #: what a close, New or Open does with unsaved changes
 SAVED, DISCARDED, CANCELLED = "saved", "discarded", "cancelled"
@@ -189,13 +198,15 @@ class MainWindow(QMainWindow):
     def __init__(
         self,
         settings: Settings | None = None,
-        autosave: Path | None = None,
+        data_dir: Path | None = None,
         scenario: Scenario | None = None,
         *,
         settings_path: Path | None = None,
     ) -> None:
         """``settings`` or the settings file ``settings_path`` (checked before it is
-        opened); ``scenario`` to start with, else the last session's from ``autosave``."""
+        opened); the recovery files in ``data_dir``'s ``recovery`` folder (the app's data
+        folder by default); ``scenario`` to start with, else what the last session left:
+        the newest recovery file no running window owns, or the document last closed."""
         super().__init__()
         notes: list[str] = []
         if settings is None:
@@ -203,12 +214,21 @@ class MainWindow(QMainWindow):
             if problem:
                 notes.append(problem)
         self.settings: Settings = settings
-        self.autosave_path = autosave or autosave_location()
+        #: settings the file lost or holds not as written: they start afresh (the note of
+        #: read_settings names them)
+        self._lost_settings = drop_lost_settings(settings)
+        data_dir = data_dir or data_location()
         self._autosave_failed = False
+        #: other windows' unsaved sessions found at start, claimed, offered in the menu
+        self.unsaved_sessions: list[tuple[RecoveryFile, Session]] = []
         if scenario is not None:
+            self.recovery = RecoveryFile.new(data_dir / RECOVERY_FOLDER)
             session = Session(scenario)
         else:
-            session = read_session(self.autosave_path) or Session(default_scenario())
+            found = recover(data_dir / RECOVERY_FOLDER, data_dir / LEGACY_NAME)
+            self.recovery, self.unsaved_sessions = found.own, found.others
+            notes += found.messages
+            session = found.session or self._last_document()
         if session.message:
             notes.append(session.message)
         self.store = ScenarioStore(
@@ -237,13 +257,11 @@ class MainWindow(QMainWindow):
         self._autosave_timer = QTimer(self)
         self._autosave_timer.setSingleShot(True)
         self._autosave_timer.setInterval(AUTOSAVE_DELAY_MS)
-        self._autosave_timer.timeout.connect(self.write_autosave)
-        for signal in (
-            self.store.scenarioChanged,
-            self.store.modifiedChanged,
-            self.store.pathChanged,
-        ):
-            signal.connect(self.schedule_autosave)
+        self._autosave_timer.timeout.connect(self._autosave_due)
+        self._autosave_pending = False
+        self.store.documentChanged.connect(self.schedule_autosave)
+        if session.modified:  # a recovered session is this window's from now on
+            self.write_autosave()
         for note in notes:
             self.notify(note)
 
@@ -491,6 +509,9 @@ class MainWindow(QMainWindow):
         file_menu.addActions([self.new_act, self.open_act])
         self.recent_menu = QMenu("Open &Recent", self)
         file_menu.addMenu(self.recent_menu)
+        self.recover_menu = QMenu("Recover Unsaved &Session", self)
+        file_menu.addMenu(self.recover_menu)
+        self.update_recover_menu()
         file_menu.addActions([self.save_act, self.save_as_act])
         file_menu.addSeparator()
         file_menu.addActions(self.importer.actions)
@@ -558,9 +579,11 @@ class MainWindow(QMainWindow):
     # -- settings ------------------------------------------------------------------------
     def read_settings(self) -> list[str]:
         """Apply the saved preferences; returns a note naming those that could not be."""
-        bad: list[str] = []
+        bad: list[str] = list(self._lost_settings)
         geometry = self._setting("window/geometry", bad, QByteArray)
         if not (isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)):
+            if geometry is not None:
+                bad.append("window/geometry")
             self.resize(1280, 800)
         state = self._setting("window/splitter", bad, QByteArray)
         if isinstance(state, QByteArray) and not self.splitter.restoreState(state):
@@ -580,7 +603,10 @@ class MainWindow(QMainWindow):
         self.update_recent_menu()
         if not bad:
             return []
-        return [f"some settings could not be restored and start afresh: {', '.join(bad)}"]
+        return [
+            "some settings could not be restored and start afresh: "
+            + setting_words(list(dict.fromkeys(bad)))
+        ]
 
     def _setting(self, key: str, bad: list[str], kind: type) -> Any:
         """The setting ``key`` if it is a ``kind`` (``None`` when absent); a value of the
@@ -610,18 +636,23 @@ class MainWindow(QMainWindow):
                 kept = {k: self.settings.value(k) for k in ("document/recent", "view/theme")}
                 self.settings = MemorySettings({k: v for k, v in kept.items() if v is not None})
                 self.notify(f"settings are kept for this session only: {problem}")
-        self.settings.setValue(key, value)
+        put_setting(self.settings, key, value)
 
     def write_settings(self) -> None:
+        """At close: every preference, the document to reopen (saved, or discarded back
+        to its file as saved), and the settings file's check."""
+        path = self.store.path
+        self._put_setting("document/last", str(path) if path else "")
         self._put_setting("window/geometry", self.saveGeometry())
         self._put_setting("window/splitter", self.splitter.saveState())
         self._put_setting("view/table", self.table_act.isChecked())
         self._put_setting("view/conventions", self.training_panel.conventions.is_expanded())
+        self._put_setting("view/theme", self._theme)
         if isinstance(self.settings, QSettings) and settings_problem(
             Path(self.settings.fileName())
         ):
             return
-        self.settings.sync()
+        seal_settings(self.settings)
 
     def recent_files(self) -> list[str]:
         try:
@@ -642,12 +673,54 @@ class MainWindow(QMainWindow):
         self._put_setting("document/recent", files[:MAX_RECENT])
         self.update_recent_menu()
 
+    def update_recover_menu(self) -> None:
+        """File > Recover Unsaved Session: one item per other window's unsaved session
+        found at start; shown only while there is one."""
+        self.recover_menu.clear()
+        for i, (file, session) in enumerate(self.unsaved_sessions, 1):
+            when = datetime.fromtimestamp(file.changed_at()).strftime("%Y-%m-%d %H:%M")
+            name = session.name.replace("&", "&&")
+            act = self.recover_menu.addAction(f"&{i} {name}, unsaved changes of {when}")
+            tip = f"Open the unsaved changes to {session.name} kept in {file.path}"
+            act.setStatusTip(tip)
+            act.setToolTip(rich_text(tip))
+            act.triggered.connect(lambda _c=False, f=file: self.recover_session(f))
+        self.recover_menu.menuAction().setVisible(bool(self.unsaved_sessions))
+
+    def recover_session(self, file: RecoveryFile) -> bool:
+        """Open another window's unsaved session (after asking about this one's changes);
+        its recovery file goes once this window's own holds it."""
+        found = [(f, s) for f, s in self.unsaved_sessions if f is file]
+        if not found or not self.maybe_save():
+            return False
+        session = found[0][1]
+        self.store.reset(session.scenario, session.path, modified=True)
+        if self.write_autosave():
+            file.remove()
+        else:
+            file.release()  # kept for the next start: this window could not take it over
+        self.unsaved_sessions.remove(found[0])
+        self.update_recover_menu()
+        self.statusBar().showMessage(f"Recovered unsaved changes to {session.name}", 5000)
+        return True
+
+    def _last_document(self) -> Session:
+        """The document the last window closed with (``document/last``), as saved."""
+        try:
+            last = self.settings.value("document/last", "")
+        except Exception:  # a value QSettings cannot convert
+            last = ""
+        if isinstance(last, str) and last:
+            return reopen(Path(last))
+        return Session(default_scenario())
+
     def update_recent_menu(self) -> None:
         self.recent_menu.clear()
         files = self.recent_files()
         for i, name in enumerate(files, 1):
             act = self.recent_menu.addAction(f"&{i} {Path(name).name.replace('&', '&&')}")
             act.setStatusTip(name)
+            act.setToolTip(rich_text(name))  # not its text, which Qt would take as markup
             act.triggered.connect(lambda _c=False, n=name: self.open_recent(Path(n)))
         self.recent_menu.setEnabled(bool(files))
 
@@ -697,8 +770,10 @@ class MainWindow(QMainWindow):
                 summary += f" of {est.host_capacity_bytes / GIB:,.1f} · {est.host_verdict}"
         self.summary.setText(summary)
         self.summary.setToolTip(
-            f"Per GPU of {est.scenario.hardware.gpu.display_name}: the banner's figure, "
-            f"device bytes. Help > {HELP_TITLE}"
+            rich_text(
+                f"Per GPU of {est.scenario.hardware.gpu.display_name}: the banner's figure, "
+                f"device bytes. Help > {HELP_TITLE}"
+            )
         )
 
     @Slot(list)
@@ -1101,28 +1176,29 @@ class MainWindow(QMainWindow):
     # -- recovery ------------------------------------------------------------------------
     @Slot()
     def schedule_autosave(self, *_: object) -> None:
-        """Write the recovery file a moment after the last of a burst of changes."""
+        """The first change of a burst is written to the recovery file at once (a kill
+        right after it loses nothing); the others a moment after the last one."""
+        if self._autosave_timer.isActive():
+            self._autosave_pending = True
+        else:
+            self.write_autosave()
         self._autosave_timer.start(AUTOSAVE_DELAY_MS)
 
     @Slot()
-    def write_autosave(self, discarded: bool = False) -> bool:
-        """Write the recovery file: the working scenario, its path and modified state; or,
-        after a close that discarded the changes, the document as saved. ``False`` (and a
-        notice, once) when it cannot be written."""
-        self._autosave_timer.stop()
+    def _autosave_due(self) -> None:
+        if self._autosave_pending:
+            self.write_autosave()
+
+    @Slot()
+    def write_autosave(self) -> bool:
+        """Write the recovery file: the working scenario, its path and modified state.
+        ``False`` (and a notice, once) when it cannot be written."""
+        self._autosave_pending = False
         store = self.store
-        if discarded:
-            text = autosave_text(store.saved_scenario, store.path, False)
-        else:
-            text = autosave_text(store.scenario, store.path, store.modified)
+        text = autosave_text(store.scenario, store.path, store.modified)
         try:
-            self.autosave_path.parent.mkdir(parents=True, exist_ok=True)
-            write_text(self.autosave_path, text)
+            self.recovery.write(text)
         except OSError as exc:
-            if discarded:  # never bring back what the user discarded
-                with contextlib.suppress(OSError):
-                    if stat.S_ISREG(os.lstat(self.autosave_path).st_mode):
-                        self.autosave_path.unlink()
             if not self._autosave_failed:
                 self._autosave_failed = True
                 self.notify(
@@ -1145,8 +1221,12 @@ class MainWindow(QMainWindow):
         if choice == CANCELLED:
             event.ignore()
             return
+        self._autosave_timer.stop()
         self.write_settings()
-        self.write_autosave(discarded=choice == DISCARDED)
+        # the document is saved or its changes discarded: nothing left to recover
+        self.recovery.remove()
+        for file, _session in self.unsaved_sessions:
+            file.release()  # still unsaved: the next start offers them again
         self.tradeoffs.shutdown()
         self.importer.shutdown()
         event.accept()

@@ -11,15 +11,25 @@ each the way a user does it:
   section (Conventions): Space; a row's reset button: a click;
 * undo and redo, New, Open (valid files, files the estimate rejects, malformed files, a
   FIFO, a folder, a file too big, a missing one), Open Recent, Save, Compare all / Clear
-  what-ifs, and double-clicking a ghost bar to apply it.
+  what-ifs, and double-clicking a ghost bar to apply it;
+* paste (Edit > Paste Configuration) and drop on the window (real drop events) of
+  what :func:`import_corpus` holds -- scenarios, ``config.json`` files, training
+  configurations, junk, JSON nested 50,000 deep, huge integers, markup, configurations
+  that name files outside their folder -- as text or as files, model folders too (one of
+  a tensor of absurd shape among them); File > Import and Import Model Folder of them;
+* the Tradeoffs tab: its four views in turn, a sweep started and mostly cancelled;
+* markup typed into the GPU name field.
 
 File dialogs are stubbed (``QFileDialog``'s static methods return a file the monkey
-chose) and message boxes are answered at random (:class:`MessageBoxes`). Exceptions are
-counted through ``sys.excepthook`` (Qt slots report there) and around each action. After
-every action the monkey checks that every visible form row shows the scenario's value --
-or holds a rejected value and shows its error --, that the model preset combo shows the
-current model, and that the chart is stale exactly when the store has an error (and, when
-it is not, shows the store's estimate).
+chose), message boxes are answered at random (:class:`MessageBoxes`) and so is the
+read-as prompt. Exceptions are counted through ``sys.excepthook`` (Qt slots report there)
+and around each action. After every action the monkey checks that every visible form row
+shows the scenario's value -- or holds a rejected value and shows its error --, that the
+model preset combo shows the current model, that the chart is stale exactly when the
+store has an error (and, when it is not, shows the store's estimate), that no label,
+tooltip or chart text of the window, message box or prompt renders a user's markup
+(:func:`rendered_markup`), and that no file a configuration names outside its folder has
+its content shown (a notice, a message box, the status bar).
 
 ``benchmarks/monkey.py`` runs it for thousands of actions and prints the figures;
 ``tests/gui/test_monkey.py`` runs a few hundred and wants no exception and no mismatch.
@@ -36,23 +46,32 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6 import QtGui
+from PySide6.QtCore import QAbstractItemModel, QMimeData, QModelIndex, QPoint, QPointF, Qt, QUrl
+from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QGuiApplication, QImage
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QAbstractSpinBox,
     QApplication,
     QCheckBox,
     QComboBox,
+    QDialog,
     QDoubleSpinBox,
     QFileDialog,
+    QGraphicsTextItem,
+    QGraphicsView,
+    QInputDialog,
+    QLabel,
     QMessageBox,
     QSpinBox,
+    QTabBar,
     QWidget,
 )
 
@@ -127,15 +146,26 @@ class MonkeyReport:
     exceptions: list[str] = field(default_factory=list)
     field_mismatches: list[str] = field(default_factory=list)
     stale_mismatches: list[str] = field(default_factory=list)
+    #: where a user's markup was rendered as rich text
+    markup: list[str] = field(default_factory=list)
+    #: where the content of a file a configuration names was shown
+    leaks: list[str] = field(default_factory=list)
     message_boxes: int = 0
+
+    def problems(self) -> dict[str, list[str]]:
+        """Every kind of problem found, by name."""
+        return {
+            "exceptions": self.exceptions,
+            "field mismatches": self.field_mismatches,
+            "stale mismatches": self.stale_mismatches,
+            "markup rendered": self.markup,
+            "file contents shown": self.leaks,
+        }
 
     def summary(self) -> str:
         rate = self.actions / self.seconds if self.seconds > 0 else float("inf")
-        return (
-            f"actions {self.actions:,} in {self.seconds:.1f} s ({rate:,.0f} actions/s); "
-            f"exceptions {len(self.exceptions)}; field mismatches "
-            f"{len(self.field_mismatches)}; stale mismatches {len(self.stale_mismatches)}"
-        )
+        found = "; ".join(f"{kind} {len(found)}" for kind, found in self.problems().items())
+        return f"actions {self.actions:,} in {self.seconds:.1f} s ({rate:,.0f} actions/s); {found}"
 
 
 JUNK = ("", "abc", "-", "--3", "1e5", "12,,4", "0x10", "½", "9" * 30, " ", "-0", "3.5.1")
@@ -274,6 +304,160 @@ def scenario_files(folder: Path) -> list[Path]:
     return files
 
 
+#: the content of a file that configurations name outside their folder: never shown
+SECRET = "hf_monkeyToken0123456789abcdef"
+#: where the project's test fixtures are, when the app runs from its source tree
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 32000,
+}
+
+
+def markups(image: Path) -> list[str]:
+    """Markup a user may type or a file may hold: an image (a real one), a heading,
+    bold, a link, braces (a format string's fields), an entity."""
+    return [
+        f'<img src="{image}"><h1>GPU',
+        "<h1>Lab</h1> card",
+        "<b>bold</b> {x} & <i>it</i>",
+        '<a href="file:///">link</a>',
+        "{0} {value} &amp; &lt;",
+    ]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What the monkey pastes, drops and imports (:func:`import_corpus`): texts and the
+    files holding them, by kind, and model folders."""
+
+    texts: dict[str, list[str]]
+    files: dict[str, list[Path]]
+    folders: list[Path]
+
+    def text(self, rng: random.Random) -> str:
+        """A text of a kind drawn first (each kind as likely, however many it holds)."""
+        return rng.choice(self.texts[rng.choice(list(self.texts))])
+
+    def file(self, rng: random.Random) -> Path:
+        """A file or a model folder, of a kind drawn first."""
+        kind = rng.choice([*self.files, "model folder"])
+        return rng.choice(self.folders if kind == "model folder" else self.files[kind])
+
+
+def import_corpus(folder: Path, scenarios: list[Path]) -> Corpus:
+    """Texts, files and model folders to paste, drop and import, written into
+    ``folder``: the readable ones of ``scenarios``, the ``config.json`` files and training
+    configurations of the project's fixtures (when present) or one of its own, junk, JSON
+    nested 50,000 deep, integers of hundreds and thousands of digits, markup, training
+    configurations naming a file outside their folder (holding :data:`SECRET`), and model
+    folders: a config alone, with a small checkpoint, with a tensor of absurd shape (of
+    10^400 elements, or none), an empty one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    image = folder / "image.png"  # an image a rendered <img> would really show
+    picture = QImage(8, 8, QImage.Format.Format_RGB32)
+    picture.fill(QColor("red"))
+    picture.save(str(image))
+    secret = folder / "private" / "token"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_text(SECRET + "\n")
+    texts: dict[str, list[str]] = {"scenario": []}
+    for path in scenarios:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path.is_file() and path.stat().st_size < 1 << 16:
+                texts["scenario"].append(path.read_text(encoding="utf-8"))
+    fixtures = sorted(FIXTURES.glob("*/*"))
+    texts["config.json"] = [
+        p.read_text(encoding="utf-8") for p in fixtures if p.parent.name == "hf_configs"
+    ] or [json.dumps(_LLAMA)]
+    texts["training configuration"] = [
+        p.read_text(encoding="utf-8") for p in fixtures if p.parent.name == "train_configs"
+    ] or ["base_model: gpt2\nadapter: lora\nmicro_batch_size: 2\n"]
+    texts["junk"] = ["", " ", "hello", "{oops", "[1, 2", "- a\n- b", "null", "42", "\x00\x01"]
+    deep = 50_000
+    texts["deep nesting"] = [
+        '{"a":' * deep + "1" + "}" * deep,
+        "[" * deep + "]" * deep,
+        '{"memfit_scenario": 1, "model": ' + '{"a":' * deep + "1" + "}" * deep + "}",
+        "a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 200)),
+    ]
+    huge = "1" + "0" * 400
+    texts["huge integers"] = [
+        json.dumps({**_LLAMA, "hidden_size": 10**400}),
+        '{"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}, '
+        f'"training": {{"method": "lora", "lora": {{"alpha": {huge}}}}}}}',
+        '{"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}, '
+        f'"training": {{"micro_batch_size": 1{"0" * 5000}}}}}',
+        f"base_model: gpt2\nlora_alpha: {huge}\nmicro_batch_size: {huge}\n",
+    ]
+    texts["markup"] = []
+    # a family MemFit does not read: the read-as prompt, which quotes the model_type
+    texts["unknown family"] = [json.dumps({**_LLAMA, "model_type": "mpt-like"})]
+    for mark in markups(image):
+        texts["unknown family"].append(json.dumps({**_LLAMA, "model_type": mark}))
+        texts["markup"] += [
+            json.dumps({**_LLAMA, "name": mark}),
+            json.dumps(
+                {
+                    "memfit_scenario": 1,
+                    "model": {**_LLAMA, "name": mark},
+                    "hardware": {"gpu": "l4", "gpu_name": mark[:64]},
+                }
+            ),
+            f"base_model: '{mark}'\nadapter: lora\n",
+        ]
+    texts["a path out of its folder"] = [
+        text
+        for where in (str(secret), "../private/token", "private/token")
+        for text in (
+            f"base_model: gpt2\ndeepspeed: {where}\n",
+            json.dumps({"model_name_or_path": "gpt2", "deepspeed": where}),
+        )
+    ]
+    files: dict[str, list[Path]] = {}
+    for kind, some in texts.items():
+        for text in some:
+            suffix = ".json" if text.lstrip().startswith(("{", "[")) else ".yaml"
+            path = folder / f"import-{sum(map(len, files.values()))}{suffix}"
+            path.write_text(text, encoding="utf-8")
+            files.setdefault(kind, []).append(path)
+    folders = [
+        _model_folder(folder / "model-config-only", None),
+        _model_folder(folder / "model-small", [2, 4]),
+        _model_folder(folder / "model-absurd-shape", [10**400]),
+        _model_folder(folder / "model-absurd-empty-shape", [10**400, 0]),
+        _model_folder(folder / "model-empty", None, config=False),
+    ]
+    return Corpus(texts, files, folders)
+
+
+def _model_folder(path: Path, shape: list[int] | None, *, config: bool = True) -> Path:
+    """A model folder: its ``config.json`` and, for ``shape``, a safetensors file of one
+    float16 tensor of that shape (its data as long as the shape says, when small)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if config:
+        (path / "config.json").write_text(json.dumps(_LLAMA))
+    if shape is not None:
+        size = 2 * math.prod(shape) if math.prod(shape) < 1 << 20 else 2
+        header = json.dumps(
+            {
+                "model.embed_tokens.weight": {
+                    "dtype": "F16",
+                    "shape": shape,
+                    "data_offsets": [0, size],
+                }
+            }
+        ).encode()
+        data = len(header).to_bytes(8, "little") + header + b"\0" * size
+        (path / "model.safetensors").write_bytes(data)
+    return path
+
+
 class Monkey:
     """Random real-widget actions on ``window``; see the module docstring."""
 
@@ -282,9 +466,13 @@ class Monkey:
         self.rng = random.Random(seed)
         self.folder = folder
         self.files = scenario_files(folder / "files")
+        self.corpus = import_corpus(folder / "imports", self.files)
         self.boxes = MessageBoxes(self.rng)
         self.report = MonkeyReport()
         self._saves = 0
+        self._boxes_seen = 0
+        self._markup_seen: set[str] = set()
+        self._import_dialog = False  # the open dialog stubbed is File > Import's
         self.actions: list[tuple[str, int, Callable[[], None]]] = [
             ("spin", 30, self.spin),
             ("combo", 20, self.combo),
@@ -301,6 +489,11 @@ class Monkey:
             ("save", 3, self.save),
             ("ghost", 4, self.ghost),
             ("compare", 1, self.compare),
+            ("paste", 5, self.paste),
+            ("drop", 5, self.drop),
+            ("import", 4, self.import_),
+            ("tradeoffs", 3, self.tradeoffs),
+            ("gpu name", 2, self.gpu_name),
         ]
 
     # -- running -------------------------------------------------------------------------
@@ -311,6 +504,8 @@ class Monkey:
         old_exec = QMessageBox.exec
         old_open = QFileDialog.getOpenFileName
         old_save = QFileDialog.getSaveFileName
+        old_folder = QFileDialog.getExistingDirectory
+        old_input = QInputDialog.exec
 
         def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
             self.report.exceptions.append("".join(traceback.format_exception(kind, exc, tb)))
@@ -319,6 +514,8 @@ class Monkey:
         QMessageBox.exec = self.boxes.exec_function()  # type: ignore[method-assign,assignment]
         QFileDialog.getOpenFileName = staticmethod(self._open_name)  # type: ignore[method-assign]
         QFileDialog.getSaveFileName = staticmethod(self._save_name)  # type: ignore[method-assign]
+        QFileDialog.getExistingDirectory = staticmethod(self._folder_name)  # type: ignore[method-assign]
+        QInputDialog.exec = self._answer_input_function()  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
@@ -326,6 +523,8 @@ class Monkey:
             QMessageBox.exec = old_exec  # type: ignore[method-assign]
             QFileDialog.getOpenFileName = old_open  # type: ignore[method-assign]
             QFileDialog.getSaveFileName = old_save  # type: ignore[method-assign]
+            QFileDialog.getExistingDirectory = old_folder  # type: ignore[method-assign]
+            QInputDialog.exec = old_input  # type: ignore[method-assign]
 
     def run(self, n: int) -> MonkeyReport:
         """``n`` random actions, each followed by the checks."""
@@ -389,6 +588,22 @@ class Monkey:
                 )
             elif gib_text(est.capacity_bytes) not in chart.capacity_line.label.toPlainText():
                 self.report.stale_mismatches.append(f"{where}: the capacity line is not labelled")
+        self._markup(where, rendered_markup([w]))
+        boxes, self._boxes_seen = self.boxes.shown[self._boxes_seen :], len(self.boxes.shown)
+        for box in boxes:
+            if any(sign in box.text for sign in MARKUP_SIGNS) and (
+                box.text_format != Qt.TextFormat.PlainText
+            ):
+                self._markup(where, [f"a message box in rich text: {box.text!r}"])
+        said = [box.text for box in boxes] + w.notice.messages() + [w.statusBar().currentMessage()]
+        self.report.leaks += [f"{where}: {text[:300]!r}" for text in said if SECRET in text]
+
+    def _markup(self, where: str, problems: list[str]) -> None:
+        """Report each markup rendered once, where it was first seen (it stays shown)."""
+        for problem in problems:
+            if problem not in self._markup_seen:
+                self._markup_seen.add(problem)
+                self.report.markup.append(f"{where}: {problem}")
 
     # -- actions -------------------------------------------------------------------------
     def _rows(self, kind: type[QWidget] | tuple[type[QWidget], ...]) -> list[tuple[FormPanel, Row]]:
@@ -521,11 +736,106 @@ class Monkey:
         QTest.mouseDClick(viewport, left, pos=pos)
         QTest.mouseRelease(viewport, left, pos=pos)
 
+    def paste(self) -> None:
+        """Edit > Paste Configuration of a text of the corpus."""
+        QGuiApplication.clipboard().setText(self.corpus.text(self.rng))
+        self.window.importer.paste_act.trigger()
+
+    def drop(self, enter: bool = True) -> None:
+        """A drag entering the window and a drop: one to three files or folders, or a
+        text (real events, through the window's event handling)."""
+        mime = QMimeData()
+        if self.rng.random() < 0.4:
+            mime.setText(self.corpus.text(self.rng))
+        else:
+            paths = [self._dropped() for _ in range(self.rng.randint(1, 3))]
+            mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+        window, pos = self.window, QPointF(self.window.rect().center())
+        action, button = Qt.DropAction.CopyAction, Qt.MouseButton.LeftButton
+        modifiers = Qt.KeyboardModifier.NoModifier
+        entered = QDragEnterEvent(pos.toPoint(), action, mime, button, modifiers)
+        QApplication.sendEvent(window, entered)
+        if entered.isAccepted():
+            QApplication.sendEvent(window, QDropEvent(pos, action, mime, button, modifiers))
+
+    def import_(self) -> None:
+        """File > Import (a file) or Import Model Folder, through the stubbed dialogs."""
+        if self.rng.random() < 0.3:
+            self.window.importer.import_folder_act.trigger()
+            return
+        self._import_dialog = True
+        try:
+            self.window.importer.import_act.trigger()
+        finally:
+            self._import_dialog = False
+
+    def tradeoffs(self) -> None:
+        """The Tradeoffs tab, one of its views; on the map a sweep, mostly cancelled at
+        once (a sweep can take minutes); now and then back to the memory view."""
+        w = self.window
+        if self.rng.random() < 0.25:
+            w.memory_view_act.trigger()
+            return
+        w.tradeoffs_view_act.trigger()
+        view = w.tradeoffs
+        view.tabs.setCurrentIndex(self.rng.randrange(view.tabs.count()))
+        QApplication.processEvents()
+        if view.tabs.currentIndex() == 0 and view.sweep_button.isEnabled():
+            QTest.mouseClick(view.sweep_button, Qt.MouseButton.LeftButton)
+        for cancel in (view.cancel_button, view.hardware_cancel):
+            if cancel.isVisibleTo(view) and cancel.isEnabled() and self.rng.random() < 0.8:
+                QTest.mouseClick(cancel, Qt.MouseButton.LeftButton)
+
+    def gpu_name(self) -> None:
+        """Type a name -- markup, mostly -- into the GPU name field and press Enter."""
+        panel = self.window.hardware_panel
+        field = panel.gpu_name
+        if not field.isVisibleTo(panel):
+            QTest.keyClick(panel.more.button, Qt.Key.Key_Space)  # unfold More hardware
+        if not (field.isVisibleTo(panel) and field.isEnabled()):
+            return
+        names = [*markups(self.folder / "imports" / "image.png"), "Lab card", ""]
+        field.selectAll()
+        QTest.keyClick(field, Qt.Key.Key_Delete)
+        QTest.keyClicks(field, self.rng.choice(names))
+        QTest.keyClick(field, Qt.Key.Key_Return)
+
     # -- stubbed dialogs -----------------------------------------------------------------
+    def _answer_input_function(self) -> Callable[[QInputDialog], int]:
+        """A function to stand in for ``QInputDialog.exec`` (a method binds the dialog)."""
+
+        def exec_(dialog: QInputDialog) -> int:
+            return self._answer_input(dialog)
+
+        return exec_
+
+    def _answer_input(self, dialog: QInputDialog) -> int:
+        """The read-as prompt: checked for rendered markup, then answered at random."""
+        self._markup(f"#{self.report.actions} the read-as prompt", rendered_markup([dialog]))
+        if self.rng.random() < 0.3:
+            return int(QDialog.DialogCode.Rejected.value)
+        items = dialog.comboBoxItems()
+        if items:
+            dialog.setTextValue(self.rng.choice(items))
+        return int(QDialog.DialogCode.Accepted.value)
+
     def _open_name(self, *_args: object, **_kwargs: object) -> tuple[str, str]:
         if self.rng.random() < 0.1:
             return "", ""  # cancelled
+        if self._import_dialog:
+            return str(self.corpus.file(self.rng)), ""
         return str(self.rng.choice(self.files)), ""
+
+    def _dropped(self) -> Path:
+        """A file or folder to drop: of the corpus, or a scenario file."""
+        return (
+            self.rng.choice(self.files) if self.rng.random() < 0.2 else self.corpus.file(self.rng)
+        )
+
+    def _folder_name(self, *_args: object, **_kwargs: object) -> str:
+        if self.rng.random() < 0.1:
+            return ""
+        return str(self.rng.choice([*self.corpus.folders, self.folder / "no-such-folder"]))
 
     def _save_name(self, *_args: object, **_kwargs: object) -> tuple[str, str]:
         roll = self.rng.random()
@@ -537,6 +847,78 @@ class Monkey:
             return str(self.folder / "files" / "fifo.memfit.json"), ""
         self._saves += 1
         return str(self.folder / f"saved-{self._saves % 5}.memfit.json"), ""
+
+
+#: what a markup in a user's text looks like once rendered, or still raw in rich text
+MARKUP_SIGNS = ("<img", "<h1")
+
+
+def rendered_markup(widgets: Iterable[QWidget], signs: Sequence[str] = MARKUP_SIGNS) -> list[str]:
+    """Where ``widgets`` and everything inside them would render a user's markup (raw
+    ``<img``/``<h1``) as rich text: a label of rich or automatic format holding it, a
+    tooltip (of a widget, an action, a tab, an item of a table, list, tree or combo, a
+    chart item) holding it unescaped, a text of a chart whose document has a real image or
+    heading. Empty: every user text is shown as plain text."""
+
+    def raw(text: str) -> bool:
+        return any(sign in text for sign in signs)
+
+    def rich(text: str) -> bool:
+        return raw(text) and QtGui.Qt.mightBeRichText(text)
+
+    found: list[str] = []
+    for top in widgets:
+        for widget in [top, *top.findChildren(QWidget)]:
+            name = f"{type(widget).__name__} {widget.objectName()}".strip()
+            if rich(widget.toolTip()):
+                found.append(f"{name}: tooltip {widget.toolTip()!r}")
+            if isinstance(widget, QLabel) and raw(widget.text()):
+                kind = widget.textFormat()
+                if kind == Qt.TextFormat.RichText or (
+                    kind == Qt.TextFormat.AutoText and QtGui.Qt.mightBeRichText(widget.text())
+                ):
+                    found.append(f"{name}: rich label {widget.text()!r}")
+            for action in widget.actions():
+                if rich(action.toolTip()):
+                    found.append(f"{name}: action tooltip {action.toolTip()!r}")
+            if isinstance(widget, QTabBar):
+                tips = [widget.tabToolTip(i) for i in range(widget.count())]
+                found += [f"{name}: tab tooltip {tip!r}" for tip in tips if rich(tip)]
+            models = []
+            if isinstance(widget, QAbstractItemView) and widget.model() is not None:
+                models.append(widget.model())
+            if isinstance(widget, QComboBox):
+                models.append(widget.model())
+            for model in models:
+                for tip in _item_tips(model):
+                    if rich(tip):
+                        found.append(f"{name}: item tooltip {tip!r}")
+            if isinstance(widget, QGraphicsView) and widget.scene() is not None:
+                for item in widget.scene().items():
+                    if rich(item.toolTip()):
+                        found.append(f"{name}: chart item tooltip {item.toolTip()!r}")
+                    if isinstance(item, QGraphicsTextItem):
+                        shown = item.toHtml().lower()
+                        if any(sign in shown for sign in signs):
+                            found.append(f"{name}: chart text {item.toPlainText()!r}")
+    return found
+
+
+def _item_tips(model: QAbstractItemModel, parent: QModelIndex | None = None) -> Iterator[str]:
+    """The tooltips of every item of ``model`` (a tree's children too)."""
+    parent = QModelIndex() if parent is None else parent
+    try:
+        rows, columns = model.rowCount(parent), model.columnCount(parent)
+    except TypeError:  # Qt's empty model of a view without one keeps them private
+        return
+    for row in range(rows):
+        for column in range(columns):
+            index = model.index(row, column, parent)
+            tip = model.data(index, Qt.ItemDataRole.ToolTipRole)
+            if isinstance(tip, str):
+                yield tip
+            if column == 0 and model.rowCount(index) > 0:
+                yield from _item_tips(model, index)
 
 
 def agree(row: Row, shown: Any, value: Any) -> bool:
@@ -556,7 +938,7 @@ def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1
 
     folder.mkdir(parents=True, exist_ok=True)
     settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings, autosave=folder / "last.memfit.json")
+    window = MainWindow(settings=settings, data_dir=folder)
     window.resize(*size)
     window.show()
     QApplication.processEvents()

@@ -161,9 +161,7 @@ def build_window(private: Path, windows: list[MainWindow]) -> str:
     """The main window on :func:`selftest_scenario` with settings and autosave under
     ``private``, shown at 1280x800 with every what-if; appended to ``windows``."""
     settings = QSettings(str(private / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(
-        settings=settings, autosave=private / "last.memfit.json", scenario=selftest_scenario()
-    )
+    window = MainWindow(settings=settings, data_dir=private, scenario=selftest_scenario())
     windows.append(window)
     window.resize(1280, 800)
     window.show()
@@ -301,7 +299,7 @@ def first_paint_probe(timeout_s: float = 60.0) -> int:
         app.setWindowIcon(app_icon())
         window = MainWindow(
             settings=QSettings(str(Path(private) / "settings.ini"), QSettings.Format.IniFormat),
-            autosave=Path(private) / "last.memfit.json",
+            data_dir=Path(private),
         )
         spy = FirstPaint()
         viewport = window.chart.plot.viewport()

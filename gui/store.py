@@ -57,6 +57,11 @@ class ScenarioStore(QObject):
     #: a new document is about to replace the current one (New, Open): whatever shows the
     #: old document's results drops them
     documentReset = Signal()
+    #: the document -- scenario, path or modified state -- changed, and all of it is in
+    #: place (``modifiedChanged`` comes after the scenario, and during a reset the undo
+    #: history is cleared before the new scenario arrives): once per edit, undo, redo,
+    #: reset or save, for whatever records the document as a whole
+    documentChanged = Signal()
 
     def __init__(
         self,
@@ -72,9 +77,11 @@ class ScenarioStore(QObject):
         self._path = path
         self.undo_stack = QUndoStack(self)
         self.undo_stack.cleanChanged.connect(self._clean_changed)
-        self._saved: Scenario | None = None if modified else self._scenario
         if modified:
             self.undo_stack.resetClean()
+        self._resetting = False
+        # the stack's index and clean state are up to date when it says its index changed
+        self.undo_stack.indexChanged.connect(self._index_changed)
 
     @staticmethod
     def _estimated(scenario: Scenario) -> tuple[Estimate | None, str]:
@@ -89,6 +96,11 @@ class ScenarioStore(QObject):
     @Slot(bool)
     def _clean_changed(self, clean: bool) -> None:
         self.modifiedChanged.emit(not clean)
+
+    @Slot(int)
+    def _index_changed(self, _index: int) -> None:
+        if not self._resetting:
+            self.documentChanged.emit()
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -113,12 +125,6 @@ class ScenarioStore(QObject):
     def modified(self) -> bool:
         return not self.undo_stack.isClean()
 
-    @property
-    def saved_scenario(self) -> Scenario | None:
-        """The scenario as it was last opened, started or saved; ``None`` when unknown (a
-        document recovered with unsaved changes)."""
-        return self._saved
-
     # -- writing -------------------------------------------------------------------------
     def edit(self, scenario: Scenario, text: str = "Edit") -> bool:
         """Make ``scenario`` current as an undoable step; ``False`` if nothing changed."""
@@ -131,21 +137,25 @@ class ScenarioStore(QObject):
         """Start a new document (New, Open, a recovered session): no undo history; not
         modified unless ``modified`` (unsaved changes recovered from the last session)."""
         self.documentReset.emit()
-        self.undo_stack.clear()
-        self._path = path
-        self._apply(scenario, force=True)
-        self._saved = None if modified else scenario
-        if modified:
-            self.undo_stack.resetClean()
-        else:
-            self.undo_stack.setClean()
+        self._resetting = True
+        try:
+            self.undo_stack.clear()
+            self._path = path
+            self._apply(scenario, force=True)
+            if modified:
+                self.undo_stack.resetClean()
+            else:
+                self.undo_stack.setClean()
+        finally:
+            self._resetting = False
         self.pathChanged.emit(str(path) if path else "")
+        self.documentChanged.emit()
 
     def mark_saved(self, path: Path) -> None:
         self._path = path
-        self._saved = self._scenario
         self.undo_stack.setClean()
         self.pathChanged.emit(str(path))
+        self.documentChanged.emit()
 
     def _apply(self, scenario: Scenario, force: bool = False) -> None:
         if scenario == self._scenario and not force:

@@ -48,9 +48,7 @@ def main(out: Path) -> list[Path]:
         for theme in THEMES:
             for size in SIZES:
                 settings = QSettings(str(Path(tmp) / f"{theme}.ini"), QSettings.Format.IniFormat)
-                window = MainWindow(
-                    settings=settings, autosave=Path(tmp) / "last.json", scenario=scenario
-                )
+                window = MainWindow(settings=settings, data_dir=Path(tmp), scenario=scenario)
                 window.set_theme(theme)
                 window.resize(*size)
                 window.show()
@@ -77,7 +75,7 @@ def main(out: Path) -> list[Path]:
             ),
         )
         settings = QSettings(str(Path(tmp) / "tabs.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(settings=settings, autosave=Path(tmp) / "last.json", scenario=long_run)
+        window = MainWindow(settings=settings, data_dir=Path(tmp), scenario=long_run)
         window.set_theme("light")
         window.resize(1280, 800)
         window.show()
@@ -104,7 +102,7 @@ def main(out: Path) -> list[Path]:
             ),
         )
         settings = QSettings(str(Path(tmp) / "cluster.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(settings=settings, autosave=Path(tmp) / "last.json", scenario=cluster)
+        window = MainWindow(settings=settings, data_dir=Path(tmp), scenario=cluster)
         window.set_theme("light")
         window.resize(1280, 800)
         window.show()

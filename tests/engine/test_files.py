@@ -139,3 +139,100 @@ def test_text_that_is_not_unicode_is_refused_before_anything_is_written(tmp_path
     with pytest.raises(FileRefused, match="not valid Unicode"):
         write_text(tmp_path / "a.json", "\ud800")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o444, 0o400, 0o440, 0o555], ids=oct)
+def test_save_refuses_a_read_only_file_and_leaves_it_as_it_was(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "locked.memfit.json"
+    path.write_text("old")
+    path.chmod(mode)
+    with pytest.raises(FileRefused, match=r"cannot write .*locked\.memfit\.json: it is read-only"):
+        write_text(path, "new")
+    assert path.read_text() == "old" and stat.S_IMODE(path.stat().st_mode) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locked.memfit.json"]
+
+
+def test_save_refuses_a_read_only_file_behind_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "real.csv"
+    target.write_text("old")
+    target.chmod(0o444)
+    link = tmp_path / "link.csv"
+    link.symlink_to(target.name)
+    with pytest.raises(FileRefused, match=r"real\.csv: it is read-only"):
+        write_text(link, "new")
+    assert target.read_text() == "old" and link.is_symlink()
+
+
+def test_a_file_writable_by_its_owner_only_is_saved(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text("old")
+    path.chmod(0o600)
+    write_text(path, "new")
+    assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def _temp_file(folder: Path, target: str, age_s: float, random: str = "ab12cd_9") -> Path:
+    """A temporary file of a save of ``target`` as :func:`write_bytes` names them, last
+    modified ``age_s`` seconds ago."""
+    tmp = folder / f".{target}.{random}.tmp"
+    tmp.write_bytes(b"half a save")
+    when = tmp.stat().st_mtime - age_s
+    os.utime(tmp, (when, when))
+    return tmp
+
+
+def test_a_save_removes_stale_temporary_files_of_its_target_only(tmp_path: Path) -> None:
+    path = tmp_path / "run.memfit.json"
+    stale = [_temp_file(tmp_path, path.name, 3600, r) for r in ("ab12cd_9", "zz99zz99")]
+    fresh = _temp_file(tmp_path, path.name, 0, "fresh123")  # another save under way
+    other = _temp_file(tmp_path, "other.memfit.json", 3600)  # another target's
+    odd = [
+        _temp_file(tmp_path, path.name, 3600, "toolongname"),  # not a name of ours
+        _temp_file(tmp_path, path.name, 3600, "UPPER123"),
+    ]
+    folder = tmp_path / f".{path.name}.dir12345.tmp"
+    folder.mkdir()
+    link = tmp_path / f".{path.name}.link1234.tmp"
+    link.symlink_to(other.name)
+    os.utime(link, (1, 1), follow_symlinks=False)
+    write_text(path, "{}")
+    assert path.read_text() == "{}"
+    assert not any(p.exists() for p in stale)
+    for kept in (fresh, other, *odd, folder):
+        assert kept.exists(), kept.name
+    assert link.is_symlink() and other.read_bytes() == b"half a save"
+
+
+KILLED_SAVE = """
+import os, signal, sys
+from engine import files
+def killed(src, dst):
+    os.kill(os.getpid(), signal.SIGKILL)
+files.os.replace = killed
+files.write_text(sys.argv[1], "new")
+"""
+
+
+def test_a_save_killed_before_its_rename_leaves_a_temporary_file_the_next_save_removes(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.memfit.json"
+    path.write_text("old")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, str(path)], env=env, timeout=60, check=False
+    )
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = (p for p in tmp_path.iterdir() if p.name.endswith(".tmp"))
+    assert left.name.startswith(".run.memfit.json.") and path.read_text() == "old"
+    write_text(path, "newer")
+    assert left.exists()  # a minute old at most: it may be another save under way
+    os.utime(left, (left.stat().st_mtime - 120,) * 2)
+    write_text(path, "newest")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.memfit.json"]
+    assert path.read_text() == "newest"

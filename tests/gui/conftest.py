@@ -29,7 +29,7 @@ def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
     """The main window on the default scenario, shown at 1280x800, its settings and
     recovery file in ``tmp_path``."""
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings, autosave=tmp_path / "a.json", scenario=default_scenario())
+    w = MainWindow(settings=settings, data_dir=tmp_path, scenario=default_scenario())
     qtbot.addWidget(w)
     w.resize(1280, 800)
     w.show()

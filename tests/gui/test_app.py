@@ -33,8 +33,10 @@ def test_memfit_without_arguments_opens_the_window(tmp_path: Path) -> None:
     proc = run_offscreen(SMOKE, HOME=str(tmp_path), **env)
     assert proc.returncode == 0, proc.stderr
     assert "window: Untitled" in proc.stdout and "MemFit" in proc.stdout
-    # closing autosaved the scenario, which reopens on the next start
-    assert list((tmp_path / "data").rglob("last.memfit.json"))
+    # its recovery file was in the user's data folder, and a clean close removed it
+    (recovery,) = (tmp_path / "data").rglob("recovery")
+    assert recovery.is_dir() and list(recovery.iterdir()) == []
+    assert list((tmp_path / "cfg").rglob("MemFit.conf"))
 
 
 def test_version_comes_from_the_package() -> None:

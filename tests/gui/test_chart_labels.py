@@ -178,7 +178,7 @@ def test_labels_stay_apart_after_a_resize(chart: BreakdownChart, qtbot: QtBot) -
 
 def make_window(qtbot: QtBot, tmp_path: Path, scenario: Scenario, size: QSize) -> MainWindow:
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings, autosave=tmp_path / "a.json", scenario=scenario)
+    window = MainWindow(settings=settings, data_dir=tmp_path, scenario=scenario)
     qtbot.addWidget(window)
     window.resize(size)
     window.show()

@@ -266,11 +266,11 @@ def test_the_cuda_runtime_is_in_the_hardware_panel(window: MainWindow) -> None:
 
 
 def test_the_sections_fold_is_kept_between_sessions(qtbot: QtBot, tmp_path: Path) -> None:
-    first = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json")
+    first = MainWindow(settings=ini(tmp_path), data_dir=tmp_path)
     qtbot.addWidget(first)
     first.training_panel.conventions.set_expanded(True)
     first.close()
-    second = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json")
+    second = MainWindow(settings=ini(tmp_path), data_dir=tmp_path)
     qtbot.addWidget(second)
     assert second.training_panel.conventions.is_expanded()
 
@@ -623,7 +623,7 @@ def test_lora_targets_given_as_module_names_check_their_roles(qtbot: QtBot, tmp_
             "training": {"method": "lora", "lora": {"targets": ["c_attn", "c_fc"]}},
         }
     )
-    w = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json", scenario=s)
+    w = MainWindow(settings=ini(tmp_path), data_dir=tmp_path, scenario=s)
     qtbot.addWidget(w)
     assert w.store.scenario.training.lora.targets == ("c_attn", "c_fc")  # kept as written
     assert w.training_panel.targets.value() == ("q_proj", "k_proj", "v_proj", "up_proj")

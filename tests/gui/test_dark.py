@@ -132,7 +132,7 @@ def test_a_window_started_in_dark_has_dark_toggles(qtbot: object, tmp_path: obje
     folder = Path(str(tmp_path))
     settings = QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat)
     settings.setValue("view/theme", "dark")
-    window = MainWindow(settings=settings, autosave=folder / "a.json", scenario=default_scenario())
+    window = MainWindow(settings=settings, data_dir=folder, scenario=default_scenario())
     qtbot.addWidget(window)  # type: ignore[attr-defined]
     try:
         window.resize(1280, 800)

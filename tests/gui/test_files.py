@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from gui import chart_export
 from gui.main_window import MainWindow
@@ -96,3 +96,23 @@ def test_saving_a_scenario_into_a_fifo_is_refused(
     os.mkfifo(fifo)
     assert not window.save_to(fifo)
     assert "run.memfit.json" in message_boxes.shown[-1].text and fifo.is_fifo()
+
+
+def test_saving_over_a_read_only_scenario_is_refused_and_the_edits_kept(
+    window: MainWindow, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:
+    path = tmp_path / "shared.memfit.json"
+    assert window.save_to(path)
+    before = path.read_bytes()
+    path.chmod(0o444)
+    window.training_panel.rows["training.micro_batch_size"].widget.setValue(7)
+    assert window.store.modified
+    window.save_act.trigger()
+    shown = message_boxes.shown[-1]
+    assert shown.text.startswith("Could not save shared.memfit.json")
+    assert "read-only" in shown.text and shown.text_format == Qt.TextFormat.PlainText
+    assert shown.icon == QMessageBox.Icon.Warning
+    assert path.read_bytes() == before and mode(path) == 0o444
+    assert window.store.modified and window.isWindowModified()
+    assert window.store.path == path
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QComboBox, QLineEdit
 from pytestqt.qtbot import QtBot
 
@@ -123,4 +124,6 @@ def test_leaving_a_custom_gpu_drops_its_memory(window: MainWindow) -> None:
 def test_the_status_summary_names_the_gpu(window: MainWindow, qtbot: QtBot) -> None:
     window.hardware_panel.more.set_expanded(True)
     type_name(qtbot, name_field(window), "Rack 7 card")
-    assert window.summary.toolTip().startswith("Per GPU of Rack 7 card:")
+    tip = QTextDocument()
+    tip.setHtml(window.summary.toolTip())  # rich text, the name in it escaped
+    assert tip.toPlainText().startswith("Per GPU of Rack 7 card:")

@@ -215,18 +215,19 @@ def test_an_unknown_family_can_be_read_as_a_look_alike(
     path.write_text(json.dumps(config))
     asked: list[str] = []
 
-    def choose(_parent: object, _title: str, label: str, items: list[str], *_: object):  # type: ignore[no-untyped-def]
-        asked.append(label)
-        return "llama", True
+    def choose(dialog: QInputDialog) -> int:
+        asked.append(dialog.labelText())
+        dialog.setTextValue("llama")
+        return QDialog.DialogCode.Accepted.value
 
-    monkeypatch.setattr(QInputDialog, "getItem", choose)
+    monkeypatch.setattr(QInputDialog, "exec", choose)
     assert window.importer.import_path(path)
     assert "is not a family MemFit reads" in asked[0]
     assert window.store.scenario.model.read_as == "llama"
     assert "read as llama" in notices(window)
     # cancelled: nothing changes
     before = window.store.scenario
-    monkeypatch.setattr(QInputDialog, "getItem", lambda *a: ("", False))
+    monkeypatch.setattr(QInputDialog, "exec", lambda _dialog: QDialog.DialogCode.Rejected.value)
     config["num_hidden_layers"] = 3
     path.write_text(json.dumps(config))
     assert not window.importer.import_path(path)
@@ -240,3 +241,52 @@ def test_an_unknown_family_can_be_read_as_a_look_alike(
 def test_the_model_panel_says_how_a_config_was_read(window: MainWindow) -> None:
     assert window.importer.import_path(FIXTURES / "hf_configs" / "llava.json")
     assert "the text model of llava" in window.model_panel.count.text()
+
+
+#: JSON nested far deeper than any configuration, as a paste or a drop may bring it
+DEEP = {
+    "objects": '{"a":' * 50_000 + "1" + "}" * 50_000,
+    "arrays": "[" * 50_000 + "]" * 50_000,
+    "objects in arrays": '[{"a":' * 25_000 + "1" + "}]" * 25_000,
+    "a scenario's model": '{"memfit_scenario": 1, "model": '
+    + '{"a":' * 50_000
+    + "1"
+    + "}" * 50_000
+    + ', "hardware": {"gpu": "l4"}}',
+}
+
+
+def refused_as_too_deep(window: MainWindow, message_boxes: MessageBoxes, before: object) -> None:
+    assert window.store.scenario == before and not window.store.modified
+    text = message_boxes.texts()[-1]
+    assert text.startswith("Could not import") and "nested too deeply" in text, text[:300]
+
+
+@pytest.mark.parametrize("text", DEEP.values(), ids=DEEP.keys())
+def test_deep_json_pasted_is_refused_in_words(
+    window: MainWindow, message_boxes: MessageBoxes, text: str
+) -> None:
+    before = window.store.scenario
+    assert not window.importer.import_pasted(text, "the clipboard")
+    refused_as_too_deep(window, message_boxes, before)
+    QGuiApplication.clipboard().setText(text)
+    window.importer.paste_act.trigger()
+    refused_as_too_deep(window, message_boxes, before)
+
+
+@pytest.mark.parametrize("text", DEEP.values(), ids=DEEP.keys())
+def test_deep_json_dropped_as_text_or_a_file_is_refused_in_words(
+    window: MainWindow, message_boxes: MessageBoxes, tmp_path: Path, text: str
+) -> None:
+    before = window.store.scenario
+    mime = QMimeData()
+    mime.setText(text)
+    drop(window, mime)
+    refused_as_too_deep(window, message_boxes, before)
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    files = QMimeData()
+    files.setUrls([QUrl.fromLocalFile(str(path))])
+    drop(window, files)
+    refused_as_too_deep(window, message_boxes, before)
+    assert path.name in message_boxes.texts()[-1]

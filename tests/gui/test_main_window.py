@@ -27,7 +27,7 @@ from gui.store import default_scenario
 def make_window(qtbot, tmp_path: Path):  # type: ignore[no-untyped-def]
     def make(**kwargs: object) -> MainWindow:
         settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(settings=settings, autosave=tmp_path / "last.memfit.json", **kwargs)
+        window = MainWindow(settings=settings, data_dir=tmp_path, **kwargs)
         qtbot.addWidget(window)
         window.resize(1280, 800)
         window.show()

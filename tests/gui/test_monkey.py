@@ -1,6 +1,8 @@
-"""A short monkey run on the real window: random real-widget actions, no exception, every
-field showing the scenario's value, the chart stale exactly when the store has an error
-(``benchmarks/monkey.py`` runs thousands)."""
+"""A short monkey run on the real window: random real-widget actions -- pasting, dropping
+and importing hostile texts, files and model folders, the Tradeoffs tab, markup typed
+into the GPU name included --, no exception, every field showing the scenario's value,
+the chart stale exactly when the store has an error, no user markup rendered, no named
+file's content shown (``benchmarks/monkey.py`` runs thousands)."""
 
 from pathlib import Path
 
@@ -9,8 +11,12 @@ from gui.monkey import run_monkey
 
 def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     report = run_monkey(300, seed=7, folder=tmp_path)
-    assert report.actions == 300 and len(report.kinds) >= 10  # most kinds of action ran
+    assert report.actions == 300 and len(report.kinds) >= 15  # most kinds of action ran
+    for kind in ("paste", "drop", "import", "tradeoffs", "gpu name"):
+        assert report.kinds[kind] > 0, kind
     assert report.exceptions == []
     assert report.field_mismatches == []
     assert report.stale_mismatches == []
+    assert report.markup == []
+    assert report.leaks == []
     assert report.message_boxes > 0  # files that fail to open, questions before closing

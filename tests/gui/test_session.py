@@ -2,27 +2,33 @@
 
 A scenario the estimate rejects, a broken recovery file or settings file give a working
 window with the default scenario and a notice; the document's path and modified state
-survive a restart, a crash (``kill -9``) included; closing asks Save / Discard / Cancel.
+survive a restart, a crash (``kill -9``) included, right after the first change too;
+each window has a recovery file of its own, and a start restores the newest one whose
+window is gone and offers the others; closing asks Save / Discard / Cancel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtCore import QByteArray, QLockFile, QSettings, QSysInfo
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
 from engine.scenario_io import load_scenario, save_scenario, scenario_to_dict
 from gui.main_window import MainWindow
 from gui.monkey import MessageBoxes
-from gui.session import MemorySettings, read_session
+from gui.session import MemorySettings
 from gui.store import ScenarioStore, default_scenario
-from tests.gui.helpers import bad_mesh, ini, run_offscreen
+from tests.gui.helpers import ROOT, bad_mesh, ini, run_offscreen
 
 Button = QMessageBox.StandardButton
 
@@ -33,7 +39,7 @@ def start(qtbot: QtBot, tmp_path: Path):  # type: ignore[no-untyped-def]
     ``tmp_path`` (unless given)."""
 
     def make(**kwargs: object) -> MainWindow:
-        kwargs.setdefault("autosave", tmp_path / "last.memfit.json")
+        kwargs.setdefault("data_dir", tmp_path)
         if "settings_path" not in kwargs:
             kwargs.setdefault("settings", ini(tmp_path))
         window = MainWindow(**kwargs)  # type: ignore[arg-type]
@@ -112,25 +118,38 @@ BROKEN = {
 }
 
 
+def recovery_files(tmp_path: Path, pattern: str = "*.memfit.json") -> list[Path]:
+    return sorted((tmp_path / "recovery").glob(pattern))
+
+
+@pytest.mark.parametrize("where", ["the file of earlier versions", "a window's own file"])
 @pytest.mark.parametrize("content", BROKEN.values(), ids=BROKEN.keys())
 def test_a_broken_recovery_file_starts_with_the_default_and_says_so(
-    start, tmp_path: Path, content: bytes
+    start, tmp_path: Path, content: bytes, where: str
 ) -> None:  # type: ignore[no-untyped-def]
-    autosave = tmp_path / "last.memfit.json"
-    autosave.write_bytes(content)
+    if where == "a window's own file":  # its window is gone: no lock
+        (tmp_path / "recovery").mkdir()
+        (tmp_path / "recovery" / "0123abcd.memfit.json").write_bytes(content)
+        said = "Could not restore a session"
+    else:
+        (tmp_path / "last.memfit.json").write_bytes(content)
+        said = "Could not restore the last session"
     window = start()
     assert window.store.scenario == default_scenario() and not window.store.modified
     assert window.store.estimate is not None and not window.chart.is_stale()
     notices = window.notice.messages()
-    assert len(notices) == 1 and notices[0].startswith("Could not restore the last session")
+    assert len(notices) == 1 and notices[0].startswith(said)
     assert window.notice.isVisible()
     assert window.statusBar().currentMessage() == notices[0]
-    # what it held is kept beside it, not overwritten by the next autosave
-    assert (tmp_path / "last.memfit.json.unreadable").read_bytes() == content
+    # what it held is kept, not overwritten by the next autosave, and the notice says where
+    (kept,) = recovery_files(tmp_path, "*.unreadable")
+    assert kept.read_bytes() == content and f"(kept as {kept})" in notices[0]
+    assert not (tmp_path / "last.memfit.json").exists()
 
 
-def test_a_recovery_folder_in_place_of_the_file(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "last.memfit.json").mkdir()
+def test_no_recovery_file_can_be_written(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "last.memfit.json").mkdir()  # in place of the file of earlier versions
+    (tmp_path / "recovery").write_text("a file in place of the folder")
     window = start()
     assert window.store.scenario == default_scenario()
     assert "directory" in window.notice.messages()[0]
@@ -139,9 +158,15 @@ def test_a_recovery_folder_in_place_of_the_file(start, tmp_path: Path) -> None: 
     assert sum("write the recovery file" in m for m in window.notice.messages()) == 1
 
 
-def test_the_document_file_gone_since_a_discarded_close(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("how", ["the file of earlier versions", "the settings"])
+def test_the_document_file_gone_since_a_discarded_close(start, tmp_path: Path, how: str) -> None:  # type: ignore[no-untyped-def]
     missing = tmp_path / "gone.memfit.json"
-    (tmp_path / "last.memfit.json").write_text(wrapper(path=str(missing), scenario=None))
+    if how == "the settings":
+        settings = ini(tmp_path)
+        settings.setValue("document/last", str(missing))
+        settings.sync()
+    else:
+        (tmp_path / "last.memfit.json").write_text(wrapper(path=str(missing), scenario=None))
     window = start()
     assert window.store.scenario == default_scenario() and window.store.path is None
     assert "gone.memfit.json" in window.notice.messages()[0]
@@ -156,7 +181,7 @@ from gui.main_window import MainWindow
 folder = Path(sys.argv[1])
 os.mkfifo(folder / "last.memfit.json")
 os.mkfifo(folder / "MemFit.conf")
-window = MainWindow(settings_path=folder / "MemFit.conf", autosave=folder / "last.memfit.json")
+window = MainWindow(settings_path=folder / "MemFit.conf", data_dir=folder)
 window.show()
 print("notices:", " | ".join(window.notice.messages()), flush=True)
 print("settings:", type(window.settings).__name__, flush=True)
@@ -239,6 +264,12 @@ def recovered_modified(autosave: Path) -> bool:
     return autosave.exists() and '"modified": true' in autosave.read_text()
 
 
+def gone(window: MainWindow) -> None:
+    """What a crash or ``kill -9`` of ``window``'s process does to its recovery file: the
+    lock goes with the process, the file stays."""
+    window.recovery.release()
+
+
 def test_closing_asks_save_discard_cancel(
     start, tmp_path: Path, message_boxes: MessageBoxes
 ) -> None:  # type: ignore[no-untyped-def]
@@ -266,13 +297,16 @@ def test_a_restart_keeps_the_path_and_the_unsaved_changes(
     assert first.open_path(path)
     first.training_panel.rows["training.sequence_length"].widget.setValue(1024)
     edited = first.store.scenario
-    autosave = tmp_path / "last.memfit.json"
-    # the recovery file follows every change a moment later (debounced)
+    autosave = first.recovery.path
+    assert autosave.parent == tmp_path / "recovery"
+    # written at once, or a moment after the open that began this burst of changes
     qtbot.waitUntil(lambda: recovered_modified(autosave), timeout=5000)
     data = json.loads(autosave.read_text())
     assert data["path"] == str(path) and data["memfit_autosave"] == 1
     # the first window is gone without closing (as after a crash): the next start recovers
+    gone(first)
     second = start()
+    assert second.recovery.path == autosave  # the recovered file is the second's now
     assert second.store.scenario == edited and second.store.path == path
     assert second.store.modified and second.isWindowModified()
     assert "run.memfit.json" in second.windowTitle()
@@ -297,10 +331,10 @@ def test_a_discarded_close_does_not_bring_the_edits_back(
     window = start(scenario=default_scenario())
     assert window.open_path(path)
     window.training_panel.rows["training.micro_batch_size"].widget.setValue(9)
-    autosave = tmp_path / "last.memfit.json"
-    qtbot.waitUntil(lambda: recovered_modified(autosave), timeout=5000)
+    qtbot.waitUntil(lambda: recovered_modified(window.recovery.path), timeout=5000)
     message_boxes.queue(Button.Discard)
     assert window.close()
+    assert recovery_files(tmp_path) == [] and recovery_files(tmp_path, "*.lock") == []
     again = start()
     assert again.store.scenario == default_scenario() and again.store.path == path
     assert not again.store.modified and again.notice.messages() == []
@@ -311,29 +345,33 @@ def test_a_discarded_untitled_document_starts_afresh(
 ) -> None:  # type: ignore[no-untyped-def]
     window = start(scenario=default_scenario())
     window.training_panel.rows["training.micro_batch_size"].widget.setValue(9)
-    window.write_autosave()
     message_boxes.queue(Button.Discard)
     assert window.close()
-    session = read_session(tmp_path / "last.memfit.json")
-    assert session is not None and session.scenario == default_scenario()
-    assert not session.modified and session.path is None
+    assert recovery_files(tmp_path) == []
+    again = start()
+    assert again.store.scenario == default_scenario() and again.store.path is None
+    assert not again.store.modified and again.notice.messages() == []
 
 
-KILLED = """
+#: a process of its own with a shown window, its data folder the first argument
+WINDOW_PROCESS = """
 import os, signal, sys, time
 from pathlib import Path
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QApplication
 from gui.app import make_app
 app = make_app()
 from gui.main_window import MainWindow
 folder = Path(sys.argv[1])
 window = MainWindow(settings=QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat),
-                    autosave=folder / "last.memfit.json")
+                    data_dir=folder)
 window.show()
+"""
+KILLED = (
+    WINDOW_PROCESS
+    + """
 window.training_panel.rows["training.micro_batch_size"].widget.setValue(3)
 window.model_panel.rows["model.num_layers"].widget.setValue(20)
-recovery = folder / "last.memfit.json"
+recovery = window.recovery.path
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     app.processEvents()
@@ -342,6 +380,7 @@ while time.monotonic() < deadline:
     time.sleep(0.02)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
@@ -365,3 +404,202 @@ def test_geometry_is_still_restored(start, tmp_path: Path) -> None:  # type: ign
     assert isinstance(geometry, QByteArray) and not geometry.isEmpty()
     again = start(scenario=default_scenario())
     assert again.notice.messages() == []
+
+
+# -- the first change at once, one recovery file per window -----------------------------
+
+
+def autosaved(window: MainWindow) -> dict:  # type: ignore[type-arg]
+    return json.loads(window.recovery.path.read_text())
+
+
+def test_the_first_change_is_in_the_recovery_file_at_once(start, qtbot: QtBot) -> None:  # type: ignore[no-untyped-def]
+    window = start(scenario=default_scenario())
+    assert not window.recovery.path.exists()  # nothing to recover yet
+    box = window.training_panel.rows["training.micro_batch_size"].widget
+    box.setValue(7)  # no event is processed after it, no timer runs
+    data = autosaved(window)
+    assert data["modified"] is True and data["scenario"]["training"]["micro_batch_size"] == 7
+    # the rest of a burst is written a moment after its last change
+    box.setValue(8)
+    box.setValue(9)
+    assert autosaved(window)["scenario"]["training"]["micro_batch_size"] == 7
+    qtbot.waitUntil(
+        lambda: autosaved(window)["scenario"]["training"]["micro_batch_size"] == 9, timeout=5000
+    )
+
+
+KILLED_AT_ONCE = (
+    WINDOW_PROCESS
+    + """
+window.training_panel.rows["training.micro_batch_size"].widget.setValue(3)
+os.kill(os.getpid(), signal.SIGKILL)  # at once: no event processed, no timer run
+"""
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
+def test_an_edit_killed_at_once_survives(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = run_offscreen(KILLED_AT_ONCE, str(tmp_path))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    window = start()
+    assert window.store.scenario.training.micro_batch_size == 3 and window.store.modified
+    assert window.notice.messages() == ["Recovered unsaved changes to the untitled scenario."]
+
+
+def test_two_windows_never_share_a_recovery_file(
+    start, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:  # type: ignore[no-untyped-def]
+    first = start(scenario=default_scenario())
+    first.training_panel.rows["training.micro_batch_size"].widget.setValue(5)
+    edited = first.store.scenario
+    second = start()  # the first is running: its edits are its own
+    assert second.store.scenario == default_scenario() and not second.store.modified
+    assert second.notice.messages() == [] and second.recovery.path != first.recovery.path
+    second.training_panel.rows["training.micro_batch_size"].widget.setValue(6)
+    message_boxes.queue(Button.Discard)
+    assert second.close()
+    assert recovery_files(tmp_path) == [first.recovery.path]  # only its own file went
+    gone(first)
+    third = start()
+    assert third.store.scenario == edited and third.store.modified
+    assert third.notice.messages() == ["Recovered unsaved changes to the untitled scenario."]
+
+
+OTHER_INSTANCE = (
+    WINDOW_PROCESS
+    + """
+window.training_panel.rows["training.micro_batch_size"].widget.setValue(5)
+print("edited", flush=True)
+sys.stdin.readline()  # runs until it is killed
+"""
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs kill -9")
+def test_a_second_instance_that_discards_does_not_lose_the_firsts_edits(
+    start, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:  # type: ignore[no-untyped-def]
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT))
+    first = subprocess.Popen(
+        [sys.executable, "-c", OTHER_INSTANCE, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "edited"
+        second = start()
+        assert second.store.scenario.training.micro_batch_size == 4  # not the first's edit
+        second.training_panel.rows["training.micro_batch_size"].widget.setValue(6)
+        message_boxes.queue(Button.Discard)
+        assert second.close()
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    third = start()
+    assert third.store.scenario.training.micro_batch_size == 5 and third.store.modified
+    assert third.notice.messages() == ["Recovered unsaved changes to the untitled scenario."]
+
+
+def orphan(tmp_path: Path, name: str, age_s: float, **fields: object) -> Path:
+    """A recovery file left by a window whose process is gone, last written ``age_s``
+    seconds ago."""
+    folder = tmp_path / "recovery"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.memfit.json"
+    path.write_text(wrapper(**fields))
+    when = time.time() - age_s
+    os.utime(path, (when, when))
+    return path
+
+
+def with_batch(n: int) -> dict:  # type: ignore[type-arg]
+    return scenario_to_dict(
+        dataclasses.replace(
+            default_scenario(),
+            training=dataclasses.replace(default_scenario().training, micro_batch_size=n),
+        )
+    )
+
+
+LOCKS = {
+    "of a process that is gone": f"999999999\npython3\n{QSysInfo.machineHostName()}\n",
+    "damaged, and old": "not a lock\n",
+    "empty, and old": "",
+}
+
+
+@pytest.mark.parametrize("lock", LOCKS.values(), ids=LOCKS.keys())
+def test_a_recovery_file_whose_lock_is_stale_is_restored(start, tmp_path: Path, lock: str) -> None:  # type: ignore[no-untyped-def]
+    path = orphan(tmp_path, "dead", 60, modified=True, scenario=with_batch(11))
+    stale = path.with_name(path.name + ".lock")
+    stale.write_text(lock)
+    os.utime(stale, (time.time() - 600,) * 2)
+    window = start()
+    assert window.store.scenario.training.micro_batch_size == 11 and window.store.modified
+    assert window.recovery.path == path and window.recovery.owned
+
+
+def test_a_recovery_file_of_a_running_window_is_left_alone(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = orphan(tmp_path, "alive", 60, modified=True, scenario=with_batch(11))
+    held = QLockFile(str(path) + ".lock")  # this process is running
+    assert held.tryLock(0)
+    try:
+        window = start()
+        assert window.store.scenario == default_scenario() and window.notice.messages() == []
+        window.close()
+        assert path.exists() and json.loads(path.read_text())["modified"] is True
+    finally:
+        held.unlock()
+
+
+def test_every_orphan_is_restored_or_offered(
+    start, tmp_path: Path, message_boxes: MessageBoxes
+) -> None:  # type: ignore[no-untyped-def]
+    doc = tmp_path / "run.memfit.json"
+    newest = orphan(tmp_path, "newest", 10, modified=True, scenario=with_batch(12))
+    older = orphan(tmp_path, "older", 100, modified=True, path=str(doc), scenario=with_batch(13))
+    oldest = orphan(tmp_path, "oldest", 1000, modified=True, scenario=with_batch(14))
+    saved = orphan(tmp_path, "saved", 1, modified=False, scenario=with_batch(15))
+    window = start()
+    assert window.store.scenario.training.micro_batch_size == 12 and window.store.modified
+    assert window.recovery.path == newest
+    notices = window.notice.messages()
+    assert notices[0] == "Recovered unsaved changes to the untitled scenario."
+    assert notices[1].startswith("2 more unsaved sessions kept: run.memfit.json (")
+    assert "the untitled scenario (" in notices[1] and "Recover Unsaved Session" in notices[1]
+    assert not saved.exists()  # it held nothing unsaved
+    items = window.recover_menu.actions()
+    assert window.recover_menu.menuAction().isVisible() and len(items) == 2
+    assert items[0].text().startswith("&1 run.memfit.json, unsaved changes of ")
+    # recovering one asks about the changes in the window first
+    message_boxes.queue(Button.Cancel)
+    items[0].trigger()
+    assert window.store.scenario.training.micro_batch_size == 12 and older.exists()
+    message_boxes.queue(Button.Discard)
+    items[0].trigger()
+    assert window.store.scenario.training.micro_batch_size == 13
+    assert window.store.path == doc and window.store.modified
+    assert not older.exists() and autosaved(window)["scenario"] == with_batch(13)
+    assert len(window.recover_menu.actions()) == 1
+    # a close leaves the one not recovered for the next start
+    message_boxes.queue(Button.Discard)
+    assert window.close()
+    assert recovery_files(tmp_path) == [oldest] and recovery_files(tmp_path, "*.lock") == []
+    again = start()
+    assert again.store.scenario.training.micro_batch_size == 14
+    assert not again.recover_menu.menuAction().isVisible()
+
+
+def test_the_recovery_file_of_earlier_versions_is_read_once(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    legacy = tmp_path / "last.memfit.json"
+    legacy.write_text(wrapper(modified=True, scenario=with_batch(21)))
+    window = start()
+    assert window.store.scenario.training.micro_batch_size == 21 and window.store.modified
+    assert not legacy.exists() and window.recovery.path.parent == tmp_path / "recovery"
+    assert autosaved(window)["scenario"] == with_batch(21)
+    gone(window)
+    again = start()  # from the recovery folder now
+    assert again.store.scenario.training.micro_batch_size == 21 and again.store.modified

@@ -85,7 +85,7 @@ def test_opening_an_invalid_file_shows_no_other_documents_bars(
 def test_a_start_with_no_valid_estimate_shows_an_empty_stale_chart(
     qtbot: QtBot, tmp_path: Path
 ) -> None:
-    w = MainWindow(settings=ini(tmp_path), autosave=tmp_path / "a.json", scenario=bad_mesh())
+    w = MainWindow(settings=ini(tmp_path), data_dir=tmp_path, scenario=bad_mesh())
     qtbot.addWidget(w)
     w.show()
     assert w.chart.is_stale() and w.chart.current_bar_count() == 0

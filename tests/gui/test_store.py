@@ -58,3 +58,27 @@ def test_an_engine_failure_is_an_error_not_a_crash(qtbot, monkeypatch) -> None: 
     store = ScenarioStore(default_scenario())
     assert store.estimate is None and "ZeroDivisionError" in store.error
     assert len(reported) == 1  # reported where uncaught errors go, not swallowed
+
+
+def test_the_document_is_whole_when_it_says_it_changed(qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Each edit, undo, redo, reset and save says so once, with the scenario, the path and
+    the modified state of after the change all in place."""
+    store = ScenarioStore(default_scenario())
+    seen: list[tuple[object, object, bool]] = []
+    store.documentChanged.connect(lambda: seen.append((store.scenario, store.path, store.modified)))
+    changed = dataclasses.replace(default_scenario(), model=load_model("gpt2"))
+    store.edit(changed)
+    store.undo_stack.undo()
+    store.undo_stack.redo()
+    store.mark_saved(tmp_path / "a.memfit.json")
+    other = dataclasses.replace(default_scenario(), model=load_model("qwen2.5-7b"))
+    store.reset(other, tmp_path / "b.memfit.json", modified=True)
+    store.reset(default_scenario())
+    assert seen == [
+        (changed, None, True),
+        (default_scenario(), None, False),
+        (changed, None, True),
+        (changed, tmp_path / "a.memfit.json", False),
+        (other, tmp_path / "b.memfit.json", True),
+        (default_scenario(), None, False),
+    ]
