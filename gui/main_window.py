@@ -574,6 +574,7 @@ class MainWindow(QMainWindow):
         self.whatif.ghostsChanged.connect(self.on_ghosts)
         self.chart.ghostActivated.connect(self.whatif.apply)
         self.tradeoffs.message.connect(lambda text: self.statusBar().showMessage(text, 5000))
+        self.model_panel.refused.connect(self.notify)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self.on_system_scheme)
 
     # -- settings ------------------------------------------------------------------------

@@ -6,7 +6,9 @@ each the way a user does it:
 * spin boxes: select the text, type a value -- in range, out of range, or junk -- and
   press Enter; or press Up / Down;
 * combos (the fields, the preset picker and its filters): Up, Down, Home, End or PageDown
-  on the focused combo; the preset search box: type a word;
+  on the focused combo; any item of the preset list, as a click in its popup picks it
+  (after a training field is set to one of the model's sizes, sometimes); the preset
+  search box: type a word;
 * check boxes (fields and LoRA targets), the what-if toggles and the heading of a folding
   section (Conventions): Space; a row's reset button: a click;
 * undo and redo, New, Open (valid files, files the estimate rejects, malformed files, a
@@ -476,6 +478,8 @@ class Monkey:
         self.actions: list[tuple[str, int, Callable[[], None]]] = [
             ("spin", 30, self.spin),
             ("combo", 20, self.combo),
+            ("preset", 4, self.preset),
+            ("refit", 3, self.refit),
             ("check", 8, self.check),
             ("whatif", 8, self.whatif),
             ("fold", 3, self.fold),
@@ -635,8 +639,13 @@ class Monkey:
     def _number(self, box: QAbstractSpinBox, roll: float) -> str:
         assert isinstance(box, QSpinBox | QDoubleSpinBox)
         lo, hi, now = box.minimum(), box.maximum(), box.value()
-        if roll < 0.55:  # near the current value: the edits users make
+        if roll < 0.5:  # near the current value: the edits users make
             value: float = self.rng.choice((now + 1, now - 1, now * 2, now / 2, now + 8))
+        elif roll < 0.6:  # one of the model's sizes: the bound other fields are checked
+            m = self.window.store.scenario.model  # against (a LoRA rank up to the hidden size)
+            value = self.rng.choice(
+                (m.hidden_size, m.num_layers, m.num_attention_heads, m.intermediate_size)
+            )
         elif roll < 0.7:  # anywhere in range, log-uniform
             value = math.exp(self.rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 2))))
         elif roll < 0.85:  # out of range
@@ -656,6 +665,30 @@ class Monkey:
             (Qt.Key.Key_Down, Qt.Key.Key_Up, Qt.Key.Key_Home, Qt.Key.Key_End, Qt.Key.Key_PageDown)
         )
         QTest.keyClick(combo, key)
+
+    def preset(self) -> None:
+        """Pick any item of the preset list, as a click in its open popup does: a jump to
+        a model far from the current one (a smaller hidden size than the LoRA rank)."""
+        combo = self.window.model_panel.preset
+        if combo.count():
+            index = self.rng.randrange(combo.count())
+            combo.setCurrentIndex(index)
+            combo.activated.emit(index)
+
+    def refit(self) -> None:
+        """A training field set to one of the model's sizes (the bound some are checked
+        against: a LoRA rank up to the hidden size), then another preset picked: a model
+        the other sections may no longer fit."""
+        rows = [(p, r) for p, r in self._rows(QSpinBox) if p is self.window.training_panel]
+        if rows:
+            box = self.rng.choice(rows)[1].widget
+            assert isinstance(box, QSpinBox)
+            m = self.window.store.scenario.model
+            size = self.rng.choice((m.hidden_size, m.num_attention_heads, m.num_layers))
+            box.selectAll()
+            QTest.keyClicks(box, str(size))
+            QTest.keyClick(box, Qt.Key.Key_Return)
+        self.preset()
 
     def check(self) -> None:
         boxes: list[QWidget] = [r.widget for _p, r in self._rows(QCheckBox)]

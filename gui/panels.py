@@ -66,6 +66,7 @@ from gui.forms import (
     Row,
     Setter,
     hardware_field,
+    in_user_words,
     model_field,
     section,
     training_field,
@@ -377,6 +378,9 @@ def human_count(n: int) -> str:
 class ModelPanel(FormPanel):
     """Preset picker with search and filters, editable architecture, live parameter count."""
 
+    #: a preset the scenario cannot take (a LoRA rank above its hidden size), in words
+    refused = Signal(str)
+
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Model", store, parent)
         self._presets = [(name, load_model(name)) for name in model_names()]
@@ -541,9 +545,13 @@ class ModelPanel(FormPanel):
             self._select_current()
             return
         model = load_model(name)
-        if not self.store.edit(
-            dataclasses.replace(self.store.scenario, model=model), f"Choose model {model.label}"
-        ):
+        try:
+            scenario = dataclasses.replace(self.store.scenario, model=model)
+        except EstimateError as exc:  # another section does not fit it: say which, keep ours
+            self._select_current()
+            self.refused.emit(f"Could not choose {model.label}: {in_user_words(str(exc))}")
+            return
+        if not self.store.edit(scenario, f"Choose model {model.label}"):
             self._select_current()
 
     def after_refresh(self, scenario: Scenario) -> None:

@@ -1,15 +1,17 @@
-"""GUI test setup: no message box ever blocks a test; a ``window`` to drive.
+"""GUI test setup: no message box or dialog ever blocks a test; a ``window`` to drive.
 
 Every ``QMessageBox.exec`` is answered by :class:`~gui.monkey.MessageBoxes`: with the
 answers a test queues, else Discard (when offered) or OK. What each box said, and in which
-text format, is recorded for the test to check.
+text format, is recorded for the test to check. Any other modal dialog a test does not
+answer itself (by patching its ``exec``) fails the test: a real modal loop offscreen may
+never return, or end the run early.
 """
 
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
 from gui.main_window import MainWindow
@@ -22,6 +24,17 @@ def message_boxes(monkeypatch: pytest.MonkeyPatch) -> MessageBoxes:
     boxes = MessageBoxes()
     monkeypatch.setattr(QMessageBox, "exec", boxes.exec_function())
     return boxes
+
+
+@pytest.fixture(autouse=True)
+def unanswered_dialogs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(dialog: QDialog) -> int:
+        raise AssertionError(
+            f"a modal {type(dialog).__name__} ({dialog.windowTitle()!r}) opened that the "
+            "test does not answer"
+        )
+
+    monkeypatch.setattr(QDialog, "exec", refuse)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QInputDialog, QPushButton
+from PySide6.QtWidgets import QDialog, QInputDialog, QPushButton
 from pytestqt.qtbot import QtBot
 
 from engine import checkpoint
@@ -135,11 +135,12 @@ def test_a_folder_of_an_unknown_family_can_be_read_as_a_look_alike(
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "mpt-like"}))
     asked: list[str] = []
 
-    def choose(_parent: object, _title: str, label: str, *_: object) -> tuple[str, bool]:
-        asked.append(label)
-        return "llama", True
+    def choose(dialog: QInputDialog) -> int:
+        asked.append(dialog.labelText())
+        dialog.setTextValue("llama")
+        return QDialog.DialogCode.Accepted.value
 
-    monkeypatch.setattr(QInputDialog, "getItem", choose)
+    monkeypatch.setattr(QInputDialog, "exec", choose)
     window.importer.import_path(folder)
     settle(window, qtbot)
     assert asked and "odd" in asked[0]

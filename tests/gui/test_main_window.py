@@ -1,6 +1,7 @@
 """The main window driven as a user would: panels, toggles, undo, files, exports, errors."""
 
 import csv
+import dataclasses
 import io
 import json
 import xml.etree.ElementTree as ET
@@ -135,6 +136,31 @@ def test_rank_above_hidden_size_is_explained(window: MainWindow) -> None:
     assert not rank.error.isHidden()
     assert "[1, 4096]" in rank.error.text()
     assert window.store.scenario.training.lora.rank == 16
+
+
+def test_a_preset_the_lora_rank_does_not_fit_is_refused_in_words(window: MainWindow) -> None:
+    training = window.store.scenario.training
+    window.store.edit(
+        dataclasses.replace(
+            window.store.scenario,
+            training=dataclasses.replace(
+                training, method="lora", lora=dataclasses.replace(training.lora, rank=4096)
+            ),
+        )
+    )
+    before = window.store.scenario
+    panel = window.model_panel
+    panel.preset.setCurrentIndex(panel.preset.findData("gpt2"))
+    panel.preset.activated.emit(panel.preset.currentIndex())  # hidden size 768 < rank 4096
+    assert window.store.scenario == before
+    assert panel.preset.itemData(panel.preset.currentIndex()) == "llama-3-8b"
+    said = window.statusBar().currentMessage()
+    assert said.startswith("Could not choose GPT-2") and "LoRA rank" in said
+    assert "[1, 768]" in said and said in window.notice.messages()
+    # a preset it fits is taken as before
+    panel.preset.setCurrentIndex(panel.preset.findData("llama-2-13b"))
+    panel.preset.activated.emit(panel.preset.currentIndex())
+    assert window.store.scenario.model == load_model("llama-2-13b")
 
 
 def test_engine_error_marks_the_chart_stale_and_says_why(window: MainWindow) -> None:
@@ -537,3 +563,13 @@ def test_host_ram_badge_has_the_engine_number(make_window) -> None:  # type: ign
     window.parallelism_panel.rows["training.offload.optimizer"].widget.setCurrentIndex(0)
     assert window.store.estimate.host_node_bytes == 0
     assert window.chart.host_text() == "" and window.chart.host_label.isHidden()
+
+
+def test_a_dialog_no_test_answers_fails_the_test(window: MainWindow) -> None:
+    from PySide6.QtWidgets import QDialog, QInputDialog
+
+    # the guard of conftest.py: a real modal loop offscreen could end the run early
+    with pytest.raises(AssertionError, match=r"QInputDialog .*does not answer"):
+        QInputDialog(window).exec()
+    with pytest.raises(AssertionError, match="does not answer"):
+        QDialog(window).exec()

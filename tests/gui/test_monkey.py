@@ -4,9 +4,11 @@ into the GPU name included --, no exception, every field showing the scenario's 
 the chart stale exactly when the store has an error, no user markup rendered, no named
 file's content shown (``benchmarks/monkey.py`` runs thousands)."""
 
+import dataclasses
 from pathlib import Path
 
-from gui.monkey import run_monkey
+from gui.main_window import MainWindow
+from gui.monkey import Monkey, run_monkey
 
 
 def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -20,3 +22,18 @@ def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[n
     assert report.markup == []
     assert report.leaks == []
     assert report.message_boxes > 0  # files that fail to open, questions before closing
+
+
+def test_the_monkey_picks_models_the_training_section_does_not_fit(
+    window: MainWindow, tmp_path: Path
+) -> None:
+    s = window.store.scenario
+    lora = dataclasses.replace(s.training, method="lora")
+    window.store.edit(dataclasses.replace(s, training=lora))
+    monkey = Monkey(window, 1, tmp_path)
+    with monkey.installed():
+        for _ in range(60):
+            monkey.refit()
+    assert monkey.report.exceptions == []
+    # the class was produced: a rank at one model's hidden size, a smaller model picked
+    assert any(m.startswith("Could not choose") for m in window.notice.messages())
