@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QAbstractSpinBox
+from PySide6.QtWidgets import QAbstractSpinBox, QDialog, QInputDialog
 
 from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
@@ -69,3 +70,16 @@ def field_mismatches(window: MainWindow) -> list[str]:
                 continue
             out.append(f"{row.path}: {shown!r} != {value!r}")
     return out
+
+
+def answer_read_as(monkeypatch: pytest.MonkeyPatch, family: str) -> list[str]:
+    """Answer every read-as prompt with ``family``; the prompts' texts, as they come."""
+    asked: list[str] = []
+
+    def choose(dialog: QInputDialog) -> int:
+        asked.append(dialog.labelText())
+        dialog.setTextValue(family)
+        return QDialog.DialogCode.Accepted.value
+
+    monkeypatch.setattr(QInputDialog, "exec", choose)
+    return asked

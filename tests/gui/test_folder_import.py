@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDialog, QInputDialog, QPushButton
+from PySide6.QtWidgets import QPushButton
 from pytestqt.qtbot import QtBot
 
 from engine import checkpoint
@@ -18,6 +18,7 @@ from gui.main_window import MainWindow
 from gui.monkey import MessageBoxes
 from tests.engine.test_checkpoint import CONFIG, model_folder, plain_tensors
 from tests.engine.test_checkpoint_limits import many_tensors
+from tests.gui.helpers import answer_read_as
 
 WAIT_MS = 20_000
 
@@ -133,14 +134,7 @@ def test_a_folder_of_an_unknown_family_can_be_read_as_a_look_alike(
     folder = model_folder(tmp_path / "odd", plain_tensors())
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "mpt-like"}))
-    asked: list[str] = []
-
-    def choose(dialog: QInputDialog) -> int:
-        asked.append(dialog.labelText())
-        dialog.setTextValue("llama")
-        return QDialog.DialogCode.Accepted.value
-
-    monkeypatch.setattr(QInputDialog, "exec", choose)
+    asked = answer_read_as(monkeypatch, "llama")
     window.importer.import_path(folder)
     settle(window, qtbot)
     assert asked and "odd" in asked[0]

@@ -19,6 +19,7 @@ from gui.main_window import MainWindow
 from gui.monkey import MessageBoxes
 from tests.engine.test_checkpoint import CONFIG, ENGINE_COUNT, model_folder, plain_tensors
 from tests.engine.test_imports import cached
+from tests.gui.helpers import answer_read_as
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LLAMA = FIXTURES / "hf_configs" / "llama.json"
@@ -213,14 +214,7 @@ def test_an_unknown_family_can_be_read_as_a_look_alike(
     config = {**json.loads(LLAMA.read_text()), "model_type": "mpt-like"}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    asked: list[str] = []
-
-    def choose(dialog: QInputDialog) -> int:
-        asked.append(dialog.labelText())
-        dialog.setTextValue("llama")
-        return QDialog.DialogCode.Accepted.value
-
-    monkeypatch.setattr(QInputDialog, "exec", choose)
+    asked = answer_read_as(monkeypatch, "llama")
     assert window.importer.import_path(path)
     assert "is not a family MemFit reads" in asked[0]
     assert window.store.scenario.model.read_as == "llama"
