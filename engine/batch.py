@@ -46,7 +46,6 @@ import numpy as np
 from engine.errors import EstimateError, shown
 from engine.estimate import (
     _fixed_overheads,
-    _large_blocks,
     _layout,
     _parts,
     _share,
@@ -58,7 +57,7 @@ from engine.estimate import (
     verdict,
 )
 from engine.overhead import FRAGMENTATION, overhead
-from engine.sharding import make_mesh
+from engine.sharding import make_mesh, resident_blocks
 from engine.specs import Scenario, TrainingSpec, reshaped, window_masks
 from engine.stacks import built
 from engine.timeline import KINDS, StepPlan, joint, strategy_key
@@ -325,7 +324,7 @@ def _group(scenario: Scenario) -> _Group:
             continue
         sharded, plan = _share(scenario, slot.model, mesh, slot.key[3], slot.stage, slot.chunk)
         parts = _parts(sharded.state)
-        large = _large_blocks(slot.model)
+        large = resident_blocks(slot.model, training, mesh, slot.key[3])
         extra = overhead(arch, large, 0, scenario.hardware.cuda_runtime)
         _, _, nccl = _fixed_overheads(
             arch, large, extra.rounding, extra.context, extra.workspace, mesh

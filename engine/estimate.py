@@ -22,12 +22,12 @@ from functools import lru_cache
 from typing import Any
 
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
-from engine.overhead import FRAGMENTATION, MIB, nccl_bytes, overhead
-from engine.params import model_tensors
+from engine.overhead import FRAGMENTATION, nccl_bytes, overhead
 from engine.sharding import (
     Mesh,
     Sharded,
     make_mesh,
+    resident_blocks,
     shard,
     stage_layers,
     tensor_parallel_shard,
@@ -465,11 +465,11 @@ def _play(
     return sharded, step_timeline(*args, entry[1])
 
 
-@lru_cache(maxsize=512)
-def _large_blocks(model: ModelSpec) -> int:
-    """Parameter tensors over 1 MiB in 16 bits: each is a block of its own in the caching
-    allocator, rounded up to 2 MiB."""
-    return sum(g.count for g in model_tensors(model) if g.numel * 2 > MIB)
+def _part(mesh: Mesh, stage: Stage) -> str:
+    """The pipeline stage's share of the model (:func:`engine.model_state.model_state`)."""
+    if mesh.pp == 1:
+        return "all"
+    return "first" if stage.first else "last" if stage.last else "middle"
 
 
 @lru_cache(maxsize=1024)
@@ -534,7 +534,7 @@ def _rank(
     peak = timeline.peak
     items = _items_at_peak(sharded.state, timeline, sharded.gather)
     allocated = sum(i.bytes for i in items)
-    large_blocks = _large_blocks(model)
+    large_blocks = resident_blocks(model, scenario.training, mesh, _part(mesh, stage))
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations, scenario.hardware.cuda_runtime)
     rounded, after, nccl = _fixed_overheads(

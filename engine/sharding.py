@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import lru_cache
 
 from engine.errors import EstimateError
 from engine.model_state import (
@@ -42,7 +43,7 @@ from engine.model_state import (
     storage_bytes,
     weights_label,
 )
-from engine.overhead import Communicator
+from engine.overhead import MIB, Communicator
 from engine.params import TensorGroup, model_tensors
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather
@@ -389,6 +390,11 @@ def _expert_share(model: ModelSpec, training: TrainingSpec) -> Fraction:
     return Fraction(experts, total) if total else Fraction(0)
 
 
+def _expert_group(mesh: Mesh) -> int:
+    """The ranks a routed expert's sharded state is divided over (ZeRO / FSDP)."""
+    return max(1, mesh.expert_dp if mesh.shard == mesh.dp * mesh.cp else mesh.shard // mesh.ep)
+
+
 def shard(
     state: ModelState,
     scenario: Scenario,
@@ -407,9 +413,7 @@ def shard(
     stage = training.parallelism.zero_stage
     offload = training.offload
     experts = _expert_share(model or scenario.model, training) if mesh.ep > 1 else Fraction(0)
-    expert_group = max(
-        1, mesh.expert_dp if mesh.shard == mesh.dp * mesh.cp else mesh.shard // mesh.ep
-    )
+    expert_group = _expert_group(mesh)
     items: list[MemoryItem] = []
     host: list[MemoryItem] = []
     nvme: list[MemoryItem] = []
@@ -470,6 +474,44 @@ def shard(
     gather = gather_buffers(training, model or scenario.model, part, mesh.pp)
     new_state = replace(state, items=tuple(items))
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
+
+
+@lru_cache(maxsize=4096)
+def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: str) -> int:
+    """The parameter tensors over 1 MiB that this rank keeps on its GPU between steps:
+    the caching allocator serves each from its large pool, rounded up to 2 MiB
+    (:mod:`engine.overhead`). Each tensor counts as the rank stores it: trained weights
+    in their storage dtype (DeepSpeed's and Megatron's 16-bit module copy under mixed
+    precision), frozen ones in theirs, QLoRA's base as packed 4-bit codes and block
+    constants; a ZeRO-3 / FSDP shard of it where the parameters are sharded at rest
+    (FSDP2 and DeepSpeed shard each parameter on its own; routed experts over their own
+    group, as :func:`shard` divides them); none when the parameters are offloaded.
+    ``model`` is the rank's (tensor/expert) shard, ``part`` its pipeline stage's share."""
+    if training.offload.parameters != "none":
+        return 0
+    framework = training.parallelism.framework
+    at_rest = 2 if framework == "pytorch" else 3  # as framework_items shards "parameters"
+    sharded = training.parallelism.zero_stage >= at_rest and mesh.shard > 1
+    dense = mesh.shard if sharded else 1
+    experts = dense
+    if sharded and mesh.ep > 1 and _expert_share(model, training):
+        experts = _expert_group(mesh)
+    trained, frozen = storage_bytes(training)
+    if training.precision in MIXED and framework != "pytorch":
+        trained = 2  # the module's 16-bit copy; the fp32 master is the optimizer's
+    q = training.qlora
+    split = split_tensors(model, training, part)
+    blocks = 0
+    for groups, size in (
+        (split.trainable, lambda g: trained * g.numel),
+        (split.frozen, lambda g: frozen * g.numel),
+        (split.quantized, lambda g: nf4_bytes(g.numel, q.block_size, q.double_quant)),
+    ):
+        for g in groups:
+            share = experts if g.component == "experts" else dense
+            if _ceil_div(size(g), share) > MIB:
+                blocks += g.count
+    return blocks
 
 
 @dataclass(frozen=True, slots=True)
