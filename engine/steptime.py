@@ -1071,6 +1071,7 @@ def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None)
     grad_bytes = trainable_rank * g_bytes
     last_bwd = busiest["backward"] + busiest["recompute"]
     zero = par.zero_stage
+    waiting = 0.0  # per micro-batch: the exposed gathers, when the step waits on them
     if mesh.dp > 1 and trainable_rank:
         if zero == 3:
             # every micro-batch gathers the parameters twice and reduce-scatters gradients
@@ -1081,6 +1082,7 @@ def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None)
             fwd_c = busiest["forward"] + busiest["elementwise"] / 2
             bwd_c = busiest["backward"] + busiest["recompute"] + busiest["elementwise"] / 2
             exposed = _overlapped(ag, fwd_c) + _overlapped(ag + rs, bwd_c) + (ag + rs) / n_units
+            waiting = exposed
             add(
                 "ZeRO-3 / FSDP gathers and reduce-scatters",
                 "communication",
@@ -1181,7 +1183,10 @@ def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None)
             dev.host if training.offload.parameters == "cpu" else NVME_GB_S * 1e9 / hw.gpus_per_node
         )
         fetch = 2 * params_rank / mesh.shard * gather_bytes / bw
-        hide = busiest["forward"] + busiest["backward"]
+        # each layer's shard comes over the host link, then is gathered, then computed: a
+        # pipeline whose copies hide behind the compute and behind the waits for the
+        # gathers, once -- not behind the compute a second time
+        hide = busiest["forward"] + busiest["backward"] + waiting
         add(
             "parameters from the host",
             "host_transfer",

@@ -10,7 +10,8 @@ checked (each raises ``AssertionError`` with the numbers when it fails):
 * ``totals`` -- bytes are integers, never negative; allocated <= reserved <= device; the
   items add up to their categories and the categories to the device total, per rank group
   too; the timeline never goes below zero;
-* ``shapes`` -- a larger micro-batch or a longer sequence never lowers the allocated peak;
+* ``shapes`` -- a larger micro-batch or a longer sequence never lowers the allocated peak,
+  and a larger micro-batch never lowers the step time;
 * ``checkpointing`` -- more checkpointing (none -> every-k -> full, none -> selective)
   never raises the highest activations of the step, except by the first layer's input
   gradient, which checkpointing makes a frozen embedding's output require
@@ -173,6 +174,8 @@ def check_shapes(scenario: Scenario, est: Estimate) -> None:
     bigger = _estimate(_training(scenario, micro_batch_size=t.micro_batch_size + 1))
     if bigger is not None:
         assert bigger.allocated_bytes >= est.allocated_bytes, "micro-batch + 1"
+        slower, faster = bigger.time.step_time_s, est.time.step_time_s
+        assert slower >= faster, ("step time, micro-batch + 1", faster, slower)
     if t.sequence_length * 2 <= scenario.model.max_position_embeddings * 64:
         longer = _estimate(_training(scenario, sequence_length=t.sequence_length * 2))
         if longer is not None:
