@@ -10,14 +10,15 @@ Two populations, drawn with hypothesis from one seed -- a fresh one each run, pr
 * **valid** -- scenarios over every preset, GPU and training setting
   (``tests/engine/invariants.py``), each checked for every invariant there: totals that
   add up and are never negative, allocated <= reserved <= device, a larger micro-batch or
-  sequence never lowering the allocated peak, more checkpointing never raising the
+  sequence never lowering the allocated peak (nor a larger micro-batch the step time),
+  more checkpointing never raising the
   activations, more sharding never raising the model state, every block's profile equal
   to its direct simulation.
 
 Every figure printed says how many were drawn and from which seed: "0 failures" holds for
 that draw, not for every scenario.
 
-Run: ``python benchmarks/properties.py [--examples 10000] [--junk 10000] [--seed N]``.
+Run: ``python benchmarks/properties.py [--examples 20000] [--junk 10000] [--seed N]``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def run(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=10_000)
+    parser.add_argument("--examples", type=int, default=20_000)
     parser.add_argument("--junk", type=int, default=10_000)
     parser.add_argument("--seed", type=int, help="draw again what a run drew (default: fresh)")
     args = parser.parse_args()
