@@ -11,9 +11,8 @@ Two populations, drawn with hypothesis from one seed -- a fresh one each run, pr
   (``tests/engine/invariants.py``), each checked for every invariant there: totals that
   add up and are never negative, allocated <= reserved <= device, a larger micro-batch or
   sequence never lowering the allocated peak (nor a larger micro-batch the step time),
-  more checkpointing never raising the
-  activations, more sharding never raising the model state, every block's profile equal
-  to its direct simulation.
+  more checkpointing never raising the activations, more sharding never raising the
+  model state, every block's profile equal to its direct simulation.
 
 Every figure printed says how many were drawn and from which seed: "0 failures" holds for
 that draw, not for every scenario.
