@@ -342,7 +342,8 @@ class TradeoffsView(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        QTimer.singleShot(0, self.update_shown)
+        # with the view as context: a view deleted before then is not called
+        QTimer.singleShot(0, self, self.update_shown)
 
     def hideEvent(self, event: QHideEvent) -> None:
         self._follow.stop()

@@ -57,3 +57,11 @@ def test_no_window_of_an_earlier_test_is_alive() -> None:
     # run after the test above (the file's order): its windows are gone, though held here
     assert not any(shiboken6.isValid(w) for w in LEFT)
     assert main_windows() == []
+
+
+def test_a_view_deleted_before_it_catches_up_runs_nothing(qtbot: QtBot, tmp_path: Path) -> None:
+    window = MainWindow(settings=ini(tmp_path), data_dir=tmp_path)
+    window.show()
+    window.views.setCurrentWidget(window.tradeoffs)  # its show catches up at the next turn
+    window.close()
+    delete_now(window)  # before that turn: what was asked of the view is dropped with it
