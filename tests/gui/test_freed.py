@@ -57,6 +57,7 @@ def test_no_window_of_an_earlier_test_is_alive() -> None:
     # run after the test above (the file's order): its windows are gone, though held here
     assert not any(shiboken6.isValid(w) for w in LEFT)
     assert main_windows() == []
+    LEFT.clear()  # their Python side, pyqtgraph's menus with it, may go now
 
 
 def test_a_view_deleted_before_it_catches_up_runs_nothing(qtbot: QtBot, tmp_path: Path) -> None:
