@@ -24,6 +24,7 @@ def main_windows() -> list[MainWindow]:
 def test_delete_now_frees_closed_windows_and_every_widget_they_held(
     qtbot: QtBot, tmp_path: Path
 ) -> None:
+    gc.collect()  # what earlier tests' windows left to collect, pyqtgraph's menus, goes
     widgets = len(QApplication.allWidgets())
     windows = [MainWindow(settings=ini(tmp_path), data_dir=tmp_path) for _ in range(3)]
     windows[0].store.reset(cluster())
