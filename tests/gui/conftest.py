@@ -51,11 +51,11 @@ def windows_freed(
 ) -> Iterator[None]:
     """When the test ends (after pytest-qt has closed what it was given), each top-level
     widget it left is closed -- a window's close stops its workers and timers and frees
-    its recovery file -- and deleted at once. A window that will not close fails the
-    test."""
+    its recovery file -- and the main windows are deleted at once, with every delete
+    pytest-qt queued. A window that will not close fails the test."""
     before = QApplication.topLevelWidgets()
     yield
-    # a question left unanswered by the test is answered Discard, so the window closes
+    # answers the test queued and did not use are dropped: closing is answered Discard
     monkeypatch.setattr(QMessageBox, "exec", MessageBoxes().exec_function())
     left = free_top_levels(before)
     assert not left, f"windows the test left would not close: {left}"
