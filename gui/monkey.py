@@ -82,6 +82,7 @@ from engine.scenario_io import save_scenario
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from gui.chart import VERDICTS, gib_text
 from gui.forms import Collapsible, FormPanel, Row
+from gui.lifetime import delete_now
 from gui.store import default_scenario
 
 Button = QMessageBox.StandardButton
@@ -980,6 +981,9 @@ def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1
         return monkey.run(actions)
     finally:
         with monkey.installed():
-            window.close()
-        window.deleteLater()
-        QApplication.processEvents()
+            window.close()  # the monkey answers the question, if asked, and may cancel
+            if window.isVisible():  # closed anyway, its changes discarded: the close
+                # stops the window's workers, which must not outlive it
+                QMessageBox.exec = MessageBoxes().exec_function()  # type: ignore[method-assign,assignment]
+                window.close()
+        delete_now(window)

@@ -50,6 +50,7 @@ from engine.model_state import CATEGORIES
 from engine.presets import gpu_names, load_gpu, load_model, model_names, resources_dir
 from engine.specs import HardwareSpec, Scenario, TrainingSpec
 from gui.app import make_app
+from gui.lifetime import delete_now
 from gui.main_window import MainWindow, app_icon
 
 REPORT_NAME = "selftest.txt"
@@ -128,8 +129,7 @@ def run_selftest(out_dir: Path, report: Callable[[str], object] | None = None) -
         finally:
             for window in windows:  # closing autosaves, into the private folder
                 window.close()
-                window.deleteLater()
-            QGuiApplication.processEvents()
+            delete_now(*windows)
     step("fonts", check_fonts)
     return lines
 

@@ -199,6 +199,12 @@ class TradeoffsView(QWidget):
         self._follow.setSingleShot(True)
         self._follow.setInterval(FOLLOW_DELAY_MS)
         self._follow.timeout.connect(self.update_shown)
+        # a show catches up at the next turn of the event loop; the view's own timer goes
+        # with it (a single shot bound to the view would outlive a view deleted first)
+        self._catch_up = QTimer(self)
+        self._catch_up.setSingleShot(True)
+        self._catch_up.setInterval(0)
+        self._catch_up.timeout.connect(self.update_shown)
 
         self.sweeper.progressed.connect(self._on_sweep_progress)
         self.sweeper.finished.connect(self._on_sweep_finished)
@@ -342,7 +348,7 @@ class TradeoffsView(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        QTimer.singleShot(0, self.update_shown)
+        self._catch_up.start()
 
     def hideEvent(self, event: QHideEvent) -> None:
         self._follow.stop()
@@ -716,5 +722,6 @@ class TradeoffsView(QWidget):
     def shutdown(self) -> None:
         """Stop every worker and wait for them (the window is closing)."""
         self._follow.stop()
+        self._catch_up.stop()
         for channel in (self.sweeper, self.curver, self.comparer, self.fitter):
             channel.shutdown()

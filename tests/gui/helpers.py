@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QAbstractSpinBox, QDialog, QInputDialog
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QDialog, QInputDialog, QWidget
 
 from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from gui.lifetime import delete_now
 from gui.main_window import MainWindow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,21 @@ def bad_mesh() -> Scenario:
         load_model("llama-3-8b"),
         HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8),
         TrainingSpec(method="full", parallelism=ParallelismSpec(tp=3)),
+    )
+
+
+def cluster() -> Scenario:
+    """Llama 3 8B full fine-tuning with FSDP on 8 H100s: a sweep of thousands."""
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8),
+        TrainingSpec(
+            method="full",
+            micro_batch_size=2,
+            gradient_accumulation_steps=4,
+            sequence_length=4096,
+            parallelism=ParallelismSpec(zero_stage=3),
+        ),
     )
 
 
@@ -83,3 +99,22 @@ def answer_read_as(monkeypatch: pytest.MonkeyPatch, family: str) -> list[str]:
 
     monkeypatch.setattr(QInputDialog, "exec", choose)
     return asked
+
+
+def free_top_levels(before: list[QWidget]) -> list[str]:
+    """Close every top-level widget that is not in ``before`` and delete the main windows
+    among them, with every delete pytest-qt (or anything else) left pending; the widgets
+    that refused to close, by class and title.
+
+    Only main windows are deleted here: the other new top-level widgets are the windows'
+    own (dialogs, popups: they go with them) or pyqtgraph's parentless context menus and
+    Qt's helper widgets, which their Python owners free; deleting those from Qt crashes.
+    """
+    new = [w for w in QApplication.topLevelWidgets() if not any(w is b for b in before)]
+    for widget in new:
+        # a main window closes again even if hidden: its close stops its background work
+        if widget.isVisible() or isinstance(widget, MainWindow):
+            widget.close()
+    refused = [w for w in new if w.isVisible()]
+    delete_now(*(w for w in new if isinstance(w, MainWindow) and not w.isVisible()))
+    return [f"{type(w).__name__} {w.windowTitle()!r}" for w in refused]

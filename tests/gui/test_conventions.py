@@ -61,6 +61,16 @@ def on_stack(name: str, **fields: object) -> Scenario:
     return dataclasses.replace(s, training=training)
 
 
+@pytest.fixture
+def panel(qtbot: QtBot) -> TrainingPanel:
+    """The strategy panel alone on a store of the default scenario, shown: for what it
+    does with its own rows and the store (the window's wiring is tested with a window)."""
+    panel = TrainingPanel(ScenarioStore(default_scenario()))
+    qtbot.addWidget(panel)
+    panel.show()
+    return panel
+
+
 # -- the stack ---------------------------------------------------------------------------
 
 
@@ -85,19 +95,17 @@ def test_choosing_a_stack_sets_it_with_its_defaults(window: MainWindow) -> None:
     assert field_mismatches(window) == []
 
 
-def test_an_explicit_convention_survives_a_change_of_stack(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_an_explicit_convention_survives_a_change_of_stack(panel: TrainingPanel) -> None:
     choose(panel, "training.outputs_held_through_backward", True)
     choose(panel, "training.stack", "torchtitan")
-    t = window.store.scenario.training
+    t = panel.store.scenario.training
     assert (t.stack, t.outputs_held_through_backward) == ("torchtitan", True)
 
 
 # -- the Conventions section -------------------------------------------------------------
 
 
-def test_the_section_is_folded_and_its_summary_shows_the_values(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_the_section_is_folded_and_its_summary_shows_the_values(panel: TrainingPanel) -> None:
     section = panel.conventions
     assert not section.is_expanded()
     assert section.summary.isVisibleTo(panel)
@@ -111,8 +119,7 @@ def test_the_section_is_folded_and_its_summary_shows_the_values(window: MainWind
     assert panel.rows["training.frozen_weights_dtype"].widget.isVisibleTo(panel)
 
 
-def test_each_row_shows_the_stacks_value_and_why(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_each_row_shows_the_stacks_value_and_why(panel: TrainingPanel) -> None:
     choose(panel, "training.stack", "lightning")  # bf16-mixed: frozen weights kept in fp32
     lightning = load_stack("lightning")
     texts = {path: combo(panel, path).itemText(0) for path in CONVENTION_ROWS}
@@ -137,8 +144,7 @@ def test_each_row_shows_the_stacks_value_and_why(window: MainWindow) -> None:
     assert auto.itemText(auto.findData("auto")) == "auto (bf16)"
 
 
-def test_overriding_writes_the_value_and_from_stack_writes_none(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_overriding_writes_the_value_and_from_stack_writes_none(panel: TrainingPanel) -> None:
     values = {
         "training.outputs_held_through_backward": (True, "outputs held*"),
         "training.kv_cache_in_outputs": (False, "no KV cache*"),
@@ -147,28 +153,27 @@ def test_overriding_writes_the_value_and_from_stack_writes_none(window: MainWind
     }
     for path, (value, words) in values.items():
         choose(panel, path, value)
-        assert panel.rows[path].get(window.store.scenario) == value
+        assert panel.rows[path].get(panel.store.scenario) == value
         assert panel.resets[path].isEnabled()
         assert words in panel.conventions.summary.text()
-    t = window.store.scenario.training
+    t = panel.store.scenario.training
     assert t.outputs_held_through_backward is True and t.kv_cache_in_outputs is False
     assert (t.frozen_weights_dtype, t.lora.adapter_dtype) == ("fp32", "bf16")
     assert conventions(t).outputs_held
     assert panel.conventions.summary.text().endswith("(* set here)")
     # back to the stack: by the combo's first item, or by the row's reset button
     choose(panel, "training.outputs_held_through_backward", FROM_STACK)
-    assert window.store.scenario.training.outputs_held_through_backward is None
+    assert panel.store.scenario.training.outputs_held_through_backward is None
     for path in CONVENTION_ROWS[1:]:
         panel.resets[path].click()
-        assert panel.rows[path].get(window.store.scenario) == FROM_STACK
+        assert panel.rows[path].get(panel.store.scenario) == FROM_STACK
         assert not panel.resets[path].isEnabled()
-    t = window.store.scenario.training
+    t = panel.store.scenario.training
     assert (t.kv_cache_in_outputs, t.frozen_weights_dtype, t.lora.adapter_dtype) == (None,) * 3
     assert "*" not in panel.conventions.summary.text()
 
 
-def test_the_adapter_dtype_applies_to_lora_only(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_the_adapter_dtype_applies_to_lora_only(panel: TrainingPanel) -> None:
     adapters = combo(panel, "training.lora.adapter_dtype")
     frozen = combo(panel, "training.frozen_weights_dtype")
     assert adapters.isEnabled() and frozen.isEnabled()  # LoRA
@@ -192,8 +197,7 @@ def test_an_adapter_dtype_left_from_lora_shows_but_cannot_be_reset(window: MainW
     assert field_mismatches(window) == []
 
 
-def test_the_loss_choices_chunks_and_the_stacks_loss(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_the_loss_choices_chunks_and_the_stacks_loss(panel: TrainingPanel) -> None:
     loss = combo(panel, "training.loss")
     assert [loss.itemData(i) for i in range(loss.count())] == [
         "standard",
@@ -207,17 +211,16 @@ def test_the_loss_choices_chunks_and_the_stacks_loss(window: MainWindow) -> None
     choose(panel, "training.loss", "chunked-output")
     assert chunks.isEnabled() and reset.isEnabled()
     chunks.setValue(16)  # type: ignore[attr-defined]
-    assert window.store.scenario.training.loss_chunks == 16
+    assert panel.store.scenario.training.loss_chunks == 16
     assert "loss in 16 chunks" in panel.conventions.summary.text()
     reset.click()  # the Trainer's loss
-    assert window.store.scenario.training.loss == "standard"
+    assert panel.store.scenario.training.loss == "standard"
     assert not chunks.isEnabled()
 
 
 def test_checkpointing_offers_per_op_and_names_the_stacks_selective_policy(
-    window: MainWindow,
+    panel: TrainingPanel,
 ) -> None:
-    panel = window.training_panel
     box = combo(panel, "training.activation_checkpointing")
     assert box.itemText(box.findData("per-op")) == "per-op (torchtitan)"
     selective = box.findData("selective")
@@ -227,18 +230,17 @@ def test_checkpointing_offers_per_op_and_names_the_stacks_selective_policy(
     choose(panel, "training.activation_checkpointing", "selective")
     assert "selective = per-op" in panel.conventions.summary.text()
     choose(panel, "training.activation_checkpointing", "per-op")
-    assert window.store.scenario.training.activation_checkpointing == "per-op"
+    assert panel.store.scenario.training.activation_checkpointing == "per-op"
 
 
-def test_moe_experts_show_for_moe_models(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_moe_experts_show_for_moe_models(panel: TrainingPanel) -> None:
     row = panel.rows["training.moe_implementation"].widget
     assert not row.isVisibleTo(panel)  # Llama 3 8B is dense
-    mixtral = dataclasses.replace(window.store.scenario, model=load_model("mixtral-8x7b"))
-    window.store.edit(mixtral)
+    mixtral = dataclasses.replace(panel.store.scenario, model=load_model("mixtral-8x7b"))
+    panel.store.edit(mixtral)
     assert row.isVisibleTo(panel)
     choose(panel, "training.moe_implementation", "eager")
-    assert window.store.scenario.training.moe_implementation == "eager"
+    assert panel.store.scenario.training.moe_implementation == "eager"
 
 
 def test_the_optimizer_in_backward_box_needs_no_gradient_accumulation(window: MainWindow) -> None:
@@ -278,8 +280,7 @@ def test_the_sections_fold_is_kept_between_sessions(qtbot: QtBot, tmp_path: Path
 # -- the modeling code, the previous step, QLoRA's head and dequantization ----------------
 
 
-def test_the_new_rows_show_each_stacks_value_and_why(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> None:
     choose(panel, "training.method", "qlora")
     texts = {path: combo(panel, path).itemText(0) for path in NEW_ROWS}
     assert texts == {  # the Hugging Face Trainer
@@ -311,8 +312,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(window: MainWindow) -> None
     )
 
 
-def test_the_usual_new_conventions_stay_out_of_the_summary(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_the_usual_new_conventions_stay_out_of_the_summary(panel: TrainingPanel) -> None:
     choose(panel, "training.method", "qlora")  # on the Trainer: transformers, released, ...
     summary = panel.conventions.summary.text()
     assert summary == (
@@ -363,17 +363,15 @@ def test_setting_each_new_convention_writes_its_field(window: MainWindow) -> Non
     assert "*" not in panel.conventions.summary.text()
 
 
-def test_quantizing_the_head_shrinks_the_parameters(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_quantizing_the_head_shrinks_the_parameters(panel: TrainingPanel) -> None:
     choose(panel, "training.method", "qlora")
-    assert window.store.estimate is not None
-    before = window.store.estimate.breakdown["parameters"]
+    assert panel.store.estimate is not None
+    before = panel.store.estimate.breakdown["parameters"]
     choose(panel, "training.qlora.quantize_lm_head", True)  # Llama 3 8B: an untied head
-    assert window.store.estimate.breakdown["parameters"] < before
+    assert panel.store.estimate.breakdown["parameters"] < before
 
 
-def test_the_qlora_rows_apply_to_qlora_only(window: MainWindow) -> None:
-    panel = window.training_panel
+def test_the_qlora_rows_apply_to_qlora_only(panel: TrainingPanel) -> None:
     boxes = [combo(panel, path) for path in QLORA_ROWS]
     for method in ("lora", "full", "freeze"):  # the default scenario is LoRA
         choose(panel, "training.method", method)
@@ -479,12 +477,11 @@ def test_every_value_on_every_stack_keeps_the_fields_in_step(window: MainWindow)
     assert conventions_summary(window.store.scenario.training)
 
 
-def test_an_invalid_scenario_still_shows_its_conventions(window: MainWindow) -> None:
-    window.store.edit(
+def test_an_invalid_scenario_still_shows_its_conventions(panel: TrainingPanel) -> None:
+    panel.store.edit(
         dataclasses.replace(bad_mesh(), training=with_stack(bad_mesh().training, "megatron"))
     )
-    assert window.store.error
-    panel = window.training_panel
+    assert panel.store.error
     assert panel.conventions.summary.text().startswith("outputs released · no KV cache")
     assert combo(panel, "training.stack").currentData() == "megatron"
 

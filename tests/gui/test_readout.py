@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QMenu
+from pytestqt.qtbot import QtBot
 
 from gui.chart import VERDICTS
 from gui.main_window import MainWindow
@@ -13,12 +14,22 @@ from gui.monkey import MessageBoxes
 from gui.readout import (
     HELP_TEXT,
     VERDICT_WORDS,
+    Readout,
     gib_cell,
     overhead_split,
     status_summary,
 )
-from gui.store import default_scenario
+from gui.store import ScenarioStore, default_scenario
 from tests.gui.helpers import bad_mesh
+
+
+@pytest.fixture
+def readout(qtbot: QtBot) -> Readout:
+    """The readout alone on a store of the default scenario, shown."""
+    readout = Readout(ScenarioStore(default_scenario()))
+    qtbot.addWidget(readout)
+    readout.show()
+    return readout
 
 
 def table_gib(window: MainWindow, row: int) -> str:
@@ -54,8 +65,8 @@ def test_the_readout_follows_the_scenario(window: MainWindow) -> None:
     assert after[2] == f"device {gib_cell(est.device_bytes)}"
 
 
-def test_the_overhead_is_split_into_slack_and_context(window: MainWindow) -> None:
-    est = window.store.estimate
+def test_the_overhead_is_split_into_slack_and_context(readout: Readout) -> None:
+    est = readout.store.estimate
     assert est is not None
     slack, context = overhead_split(est)
     named = {i.name: i.bytes for i in est.items if i.category == "overhead"}
@@ -64,16 +75,15 @@ def test_the_overhead_is_split_into_slack_and_context(window: MainWindow) -> Non
     outside = named["CUDA context"] + named["cuBLAS workspace"]
     outside += sum(v for k, v in named.items() if k.startswith("NCCL"))
     assert context == outside > 0
-    split = window.readout.split
+    split = readout.split
     assert gib_cell(slack) in split.text() and gib_cell(context) in split.text()
     tip = split.toolTip()
     for words in ("reserved − allocated", "device − reserved", "CUDA context", "cuBLAS"):
         assert words in tip
 
 
-def test_the_tooltips_say_how_to_measure_each(window: MainWindow) -> None:
-    readout = window.readout
-    est = window.store.estimate
+def test_the_tooltips_say_how_to_measure_each(readout: Readout) -> None:
+    est = readout.store.estimate
     assert est is not None
     assert "torch.cuda.max_memory_allocated()" in readout.allocated.toolTip()
     assert "torch.cuda.max_memory_reserved()" in readout.reserved.toolTip()
@@ -86,14 +96,14 @@ def test_the_tooltips_say_how_to_measure_each(window: MainWindow) -> None:
         assert f"{n:,} bytes" in label.toolTip() and "2<sup>30</sup>" in label.toolTip()
 
 
-def test_the_readout_of_a_rejected_scenario_shows_no_numbers(window: MainWindow) -> None:
-    window.store.reset(bad_mesh())
-    assert window.store.estimate is None
-    assert all(text.endswith("—") for text in window.readout.values())
-    assert not window.readout.device.isEnabled() and window.readout.help_button.isEnabled()
-    assert "no valid estimate" in window.readout.device.toolTip()
-    window.store.reset(default_scenario())
-    assert window.readout.device.isEnabled() and window.readout.split.text()
+def test_the_readout_of_a_rejected_scenario_shows_no_numbers(readout: Readout) -> None:
+    readout.store.reset(bad_mesh())
+    assert readout.store.estimate is None
+    assert all(text.endswith("—") for text in readout.values())
+    assert not readout.device.isEnabled() and readout.help_button.isEnabled()
+    assert "no valid estimate" in readout.device.toolTip()
+    readout.store.reset(default_scenario())
+    assert readout.device.isEnabled() and readout.split.text()
 
 
 def test_help_says_what_the_numbers_mean(window: MainWindow, message_boxes: MessageBoxes) -> None:

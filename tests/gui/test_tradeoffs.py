@@ -17,9 +17,7 @@ from pytestqt.qtbot import QtBot
 
 from engine.errors import EstimateError
 from engine.estimate import GIB
-from engine.presets import load_gpu, load_model
 from engine.solve import max_micro_batch, max_sequence_length, min_gpus
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from engine.sweep import Space, default_space, describe, pareto, sweep
 from gui.background import Channel
 from gui.curves import FIELDS, with_checkpointing
@@ -27,27 +25,12 @@ from gui.hardware_compare import on_gpu
 from gui.main_window import MainWindow
 from gui.sweep_map import SweepMap
 from gui.tradeoffs import TradeoffsView
-from tests.gui.helpers import bad_mesh
+from tests.gui.helpers import bad_mesh, cluster
 
 #: a dozen configurations: fast enough for every test
 SMALL = Space(precisions=("bf16-mixed", "bf16"), checkpointing=("none", "full"),
               micro_batches=(1, 2, 4))  # fmt: skip
 WAIT_MS = 60_000
-
-
-def cluster() -> Scenario:
-    """Llama 3 8B full fine-tuning with FSDP on 8 H100s: a sweep of thousands."""
-    return Scenario(
-        load_model("llama-3-8b"),
-        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8),
-        TrainingSpec(
-            method="full",
-            micro_batch_size=2,
-            gradient_accumulation_steps=4,
-            sequence_length=4096,
-            parallelism=ParallelismSpec(zero_stage=3),
-        ),
-    )
 
 
 def show(window: MainWindow, qtbot: QtBot, tab: int) -> TradeoffsView:
