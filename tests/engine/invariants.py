@@ -19,7 +19,10 @@ checked (each raises ``AssertionError`` with the numbers when it fails):
 * ``sharding`` -- a higher ZeRO stage never raises the model state a rank keeps (weights,
   gradients and optimizer states at rest), DeepSpeed's reduce bucket aside: ZeRO-2/3
   allocate it at ``min(reduce_bucket_size, n)`` elements however few GPUs share the
-  rest, so on one GPU, or for a small model, it outweighs what the stage saves;
+  rest, so on one GPU, or for a small model, it outweighs what the stage saves; at the
+  peak, ZeRO-1 never above ZeRO-0, and ZeRO-3 above ZeRO-1 by at most what it keeps
+  gathered and that bucket (:func:`gathered_bound`) -- FSDP and DeepSpeed gather beside
+  the shard even where one GPU holds all of it;
 * ``profiles`` -- every block of the step, from its profile, equals the block simulated
   directly at the step's shape;
 * ``sources`` -- every point's activations, told apart by source, add up to the point's
@@ -39,7 +42,13 @@ from engine.estimate import Estimate, estimate
 from engine.model_state import CATEGORIES, model_state
 from engine.presets import gpu_names, load_model, model_names
 from engine.scenario_io import scenario_from_dict
-from engine.sharding import make_mesh, shard, tensor_parallel_shard
+from engine.sharding import (
+    DS_REDUCE_BUCKET,
+    gather_buffers,
+    make_mesh,
+    shard,
+    tensor_parallel_shard,
+)
 from engine.specs import (
     ATTENTION_KERNELS,
     FRAMEWORKS,
@@ -53,6 +62,7 @@ from engine.specs import (
     STACKS,
     Scenario,
 )
+from engine.stacks import built as stack_built
 from engine.timeline import (
     SOURCE_KINDS,
     _direct,
@@ -251,6 +261,44 @@ def check_sharding(scenario: Scenario) -> None:
     assert values == sorted(values, reverse=True), states
 
 
+def gathered_bound(scenario: Scenario) -> int:
+    """What ZeRO-3 may add over ZeRO-1 at the peak, the stated exception of the sharding
+    invariant there: the units ZeRO-3 / FSDP keep gathered beyond the shards, at their
+    largest (:func:`engine.sharding.gather_buffers`, for the model as its stack builds it),
+    and DeepSpeed's reduce bucket, which ZeRO-3 allocates at ``min(reduce_bucket_size, n)``
+    however few GPUs share the rest."""
+    b = stack_built(scenario)
+    par = b.training.parallelism
+    three = dataclasses.replace(b.training, parallelism=dataclasses.replace(par, zero_stage=3))
+    mesh = make_mesh(dataclasses.replace(b, training=three))
+    model = tensor_parallel_shard(b.model, mesh.tp, mesh.ep)
+    g = gather_buffers(three, model)
+    bound = max(g.forward, g.backward + g.grads + g.reduce)
+    if par.framework == "deepspeed":
+        bound += 2 * min(DS_REDUCE_BUCKET, model_state(model, three).trainable_params)
+    return bound
+
+
+def check_sharding_at_peak(scenario: Scenario) -> None:
+    """At the peak, ZeRO-1 never above ZeRO-0, and ZeRO-3 above ZeRO-1 by no more than
+    :func:`gathered_bound` (one pipeline stage: the bound is the stage's)."""
+    par = scenario.training.parallelism
+    if par.framework == "megatron" or par.pp > 1:
+        return
+    peaks = {}
+    for zero in (0, 1, 3):
+        other = _estimate(
+            _training(scenario, parallelism=dataclasses.replace(par, zero_stage=zero))
+        )
+        if other is not None:
+            peaks[zero] = other.allocated_bytes
+    if 0 in peaks and 1 in peaks:
+        assert peaks[1] <= peaks[0], ("ZeRO-1 above ZeRO-0", peaks)
+    if 1 in peaks and 3 in peaks:
+        bound = gathered_bound(scenario)
+        assert peaks[3] - peaks[1] <= bound, ("ZeRO-3 over ZeRO-1", peaks, bound)
+
+
 def check_profiles(scenario: Scenario) -> None:
     mesh = make_mesh(scenario)
     model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
@@ -288,6 +336,7 @@ def check_all(data: dict[str, Any], deep: bool = True) -> list[str]:
         check_shapes(scenario, est)
         check_checkpointing(scenario, est)
         check_sharding(scenario)
+        check_sharding_at_peak(scenario)
         done += ["shapes", "checkpointing", "sharding"]
     return done
 
