@@ -476,6 +476,27 @@ def shard(
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
 
 
+def nothing_to_shard(scenario: Scenario, stage: int) -> str | None:
+    """Why ZeRO stage ``stage`` would shard nothing for ``scenario`` -- one GPU, or a
+    data-parallel shard group of one GPU -- or ``None`` where it shards. A stage that
+    shards nothing only adds what its gathering and buckets keep (the what-if toggles and
+    make-it-fit both ask this one rule)."""
+    if scenario.hardware.world_size == 1:
+        return "one GPU: there is nothing to shard"
+    par = scenario.training.parallelism
+    training = replace(scenario.training, parallelism=replace(par, zero_stage=stage))
+    try:
+        mesh = make_mesh(replace(scenario, training=training))
+    except EstimateError as exc:
+        return f"the parallel layout is invalid: {exc}"
+    if mesh.shard == 1:
+        return (
+            "the data-parallel shard group is one GPU (tensor, pipeline and context "
+            "parallelism take them all): there is nothing to shard"
+        )
+    return None
+
+
 @lru_cache(maxsize=4096)
 def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: str) -> int:
     """The parameter tensors over 1 MiB that this rank keeps on its GPU between steps:

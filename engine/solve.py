@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from engine.batch import totals
 from engine.errors import EstimateError
 from engine.presets import load_gpu
+from engine.sharding import nothing_to_shard
 from engine.specs import MAX_DIM, HardwareSpec, Scenario
 from engine.stacks import conventions
 from engine.steptime import StepTime, step_time
@@ -197,7 +198,7 @@ def _offload(s: Scenario) -> Scenario | None:
 def _zero(stage: int) -> Callable[[Scenario], Scenario | None]:
     def apply(s: Scenario) -> Scenario | None:
         p = s.training.parallelism
-        if p.zero_stage >= stage or s.hardware.world_size == 1:
+        if p.zero_stage >= stage or nothing_to_shard(s, stage):
             return None
         return _with(s, parallelism=dataclasses.replace(p, zero_stage=stage))
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from engine.errors import EstimateError
 from engine.estimate import Estimate, estimate
 from engine.layers import attention_kernel
-from engine.sharding import make_mesh
+from engine.sharding import nothing_to_shard
 from engine.specs import Scenario, TrainingSpec
 from engine.stacks import conventions
 from engine.steptime import step_time
@@ -92,19 +92,10 @@ def _zero3(s: Scenario) -> TrainingSpec | str:
     t = s.training
     if t.parallelism.zero_stage == 3:
         return "the scenario already uses ZeRO-3 / FSDP FULL_SHARD"
-    if s.hardware.world_size == 1:
-        return "one GPU: there is nothing to shard"
-    training = dataclasses.replace(t, parallelism=dataclasses.replace(t.parallelism, zero_stage=3))
-    try:
-        mesh = make_mesh(dataclasses.replace(s, training=training))
-    except EstimateError as exc:
-        return f"the parallel layout is invalid: {exc}"
-    if mesh.shard == 1:
-        return (
-            "the data-parallel shard group is one GPU (tensor, pipeline and context "
-            "parallelism take them all): there is nothing to shard"
-        )
-    return training
+    reason = nothing_to_shard(s, 3)
+    if reason:
+        return reason
+    return dataclasses.replace(t, parallelism=dataclasses.replace(t.parallelism, zero_stage=3))
 
 
 def _cpu_offload(s: Scenario) -> TrainingSpec | str:
