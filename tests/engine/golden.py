@@ -41,24 +41,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from engine import specs
 from engine.batch import Totals, totals_over
 from engine.errors import EstimateError
 from engine.estimate import Estimate, estimate
 from engine.presets import gpu_names, model_names
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import (
-    ATTENTION_KERNELS,
-    FRAMEWORKS,
-    FROZEN_DTYPES,
-    LOSSES,
-    METHODS,
-    OPTIMIZER_IMPLS,
-    OPTIMIZERS,
-    PP_SCHEDULES,
-    PRECISIONS,
-    STACKS,
-    Scenario,
-)
+from engine.specs import Scenario
 from engine.steptime import StepTime, step_time, step_times
 
 FORMAT = 1
@@ -68,7 +57,7 @@ BATCH_EVERY = 10
 
 #: the value pools of ``tests/engine/invariants.py``'s ``scenarios`` (repeats weight a value)
 TP, PP, CP, EP = (1, 1, 2, 4, 8), (1, 1, 2, 4), (1, 1, 2), (1, 1, 2, 8)
-SCHEDULES = tuple((s, 2 if s.startswith("interleaved") else 1) for s in PP_SCHEDULES)
+SCHEDULES = tuple((s, 2 if s.startswith("interleaved") else 1) for s in specs.PP_SCHEDULES)
 GPUS_PER_NODE, NODES = (1, 1, 2, 8), (1, 1, 2)
 SEQUENCES = (1, 7, 64, 512, 1000, 2048, 8192)
 CHECKPOINTING = ("none", "selective", "full", "every-k-layers", "first-k-layers", "per-op")
@@ -89,7 +78,7 @@ def draw(rng: random.Random) -> dict[str, Any]:
             "cp": rng.choice(CP),
             "ep": rng.choice(EP),
             "zero_stage": rng.randint(0, 3),
-            "framework": rng.choice(FRAMEWORKS),
+            "framework": rng.choice(specs.FRAMEWORKS),
             "pp_schedule": schedule,
             "vpp": vpp,
             "sequence_parallel": rng.random() < 0.5,
@@ -105,19 +94,19 @@ def draw(rng: random.Random) -> dict[str, Any]:
             "nodes": rng.choice(NODES),
         },
         "training": {
-            "method": rng.choice(METHODS),
-            "precision": rng.choice(PRECISIONS),
-            "optimizer": rng.choice(OPTIMIZERS),
-            "optimizer_impl": rng.choice(OPTIMIZER_IMPLS),
+            "method": rng.choice(specs.METHODS),
+            "precision": rng.choice(specs.PRECISIONS),
+            "optimizer": rng.choice(specs.OPTIMIZERS),
+            "optimizer_impl": rng.choice(specs.OPTIMIZER_IMPLS),
             "micro_batch_size": rng.randint(1, 8),
             "sequence_length": rng.choice(SEQUENCES),
             "gradient_accumulation_steps": rng.randint(1, 8),
             "activation_checkpointing": rng.choice(CHECKPOINTING),
             "checkpoint_every_k": rng.randint(1, 4),
-            "attention": rng.choice(ATTENTION_KERNELS),
-            "loss": rng.choice(LOSSES),
-            "stack": rng.choice(STACKS),
-            "frozen_weights_dtype": rng.choice(FROZEN_DTYPES),
+            "attention": rng.choice(specs.ATTENTION_KERNELS),
+            "loss": rng.choice(specs.LOSSES),
+            "stack": rng.choice(specs.STACKS),
+            "frozen_weights_dtype": rng.choice(specs.FROZEN_DTYPES),
             "lora": {
                 "rank": rng.choice(LORA_RANKS),
                 "targets": list(rng.choice(LORA_TARGETS)),
