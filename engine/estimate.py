@@ -465,13 +465,6 @@ def _play(
     return sharded, step_timeline(*args, entry[1])
 
 
-def _part(mesh: Mesh, stage: Stage) -> str:
-    """The pipeline stage's share of the model (:func:`engine.model_state.model_state`)."""
-    if mesh.pp == 1:
-        return "all"
-    return "first" if stage.first else "last" if stage.last else "middle"
-
-
 @lru_cache(maxsize=1024)
 def _fixed_overheads(
     architecture: str, large_blocks: int, rounding: int, context: int, workspace: int, mesh: Mesh
@@ -525,16 +518,18 @@ def _rank(
     model: ModelSpec,
     mesh: Mesh,
     played: Played,
+    part: str,
     stage: Stage,
     chunk: ModelSpec | None = None,
 ) -> _Rank:
     """One rank group from its :func:`_play`: the items at the peak, the overheads that
-    lift allocated to reserved and device bytes, and what offload keeps on the host."""
+    lift allocated to reserved and device bytes, and what offload keeps on the host.
+    ``part`` is the stage's share of the model, as :func:`_play` had it."""
     sharded, timeline = played
     peak = timeline.peak
     items = _items_at_peak(sharded.state, timeline, sharded.gather)
     allocated = sum(i.bytes for i in items)
-    large_blocks = resident_blocks(model, scenario.training, mesh, _part(mesh, stage))
+    large_blocks = resident_blocks(model, scenario.training, mesh, part)
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations, scenario.hardware.cuda_runtime)
     rounded, after, nccl = _fixed_overheads(
@@ -630,7 +625,7 @@ def _stages(
     if mesh.pp == 1:
         whole = slots[0].stage
         played = _play(scenario, model, mesh, "all", whole)
-        return [(slots[0].name, _rank(scenario, model, mesh, played, whole))]
+        return [(slots[0].name, _rank(scenario, model, mesh, played, "all", whole))]
     micro = scenario.training.gradient_accumulation_steps
     # stages of the same shape are played once; their schedule positions differ only in
     # the micro-batches in flight (Timeline.in_flight), and equal ranks are built once
@@ -647,7 +642,9 @@ def _stages(
         if (*key, held) not in ranks:
             stage = dataclasses.replace(slot.stage, inflight=held)
             played = (sharded, timeline.in_flight(held - 1))
-            ranks[(*key, held)] = _rank(scenario, slot.model, mesh, played, stage, slot.chunk)
+            ranks[(*key, held)] = _rank(
+                scenario, slot.model, mesh, played, key[3], stage, slot.chunk
+            )
         out.append((slot.name, ranks[(*key, held)]))
     return out
 

@@ -287,14 +287,26 @@ class _Part:
     pinned_to_gpu: bool = False
 
 
+def params_sharded_from(framework: str) -> int:
+    """The lowest ZeRO stage that shards the parameters at rest: FSDP's SHARD_GRAD_OP
+    shards them too (they are gathered from the forward to the backward); DeepSpeed's
+    ZeRO-2 keeps them whole."""
+    return 2 if framework == "pytorch" else 3
+
+
+def sixteen_bit_module(training: TrainingSpec) -> bool:
+    """Whether the framework keeps a 16-bit copy of the trained weights as the module's
+    parameters and their fp32 master in the optimizer (DeepSpeed and Megatron under mixed
+    precision; PyTorch AMP keeps the fp32 weights as the parameters)."""
+    return training.precision in MIXED and training.parallelism.framework != "pytorch"
+
+
 def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
     """The model state as the chosen framework lays it out (see the module docstring)."""
     framework = training.parallelism.framework
-    # FSDP's SHARD_GRAD_OP shards the parameters at rest too (they are gathered from the
-    # forward to the backward); DeepSpeed's ZeRO-2 keeps them whole
-    params_from = 2 if framework == "pytorch" else 3
+    params_from = params_sharded_from(framework)
     stage_of = {"parameters": params_from, "gradients": 2, "optimizer_states": 1, "overhead": 99}
-    mixed = training.precision in MIXED and framework != "pytorch"
+    mixed = sixteen_bit_module(training)
     parts: list[_Part] = []
     n = state.trainable_params
     for item in state.items:
@@ -510,15 +522,14 @@ def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: 
     ``model`` is the rank's (tensor/expert) shard, ``part`` its pipeline stage's share."""
     if training.offload.parameters != "none":
         return 0
-    framework = training.parallelism.framework
-    at_rest = 2 if framework == "pytorch" else 3  # as framework_items shards "parameters"
+    at_rest = params_sharded_from(training.parallelism.framework)
     sharded = training.parallelism.zero_stage >= at_rest and mesh.shard > 1
     dense = mesh.shard if sharded else 1
     experts = dense
     if sharded and mesh.ep > 1 and _expert_share(model, training):
         experts = _expert_group(mesh)
     trained, frozen = storage_bytes(training)
-    if training.precision in MIXED and framework != "pytorch":
+    if sixteen_bit_module(training):
         trained = 2  # the module's 16-bit copy; the fp32 master is the optimizer's
     q = training.qlora
     split = split_tensors(model, training, part)
