@@ -633,20 +633,21 @@ class Monkey:
             key = self.rng.choice((Qt.Key.Key_Up, Qt.Key.Key_Down, Qt.Key.Key_PageUp))
             QTest.keyClick(box, key)
             return
-        box.selectAll()
-        QTest.keyClicks(box, self._number(box, roll))
-        QTest.keyClick(box, Qt.Key.Key_Return)
+        _type_into(box, self._number(box, roll))
+
+    def _model_sizes(self) -> tuple[int, ...]:
+        """The current model's sizes: the bounds other fields are checked against (a LoRA
+        rank up to the hidden size)."""
+        m = self.window.store.scenario.model
+        return (m.hidden_size, m.num_layers, m.num_attention_heads, m.intermediate_size)
 
     def _number(self, box: QAbstractSpinBox, roll: float) -> str:
         assert isinstance(box, QSpinBox | QDoubleSpinBox)
         lo, hi, now = box.minimum(), box.maximum(), box.value()
         if roll < 0.5:  # near the current value: the edits users make
             value: float = self.rng.choice((now + 1, now - 1, now * 2, now / 2, now + 8))
-        elif roll < 0.6:  # one of the model's sizes: the bound other fields are checked
-            m = self.window.store.scenario.model  # against (a LoRA rank up to the hidden size)
-            value = self.rng.choice(
-                (m.hidden_size, m.num_layers, m.num_attention_heads, m.intermediate_size)
-            )
+        elif roll < 0.6:  # one of the model's sizes
+            value = self.rng.choice(self._model_sizes())
         elif roll < 0.7:  # anywhere in range, log-uniform
             value = math.exp(self.rng.uniform(math.log(max(lo, 1)), math.log(max(hi, 2))))
         elif roll < 0.85:  # out of range
@@ -684,11 +685,7 @@ class Monkey:
         if rows:
             box = self.rng.choice(rows)[1].widget
             assert isinstance(box, QSpinBox)
-            m = self.window.store.scenario.model
-            size = self.rng.choice((m.hidden_size, m.num_attention_heads, m.num_layers))
-            box.selectAll()
-            QTest.keyClicks(box, str(size))
-            QTest.keyClick(box, Qt.Key.Key_Return)
+            _type_into(box, str(self.rng.choice(self._model_sizes())))
         self.preset()
 
     def check(self) -> None:
@@ -963,6 +960,13 @@ def agree(row: Row, shown: Any, value: Any) -> bool:
     return bool(shown == value)
 
 
+def _type_into(box: QAbstractSpinBox, text: str) -> None:
+    """Select the spin box's text, type ``text`` and press Enter, as a user edits it."""
+    box.selectAll()
+    QTest.keyClicks(box, text)
+    QTest.keyClick(box, Qt.Key.Key_Return)
+
+
 def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1280, 800)) -> Any:
     """A fresh main window (settings and recovery file in ``folder``), ``actions`` random
     actions on it; returns the :class:`MonkeyReport`."""
@@ -984,6 +988,6 @@ def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1
             window.close()  # the monkey answers the question, if asked, and may cancel
             if window.isVisible():  # closed anyway, its changes discarded: the close
                 # stops the window's workers, which must not outlive it
-                QMessageBox.exec = MessageBoxes().exec_function()  # type: ignore[method-assign,assignment]
+                monkey.boxes.queue(Button.Discard)
                 window.close()
         delete_now(window)
