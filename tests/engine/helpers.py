@@ -1,9 +1,12 @@
-"""Small specs the engine tests share: a tiny Llama-style model and a step context."""
+"""Small specs the engine tests share: a tiny Llama-style model, a step context, and a
+scenario from a preset, a GPU and the sections as a scenario file writes them."""
 
 import dataclasses
+from typing import Any
 
 from engine.layers import Ctx
-from engine.specs import ModelSpec
+from engine.scenario_io import scenario_from_dict
+from engine.specs import ModelSpec, Scenario
 
 
 def tiny_model(**changes: object) -> ModelSpec:
@@ -36,3 +39,16 @@ def full_ctx(**changes: object) -> Ctx:
         dropout=0.0,
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def preset_scenario(model: str, gpu: str, training: dict[str, Any], **hardware: int) -> Scenario:
+    """The preset ``model`` on the GPU preset ``gpu``, with ``training`` and ``hardware``
+    as a scenario file's sections hold them."""
+    return scenario_from_dict(
+        {
+            "memfit_scenario": 1,
+            "model": {"preset": model},
+            "hardware": {"gpu": gpu, **hardware},
+            "training": training,
+        }
+    )

@@ -7,25 +7,11 @@ none of these can be fixed, or broken further, without this file saying so.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
-from engine.specs import Scenario
+from tests.engine.helpers import preset_scenario
 from tests.engine.invariants import check_checkpointing
-
-
-def scenario(model: str, gpu: str, training: dict[str, Any], **hardware: int) -> Scenario:
-    return scenario_from_dict(
-        {
-            "memfit_scenario": 1,
-            "model": {"preset": model},
-            "hardware": {"gpu": gpu, **hardware},
-            "training": training,
-        }
-    )
 
 
 @pytest.mark.xfail(
@@ -37,7 +23,7 @@ def scenario(model: str, gpu: str, training: dict[str, Any], **hardware: int) ->
 )
 def test_no_point_of_the_timeline_is_negative() -> None:
     training = {"method": "freeze", "freeze": {"trainable": ["attention"]}, "sequence_length": 1}
-    est = estimate(scenario("bert-base-uncased", "h100-sxm-80gb", training))
+    est = estimate(preset_scenario("bert-base-uncased", "h100-sxm-80gb", training))
     negative = [
         (p.phase, p.layer, p.label)
         for p in est.timeline
@@ -64,5 +50,5 @@ def test_more_checkpointing_never_raises_activations_on_a_frozen_body() -> None:
         "attention": "flash",
         "sequence_length": 512,
     }
-    s = scenario("falcon-7b", "h100-sxm-80gb", training)
+    s = preset_scenario("falcon-7b", "h100-sxm-80gb", training)
     check_checkpointing(s, estimate(s))

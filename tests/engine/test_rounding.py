@@ -12,7 +12,7 @@ from engine.overhead import MIB
 from engine.params import model_tensors
 from engine.presets import load_model
 from engine.sharding import make_mesh, resident_blocks
-from tests.engine.test_known_defects import scenario
+from tests.engine.helpers import preset_scenario
 
 GIB = 1 << 30
 
@@ -26,14 +26,14 @@ def test_packed_4bit_experts_are_small_blocks() -> None:
     # Qwen3-30B-A3B's 18,432 expert matrices are 768 x 2048: 0.75 MiB packed in 4 bits,
     # under the allocator's 1 MiB large-block size, so they round in shared 2 MiB
     # segments; what is left over 1 MiB (attention, embeddings) is a few hundred blocks
-    est = estimate(scenario("qwen3-30b-a3b", "h100-sxm-80gb", {"method": "qlora"}))
+    est = estimate(preset_scenario("qwen3-30b-a3b", "h100-sxm-80gb", {"method": "qlora"}))
     assert rounding(est) < 2 * GIB, rounding(est) / GIB
 
 
 def test_offloaded_parameters_are_not_rounded_on_the_device() -> None:
     # FSDP with parameters and optimizer offloaded keeps no parameter shard on the GPU
     est = estimate(
-        scenario(
+        preset_scenario(
             "qwen3-30b-a3b",
             "rtx-4090",
             {
@@ -50,12 +50,13 @@ def test_zero_3_shards_of_many_gpus_are_small_blocks() -> None:
     # DeepSeek-V3's 7168 x 2048 expert matrices are 28 MiB in bf16, under 0.5 MiB as a
     # shard of 64 GPUs: small blocks, no 2 MiB rounding each
     training = {"parallelism": {"zero_stage": 3}}
-    est = estimate(scenario("deepseek-v3", "h100-sxm-80gb", training, gpus_per_node=8, nodes=8))
+    s = preset_scenario("deepseek-v3", "h100-sxm-80gb", training, gpus_per_node=8, nodes=8)
+    est = estimate(s)
     assert rounding(est) < 4 * GIB, rounding(est) / GIB
 
 
 def test_a_dense_model_on_one_gpu_counts_every_tensor_over_1_mib() -> None:
-    s = scenario("llama-3-8b", "h100-sxm-80gb", {})
+    s = preset_scenario("llama-3-8b", "h100-sxm-80gb", {})
     model = load_model("llama-3-8b")
     over = sum(g.count for g in model_tensors(model) if 4 * g.numel > MIB)  # fp32 masters
     assert resident_blocks(model, s.training, make_mesh(s), "all") == over
@@ -63,7 +64,7 @@ def test_a_dense_model_on_one_gpu_counts_every_tensor_over_1_mib() -> None:
 
 
 def test_4bit_codes_count_at_their_packed_size() -> None:
-    s = scenario("qwen3-30b-a3b", "h100-sxm-80gb", {"method": "qlora"})
+    s = preset_scenario("qwen3-30b-a3b", "h100-sxm-80gb", {"method": "qlora"})
     model = load_model("qwen3-30b-a3b")
     q = s.training.qlora
     (expert, *_) = (g for g in model_tensors(model) if g.component == "experts" and g.matrix)
@@ -74,7 +75,7 @@ def test_4bit_codes_count_at_their_packed_size() -> None:
 
 def test_offload_and_sharding_lower_the_blocks_and_never_raise_them() -> None:
     # pure bf16: a k_proj shard of 8 is 1 MiB, no longer a large block
-    base = scenario("llama-3-8b", "h100-sxm-80gb", {"precision": "bf16"}, gpus_per_node=8)
+    base = preset_scenario("llama-3-8b", "h100-sxm-80gb", {"precision": "bf16"}, gpus_per_node=8)
     model = load_model("llama-3-8b")
 
     def blocks(zero: int, offload: str = "none") -> int:

@@ -276,15 +276,15 @@ def test_zero_3_on_one_gpu_exceeds_zero_1_by_what_it_keeps_gathered(
 ) -> None:
     # FSDP and DeepSpeed gather each unit beside its shard even where one GPU holds all
     # of it: the stated exception, bounded by the gathered units (and DeepSpeed's bucket)
+    from tests.engine.helpers import preset_scenario
     from tests.engine.invariants import check_sharding_at_peak, gathered_bound
-    from tests.engine.test_known_defects import scenario
 
     def allocated(zero: int) -> int:
         par = {**training.get("parallelism", {}), "zero_stage": zero}  # type: ignore[dict-item]
-        s = scenario(model, "h100-sxm-80gb", {**training, "parallelism": par})
+        s = preset_scenario(model, "h100-sxm-80gb", {**training, "parallelism": par})
         return estimate(s).allocated_bytes
 
-    s = scenario(model, "h100-sxm-80gb", training)
+    s = preset_scenario(model, "h100-sxm-80gb", training)
     assert allocated(1) <= allocated(0)
     assert 0 < allocated(3) - allocated(1) <= gathered_bound(s)
     check_sharding_at_peak(s)

@@ -294,13 +294,13 @@ def test_make_it_fit_and_the_what_ifs_offer_zero_by_one_rule() -> None:
     from engine.sharding import nothing_to_shard
     from engine.solve import CHANGES
     from engine.whatif import WHATIFS_BY_KEY
-    from tests.engine.test_known_defects import scenario
+    from tests.engine.helpers import preset_scenario
 
-    s = scenario("llama-3-8b", "h100-sxm-80gb", {"parallelism": {"tp": 8}}, gpus_per_node=8)
+    s = preset_scenario("llama-3-8b", "h100-sxm-80gb", {"parallelism": {"tp": 8}}, gpus_per_node=8)
     reason = nothing_to_shard(s, 3)
     assert reason is not None and "shard group is one GPU" in reason
     assert WHATIFS_BY_KEY["zero3"].unavailable(s) == reason
     assert all(c.apply(s) is None for c in CHANGES if c.key.startswith("zero"))
-    spread = scenario("llama-3-8b", "h100-sxm-80gb", {}, gpus_per_node=8)
+    spread = preset_scenario("llama-3-8b", "h100-sxm-80gb", {}, gpus_per_node=8)
     assert nothing_to_shard(spread, 3) is None
     assert all(c.apply(spread) is not None for c in CHANGES if c.key.startswith("zero"))

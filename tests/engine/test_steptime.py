@@ -217,7 +217,7 @@ def test_offloaded_parameters_never_make_a_larger_micro_batch_faster(nodes: int)
     # hide behind the compute and the waits for the gathers once, so the step time grows
     # with the micro-batch (it fell from 0.846 s to 0.803 s between 1 and 8 when the
     # compute hid both the gathers and the copies)
-    from tests.engine.test_known_defects import scenario
+    from tests.engine.helpers import preset_scenario
 
     def seconds(micro: int) -> float:
         training = {
@@ -226,7 +226,8 @@ def test_offloaded_parameters_never_make_a_larger_micro_batch_faster(nodes: int)
             "parallelism": {"zero_stage": 3},
             "offload": {"parameters": "cpu"},
         }
-        s = scenario("deepseek-v2-lite", "h100-sxm-80gb", training, gpus_per_node=1, nodes=nodes)
+        hardware = {"gpus_per_node": 1, "nodes": nodes}
+        s = preset_scenario("deepseek-v2-lite", "h100-sxm-80gb", training, **hardware)
         return step_time(s).step_time_s
 
     times = [seconds(m) for m in (1, 2, 4, 8, 16)]
