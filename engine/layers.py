@@ -178,12 +178,16 @@ class Ctx:
         return self.frozen_bytes
 
 
-def attention_kernel(attention: str, fp32: bool) -> str:
+def attention_kernel(attention: str, fp32: bool, sdpa_math: bool = False) -> str:
     """The kernel a step's attention runs: ``eager``; or what SDPA picks on CUDA --
-    ``flash`` for 16-bit inputs, ``efficient`` (memory-efficient) for fp32 ones -- or the
-    kernel asked for by name."""
+    ``math`` (its unfused fallback) for a module that calls it with multi-query keys and
+    values it does not repeat and a mask (``ModelSpec.sdpa_math``), ``flash`` for 16-bit
+    inputs, ``efficient`` (memory-efficient) for fp32 ones -- or the kernel asked for by
+    name. Memory (:meth:`Net.attention`) and time (:mod:`engine.steptime`) both ask here."""
     if attention == "eager":
         return "eager"
+    if attention == "sdpa" and sdpa_math:
+        return "math"
     if attention == "flash" or (attention == "sdpa" and not fp32):
         return "flash"
     return "efficient"
@@ -607,7 +611,7 @@ class Net:
         kernel = self.kernel()
         if kernel == "eager":
             return self._eager(q, k, v, heads, kv_heads, head_dim)
-        if ctx.sdpa_math and ctx.attention == "sdpa":
+        if kernel == "math":
             return self._math(q, k, v, heads, kv_heads, head_dim)
         if ctx.mode == "amp":
             q, k, v = self.cast(q, 2), self.cast(k, 2), self.cast(v, 2)
@@ -646,7 +650,8 @@ class Net:
         return out
 
     def kernel(self) -> str:
-        return attention_kernel(self.ctx.attention, fp32=self.ctx.mode == "fp32")
+        ctx = self.ctx
+        return attention_kernel(ctx.attention, fp32=ctx.mode == "fp32", sdpa_math=ctx.sdpa_math)
 
     def _eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout."""

@@ -57,10 +57,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import NamedTuple
 
+from engine.layers import attention_kernel
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.sharding import Mesh, make_mesh, stage_layers
@@ -226,6 +227,7 @@ class Device:
     host: float  # one-way bytes/s of the host link
     network: str
     fp8: bool = False  # the linear layers' GEMMs run in FP8
+    fp32_flops: float = 0.0  # achievable on fp32 matmuls (SDPA's math fallback upcasts)
 
 
 def network_gb_s(scenario: Scenario) -> tuple[float, str]:
@@ -269,6 +271,7 @@ def device(scenario: Scenario) -> Device:
         host=gpu.host_link_gb_s * 1e9 * COMM_EFFICIENCY,
         network=net_note,
         fp8=fp8,
+        fp32_flops=gpu.fp32_tflops * 1e12 * mm,
     )
 
 
@@ -418,11 +421,11 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     heads = model.num_attention_heads / tp
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
     d_v = model.v_head_dim if model.kv_lora_rank else model.head_dim
-    kernel = _kernel_of(work.attention)
+    kernel = _kernel_of(work.attention, model.sdpa_math)
     causal = model.architecture == "decoder"
     window = model.sliding_window if 0 < model.sliding_window < s else s
-    if kernel == "eager":
-        keys = float(s)  # eager computes every score and masks afterwards
+    if kernel in ("eager", "math"):
+        keys = float(s)  # every score is computed and masked afterwards
     elif causal:
         keys = window - window * window / (2 * s) if window < s else (s + 1) / 2
     else:
@@ -437,6 +440,15 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
         mem = scores * dt * 4 + (scores * dt * 2 if model.attention_dropout > 0 else 0)
         attn_f = attn_flops / dev.matmul_flops + mem / dev.bandwidth + 4 * KERNEL_S
         attn_b = 2 * attn_flops / dev.matmul_flops + 2 * mem / dev.bandwidth + 6 * KERNEL_S
+    elif kernel == "math":
+        # _scaled_dot_product_attention_math: q, k, v upcast and scaled, fp32 scores
+        # written, the mask added, softmax read and written, the product read: six fp32
+        # passes over the scores, the matmuls at the fp32 rate (twice each in backward)
+        scores = b * heads * (s / cp) * s
+        mem = scores * 4 * 6 + (scores * 4 * 2 if model.attention_dropout > 0 else 0)
+        rate = dev.fp32_flops or dev.matmul_flops
+        attn_f = attn_flops / rate + mem / dev.bandwidth + 8 * KERNEL_S
+        attn_b = 2 * attn_flops / rate + 2 * mem / dev.bandwidth + 12 * KERNEL_S
     else:
         attn_f = max(attn_flops / dev.attention_flops, KERNEL_S)
         # FlashAttention's backward recomputes the scores: 2.5x the forward's FLOPs
@@ -490,10 +502,13 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     )
 
 
-def _kernel_of(attention: str) -> str:
-    """The attention core's cost model: eager materialises the scores; SDPA, flash and
-    memory-efficient kernels run the core in one fused kernel."""
-    return "eager" if attention == "eager" else "flash"
+def _kernel_of(attention: str, sdpa_math: bool = False) -> str:
+    """The attention core's cost model, for the kernel the memory walk runs
+    (:func:`engine.layers.attention_kernel`): eager attention and SDPA's math fallback
+    materialise the scores (the fallback in fp32); the flash and memory-efficient kernels
+    run the core in one fused kernel."""
+    kernel = attention_kernel(attention, fp32=False, sdpa_math=sdpa_math)
+    return kernel if kernel in ("eager", "math") else "flash"
 
 
 def _span(g: TensorGroup) -> int:
@@ -622,28 +637,27 @@ def per_op_recompute_share(model: ModelSpec) -> float:
     return again / (sum(sizes) + experts)
 
 
+#: the fields of a training spec that give a step its shape: the plan is made without
+#: them and each evaluation passes them (:func:`_evaluate`)
+SHAPE_FIELDS = frozenset(
+    ("micro_batch_size", "sequence_length", "gradient_accumulation_steps", "token_budget")
+)
+#: every other field keys the plan: a field added to the spec keys it without an edit here
+_PLAN_FIELDS = tuple(f.name for f in fields(TrainingSpec) if f.name not in SHAPE_FIELDS)
+
+
 def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
-    """``scenario`` and the cache key of its plan within its model and hardware:
-    everything else but the shape and the token budget (the plan reads nothing else).
-    The model is the one the stack builds (:func:`engine.stacks.built`)."""
+    """``scenario`` and the cache key of its plan within its model and hardware: every
+    training field but the shape (:data:`SHAPE_FIELDS`). The model is the one the stack
+    builds (:func:`engine.stacks.built`)."""
     scenario = built(scenario)
-    t = scenario.training
-    key = (
-        t.method,
-        t.precision,
-        t.optimizer,
-        t.optimizer_impl,
-        t.activation_checkpointing,
-        t.checkpoint_every_k,
-        t.attention,
-        t.loss,
-        t.stack,
-        t.lora,
-        t.freeze,
-        t.parallelism,
-        t.offload,
-    )
-    return scenario, key
+    return scenario, plan_key(scenario.training)
+
+
+def plan_key(training: TrainingSpec) -> tuple[object, ...]:
+    """What a step's plan is keyed by within its model and hardware: every training field
+    but the shape."""
+    return tuple(getattr(training, name) for name in _PLAN_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,3 +111,38 @@ def test_broken_preset_file_names_the_file(tmp_path: Path, monkeypatch: pytest.M
             load_model("bad")
     finally:
         load_model.cache_clear()
+
+
+def _validation_configs() -> dict[str, dict[str, object]]:
+    """The ``config.json`` of each public checkpoint the validation datasets measured."""
+    folder = Path(__file__).resolve().parent.parent / "validation"
+    configs: dict[str, dict[str, object]] = {}
+    for name in ("dataset.json", "dataset_conventions.json"):
+        for record in json.loads((folder / name).read_text()):
+            config = record["scenario"]["model"]
+            configs.setdefault(str(config["_name_or_path"]), config)
+    return configs
+
+
+#: fields a preset may state apart from its checkpoint's config: names, and the dropout the
+#: validation cases set to 0.0 (the presets keep the checkpoint's own)
+_NOT_FROM_CONFIG = {"name", "display_name", "source", "family", "num_layers"}
+_DROPOUT = {"attention_dropout", "hidden_dropout"}
+
+
+@pytest.mark.parametrize("name", sorted(set(_validation_configs()) & set(model_names())))
+def test_a_preset_reads_as_its_checkpoints_config(name: str) -> None:
+    """A preset is the model its source config describes: reading the measured checkpoint's
+    ``config.json`` gives the preset's every field (falcon-7b lacked ``sdpa_math``, so its
+    SDPA attention was costed as the flash kernel although transformers runs the math
+    fallback for it)."""
+    from engine.hf_config import model_from_hf_config
+
+    preset = load_model(name)
+    read = model_from_hf_config(_validation_configs()[name])
+    differ = {
+        f: (getattr(read, f), getattr(preset, f))
+        for f in ModelSpec.__dataclass_fields__
+        if f not in _NOT_FROM_CONFIG | _DROPOUT and getattr(read, f) != getattr(preset, f)
+    }
+    assert differ == {}

@@ -52,6 +52,33 @@ def test_model_flops_are_6n_per_token_plus_causal_attention(name: str) -> None:
     assert step_time(sc).model_flops == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flash", "eager"])
+def test_the_attention_kernel_memory_walks_is_the_one_time_prices(attention: str) -> None:
+    """Falcon 7B's module calls SDPA with one unrepeated key/value head and a mask, so CUDA
+    runs SDPA's math fallback: fp32 scores held for backward (memory) and computed at the
+    fp32 rate (time). Each attention setting costs time in the order it costs memory, and
+    the fallback is slower than both flash and eager (it is eager in fp32)."""
+    times, activations = {}, {}
+    for kind in ("sdpa", "flash", "eager"):
+        s = scenario("falcon-7b", micro_batch_size=8, sequence_length=2048, attention=kind)
+        times[kind] = step_time(s).step_time_s
+        items = estimate(s).items
+        activations[kind] = sum(i.bytes for i in items if i.category == "activations")
+    assert load_model("falcon-7b").sdpa_math
+    assert times["sdpa"] > times["eager"] > times["flash"]
+    assert activations["eager"] > activations["sdpa"] > activations["flash"]
+    # a model whose SDPA runs a fused kernel: sdpa and flash cost the same time
+    llama = scenario(micro_batch_size=8, sequence_length=2048)
+    flash = with_training(llama, attention="flash")
+    assert step_time(llama).step_time_s == step_time(flash).step_time_s
+    assert (
+        times[attention]
+        == step_time(
+            scenario("falcon-7b", micro_batch_size=8, sequence_length=2048, attention=attention)
+        ).step_time_s
+    )
+
+
 def test_full_recomputation_adds_one_forward() -> None:
     """Korthikanti et al. 2022, section 5: full recomputation runs every layer's forward
     twice: hardware FLOPs = model FLOPs + one forward of the layers (not the LM head)."""
@@ -232,3 +259,21 @@ def test_offloaded_parameters_never_make_a_larger_micro_batch_faster(nodes: int)
 
     times = [seconds(m) for m in (1, 2, 4, 8, 16)]
     assert times == sorted(times), times
+
+
+def test_every_training_field_but_the_shape_keys_the_plan() -> None:
+    """The plan is cached per model and hardware under a key of the training fields; a
+    field missing from the key would serve the plan of another scenario. Each field but
+    the shape (which every evaluation passes) changes the key, including fields added
+    later."""
+    from dataclasses import fields
+
+    from engine.steptime import SHAPE_FIELDS, plan_key
+
+    base = TrainingSpec()
+    names = {f.name for f in fields(TrainingSpec)}
+    assert names > SHAPE_FIELDS
+    for name in names:
+        changed = dataclasses.replace(base)
+        object.__setattr__(changed, name, object())  # a value no real field holds
+        assert (plan_key(changed) != plan_key(base)) == (name not in SHAPE_FIELDS), name
