@@ -57,9 +57,9 @@ from engine.estimate import (
     verdict,
 )
 from engine.overhead import FRAGMENTATION, overhead
-from engine.sharding import make_mesh, resident_blocks
+from engine.plan import resolve
+from engine.sharding import resident_blocks
 from engine.specs import Scenario, TrainingSpec, reshaped, window_masks
-from engine.stacks import built
 from engine.timeline import KINDS, StepPlan, joint, strategy_key
 
 #: (micro_batch_size, sequence_length, gradient_accumulation_steps)
@@ -308,9 +308,9 @@ def _group(scenario: Scenario) -> _Group:
     """The parts of ``scenario`` that hold for every batch size and gradient accumulation
     and every sequence length as masked as its own (raises the scenario's error where it
     is invalid)."""
-    scenario = built(scenario)
+    resolved = resolve(scenario)
+    scenario, mesh = resolved.scenario, resolved.mesh
     training = scenario.training
-    mesh = make_mesh(scenario)
     _whole(scenario.model, training)  # estimate() raises its errors here
     model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
     par = training.parallelism
@@ -386,7 +386,7 @@ class _Strategy:
         if seq not in self.groups:
             try:
                 scenario = _with_sequence(self.scenario, seq)
-                make_mesh(scenario)  # the mesh checks the sequence length
+                resolve(scenario)  # the mesh checks the sequence length
                 masked = window_masks(scenario.model, seq)
                 group = self.masked.get(masked)
                 if group is None:

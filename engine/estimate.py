@@ -23,17 +23,17 @@ from typing import Any
 
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, nccl_bytes, overhead
+from engine.plan import Plan, resolve
 from engine.sharding import (
     Mesh,
     Sharded,
-    make_mesh,
     resident_blocks,
     shard,
     stage_layers,
     tensor_parallel_shard,
 )
 from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
-from engine.stacks import Conventions, built, conventions
+from engine.stacks import Conventions, conventions
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
     _PLAYED_FIRST,
@@ -666,8 +666,8 @@ class _Ready:
 
 
 @lru_cache(maxsize=4096)
-def _prepared(scenario: Scenario) -> _Ready:
-    mesh = make_mesh(scenario)
+def _prepared(plan: Plan) -> _Ready:
+    scenario, mesh = plan.scenario, plan.mesh
     whole = _whole(scenario.model, scenario.training)
     model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
     slots = _layout(model, mesh, scenario.training.parallelism.pp_split)
@@ -685,8 +685,9 @@ def estimate(scenario: Scenario) -> Estimate:
     micro-batches each keeps in flight, :func:`inflight`); the worst stage is the headline
     and decides the verdict, and ``ranks`` lists them all.
     """
-    given, scenario = scenario, built(scenario)
-    ready = _prepared(scenario)
+    plan = resolve(scenario)
+    given, scenario = scenario, plan.scenario
+    ready = _prepared(plan)
     mesh, whole = ready.mesh, ready.whole
     stages = _stages(scenario, ready.model, mesh, ready.slots)
     worst_name, worst = max(stages, key=lambda nr: nr[1].device)

@@ -45,6 +45,7 @@ from engine.model_state import (
 )
 from engine.overhead import MIB, Communicator
 from engine.params import TensorGroup, model_tensors
+from engine.precision import precision_of
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather
 
@@ -637,7 +638,7 @@ def gather_buffers(
     # the unsharded gradients come in the gathered dtype, the reduce-scatter in fp32 but
     # under pure bf16
     grad_bytes = 2 if mixed else storage_bytes(training)[0]
-    reduce_bytes = 2 if training.precision == "bf16" else 4
+    reduce_bytes = precision_of(training).reduce
     grads, reduce = grad_bytes * units.trainable, reduce_bytes * units.trainable
     if stage == 3:
         return Gather(root + 3 * unit, root + 2 * unit, grads, reduce)

@@ -64,10 +64,11 @@ from typing import NamedTuple
 from engine.layers import attention_kernel
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
-from engine.sharding import Mesh, make_mesh, stage_layers
+from engine.plan import resolve
+from engine.precision import precision_of
+from engine.sharding import Mesh, stage_layers
 from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
-from engine.stacks import built, conventions
-from engine.timeline import _mode
+from engine.stacks import conventions
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -300,7 +301,7 @@ class _Layer:
 
 
 def _act_bytes(training: TrainingSpec) -> int:
-    return 4 if training.precision == "fp32" else 2
+    return precision_of(training).compute
 
 
 def _trains(component: str, method: str, trainable: tuple[str, ...]) -> bool:
@@ -341,6 +342,7 @@ class _Work:
     tp: int
     cp: int
     ep: int
+    compute: int  # bytes of the compute dtype (engine.precision)
 
 
 def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
@@ -359,6 +361,7 @@ def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
         mesh.tp,
         mesh.cp,
         mesh.ep,
+        precision_of(training).compute,
     )
 
 
@@ -368,7 +371,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     tp, cp, ep = work.tp, work.cp, work.ep
     b, s = work.batch, work.seq
     tokens = b * s / cp  # the rank's tokens (context parallelism splits the sequence)
-    dt = 4 if work.precision == "fp32" else 2
+    dt = work.compute
     h = model.hidden_size
     lora = work.method in ("lora", "qlora")
     roles = lora_targets(model, work.targets)[0] if lora else frozenset()
@@ -650,7 +653,7 @@ def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
     """``scenario`` and the cache key of its plan within its model and hardware: every
     training field but the shape (:data:`SHAPE_FIELDS`). The model is the one the stack
     builds (:func:`engine.stacks.built`)."""
-    scenario = built(scenario)
+    scenario = resolve(scenario).scenario
     return scenario, plan_key(scenario.training)
 
 
@@ -748,7 +751,7 @@ def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
 
 def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
-    mesh = make_mesh(scenario)
+    mesh = resolve(scenario).mesh
     dev = device(scenario)
     par = training.parallelism
     assumptions = []
@@ -784,15 +787,14 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         share = experts / whole.total_params if whole.total_params else 0.0
         params_rank *= 1 - share + share / mesh.ep
         trainable_rank *= 1 - share + share / mesh.ep
-    gather_bytes = 2 if training.precision != "fp32" else 4
-    if training.method == "qlora":
-        gather_bytes = 1  # the 4-bit base, gathered as stored (with its constants)
+    # a QLoRA base is gathered as stored, 4-bit (with its constants)
+    gather_bytes = precision_of(training).gather
     # the optimizer step: bytes of parameters, gradients and states per trainable element
     opt_bytes = 0.0
     if whole.trainable_params:
         state_b = whole.category_bytes("optimizer_states") / whole.trainable_params
         grad_b = whole.category_bytes("gradients") / whole.trainable_params
-        param_b = 2 if training.precision == "bf16" else 4
+        param_b = precision_of(training).master
         temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
     return _Plan(
@@ -803,7 +805,7 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         per_op=mode == "per-op",
         selective=mode == "selective" and _kernel_of(training.attention) == "eager",
         head_train=head_train,
-        amp=_mode(training) == "amp",
+        amp=precision_of(training).mode == "amp",
         per_rank=per_rank,
         moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
         tp_ring=_ring(mesh.tp, 1, scenario, dev),

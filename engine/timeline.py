@@ -75,6 +75,7 @@ from engine.model_state import (
     qkv_adapted,
 )
 from engine.params import model_tensors
+from engine.precision import precision_of
 from engine.specs import ModelSpec, TrainingSpec, window_masks
 from engine.stacks import conventions
 
@@ -217,22 +218,6 @@ class Timeline:
         )
 
 
-def _mode(training: TrainingSpec) -> str:
-    """fp32, pure 16-bit ("half") or autocast over fp32 weights ("amp"). DeepSpeed and
-    Megatron-LM run mixed precision on 16-bit module weights (the fp32 master copy lives in
-    the optimizer), and FSDP FULL_SHARD / FSDP2 on 16-bit gathered units (the fp32 shards
-    are the master copy), so their steps compute like pure 16-bit ones."""
-    precision = training.precision
-    par = training.parallelism
-    full_shard = par.zero_stage == 3 and training.method in ("full", "freeze")
-    if precision.endswith("-mixed") and (par.framework != "pytorch" or full_shard):
-        # FSDP's MixedPrecision(param_dtype=bf16) gathers each unit in 16 bits and runs
-        # the forward on it: no autocast cache, a 16-bit residual stream (adapters of a
-        # 16-bit base keep PEFT's fp32 copies and autocast)
-        return "half"
-    return {"fp32": "fp32", "bf16": "half"}.get(precision, "amp")
-
-
 def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     method = training.method
     if method == "full":
@@ -245,8 +230,8 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     if method in ("lora", "qlora"):
         roles = lora_targets(model, training.lora.targets)[0]
     conv = conventions(training)
-    mode = _mode(training)
-    frozen = DTYPE_BYTES[conv.frozen_dtype]
+    prec = precision_of(training)
+    mode, frozen = prec.mode, prec.frozen
     # DeepSpeed's and Megatron's 16-bit modules compute their adapters in 16 bits too
     framework_half = mode == "half" and training.precision.endswith("-mixed")
     adapter = 2 if framework_half else DTYPE_BYTES[conv.adapter_dtype]
@@ -1207,7 +1192,7 @@ class StepPlan:
         params = state.category_bytes("parameters")
         opt = state.category_bytes("optimizer_states")
         temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
-        dense_grad = model.vocab_size * model.hidden_size * (4 - 2 * (training.precision == "bf16"))
+        dense_grad = model.vocab_size * model.hidden_size * precision_of(training).master
         tied = dense_grad if model.tie_word_embeddings else 0
         # the per-op policy's saved outputs of each block, as linear forms of the shape
         per_op: tuple[Size, ...] = (0,) * len(blocks)
@@ -1847,7 +1832,7 @@ def _layer_by_layer(
     if explain:  # the embedding's saved tensors went with its backward; the cache stays
         kept_why.only("kv-cache")
     if trains_embeddings:
-        dense_grad = model.vocab_size * h * (2 if training.precision == "bf16" else 4)
+        dense_grad = model.vocab_size * h * precision_of(training).master
         tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's grad
         add(
             "backward",
@@ -2128,7 +2113,7 @@ def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: Model
         return 0
     if training.optimizer_impl == "fused":
         return 0
-    p_bytes = 2 if training.precision == "bf16" else 4
+    p_bytes = precision_of(training).master
     if training.optimizer == "adamw" and training.optimizer_impl == "foreach":
         return state.trainable_params * p_bytes
     largest = max((g.numel for g in model_tensors(model)), default=0)

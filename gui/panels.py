@@ -30,9 +30,9 @@ from engine.errors import EstimateError
 from engine.estimate import GIB
 from engine.model_state import model_state
 from engine.params import count_parameters
+from engine.plan import resolve
 from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
 from engine.scenario_io import custom_gpu, default_gpu_name, named_gpu
-from engine.sharding import make_mesh
 from engine.specs import (
     ADAPTER_DTYPES,
     DEQUANT_DTYPES,
@@ -1289,7 +1289,7 @@ class ParallelismPanel(FormPanel):
         world = scenario.hardware.world_size
         gpus = f"<b>{world:,} GPU{'s' if world > 1 else ''}</b>"
         try:
-            m = make_mesh(scenario)
+            m = resolve(scenario).mesh
         except EstimateError:
             self.mesh.setText(f"{gpus}: this split does not work (see below)")
             return

@@ -1,0 +1,54 @@
+"""Resolve a scenario once: ``resolve(scenario) -> Plan``, what every answer starts from.
+
+A scenario says what the user asked for; the plan says what runs: the model as the
+training stack builds it (:func:`engine.stacks.built`), the stack's conventions resolved
+against the fields (:func:`engine.stacks.conventions`), one precision value
+(:func:`engine.precision.precision_of`) and the device mesh (:func:`engine.sharding.make_mesh`,
+which refuses sizes that do not divide). Memory (:mod:`engine.estimate`, :mod:`engine.batch`),
+time (:mod:`engine.steptime`) and the app read these from the plan instead of deriving them
+again.
+
+A plan compares by identity: :func:`resolve` returns the same object for equal scenarios
+while it holds it, so caches below it key on the plan without hashing a scenario again.
+
+>>> from engine.presets import load_gpu, load_model
+>>> from engine.specs import HardwareSpec, Scenario
+>>> two = HardwareSpec(load_gpu("rtx-4090"), gpus_per_node=2)
+>>> plan = resolve(Scenario(load_model("gpt2"), two))
+>>> (plan.mesh.dp, plan.precision.mode, plan.conventions.outputs_held)
+(2, 'amp', False)
+>>> plan is resolve(plan.given)
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from engine.precision import Precision, precision_of
+from engine.sharding import Mesh, make_mesh
+from engine.specs import Scenario
+from engine.stacks import Conventions, built, conventions
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Plan:
+    """One scenario resolved: see the module docstring."""
+
+    #: the scenario as given
+    given: Scenario
+    #: the scenario with its model as the stack builds it
+    scenario: Scenario
+    conventions: Conventions
+    precision: Precision
+    mesh: Mesh
+
+
+@lru_cache(maxsize=4096)
+def resolve(scenario: Scenario) -> Plan:
+    """The plan of ``scenario`` (raises the :class:`~engine.errors.EstimateError` of a mesh
+    that does not divide)."""
+    run = built(scenario)
+    training = run.training
+    return Plan(scenario, run, conventions(training), precision_of(training), make_mesh(run))

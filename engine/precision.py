@@ -1,0 +1,86 @@
+"""One precision value per scenario: what each class of tensor is stored, computed,
+communicated and accumulated in.
+
+The training field ``precision`` names a recipe (``fp32``, ``bf16``, ``bf16-mixed``,
+``fp16-mixed``, ``fp8-mixed``); the bytes each tensor takes under it also depend on the
+method, the sharding framework and the stack's conventions. :func:`precision_of` decides
+them once, and memory (:mod:`engine.timeline`, :mod:`engine.sharding`) and time
+(:mod:`engine.steptime`) read the result instead of testing the recipe's name.
+
+>>> from engine.specs import TrainingSpec
+>>> p = precision_of(TrainingSpec(precision="bf16-mixed"))
+>>> (p.mode, p.compute, p.master, p.gather, p.reduce)
+('amp', 2, 4, 2, 4)
+>>> precision_of(TrainingSpec(precision="bf16")).master
+2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from engine.model_state import storage_bytes
+from engine.specs import TrainingSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    """Bytes per element of each class of tensor under one scenario's recipe."""
+
+    #: the recipe's name (``TrainingSpec.precision``)
+    name: str
+    #: how the step computes: ``fp32``; pure 16-bit (``half``: also DeepSpeed, Megatron and
+    #: FSDP full sharding of mixed precision, whose modules hold 16-bit weights); or
+    #: autocast over fp32 weights (``amp``)
+    mode: str
+    #: activations and the dtype kernels compute in: 4 under fp32, else 2
+    compute: int
+    #: a trained parameter of the model and its gradient as stored: 2 under pure bf16,
+    #: else 4 (fp32 master weights)
+    master: int
+    #: the trainable and the frozen (not quantized) weights as stored, under the stack's
+    #: conventions (:func:`engine.model_state.storage_bytes`)
+    trained: int
+    frozen: int
+    #: a parameter gathered for compute (ZeRO-3 / FSDP): 4 under fp32, else 2; QLoRA's
+    #: 4-bit base is gathered as stored (1)
+    gather: int
+    #: a gradient reduced across data-parallel ranks: 2 under pure bf16, else 4
+    reduce: int
+
+
+def compute_mode(training: TrainingSpec) -> str:
+    """fp32, pure 16-bit ("half") or autocast over fp32 weights ("amp"). DeepSpeed and
+    Megatron-LM run mixed precision on 16-bit module weights (the fp32 master copy lives in
+    the optimizer), and FSDP FULL_SHARD / FSDP2 on 16-bit gathered units (the fp32 shards
+    are the master copy), so their steps compute like pure 16-bit ones."""
+    precision = training.precision
+    par = training.parallelism
+    full_shard = par.zero_stage == 3 and training.method in ("full", "freeze")
+    if precision.endswith("-mixed") and (par.framework != "pytorch" or full_shard):
+        # FSDP's MixedPrecision(param_dtype=bf16) gathers each unit in 16 bits and runs
+        # the forward on it: no autocast cache, a 16-bit residual stream (adapters of a
+        # 16-bit base keep PEFT's fp32 copies and autocast)
+        return "half"
+    return {"fp32": "fp32", "bf16": "half"}.get(precision, "amp")
+
+
+@lru_cache(maxsize=4096)
+def precision_of(training: TrainingSpec) -> Precision:
+    """The bytes of each class of tensor under ``training``."""
+    name = training.precision
+    compute = 4 if name == "fp32" else 2
+    master = 2 if name == "bf16" else 4
+    trained, frozen = storage_bytes(training)
+    gather = 1 if training.method == "qlora" else compute
+    return Precision(
+        name=name,
+        mode=compute_mode(training),
+        compute=compute,
+        master=master,
+        trained=trained,
+        frozen=frozen,
+        gather=gather,
+        reduce=master,
+    )

@@ -1,0 +1,87 @@
+"""A scenario is resolved once (engine.plan.resolve); memory, time and the app read the plan."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.errors import EstimateError
+from engine.estimate import estimate
+from engine.plan import resolve
+from engine.precision import precision_of
+from engine.specs import ParallelismSpec, TrainingSpec
+from tests.engine.helpers import preset_scenario
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+
+
+def test_equal_scenarios_resolve_to_one_plan() -> None:
+    a = preset_scenario("llama-3-8b", "h100-sxm-80gb", {"method": "lora"}, gpus_per_node=8)
+    b = preset_scenario("llama-3-8b", "h100-sxm-80gb", {"method": "lora"}, gpus_per_node=8)
+    assert a == b and a is not b
+    plan = resolve(a)
+    assert resolve(b) is plan
+    assert plan.given is a and plan.mesh.dp == 8
+    assert estimate(a).mesh == plan.mesh
+
+
+def test_the_plan_holds_the_model_as_the_stack_builds_it() -> None:
+    """LitGPT builds its own modules (fused q/k/v, no tied head); the plan carries that
+    model, and the conventions resolved for the stack."""
+    s = preset_scenario("llama-3.2-1b", "h100-sxm-80gb", {"model_implementation": "litgpt"})
+    plan = resolve(s)
+    assert plan.scenario.model.fused_qkv and not s.model.fused_qkv
+    assert plan.conventions.implementation == "litgpt"
+
+
+def test_a_mesh_that_does_not_divide_is_refused_when_resolving() -> None:
+    s = preset_scenario("llama-3-8b", "h100-sxm-80gb", {"parallelism": {"tp": 3}}, gpus_per_node=3)
+    with pytest.raises(EstimateError) as err:
+        resolve(s)
+    assert err.value.field == "training.parallelism.tp"
+
+
+@pytest.mark.parametrize(
+    ("training", "expected"),
+    [
+        # (mode, compute, master, gather, reduce)
+        (TrainingSpec(precision="fp32"), ("fp32", 4, 4, 4, 4)),
+        (TrainingSpec(precision="bf16"), ("half", 2, 2, 2, 2)),
+        (TrainingSpec(precision="bf16-mixed"), ("amp", 2, 4, 2, 4)),
+        (TrainingSpec(precision="fp16-mixed"), ("amp", 2, 4, 2, 4)),
+        (TrainingSpec(precision="fp8-mixed"), ("amp", 2, 4, 2, 4)),
+        # FSDP full sharding of mixed precision computes on 16-bit gathered units
+        (
+            TrainingSpec(precision="bf16-mixed", parallelism=ParallelismSpec(zero_stage=3)),
+            ("half", 2, 4, 2, 4),
+        ),
+        # QLoRA's 4-bit base is gathered as stored
+        (TrainingSpec(method="qlora"), ("amp", 2, 4, 1, 4)),
+    ],
+)
+def test_one_precision_value_per_recipe(
+    training: TrainingSpec, expected: tuple[object, ...]
+) -> None:
+    p = precision_of(training)
+    assert (p.mode, p.compute, p.master, p.gather, p.reduce) == expected
+
+
+def _sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in ENGINE.rglob("*.py")}
+
+
+def test_only_the_plan_builds_the_mesh() -> None:
+    """``make_mesh`` is called where the plan is resolved, and in the sharding module that
+    defines it; every other module reads ``resolve(scenario).mesh``."""
+    callers = {name for name, text in _sources().items() if "make_mesh(" in text}
+    assert callers <= {"plan.py", "sharding.py"}
+
+
+def test_no_module_decides_bytes_from_the_recipes_name() -> None:
+    """The bytes of a tensor class follow from :func:`engine.precision.precision_of`; an
+    inline ``2 if precision == "bf16" else 4`` beside it would drift."""
+    rule = re.compile(r"\b[1248] if [\w.]*precision [=!]= \"[\w-]+\" else [1248]\b")
+    found = {name for name, text in _sources().items() if rule.search(text)}
+    assert found == set()
