@@ -169,13 +169,18 @@ def _names() -> tuple[dict[str, str], re.Pattern[str] | None]:
     return names, re.compile(r"(?<![\w.])(" + alternatives + r")(?![\w.])")
 
 
-def in_user_words(message: str) -> str:
-    """The engine's ``message`` in the words of the panels: the field path it starts with
-    (``training.lora.rank: ...``) and every field it names (``num_attention_heads``,
-    ``gpus_per_node``) as their rows' labels; a field no row shows keeps its name."""
-    field, sep, rest = message.partition(": ")
-    if not sep:
-        field, rest = "", message
+def in_user_words(message: str | EstimateError) -> str:
+    """The engine's ``message`` in the words of the panels: the field it names
+    (``training.lora.rank: ...``) and every field its text names (``num_attention_heads``,
+    ``gpus_per_node``) as their rows' labels; a field no row shows keeps its name. An
+    :class:`~engine.errors.EstimateError` gives its field as it is; a text is read as
+    ``field: detail`` when it has that form."""
+    if isinstance(message, EstimateError):
+        field, rest = message.field, message.detail
+    else:
+        field, sep, rest = message.partition(": ")
+        if not sep:
+            field, rest = "", message
     names, pattern = _names()
     if pattern is not None:
         rest = pattern.sub(lambda m: names[m.group(1)], rest)
@@ -579,7 +584,10 @@ class FormPanel(QGroupBox):
         """Show the engine's message about the current scenario under the row it names."""
         if not message:
             return
-        field = message.split(": ", 1)[0]
+        refusal = self.store.refusal
+        if refusal is None or str(refusal) != message:
+            return
+        field = refusal.field
         # the last edited row explains the error only if its edit made the current scenario
         last = self._last_row if self._last_scenario is self.store.scenario else None
         if field not in self.rows and last is not None and last.path.startswith(field + "."):

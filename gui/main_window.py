@@ -752,7 +752,7 @@ class MainWindow(QMainWindow):
         engine rejects the scenario -- marked out of date with the engine's message."""
         est = self.store.estimate
         if est is None:
-            self.chart.set_stale(self.in_user_words(self.store.error))
+            self.chart.set_stale(self.in_user_words(self.store.refusal or self.store.error))
             self.table.setEnabled(False)
             self.table.setToolTip("Out of date: the current scenario has no valid estimate")
             self.summary.setText("No current estimate: the scenario is invalid")
@@ -1114,7 +1114,7 @@ class MainWindow(QMainWindow):
 
     # -- view ----------------------------------------------------------------------------
     @Slot()
-    def in_user_words(self, message: str) -> str:
+    def in_user_words(self, message: str | EstimateError) -> str:
         """The engine's ``message`` in the panels' words (:func:`gui.forms.in_user_words`):
         ``training.lora.rank: ...`` reads ``LoRA rank: ...``."""
         return in_user_words(message)

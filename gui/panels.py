@@ -549,7 +549,7 @@ class ModelPanel(FormPanel):
             scenario = dataclasses.replace(self.store.scenario, model=model)
         except EstimateError as exc:  # another section does not fit it: say which, keep ours
             self._select_current()
-            self.refused.emit(f"Could not choose {model.label}: {in_user_words(str(exc))}")
+            self.refused.emit(f"Could not choose {model.label}: {in_user_words(exc)}")
             return
         if not self.store.edit(scenario, f"Choose model {model.label}"):
             self._select_current()

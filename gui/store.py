@@ -73,7 +73,7 @@ class ScenarioStore(QObject):
     ) -> None:
         super().__init__(parent)
         self._scenario = scenario or default_scenario()
-        self._estimate, self._error = self._estimated(self._scenario)
+        self._estimate, self._error, self._refusal = self._estimated(self._scenario)
         self._path = path
         self.undo_stack = QUndoStack(self)
         self.undo_stack.cleanChanged.connect(self._clean_changed)
@@ -84,14 +84,16 @@ class ScenarioStore(QObject):
         self.undo_stack.indexChanged.connect(self._index_changed)
 
     @staticmethod
-    def _estimated(scenario: Scenario) -> tuple[Estimate | None, str]:
+    def _estimated(scenario: Scenario) -> tuple[Estimate | None, str, EstimateError | None]:
+        """The estimate, the engine's message and its refusal (which carries the field)."""
         try:
-            return estimate(scenario), ""
+            return estimate(scenario), "", None
         except EstimateError as exc:
-            return None, str(exc)
+            return None, str(exc), exc
         except Exception as exc:  # a bug in the engine: say so, report it, keep running
             sys.excepthook(type(exc), exc, exc.__traceback__)
-            return None, f"scenario: the estimate failed ({type(exc).__name__}: {exc})"
+            bug = EstimateError("scenario", f"the estimate failed ({type(exc).__name__}: {exc})")
+            return None, str(bug), bug
 
     @Slot(bool)
     def _clean_changed(self, clean: bool) -> None:
@@ -116,6 +118,12 @@ class ScenarioStore(QObject):
     def error(self) -> str:
         """The engine's message about the current scenario; ``""`` when it estimates."""
         return self._error
+
+    @property
+    def refusal(self) -> EstimateError | None:
+        """The engine's refusal of the current scenario, with the field it names; ``None``
+        when it estimates."""
+        return self._refusal
 
     @property
     def path(self) -> Path | None:
@@ -160,10 +168,11 @@ class ScenarioStore(QObject):
     def _apply(self, scenario: Scenario, force: bool = False) -> None:
         if scenario == self._scenario and not force:
             return
-        result, error = self._estimated(scenario)
+        result, error, refusal = self._estimated(scenario)
         old_estimate, old_error = self._estimate, self._error
         # every reader sees the new state, whichever signal reaches it first
         self._scenario, self._estimate, self._error = scenario, result, error
+        self._refusal = refusal
         self.scenarioChanged.emit(scenario)
         if error != old_error:
             self.errorChanged.emit(error)

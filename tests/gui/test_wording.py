@@ -42,3 +42,23 @@ def test_the_stale_banner_and_the_field_error_use_the_labels(window: MainWindow)
     text = row.error.text()
     assert text and "num_attention_heads" not in text
     assert panel.rows["model.num_attention_heads"].label.rstrip(":") in text
+
+
+def test_a_refusal_gives_its_field_without_reading_it_back_from_the_text(
+    window: MainWindow,
+) -> None:
+    """The store keeps the engine's refusal with its field; the panels name the field from
+    it, so a field whose detail holds ``": "`` or a field path no row shows is named as the
+    engine gave it (nothing parses the message back into a field)."""
+    from engine.errors import EstimateError
+
+    window.store.reset(bad_mesh())
+    refusal = window.store.refusal
+    assert refusal is not None and refusal.field == "training.parallelism"
+    assert str(refusal) == window.store.error
+    rank = window.training_panel.rows["training.lora.rank"].label.rstrip(":")
+    said = in_user_words(EstimateError("training.lora.rank", "got 0: expected 1 to 4096"))
+    assert said == f"{rank}: got 0: expected 1 to 4096"
+    # the engine's detail may itself look like "field: text"; it stays the detail
+    said = in_user_words(EstimateError("model", "model.hidden_size: is odd"))
+    assert said.startswith("Model: ")
