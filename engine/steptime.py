@@ -989,239 +989,257 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     return blk
 
 
+#: the terms every micro-batch pays on the busiest stage: (name, bound, the stage block's
+#: key, how it is computed); ``{mode}`` is the checkpointing mode
+_PER_MICRO_BATCH = (
+    ("forward matmuls and attention", "compute", "forward", "per-GEMM roofline x micro-batches"),
+    (
+        "backward matmuls and attention",
+        "compute",
+        "backward",
+        "input and weight gradients, FlashAttention backward 2.5x",
+    ),
+    ("recomputation", "compute", "recompute", "{mode} checkpointing re-runs the forward"),
+    (
+        "elementwise ops (norms, activations, loss)",
+        "memory_bandwidth",
+        "elementwise",
+        "bytes moved / bandwidth",
+    ),
+    (
+        "tensor-parallel all-reduces",
+        "communication",
+        "tp",
+        "4 per layer per micro-batch, 2 (n-1)/n b s h",
+    ),
+    ("expert-parallel all-to-all", "communication", "ep", "4 per MoE layer per micro-batch"),
+    (
+        "context-parallel ring (exposed)",
+        "communication",
+        "cp",
+        "K/V ring beyond the attention it hides behind",
+    ),
+    (
+        "pipeline sends",
+        "communication",
+        "pp",
+        "activation and gradient per micro-batch per boundary",
+    ),
+)
+
+
+class _Terms:
+    """The step's terms in the order they are added, and the seconds of each bound."""
+
+    def __init__(self) -> None:
+        self.terms: list[Term] = []
+        self.kinds = dict.fromkeys(BOUNDS, 0.0)
+
+    def add(self, name: str, kind: str, seconds: float, busy: float, formula: str) -> None:
+        if busy > 0 or seconds > 0:
+            self.terms.append(Term(name, kind, seconds, busy, formula))
+            self.kinds[kind] += seconds
+
+
 def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None) -> StepTime:
     """The step of ``plan`` at micro-batch ``b``, sequence length ``s`` and ``micro``
     micro-batches per step."""
-    scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
-    model, training, hw = scenario.model, scenario.training, scenario.hardware
-    par = training.parallelism
-    dt = _act_bytes(training)
-    h = model.hidden_size
-    recompute_share = plan.recompute_share
-    mode = training.activation_checkpointing
-    dp_ring, shard_ring, rep_ring = plan.dp_ring, plan.shard_ring, plan.rep_ring
-    trainable_rank, params_rank = plan.trainable_rank, plan.params_rank
-    g_bytes, gather_bytes = plan.g_bytes, plan.gather_bytes
+    scenario, mesh = plan.scenario, plan.mesh
+    training = scenario.training
     blk = _stage_block(plan, b, s)
-    busiest, mb_compute, mb_time, tokens = blk.busiest, blk.mb_compute, blk.mb_time, blk.tokens
-
-    terms: list[Term] = []
-    kinds = dict.fromkeys(BOUNDS, 0.0)
-
-    def add(name: str, kind: str, seconds: float, busy: float, formula: str) -> None:
-        if busy > 0 or seconds > 0:
-            terms.append(Term(name, kind, seconds, busy, formula))
-            kinds[kind] += seconds
-
-    add(
-        "forward matmuls and attention",
-        "compute",
-        micro * busiest["forward"],
-        micro * busiest["forward"],
-        "per-GEMM roofline x micro-batches",
-    )
-    add(
-        "backward matmuls and attention",
-        "compute",
-        micro * busiest["backward"],
-        micro * busiest["backward"],
-        "input and weight gradients, FlashAttention backward 2.5x",
-    )
-    add(
-        "recomputation",
-        "compute",
-        micro * busiest["recompute"],
-        micro * busiest["recompute"],
-        f"{mode} checkpointing re-runs the forward",
-    )
-    add(
-        "elementwise ops (norms, activations, loss)",
-        "memory_bandwidth",
-        micro * busiest["elementwise"],
-        micro * busiest["elementwise"],
-        "bytes moved / bandwidth",
-    )
-    add(
-        "tensor-parallel all-reduces",
-        "communication",
-        micro * busiest["tp"],
-        micro * busiest["tp"],
-        "4 per layer per micro-batch, 2 (n-1)/n b s h",
-    )
-    add(
-        "expert-parallel all-to-all",
-        "communication",
-        micro * busiest["ep"],
-        micro * busiest["ep"],
-        "4 per MoE layer per micro-batch",
-    )
-    add(
-        "context-parallel ring (exposed)",
-        "communication",
-        micro * busiest["cp"],
-        micro * busiest["cp"],
-        "K/V ring beyond the attention it hides behind",
-    )
-    add(
-        "pipeline sends",
-        "communication",
-        micro * busiest["pp"],
-        micro * busiest["pp"],
-        "activation and gradient per micro-batch per boundary",
-    )
-
+    busiest = blk.busiest
+    out = _Terms()
+    mode = training.activation_checkpointing
+    for name, kind, key, formula in _PER_MICRO_BATCH:
+        seconds = micro * busiest[key]
+        out.add(name, kind, seconds, seconds, formula.format(mode=mode))
     # the pipeline bubble: (pp - 1) / vpp micro-batch times of the slowest stage
     if mesh.pp > 1:
-        factor = {"zero-bubble": 1 / 3}.get(par.pp_schedule, 1.0)
-        bubble = factor * (mesh.pp - 1) / mesh.vpp * mb_time
-        add(
+        factor = {"zero-bubble": 1 / 3}.get(training.parallelism.pp_schedule, 1.0)
+        bubble = factor * (mesh.pp - 1) / mesh.vpp * blk.mb_time
+        out.add(
             "pipeline bubble",
             "pipeline_bubble",
             bubble,
             bubble,
             f"(pp - 1) / vpp = {(mesh.pp - 1) / mesh.vpp:g} micro-batch times",
         )
+    waiting = _data_parallel(plan, busiest, micro, out)
+    _optimizer(plan, busiest, out)
+    _accumulation(plan, micro, out)
+    _host_transfers(plan, blk, micro, waiting, out)
+    return _summary(plan, blk, out, b * s * micro * mesh.dp, micro, token_budget)
 
-    # data parallel: gradients reduced, parameters gathered
+
+def _data_parallel(plan: _Plan, busiest: dict[str, float], micro: int, out: _Terms) -> float:
+    """Gradients reduced and parameters gathered across data-parallel ranks; returns the
+    exposed ZeRO-3 gathers of one micro-batch (the step waits on them)."""
+    mesh, par = plan.mesh, plan.scenario.training.parallelism
+    shard_ring, rep_ring = plan.shard_ring, plan.rep_ring
+    trainable_rank = plan.trainable_rank
     overlap = OVERLAP[par.framework]
-    grad_bytes = trainable_rank * g_bytes
+    grad_bytes = trainable_rank * plan.g_bytes
     last_bwd = busiest["backward"] + busiest["recompute"]
     zero = par.zero_stage
     waiting = 0.0  # per micro-batch: the exposed gathers, when the step waits on them
-    if mesh.dp > 1 and trainable_rank:
-        if zero == 3:
-            # every micro-batch gathers the parameters twice and reduce-scatters gradients
-            # FSDP's unit is a layer: one collective per layer and pass
-            n_units = max(1.0, busiest["n"])
-            ag = n_units * shard_ring.gather(params_rank * gather_bytes / n_units)
-            rs = n_units * shard_ring.gather(grad_bytes / n_units)
-            fwd_c = busiest["forward"] + busiest["elementwise"] / 2
-            bwd_c = busiest["backward"] + busiest["recompute"] + busiest["elementwise"] / 2
-            exposed = _overlapped(ag, fwd_c) + _overlapped(ag + rs, bwd_c) + (ag + rs) / n_units
-            waiting = exposed
-            add(
-                "ZeRO-3 / FSDP gathers and reduce-scatters",
+    if mesh.dp <= 1 or not trainable_rank:
+        return waiting
+    if zero == 3:
+        # every micro-batch gathers the parameters twice and reduce-scatters gradients
+        # FSDP's unit is a layer: one collective per layer and pass
+        n_units = max(1.0, busiest["n"])
+        ag = n_units * shard_ring.gather(plan.params_rank * plan.gather_bytes / n_units)
+        rs = n_units * shard_ring.gather(grad_bytes / n_units)
+        fwd_c = busiest["forward"] + busiest["elementwise"] / 2
+        bwd_c = busiest["backward"] + busiest["recompute"] + busiest["elementwise"] / 2
+        exposed = _overlapped(ag, fwd_c) + _overlapped(ag + rs, bwd_c) + (ag + rs) / n_units
+        waiting = exposed
+        out.add(
+            "ZeRO-3 / FSDP gathers and reduce-scatters",
+            "communication",
+            micro * exposed,
+            micro * (2 * ag + rs),
+            "all-gather forward and backward, reduce-scatter, prefetched",
+        )
+    else:
+        per_mb = zero == 2  # ZeRO-2 reduce-scatters every micro-batch
+        reduce = shard_ring.gather(grad_bytes) if zero >= 1 else plan.dp_ring.all_reduce(grad_bytes)
+        hide = last_bwd if overlap["grad_reduce"] else 0.0
+        times = micro if per_mb else 1
+        exposed = times * _overlapped(reduce, hide)
+        out.add(
+            "gradient reduction",
+            "communication",
+            exposed,
+            times * reduce,
+            "all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2) of the gradients",
+        )
+        if zero >= 1:
+            gather = shard_ring.gather(trainable_rank * plan.gather_bytes)
+            hide = busiest["forward"] if overlap["param_gather"] else 0.0
+            out.add(
+                "parameter all-gather after the step",
                 "communication",
-                micro * exposed,
-                micro * (2 * ag + rs),
-                "all-gather forward and backward, reduce-scatter, prefetched",
+                _overlapped(gather, hide),
+                gather,
+                "(n-1)/n of the updated 16-bit parameters",
             )
-        else:
-            per_mb = zero == 2  # ZeRO-2 reduce-scatters every micro-batch
-            reduce = shard_ring.gather(grad_bytes) if zero >= 1 else dp_ring.all_reduce(grad_bytes)
-            hide = last_bwd if overlap["grad_reduce"] else 0.0
-            times = micro if per_mb else 1
-            exposed = times * _overlapped(reduce, hide)
-            add(
-                "gradient reduction",
-                "communication",
-                exposed,
-                times * reduce,
-                "all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2) of the gradients",
-            )
-            if zero >= 1:
-                gather = shard_ring.gather(trainable_rank * gather_bytes)
-                hide = busiest["forward"] if overlap["param_gather"] else 0.0
-                add(
-                    "parameter all-gather after the step",
-                    "communication",
-                    _overlapped(gather, hide),
-                    gather,
-                    "(n-1)/n of the updated 16-bit parameters",
-                )
-        if rep_ring is not None:
-            rep = rep_ring.all_reduce(grad_bytes / mesh.shard)
-            add(
-                "gradient all-reduce across nodes (hybrid shard)",
-                "communication",
-                _overlapped(rep, last_bwd),
-                rep,
-                "replicas of each shard",
-            )
+    if rep_ring is not None:
+        rep = rep_ring.all_reduce(grad_bytes / mesh.shard)
+        out.add(
+            "gradient all-reduce across nodes (hybrid shard)",
+            "communication",
+            _overlapped(rep, last_bwd),
+            rep,
+            "replicas of each shard",
+        )
+    return waiting
 
-    # the optimizer step: bytes of parameters, gradients and states per trainable element
-    opt_share = mesh.shard if zero >= 1 else 1
-    opt_params = trainable_rank / opt_share
-    if opt_params and plan.opt_bytes:
-        per = plan.opt_bytes
-        if training.offload.optimizer != "none":
-            host_bw = (
-                HOST_OPTIMIZER_GB_S if training.offload.optimizer == "cpu" else NVME_GB_S
-            ) * 1e9
-            cpu = opt_params * hw.gpus_per_node * per / host_bw
-            d2h = trainable_rank / opt_share * 2 / dev.host
-            h2d = trainable_rank / opt_share * 2 / dev.host
-            add(
-                "optimizer step on the host",
-                "host_transfer",
-                cpu,
-                cpu,
-                "bytes per element / host memory bandwidth, all GPUs of a node",
-            )
-            add(
-                "gradients to the host",
-                "host_transfer",
-                max(0.0, d2h - last_bwd),
-                d2h,
-                "16-bit gradients over the host link, during backward",
-            )
-            add(
-                "parameters back to the GPU",
-                "host_transfer",
-                h2d,
-                h2d,
-                "16-bit parameters over the host link",
-            )
-        else:
-            opt_t = max(opt_params * per / dev.bandwidth, KERNEL_S * 8)
-            add(
-                "optimizer step",
-                "memory_bandwidth",
-                opt_t,
-                opt_t,
-                f"{per:g} bytes per trainable element / bandwidth",
-            )
-    # accumulation: autograd adds each micro-batch's gradients into .grad (into the shard
-    # under ZeRO-2/3, which reduce-scatter every micro-batch); Megatron's fused weight
-    # gradient GEMM accumulates into main_grad itself
-    if micro > 1 and trainable_rank and par.framework != "megatron":
-        held = trainable_rank / (mesh.shard if zero >= 2 else 1)
-        acc = (micro - 1) * 3 * held * g_bytes / dev.bandwidth
-        add(
+
+def _optimizer(plan: _Plan, busiest: dict[str, float], out: _Terms) -> None:
+    """The optimizer step: bytes of parameters, gradients and states per trainable
+    element, on the GPU or on the host."""
+    mesh, dev = plan.mesh, plan.dev
+    training, hw = plan.scenario.training, plan.scenario.hardware
+    opt_share = mesh.shard if training.parallelism.zero_stage >= 1 else 1
+    opt_params = plan.trainable_rank / opt_share
+    if not (opt_params and plan.opt_bytes):
+        return
+    per = plan.opt_bytes
+    if training.offload.optimizer == "none":
+        opt_t = max(opt_params * per / dev.bandwidth, KERNEL_S * 8)
+        out.add(
+            "optimizer step",
+            "memory_bandwidth",
+            opt_t,
+            opt_t,
+            f"{per:g} bytes per trainable element / bandwidth",
+        )
+        return
+    last_bwd = busiest["backward"] + busiest["recompute"]
+    host_bw = (HOST_OPTIMIZER_GB_S if training.offload.optimizer == "cpu" else NVME_GB_S) * 1e9
+    cpu = opt_params * hw.gpus_per_node * per / host_bw
+    d2h = plan.trainable_rank / opt_share * 2 / dev.host
+    h2d = plan.trainable_rank / opt_share * 2 / dev.host
+    out.add(
+        "optimizer step on the host",
+        "host_transfer",
+        cpu,
+        cpu,
+        "bytes per element / host memory bandwidth, all GPUs of a node",
+    )
+    out.add(
+        "gradients to the host",
+        "host_transfer",
+        max(0.0, d2h - last_bwd),
+        d2h,
+        "16-bit gradients over the host link, during backward",
+    )
+    out.add(
+        "parameters back to the GPU",
+        "host_transfer",
+        h2d,
+        h2d,
+        "16-bit parameters over the host link",
+    )
+
+
+def _accumulation(plan: _Plan, micro: int, out: _Terms) -> None:
+    """Autograd adds each micro-batch's gradients into ``.grad`` (into the shard under
+    ZeRO-2/3, which reduce-scatter every micro-batch); Megatron's fused weight gradient
+    GEMM accumulates into ``main_grad`` itself."""
+    par = plan.scenario.training.parallelism
+    if micro > 1 and plan.trainable_rank and par.framework != "megatron":
+        held = plan.trainable_rank / (plan.mesh.shard if par.zero_stage >= 2 else 1)
+        acc = (micro - 1) * 3 * held * plan.g_bytes / plan.dev.bandwidth
+        out.add(
             "gradient accumulation",
             "memory_bandwidth",
             acc,
             acc,
             "read, add and write the gradients per extra micro-batch",
         )
+
+
+def _host_transfers(plan: _Plan, blk: _Block, micro: int, waiting: float, out: _Terms) -> None:
+    """Offloaded parameters fetched from the host, checkpointed inputs sent there and back."""
+    training, hw, dev = plan.scenario.training, plan.scenario.hardware, plan.dev
+    busiest = blk.busiest
     if training.offload.parameters != "none":
         bw = (
             dev.host if training.offload.parameters == "cpu" else NVME_GB_S * 1e9 / hw.gpus_per_node
         )
-        fetch = 2 * params_rank / mesh.shard * gather_bytes / bw
+        fetch = 2 * plan.params_rank / plan.mesh.shard * plan.gather_bytes / bw
         # each layer's shard comes over the host link, then is gathered, then computed: a
         # pipeline whose copies hide behind the compute and behind the waits for the
         # gathers, once -- not behind the compute a second time
         hide = busiest["forward"] + busiest["backward"] + waiting
-        add(
+        out.add(
             "parameters from the host",
             "host_transfer",
             micro * max(0.0, fetch - hide),
             micro * fetch,
             "the rank's shard, forward and backward",
         )
-    if training.offload.activations == "cpu" and recompute_share:
-        moved = 2 * busiest["n"] * recompute_share * tokens * h * dt / dev.host
-        add(
+    if training.offload.activations == "cpu" and plan.recompute_share:
+        h, dt = plan.scenario.model.hidden_size, _act_bytes(training)
+        moved = 2 * busiest["n"] * plan.recompute_share * blk.tokens * h * dt / dev.host
+        out.add(
             "checkpointed inputs to and from the host",
             "host_transfer",
-            micro * max(0.0, moved - mb_compute),
+            micro * max(0.0, moved - blk.mb_compute),
             micro * moved,
             "b s h per checkpointed layer, out and back",
         )
 
+
+def _summary(
+    plan: _Plan, blk: _Block, out: _Terms, tokens_step: int, micro: int, token_budget: int | None
+) -> StepTime:
+    """The step's time, rates and cost from its terms."""
+    mesh, dev, hw = plan.mesh, plan.dev, plan.scenario.hardware
+    terms, kinds = out.terms, out.kinds
     step = sum(t.seconds for t in terms)
-    tokens_step = b * s * micro * mesh.dp
     world = mesh.world
     model_flops = blk.flops_mb * micro * mesh.dp
     hardware_flops = blk.hw_mb * micro * mesh.dp
