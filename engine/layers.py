@@ -992,6 +992,15 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
 LITGPT_HEAD_CHUNK = 128
 
 
+def upcasts_logits(m: ModelSpec, loss: str) -> bool:
+    """Whether the loss copies the logits to fp32 before ``log_softmax`` (``.float()``:
+    transformers' ``ForCausalLMLoss`` and torchtune's chunks; a copy only where the logits
+    are 16-bit). BERT's masked-LM loss and ``no-upcast`` read them as they are; a fused
+    loss (``chunked``) never materializes them. Memory (:func:`head_and_loss`) and time
+    (:mod:`engine.steptime`) both ask here."""
+    return loss in ("standard", "chunked-output") and m.architecture == "decoder"
+
+
 def head_and_loss(
     m: ModelSpec, ctx: Ctx, x_grad: bool, chunked: bool, logits_only: bool = False
 ) -> tuple[Block, str]:
@@ -1079,7 +1088,7 @@ def head_and_loss(
         # does not: under autocast, log_softmax (on the fp32 list with an output dtype)
         # reads the 16-bit logits and writes fp32 without a copy of its input; in pure
         # bf16 it stays bf16
-        upcast = net.cast(logits, F32) if m.architecture == "decoder" else logits
+        upcast = net.cast(logits, F32) if upcasts_logits(m, ctx.loss) else logits
     logp = net.unary("log_softmax", upcast, save_out=True, dtype=fp32_out or net.dtype[upcast])
     loss = net.unary("nll_loss", logp, elems=1)
     if ctx.outputs_held:  # the model output holds the logits until it is dropped

@@ -61,7 +61,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import NamedTuple
 
-from engine.layers import attention_kernel
+from engine.layers import attention_kernel, upcasts_logits
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.plan import resolve
@@ -292,6 +292,7 @@ class _Layer:
     elementwise_fwd: float
     elementwise_bwd: float
     dequant: float  # QLoRA: one dequantization of the layer's 4-bit base weights
+    cast_elems: float  # frozen fp32 weights autocast casts to 16 bits in one forward
     flops_fwd: float  # model FLOPs, forward (matmuls and attention core)
     flops_bwd: float
     attn_flops_fwd: float  # the attention core's share of flops_fwd
@@ -343,6 +344,10 @@ class _Work:
     cp: int
     ep: int
     compute: int  # bytes of the compute dtype (engine.precision)
+    #: PEFT's dropout on each adapter's input (0: none)
+    lora_dropout: float = 0.0
+    #: autocast casts the frozen weights, stored in fp32, to 16 bits in every forward
+    frozen_cast: bool = False
 
 
 def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
@@ -362,7 +367,16 @@ def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
         mesh.cp,
         mesh.ep,
         precision_of(training).compute,
+        training.lora.dropout if training.method in ("lora", "qlora") else 0.0,
+        _frozen_cast(training),
     )
+
+
+def _frozen_cast(training: TrainingSpec) -> bool:
+    """Autocast re-casts frozen weights kept in fp32 (Lightning's bf16-mixed, a frozen dtype
+    of fp32) to 16 bits at every use in the forward, as it does the trainable ones."""
+    prec = precision_of(training)
+    return prec.mode == "amp" and prec.frozen == 4 and training.method != "full"
 
 
 @lru_cache(maxsize=8192)
@@ -379,6 +393,8 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     mm_f = mm_b = 0.0
     fl_f = fl_b = 0.0
     dequant_elems = 0.0
+    cast_elems = 0.0  # frozen fp32 weights autocast casts (engine.layers: Net.cast)
+    drop_tok = 0.0  # elements per token PEFT's adapter dropouts read (engine.layers: Net.dropout)
     f_tok = 0.0  # intermediate (MLP activation) elements per token
     for g in _layer_groups(model, moe):
         if not g.matrix:
@@ -414,12 +430,16 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
         fl_b += flops * (2 if train_w else 1)
         if work.method == "qlora" and g.component != "router":
             dequant_elems += k * n * count
+        elif work.frozen_cast and not train_w:
+            cast_elems += k * n * count
         if lora and g.linear in roles:
             a_f = _gemm(m_rows, k, r, dt, dev, count) + _gemm(m_rows, r, n, dt, dev, count)
             mm_f += a_f
             mm_b += 2 * a_f
             fl_f += 2 * m_rows * r * (k + n) * count
             fl_b += 4 * m_rows * r * (k + n) * count
+            if work.lora_dropout > 0:
+                drop_tok += k * count * m_rows / tokens
     # the attention core: per query, keys up to the causal limit or the window
     heads = model.num_attention_heads / tp
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
@@ -482,6 +502,10 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
         # permute to the experts and back, forward and backward
         e_f += 2 * 2 * topk * h
         e_b += 2 * 2 * topk * h
+    # PEFT's dropout on each adapter's input: read x, write the output and a 1-byte mask;
+    # backward reads the gradient and writes it masked (as the hidden dropouts above)
+    e_f += 2.5 * drop_tok
+    e_b += 2 * drop_tok
     n_kernels = 8 + 2 * norms
     ew_f = max(e_f * tokens * dt / dev.bandwidth, n_kernels * KERNEL_S)
     ew_b = max(e_b * tokens * dt / dev.bandwidth, 2 * n_kernels * KERNEL_S)
@@ -496,6 +520,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
         elementwise_fwd=ew_f,
         elementwise_bwd=ew_b,
         dequant=dequant,
+        cast_elems=cast_elems,
         flops_fwd=fl_f + model_attn,
         flops_bwd=fl_b + 2 * model_attn,
         attn_flops_fwd=attn_flops,
@@ -827,7 +852,8 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
 
 _FIELDS = (
     "matmul_fwd", "matmul_bwd", "attn_fwd", "attn_bwd", "elementwise_fwd",
-    "elementwise_bwd", "dequant", "flops_fwd", "flops_bwd", "attn_flops_fwd", "cp_bytes",
+    "elementwise_bwd", "dequant", "cast_elems", "flops_fwd", "flops_bwd", "attn_flops_fwd",
+    "cp_bytes",
 )  # fmt: skip
 
 
@@ -853,6 +879,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         mesh, b, s, training.method, training.lora, training.freeze, training.precision,
         training.attention, training.loss, par.sequence_parallel, par.expert_capacity_factor,
         plan.per_rank, plan.recompute_share, plan.selective, plan.amp, plan.trainable_rank,
+        _frozen_cast(training),
     )  # fmt: skip
     blocks = plan.blocks
     found = blocks.get(key)
@@ -863,6 +890,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     dt = _act_bytes(training)
     h = model.hidden_size
     recompute_share, selective, head_train = plan.recompute_share, plan.selective, plan.head_train
+    frozen_head_cast = not head_train and _frozen_cast(training)
     tp_ring, cp_ring, ep_ring, pp_ring = plan.tp_ring, plan.cp_ring, plan.ep_ring, plan.pp_ring
     trainable_rank = plan.trainable_rank
     work = _work(training, mesh, b, s)
@@ -876,7 +904,10 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     head_flops = 2 * tokens * h * v_local
     head_fwd = _gemm(tokens, h, v_local, dt, dev)
     head_bwd = head_fwd * (2 if head_train else 1)
-    loss_bytes = (8 if training.loss == "chunked" else 28) * tokens * v_local
+    # per logit, forward and backward: 28 bytes with the loss's fp32 copy of 16-bit logits
+    # (read 2 + write 4 each way), 16 without it, 8 for a fused loss that never writes them
+    copy = upcasts_logits(model, training.loss) and dt == 2
+    loss_bytes = (8 if training.loss == "chunked" else 28 if copy else 16) * tokens * v_local
     loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
     embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
 
@@ -915,6 +946,10 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)
         if plan.amp:
             ew += 6 * trainable_rank / dev.bandwidth * (1 + recompute_share)
+        # and the frozen ones it finds stored in fp32 (the LM head with them, when frozen)
+        cast = lt["cast_elems"] + (v_local * h if last and frozen_head_cast else 0.0)
+        if cast:
+            ew += 6 * cast / dev.bandwidth * (1 + recompute_share)
         # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter) forward, 2 backward
         tp_t = 0.0
         if mesh.tp > 1:

@@ -12,7 +12,14 @@ from engine.estimate import estimate
 from engine.params import count_parameters, model_tensors
 from engine.presets import load_gpu, load_model
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
+from engine.specs import (
+    HardwareSpec,
+    LoraSpec,
+    OffloadSpec,
+    ParallelismSpec,
+    Scenario,
+    TrainingSpec,
+)
 from engine.steptime import BOUNDS, step_time
 
 
@@ -277,3 +284,40 @@ def test_every_training_field_but_the_shape_keys_the_plan() -> None:
         changed = dataclasses.replace(base)
         object.__setattr__(changed, name, object())  # a value no real field holds
         assert (plan_key(changed) != plan_key(base)) == (name not in SHAPE_FIELDS), name
+
+
+def _activations(s: Scenario) -> int:
+    return sum(i.bytes for i in estimate(s).items if i.category == "activations")
+
+
+@pytest.mark.parametrize(
+    ("what", "base", "changed", "direction"),
+    [
+        ("eager attention", {}, {"attention": "eager"}, 1),
+        # recomputation trades time for memory
+        ("selective recomputation", {"attention": "eager"},
+         {"attention": "eager", "activation_checkpointing": "selective"}, -1),
+        ("PEFT's adapter dropout", {"method": "lora"},
+         {"method": "lora", "lora": LoraSpec(dropout=0.1)}, 1),
+        ("frozen weights kept in fp32 under autocast", {"method": "lora"},
+         {"method": "lora", "frozen_weights_dtype": "fp32"}, 1),
+        ("a loss without the fp32 copy of the logits", {"method": "lora"},
+         {"method": "lora", "loss": "no-upcast"}, 1),
+        ("a fused loss", {"method": "lora"}, {"method": "lora", "loss": "chunked"}, 1),
+    ],
+)  # fmt: skip
+def test_an_op_that_changes_memory_changes_time(
+    what: str, base: dict[str, object], changed: dict[str, object], direction: int
+) -> None:
+    """The copies of the step drift when an op reaches the memory walk but not the step
+    time (Falcon's math fallback cost 7x the activations at the same time): each op a
+    setting adds or removes changes both; the traffic an op moves raises both, recomputing
+    lowers memory and raises time."""
+    a = scenario(micro_batch_size=8, **base)
+    b = scenario(micro_batch_size=8, **changed)
+    mem_a, mem_b = _activations(a), _activations(b)
+    time_a, time_b = step_time(a).step_time_s, step_time(b).step_time_s
+    assert mem_a != mem_b, what
+    assert time_a != time_b, what
+    slower = time_b > time_a if direction > 0 else time_b < time_a
+    assert (mem_b > mem_a) == slower, what
