@@ -204,9 +204,9 @@ def test_the_release_outputs_whatif_follows_the_held_convention() -> None:
 
     release = WHATIFS_BY_KEY["release-outputs"]
     trainer = scenario_from_dict(scenario())
-    assert "already releases" in (release.unavailable(trainer) or "")
+    assert "already releases" in (release.why_not(trainer) or "")
     loop = scenario_from_dict(scenario(stack="accelerate-loop"))
-    assert release.unavailable(loop) is None
+    assert release.why_not(loop) is None
     current = estimate(loop)
     result = assess(loop, current, "release-outputs")
     assert not isinstance(result, str)
@@ -339,10 +339,10 @@ def test_freeing_the_previous_step_is_offered_where_the_loop_carries_it() -> Non
 
     free = WHATIFS_BY_KEY["release-previous-step"]
     trainer = scenario_from_dict(scenario(method="qlora", precision="bf16"))
-    assert "already frees" in (free.unavailable(trainer) or "")
+    assert "already frees" in (free.why_not(trainer) or "")
     assert CHANGES_BY_KEY["release-previous-step"].apply(trainer) is None
     lit = scenario_from_dict(scenario(method="qlora", precision="bf16", stack="lightning"))
-    assert free.unavailable(lit) is None
+    assert free.why_not(lit) is None
     result = assess(lit, estimate(lit), "release-previous-step")
     assert not isinstance(result, str)
     assert result.saved_bytes > 0 and result.compute_factor == 1.0
