@@ -18,6 +18,8 @@ A map of the package (no module here imports Qt):
 * :mod:`engine.params` -- every parameter tensor, exact counts by component;
 * :mod:`engine.model_state` -- weights, gradients and optimizer states per tensor;
 * :mod:`engine.estimate` -- ``estimate(scenario) -> Estimate``;
+* :mod:`engine.changes` -- the changes a user can make to a scenario, each with its one
+  rule for when it applies: what the what-ifs, make-it-fit, the remedies and the sweep offer;
 * :mod:`engine.scenario_io` -- ``*.memfit.json`` files: strict load, atomic save;
 * :mod:`engine.cli` -- the ``memfit`` command line.
 

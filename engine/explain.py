@@ -25,14 +25,13 @@ True
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
+from engine import changes
+from engine.changes import Change
 from engine.estimate import Estimate
-from engine.specs import Scenario, TrainingSpec
-from engine.stacks import conventions
 from engine.timeline import SOURCE_KINDS, Source
-from engine.whatif import WHATIFS_BY_KEY, WhatIf, assess_change
+from engine.whatif import assess_change
 
 #: what each kind of source is, in a few words, for a group's title
 TITLES = {
@@ -50,51 +49,17 @@ TITLES = {
 assert set(TITLES) == set(SOURCE_KINDS)
 
 
-def _chunked_loss(s: Scenario) -> TrainingSpec | str:
-    t = s.training
-    if t.loss == "chunked":
-        return "the loss is already chunked"
-    return dataclasses.replace(t, loss="chunked")
-
-
-def _offload_inputs(s: Scenario) -> TrainingSpec | str:
-    t = s.training
-    if t.offload.activations == "cpu":
-        return "the checkpointed inputs already wait in host memory"
-    return dataclasses.replace(t, offload=dataclasses.replace(t.offload, activations="cpu"))
-
-
-def _no_cache(s: Scenario) -> TrainingSpec | str:
-    t = s.training
-    if not conventions(t).kv_cache:
-        return "the model output keeps no KV cache"
-    return dataclasses.replace(t, kv_cache_in_outputs=False)
-
-
-#: the change that removes each kind of source, where a user can make one
-REMEDIES: dict[str, WhatIf] = {
-    "logits": WhatIf(
-        "chunked-loss",
-        "a chunked loss (fused linear cross-entropy: Liger, Unsloth)",
-        _chunked_loss,
-        "the LM head and the loss run a chunk of rows at a time",
-    ),
-    "saved": WHATIFS_BY_KEY["checkpointing"],
-    "checkpointed": WhatIf(
-        "offload-activations",
-        "checkpointed inputs offloaded to host memory",
-        _offload_inputs,
-        "each checkpointed input crosses the host link twice",
-    ),
-    "kv-cache": WhatIf(
-        "no-kv-cache",
-        "no KV cache in the model output (use_cache=False)",
-        _no_cache,
-        "no compute change: the keys and values are not returned",
-    ),
-    "working": WHATIFS_BY_KEY["flash-attention"],
-    "previous": WHATIFS_BY_KEY["release-previous-step"],
+#: the change that removes each kind of source, where a user can make one: ids of the
+#: registry (:mod:`engine.changes`)
+REMEDY_IDS = {
+    "logits": "chunked-loss",
+    "saved": "checkpointing",
+    "checkpointed": "offload-activations",
+    "kv-cache": "no-kv-cache",
+    "working": "flash-attention",
+    "previous": "release-previous-step",
 }
+REMEDIES: dict[str, Change] = {kind: changes.BY_ID[i] for kind, i in REMEDY_IDS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +95,13 @@ def activation_sources(est: Estimate) -> tuple[Source, ...]:
 def remedy(est: Estimate, kind: str) -> Remedy | None:
     """The change that removes sources of ``kind``, estimated on ``est``'s scenario;
     ``None`` when there is none, it does not apply, or the changed scenario is rejected."""
-    whatif = REMEDIES.get(kind)
-    if whatif is None:
+    change = REMEDIES.get(kind)
+    if change is None:
         return None
-    result = assess_change(est.scenario, est, whatif)
+    result = assess_change(est.scenario, est, change)
     if isinstance(result, str):  # it does not apply, or the engine rejects the change
         return None
-    return Remedy(whatif.label, result.saved_bytes, result.compute_note)
+    return Remedy(change.label, result.saved_bytes, result.compute_note)
 
 
 def explained(est: Estimate, remedies: bool = True) -> tuple[SourceGroup, ...]:

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from engine import changes
 from engine.batch import totals
+from engine.changes import Change, with_training
 from engine.errors import EstimateError
 from engine.presets import load_gpu
-from engine.sharding import nothing_to_shard
 from engine.specs import MAX_DIM, HardwareSpec, Scenario
-from engine.stacks import conventions
 from engine.steptime import StepTime, step_time
 
 #: the largest world size :func:`min_gpus` tries
@@ -43,13 +43,6 @@ def fits(scenario: Scenario) -> bool:
     except EstimateError:
         return False
     return t.device_bytes <= t.budget_bytes
-
-
-def _with(scenario: Scenario, **fields: object) -> Scenario:
-    return dataclasses.replace(
-        scenario,
-        training=dataclasses.replace(scenario.training, **fields),  # type: ignore[arg-type]
-    )
 
 
 def largest(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
@@ -78,7 +71,7 @@ def largest(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
 
 def max_micro_batch(scenario: Scenario, limit: int = 65_536) -> int | None:
     """The largest micro-batch size that fits (gradient accumulation unchanged)."""
-    return largest(lambda b: fits(_with(scenario, micro_batch_size=b)), 1, limit)
+    return largest(lambda b: fits(with_training(scenario, micro_batch_size=b)), 1, limit)
 
 
 def sequence_step(scenario: Scenario) -> int:
@@ -91,7 +84,9 @@ def sequence_step(scenario: Scenario) -> int:
 def max_sequence_length(scenario: Scenario, limit: int = MAX_DIM) -> int | None:
     """The largest sequence length (a multiple of :func:`sequence_step`) that fits."""
     step = sequence_step(scenario)
-    n = largest(lambda k: fits(_with(scenario, sequence_length=k * step)), 1, max(1, limit // step))
+    n = largest(
+        lambda k: fits(with_training(scenario, sequence_length=k * step)), 1, max(1, limit // step)
+    )
     return None if n is None else n * step
 
 
@@ -102,7 +97,7 @@ def max_lora_rank(scenario: Scenario) -> int | None:
     if t.method not in ("lora", "qlora"):
         return None
     return largest(
-        lambda r: fits(_with(scenario, lora=dataclasses.replace(t.lora, rank=r))),
+        lambda r: fits(with_training(scenario, lora=dataclasses.replace(t.lora, rank=r))),
         1,
         scenario.model.hidden_size,
     )
@@ -154,143 +149,31 @@ def min_gpus(scenario: Scenario, gpu: str | None = None, limit: int = MAX_GPUS) 
     return at[hi]
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One change :func:`make_it_fit` may make."""
-
-    key: str
-    label: str
-    apply: Callable[[Scenario], Scenario | None]
-
-
-def _training(**fields: object) -> Callable[[Scenario], Scenario | None]:
-    def apply(s: Scenario) -> Scenario | None:
-        t = s.training
-        if all(getattr(t, k) == v for k, v in fields.items()):
-            return None
-        return _with(s, **fields)
-
-    return apply
-
-
-def _parallel(**fields: object) -> Callable[[Scenario], Scenario | None]:
-    def apply(s: Scenario) -> Scenario | None:
-        p = s.training.parallelism
-        if all(getattr(p, k) == v for k, v in fields.items()):
-            return None
-        return _with(s, parallelism=dataclasses.replace(p, **fields))  # type: ignore[arg-type]
-
-    return apply
-
-
-def _eight_bit(s: Scenario) -> Scenario | None:
-    return _with(s, optimizer="adamw-8bit") if s.training.optimizer == "adamw" else None
-
-
-def _offload(s: Scenario) -> Scenario | None:
-    t = s.training
-    if t.offload.optimizer != "none":
-        return None
-    par = dataclasses.replace(t.parallelism, zero_stage=max(1, t.parallelism.zero_stage))
-    return _with(s, parallelism=par, offload=dataclasses.replace(t.offload, optimizer="cpu"))
-
-
-def _zero(stage: int) -> Callable[[Scenario], Scenario | None]:
-    def apply(s: Scenario) -> Scenario | None:
-        p = s.training.parallelism
-        if p.zero_stage >= stage or nothing_to_shard(s, stage):
-            return None
-        return _with(s, parallelism=dataclasses.replace(p, zero_stage=stage))
-
-    return apply
-
-
-def _half_micro(s: Scenario) -> Scenario | None:
-    """Half the micro-batch, twice the accumulation: the same global batch."""
-    t = s.training
-    if t.micro_batch_size < 2 or t.micro_batch_size % 2:
-        return None
-    return _with(
-        s,
-        micro_batch_size=t.micro_batch_size // 2,
-        gradient_accumulation_steps=t.gradient_accumulation_steps * 2,
+#: what make_it_fit tries: the changes of the registry (:mod:`engine.changes`) that save
+#: memory and keep the model and what it trains, in the registry's order
+CHANGES: tuple[Change, ...] = changes.pick(
+    changes.in_order(
+        (
+            "mixed-precision",
+            "pure-bf16",
+            "flash-attention",
+            "chunked-loss",
+            "release-outputs",
+            "release-previous-step",
+            "fused-optimizer",
+            "8bit-optimizer",
+            "selective-checkpointing",
+            "checkpointing",
+            "half-micro-batch",
+            "micro-batch-1",
+            "zero1",
+            "zero2",
+            "zero3",
+            "cpu-offload",
+        )
     )
-
-
-def _micro_one(s: Scenario) -> Scenario | None:
-    """Micro-batch 1, the global batch kept by accumulation."""
-    t = s.training
-    if t.micro_batch_size < 4:
-        return None
-    return _with(
-        s,
-        micro_batch_size=1,
-        gradient_accumulation_steps=t.gradient_accumulation_steps * t.micro_batch_size,
-    )
-
-
-def _release_outputs(s: Scenario) -> Scenario | None:
-    """The loop keeps only the loss (``loss = out.loss; del out``), where it held the
-    output (logits, KV cache) through backward."""
-    if not conventions(s.training).outputs_held:
-        return None
-    return _with(s, outputs_held_through_backward=False)
-
-
-def _release_previous(s: Scenario) -> Scenario | None:
-    """The loop deletes its loss and outputs after each step (``del loss, logits``), where
-    they lived on into the next step's forward."""
-    if not conventions(s.training).previous_held:
-        return None
-    return _with(s, previous_step_held=False)
-
-
-def _mixed(s: Scenario) -> Scenario | None:
-    return _with(s, precision="bf16-mixed") if s.training.precision == "fp32" else None
-
-
-def _flash(s: Scenario) -> Scenario | None:
-    t = s.training
-    if t.attention in ("flash", "sdpa") or t.precision == "fp32":
-        return None
-    return _with(s, attention="sdpa")
-
-
-#: what make_it_fit tries: memory savings that keep the model and what it trains
-CHANGES: tuple[Change, ...] = (
-    Change("mixed-precision", "mixed precision (bf16)", _mixed),
-    Change("pure-bf16", "pure bf16 weights and states", _training(precision="bf16")),
-    Change("flash-attention", "flash attention (SDPA)", _flash),
-    Change("chunked-loss", "chunked cross-entropy", _training(loss="chunked")),
-    Change("release-outputs", "release the model output before backward", _release_outputs),
-    Change(
-        "release-previous-step",
-        "free the previous step's loss and output (del loss, logits)",
-        _release_previous,
-    ),
-    Change("fused-optimizer", "fused optimizer", _training(optimizer_impl="fused")),
-    Change("8bit-optimizer", "8-bit AdamW", _eight_bit),
-    Change(
-        "selective-checkpointing",
-        "selective checkpointing",
-        _training(activation_checkpointing="selective"),
-    ),
-    Change("checkpointing", "full checkpointing", _training(activation_checkpointing="full")),
-    Change("half-micro-batch", "half the micro-batch, twice the accumulation", _half_micro),
-    Change("micro-batch-1", "micro-batch 1, the rest by accumulation", _micro_one),
-    Change("zero1", "ZeRO-1 (shard optimizer states)", _zero(1)),
-    Change("zero2", "ZeRO-2 (also gradients)", _zero(2)),
-    Change("zero3", "ZeRO-3 / FSDP (also parameters)", _zero(3)),
-    Change("cpu-offload", "optimizer offload to the CPU", _offload),
 )
-CHANGES_BY_KEY = {c.key: c for c in CHANGES}
-#: changes that replace one another: a combination holds at most one of each set
-EXCLUSIVE = (
-    {"mixed-precision", "pure-bf16"},
-    {"selective-checkpointing", "checkpointing"},
-    {"half-micro-batch", "micro-batch-1"},
-    {"zero1", "zero2", "zero3"},
-)
+CHANGES_BY_KEY = {c.id: c for c in CHANGES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,19 +188,12 @@ class Fix:
     time: StepTime
 
 
-def _compatible(keys: Sequence[str]) -> bool:
-    return all(len(ex.intersection(keys)) <= 1 for ex in EXCLUSIVE)
-
-
 def combine(scenario: Scenario, keys: Iterable[str]) -> Scenario | None:
-    """``scenario`` with the changes ``keys`` applied in order; ``None`` when one of them
-    changes nothing (it does not apply, or an earlier one made it already)."""
-    s: Scenario | None = scenario
-    for key in keys:
-        if s is None:
-            return None
-        s = CHANGES_BY_KEY[key].apply(s)
-    return s
+    """``scenario`` with the changes ``keys`` made in order; ``None`` when one of them
+    does not apply where the ones before it left the scenario (an earlier one made it
+    already, or its rule refuses it there)."""
+    made = changes.made_in_turn(scenario, keys)
+    return made if isinstance(made, Scenario) else None
 
 
 def make_it_fit(scenario: Scenario, top: int = 10, max_changes: int = 3) -> list[Fix]:
@@ -327,8 +203,8 @@ def make_it_fit(scenario: Scenario, top: int = 10, max_changes: int = 3) -> list
     fitting: dict[Scenario, Fix] = {}
     fit_sets: list[frozenset[str]] = []
     for size in range(1, max_changes + 1):
-        for keys in itertools.combinations([c.key for c in CHANGES], size):
-            if not _compatible(keys) or any(f <= set(keys) for f in fit_sets):
+        for keys in itertools.combinations([c.id for c in CHANGES], size):
+            if not changes.compatible(keys) or any(f <= set(keys) for f in fit_sets):
                 continue
             s = combine(scenario, keys)
             if s is None or s in fitting:

@@ -28,7 +28,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from engine import specs
+from engine import changes, specs
 from engine.batch import totals, totals_over
 from engine.errors import EstimateError
 from engine.scenario_io import scenario_to_dict
@@ -94,17 +94,29 @@ def global_batch(scenario: Scenario) -> int:
     return t.micro_batch_size * t.gradient_accumulation_steps * max(1, dp)
 
 
+#: the changes whose values the sweep's precision and checkpointing axes take, beside the
+#: scenario's own (and no checkpointing)
+PRECISION_CHANGES = ("mixed-precision", "pure-bf16")
+CHECKPOINTING_CHANGES = ("selective-checkpointing", "checkpointing")
+
+
 def default_space(scenario: Scenario) -> Space:
-    """The space a user usually weighs: mixed and pure 16-bit precision (fp32 only where
-    the scenario is in fp32), its optimizer and 8-bit AdamW, no/selective/full
-    checkpointing, every ZeRO stage when there is data parallelism, tp up to a node, pp
-    and cp up to 8 (cp only for sequences of 8k and more), optimizer offload, and
-    power-of-two micro-batches up to the global batch (at most 64)."""
+    """The space a user usually weighs: the precisions of the registry's precision changes
+    (mixed and pure bf16; the scenario's own too, fp32 say), its optimizer and 8-bit AdamW
+    where that change applies, no/selective/full checkpointing, every ZeRO stage (a
+    strategy keeps one only where it shards something: :func:`engine.changes.zero_refusal`),
+    tp up to a node, pp and cp up to 8 (cp only for sequences of 8k and more), optimizer
+    offload, and power-of-two micro-batches up to the global batch (at most 64)."""
     t, hw = scenario.training, scenario.hardware
-    precisions: tuple[str, ...] = ("bf16-mixed", "bf16")
+    precisions = tuple(str(c.value("precision")) for c in changes.pick(PRECISION_CHANGES))
     if t.precision not in precisions:
         precisions = (t.precision, *precisions)
-    optimizers = (t.optimizer, "adamw-8bit") if t.optimizer == "adamw" else (t.optimizer,)
+    eight_bit = changes.BY_ID["8bit-optimizer"]
+    optimizers: tuple[str, ...] = (t.optimizer,)
+    if eight_bit.applies(scenario):
+        optimizers += (str(eight_bit.value("optimizer")),)
+    ckpt = changes.pick(CHECKPOINTING_CHANGES)
+    checkpointing = ("none", *(str(c.value("activation_checkpointing")) for c in ckpt))
     world = hw.world_size
     sizes = _powers(8)
     tp = tuple(n for n in sizes if n <= hw.gpus_per_node and world % n == 0)
@@ -113,8 +125,8 @@ def default_space(scenario: Scenario) -> Space:
     return Space(
         precisions=precisions,
         optimizers=optimizers,
-        checkpointing=("none", "selective", "full"),
-        zero_stages=(0, 1, 2, 3) if world > 1 else (0,),
+        checkpointing=checkpointing,
+        zero_stages=(0, 1, 2, 3),
         tp=tp,
         pp=pp,
         cp=cp,
@@ -156,10 +168,6 @@ def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strat
             if world % (tp * pp * cp):
                 continue
             dp = world // (tp * pp * cp)
-            if offload != "none" and zero == 0:
-                continue  # offload runs the optimizer on ZeRO's shards
-            if zero and dp == 1:
-                continue
             shapes = [(m, seq, batch // (m * dp)) for m in micros if batch % (m * dp) == 0]
             if not shapes:
                 continue
@@ -184,7 +192,10 @@ def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strat
                 )
             except EstimateError:
                 continue
-            yield dataclasses.replace(scenario, hardware=base_hw, training=training), shapes
+            strategy = dataclasses.replace(scenario, hardware=base_hw, training=training)
+            # the ZeRO stages and offloads the registry's changes make, and no others
+            if changes.zero_refusal(strategy) is None:
+                yield strategy, shapes
 
 
 def reshaped(scenario: Scenario, micro_batch_size: int, accumulation: int) -> Scenario:

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from engine.changes import BY_ID
 from engine.cli import main
 from engine.estimate import estimate
 from engine.explain import REMEDIES, TITLES, activation_sources, explained, remedy
@@ -112,7 +113,7 @@ def test_a_long_sequence_shows_the_logits_and_the_chunked_loss_that_removes_them
     top = groups[0]
     assert top.kind == "logits" and top.title == TITLES["logits"]
     assert top.bytes > 0.6 * est.breakdown["activations"]
-    assert top.remedy is not None and "chunked loss" in top.remedy.label
+    assert top.remedy is not None and top.remedy.label == BY_ID["chunked-loss"].label
     # the saving is the changed scenario's estimate, not the group's size
     chunked = dataclasses.replace(
         est.scenario, training=dataclasses.replace(est.scenario.training, loss="chunked")

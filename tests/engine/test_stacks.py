@@ -204,15 +204,15 @@ def test_the_release_outputs_whatif_follows_the_held_convention() -> None:
 
     release = WHATIFS_BY_KEY["release-outputs"]
     trainer = scenario_from_dict(scenario())
-    assert "already releases" in (release.unavailable(trainer) or "")
+    assert "already releases" in (release.why_not(trainer) or "")
     loop = scenario_from_dict(scenario(stack="accelerate-loop"))
-    assert release.unavailable(loop) is None
+    assert release.why_not(loop) is None
     current = estimate(loop)
     result = assess(loop, current, "release-outputs")
     assert not isinstance(result, str)
     assert result.saved_bytes > 0 and result.compute_factor == 1.0
     changed = release.apply(loop)
-    assert changed is not None and not conventions(changed.training).outputs_held
+    assert not conventions(changed.training).outputs_held
     assert estimate(changed).allocated_bytes < current.allocated_bytes
 
 
@@ -255,10 +255,10 @@ def test_make_it_fit_can_release_held_outputs() -> None:
     from engine.solve import CHANGES_BY_KEY
 
     release = CHANGES_BY_KEY["release-outputs"]
-    assert release.apply(scenario_from_dict(scenario())) is None  # the Trainer releases them
+    assert not release.applies(scenario_from_dict(scenario()))  # the Trainer releases them
     loop = scenario_from_dict(scenario(stack="accelerate-loop"))
     changed = release.apply(loop)
-    assert changed is not None and not conventions(changed.training).outputs_held
+    assert not conventions(changed.training).outputs_held
 
 
 def test_trl_and_axolotl_upcast_the_unquantized_weights_of_a_4_bit_base() -> None:
@@ -339,12 +339,12 @@ def test_freeing_the_previous_step_is_offered_where_the_loop_carries_it() -> Non
 
     free = WHATIFS_BY_KEY["release-previous-step"]
     trainer = scenario_from_dict(scenario(method="qlora", precision="bf16"))
-    assert "already frees" in (free.unavailable(trainer) or "")
-    assert CHANGES_BY_KEY["release-previous-step"].apply(trainer) is None
+    assert "already frees" in (free.why_not(trainer) or "")
+    assert not CHANGES_BY_KEY["release-previous-step"].applies(trainer)
     lit = scenario_from_dict(scenario(method="qlora", precision="bf16", stack="lightning"))
-    assert free.unavailable(lit) is None
+    assert free.why_not(lit) is None
     result = assess(lit, estimate(lit), "release-previous-step")
     assert not isinstance(result, str)
     assert result.saved_bytes > 0 and result.compute_factor == 1.0
     changed = CHANGES_BY_KEY["release-previous-step"].apply(lit)
-    assert changed is not None and not conventions(changed.training).previous_held
+    assert not conventions(changed.training).previous_held

@@ -36,10 +36,9 @@ def scenario(**training: object) -> Scenario:
 def test_each_whatif_changes_one_field(key: str, field: str, before: str, after: str) -> None:
     base = scenario(**{field: before})
     variant = WHATIFS_BY_KEY[key].apply(base)
-    assert variant is not None
     assert getattr(variant.training, field) == after
     assert variant.model == base.model and variant.hardware == base.hardware
-    assert WHATIFS_BY_KEY[key].apply(variant) is None  # already on: nothing to apply
+    assert not WHATIFS_BY_KEY[key].applies(variant)  # already on: nothing to apply
 
 
 def test_saved_bytes_and_costs() -> None:
@@ -87,16 +86,15 @@ def on_gpus(gpus: int, **training: object) -> Scenario:
 def test_zero3_is_offered_only_with_something_to_shard() -> None:
     zero3 = WHATIFS_BY_KEY["zero3"]
     one = on_gpus(1, method="full")
-    assert zero3.apply(one) is None
-    assert "one GPU" in (zero3.unavailable(one) or "")
+    assert not zero3.applies(one)
+    assert "one GPU" in (zero3.why_not(one) or "")
     # 8 GPUs all taken by tensor parallelism: a data-parallel shard group of 1
     all_tp = on_gpus(8, method="full", parallelism=ParallelismSpec(tp=8))
-    assert zero3.apply(all_tp) is None
-    assert "shard group is one GPU" in (zero3.unavailable(all_tp) or "")
+    assert not zero3.applies(all_tp)
+    assert "shard group is one GPU" in (zero3.why_not(all_tp) or "")
     eight = on_gpus(8, method="full")
-    variant = zero3.apply(eight)
-    assert variant is not None and variant.training.parallelism.zero_stage == 3
-    assert zero3.unavailable(eight) is None
+    assert zero3.apply(eight).training.parallelism.zero_stage == 3
+    assert zero3.why_not(eight) is None
     result = evaluate(eight, estimate(eight), "zero3")
     assert result is not None and result.saved_bytes > 0
 
@@ -117,8 +115,8 @@ def test_flash_attention_is_offered_only_when_the_kernel_is_not_flash(
 ) -> None:
     s = scenario(method="lora", attention=attention, precision=precision)
     flash = WHATIFS_BY_KEY["flash-attention"]
-    assert (flash.apply(s) is not None) == offered
-    reason = flash.unavailable(s)
+    assert flash.applies(s) == offered
+    reason = flash.why_not(s)
     assert (reason is None) == offered
     if not offered:
         assert reason
@@ -164,7 +162,7 @@ def test_every_unavailable_whatif_says_why() -> None:
             assert isinstance(result, WhatIfResult)
             continue
         assert isinstance(result, str) and result, whatif.key
-        assert whatif.unavailable(s) == result or result.startswith("the changed scenario")
+        assert whatif.why_not(s) == result or result.startswith("the changed scenario")
 
 
 def test_csv_rows_match_the_estimate() -> None:

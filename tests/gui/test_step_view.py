@@ -56,7 +56,7 @@ def test_the_activations_tab_tells_the_peak_apart_and_names_the_chunked_loss(
     # the largest is the logits, and a row of its own says what a chunked loss saves,
     # in GiB; the heading says it too
     fix = window.activations.tree.topLevelItem(0).child(0).text(0)
-    assert fix.startswith("→ saves ") and "chunked loss" in fix
+    assert fix.startswith("→ saves ") and "Chunked loss" in fix
     saved = f"{groups[0].remedy.saved_bytes / GIB:.1f} GiB"  # type: ignore[union-attr]
     assert saved in fix and saved in window.activations.heading.text()
     # the GiB cells add up to the activations of the breakdown (each rounded to 0.01)
