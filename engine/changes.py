@@ -45,7 +45,7 @@ from engine.errors import EstimateError
 from engine.layers import attention_kernel
 from engine.sharding import nothing_to_shard
 from engine.specs import Scenario
-from engine.stacks import conventions
+from engine.stacks import as_built, conventions
 
 #: A change's rule: why it does not apply to a scenario, or ``None`` where it does.
 Rule = Callable[[Scenario], str | None]
@@ -184,9 +184,10 @@ def _mixed_rule(s: Scenario) -> str | None:
 def _flash_rule(s: Scenario) -> str | None:
     t = s.training
     fp32 = t.precision == "fp32"
-    # a model whose SDPA call has no fused kernel runs the math fallback (engine.layers)
-    math_fallback = s.model.sdpa_math and t.attention == "sdpa"
-    if attention_kernel(t.attention, fp32=fp32) == "flash" and not math_fallback:
+    # the kernel the step runs: a model (as its stack builds it) whose SDPA call has no
+    # fused kernel runs the math fallback
+    sdpa_math = as_built(s.model, t).sdpa_math
+    if attention_kernel(t.attention, fp32=fp32, sdpa_math=sdpa_math) == "flash":
         if t.attention == "flash":
             return "the scenario already uses flash attention"
         return "SDPA already runs the flash kernel for 16-bit compute"

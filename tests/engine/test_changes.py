@@ -343,3 +343,16 @@ def test_the_sweep_axes_take_the_values_the_changes_set() -> None:
     assert space.checkpointing == ("none", "selective", "full")
     assert space.optimizers == ("adamw", "adamw-8bit")
     assert sweep.default_space(small(optimizer="sgd")).optimizers == ("sgd",)
+
+
+def test_flash_attention_is_offered_where_the_stack_runs_sdpas_math_fallback() -> None:
+    """Falcon 7B as transformers builds it runs SDPA's math fallback (the preset says so,
+    as its config does): flash attention applies; as LitGPT builds it (keys and values
+    repeated, a fused kernel) SDPA already runs flash."""
+    from tests.engine.helpers import preset_scenario
+
+    flash = BY_ID["flash-attention"]
+    hf = preset_scenario("falcon-7b", "h100-sxm-80gb", {})
+    assert hf.model.sdpa_math and flash.applies(hf)
+    litgpt = preset_scenario("falcon-7b", "h100-sxm-80gb", {"model_implementation": "litgpt"})
+    assert not flash.applies(litgpt)
