@@ -323,19 +323,46 @@ def layer_kinds(
     does when the embedding's output does (``embed_grad``); a later layer's when an
     earlier layer trains anything. Autograd saves nothing for a layer that neither trains
     nor has an input that needs a gradient -- the frozen lower layers of ``freeze``."""
+    return _layers(model, training, ctx, embed_grad)[0]
+
+
+def _layers(
+    model: ModelSpec, training: TrainingSpec, ctx: Ctx, embed_grad: bool
+) -> tuple[list[tuple[str, bool]], list[bool]]:
+    """:func:`layer_kinds`, and whether autograd records each layer: its input needs a
+    gradient or it trains anything (its output then needs one)."""
     n = model.num_layers
     trained_from = n
     if training.method == "freeze" and training.freeze.last_layers:
         trained_from = n - training.freeze.last_layers
     every_layer = bool(ctx.lora_roles) or bool(ctx.trainable & _LAYER_PARTS)
     out: list[tuple[str, bool]] = []
+    recorded: list[bool] = []
     grad = embed_grad
     for i in range(n):
         kind = "moe" if model.is_moe and i >= model.first_dense_layers else "dense"
         trained = i >= trained_from
         out.append((kind + TRAINED if trained else kind, grad))
         grad = grad or every_layer or trained
-    return out
+        recorded.append(grad)
+    return out, recorded
+
+
+def step_layers(
+    model: ModelSpec, training: TrainingSpec, ctx: Ctx, first_stage: bool
+) -> tuple[list[tuple[str, bool]], list[bool]]:
+    """Each layer's block kind and whether its input needs a gradient
+    (:func:`layer_kinds`), and whether checkpointing makes it keep only its input
+    (:func:`checkpointed`) -- where autograd records it. Non-reentrant checkpointing
+    (``torch.utils.checkpoint`` with ``use_reentrant=False``) keeps a layer's inputs for
+    the recomputation only through the ops the layer records for backward: a layer whose
+    input needs no gradient and none of whose weights train records none, so nothing of
+    it is kept, not even its input, and nothing of it runs again in backward. Such a
+    layer is played as it is without checkpointing."""
+    ckpt = checkpointed(training, model.num_layers)
+    embed_grad = embedding_output_grad(model, training, first_stage, any(ckpt))
+    kinds, recorded = _layers(model, training, ctx, embed_grad)
+    return kinds, [on and r for on, r in zip(ckpt, recorded, strict=True)]
 
 
 #: (batch, sequence length / sp) at which every new profile is checked against the block
@@ -407,9 +434,14 @@ def embedding_output_grad(
 ) -> bool:
     """Whether the embedding's output needs a gradient: its weight trains (full training,
     ``freeze`` of the embeddings, or of a head tied to them, or of the norms of an
-    embedding with a LayerNorm); with checkpointing, HF makes it require grad (LoRA
-    included); a later pipeline stage receives activations that require grad."""
-    if not first_stage or checkpointing or training.method == "full":
+    embedding with a LayerNorm); with checkpointing, transformers' models make it require
+    grad (``activation_checkpointing_enable`` calls ``enable_input_require_grads``, LoRA
+    included) -- LitGPT's own model has no such hook, and its checkpointing leaves the
+    output of a frozen embedding as it is; a later pipeline stage receives activations
+    that require grad."""
+    if not first_stage or training.method == "full":
+        return True
+    if checkpointing and conventions(training).implementation == "transformers":
         return True
     if training.method != "freeze":
         return False
@@ -1204,8 +1236,7 @@ class StepPlan:
             training.method == "full"
             or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
         )
-        ckpt = checkpointed(training, model.num_layers)
-        embed_grad = embedding_output_grad(model, training, stage.first, any(ckpt))
+        kinds, ckpt = step_layers(model, training, ctx, stage.first)
         chunked = training.loss == "chunked"
         blocks: list[tuple[str, bool]] = []
 
@@ -1214,9 +1245,7 @@ class StepPlan:
                 blocks.append((kind, x_grad))
             return blocks.index((kind, x_grad))
 
-        of_layer = [
-            block(kind, x_grad) for kind, x_grad in layer_kinds(model, training, ctx, embed_grad)
-        ]
+        of_layer = [block(kind, x_grad) for kind, x_grad in kinds]
         head = block("head", True) if stage.last else -1
         logits_block = -1
         if plays_logits_point(training, stage, chunked):
@@ -1616,9 +1645,7 @@ def _layer_by_layer(
         training.method == "full"
         or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
     )
-    ckpt = checkpointed(training, model.num_layers)
-    checkpointing = any(ckpt)
-    embed_grad = embedding_output_grad(model, training, stage.first, checkpointing)
+    kinds, ckpt = step_layers(model, training, ctx, stage.first)
     chunked = training.loss == "chunked"
     key = dataclasses.replace(ctx, batch=1, seq=1)
     head, head_casts = block_result(model, ctx, "head", True, chunked, key)
@@ -1681,7 +1708,6 @@ def _layer_by_layer(
     base_act = batch_tensors + rope + bool_mask
     if explain:
         fixed_why[:] = _input_sources(batch_tensors, rope, bool_mask, mask)
-    kinds = layer_kinds(model, training, ctx, embed_grad)
     layers = [block_result(model, ctx, kind, x_grad, chunked, key) for kind, x_grad in kinds]
     # what a checkpointed layer keeps: its input, and under the per-op policy the outputs
     # it saves
