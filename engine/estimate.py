@@ -42,10 +42,10 @@ from engine.timeline import (
     Stage,
     StepPlan,
     Timeline,
-    checkpointed,
     forget_plans,
     make_ctx,
     played_step,
+    step_layers,
     step_plan,
     step_timeline,
     strategy_key,
@@ -565,7 +565,7 @@ def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stag
     if training.offload.activations != "cpu":
         return 0
     ctx = make_ctx(model, training)
-    layers = sum(checkpointed(training, model.num_layers))
+    layers = sum(step_layers(model, training, ctx, stage.first)[1])
     return layers * ctx.hidden_bytes(model.hidden_size) * stage.inflight
 
 

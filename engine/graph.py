@@ -167,8 +167,10 @@ class Block:
     sizes: dict[str, Size] = field(default_factory=dict)
     #: tensors that stay alive until the whole backward is over (the returned logits)
     held: set[str] = field(default_factory=set)
-    #: bytes of autocast's cached weight copies among the block's tensors
-    weight_copies: int = 0
+    #: autocast's cast copies of weights, which its cache holds while the autocast region
+    #: is open (leaf weights that require grad): never freed in forward; at the end of it
+    #: the region closes, and only the copies that an op saved for backward stay
+    cached: set[str] = field(default_factory=set)
     #: tensors a custom autograd function keeps as an attribute of its ``ctx`` instead of
     #: ``save_for_backward`` (bitsandbytes' 4-bit matmul keeps its input): backward does
     #: not release them; they live as long as the graph does
@@ -176,6 +178,19 @@ class Block:
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
+
+    @property
+    def weight_copies(self) -> int:
+        """Bytes of the autocast copies the block makes: held through the forward."""
+        return sum(_int(self.sizes[t]) for t in self.cached)
+
+    @property
+    def saved_copies(self) -> int:
+        """Bytes of the autocast copies an op of the block saves for backward: held from
+        the end of the forward until the block's backward (a matmul saves its weight only
+        when its input needs a gradient)."""
+        saved = {t for op in self.ops for t in op.saves}
+        return sum(_int(self.sizes[t]) for t in self.cached & saved)
 
     def op(
         self,
@@ -207,13 +222,15 @@ class Block:
 
 @dataclass(frozen=True, slots=True)
 class BlockResult:
-    #: bytes of tensors alive after forward, apart from the output (input included if saved)
+    #: bytes of tensors alive after forward, apart from the output (input included if
+    #: saved; autocast's cached copies included, saved or not)
     kept: int
     #: the highest live bytes during forward, the input counted (it is live at the start)
     forward_peak: int
     #: bytes of the output
     output: int
     #: the highest live bytes during backward, counted from ``kept`` + the output gradient
+    #: less the cached copies no op saved (gone with the autocast region)
     backward_peak: int
     #: bytes of the input gradient left at the end of backward
     input_grad: int
@@ -249,15 +266,20 @@ def _play(
             level = level + size[t]
         fwd.append(level)
         for t in [*op.inputs, *(t for t, _ in op.outputs)]:
-            keep = t in saved or t == output or t in block.held
+            keep = t in saved or t == output or t in block.held or t in block.cached
             if t in live and not keep and last_read.get(t, -1) <= i:
                 live.discard(t)
                 level = level - size[t]
     kept = level - size[output]
+    # the autocast region closes before backward: its cache lets go of the copies that no
+    # op saved
+    for t in sorted(block.cached - saved):
+        if t in live:
+            live.discard(t)
+            level = level - size[t]
 
     # backward: start from the kept tensors plus the gradient of the output
     grad_of = {output: size[output]}
-    level = kept + size[output]
     bwd = [level]
     param_grads = zero
     for i in range(len(ops) - 1, -1, -1):

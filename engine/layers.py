@@ -370,13 +370,14 @@ class Net:
             redo = 2 * n
             keeps_input = True
         elif ctx.mode == "amp" and w_dtype == 4 and trainable:
-            # autocast's cast of an fp32 weight, cached for the forward, kept for backward;
-            # a second call on the same weight (a chunked LM head) finds it in the cache
+            # autocast's cast of an fp32 weight, held by its cache through the forward and
+            # kept for backward where the matmul saves it (its input needs a gradient); a
+            # second call on the same weight (a chunked LM head) finds it in the cache
             key = (component, role, in_f, out_f, weights)
             weight = self.cached.get(key, "")
             if not weight:
                 weight = self.cached[key] = self.new("wcast", in_f * out_f * weights, 2, True)
-                self.block.weight_copies += 2 * in_f * out_f * weights
+                self.block.cached.add(weight)
                 self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
         elif ctx.mode == "amp" and w_dtype == 4 and not fp32_experts:
             # a frozen fp32 weight (Lightning's bf16-mixed keeps the base in fp32): autocast

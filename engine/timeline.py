@@ -6,9 +6,11 @@ The step is what a PyTorch training loop does (``out = model(ids, labels=ids)``,
 1. **before** -- weights (and NF4 base weights), optimizer states from earlier steps;
    gradients are ``None``;
 2. **forward** -- the embedding, then every layer in order: each keeps what autograd saved
-   (and under autocast the 16-bit weight copies) and passes on its output; inside a layer
-   the transient tensors push the level higher for a moment (:mod:`engine.graph` plays each
-   layer op by op, :mod:`engine.layers` writes the ops); then the LM head and the loss;
+   (and under autocast the 16-bit weight copies, which autocast's cache holds until the
+   forward ends, and those backward saved until the layer's backward) and passes on its
+   output; inside a layer the transient tensors push the level higher for a moment
+   (:mod:`engine.graph` plays each layer op by op, :mod:`engine.layers` writes the ops);
+   then the LM head and the loss;
 3. **backward** -- in reverse: each layer (recomputed first under checkpointing) frees
    what it saved and leaves its parameter gradients (``.grad``) behind;
 4. **optimizer** -- all gradients and states live, plus the optimizer's temporaries
@@ -61,7 +63,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache, partial
 from operator import attrgetter, mul
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -306,19 +308,46 @@ def layer_kinds(
     does when the embedding's output does (``embed_grad``); a later layer's when an
     earlier layer trains anything. Autograd saves nothing for a layer that neither trains
     nor has an input that needs a gradient -- the frozen lower layers of ``freeze``."""
+    return _layers(model, training, ctx, embed_grad)[0]
+
+
+def _layers(
+    model: ModelSpec, training: TrainingSpec, ctx: Ctx, embed_grad: bool
+) -> tuple[list[tuple[str, bool]], list[bool]]:
+    """:func:`layer_kinds`, and whether autograd records each layer: its input needs a
+    gradient or it trains anything (its output then needs one)."""
     n = model.num_layers
     trained_from = n
     if training.method == "freeze" and training.freeze.last_layers:
         trained_from = n - training.freeze.last_layers
     every_layer = bool(ctx.lora_roles) or bool(ctx.trainable & _LAYER_PARTS)
     out: list[tuple[str, bool]] = []
+    recorded: list[bool] = []
     grad = embed_grad
     for i in range(n):
         kind = "moe" if model.is_moe and i >= model.first_dense_layers else "dense"
         trained = i >= trained_from
         out.append((kind + TRAINED if trained else kind, grad))
         grad = grad or every_layer or trained
-    return out
+        recorded.append(grad)
+    return out, recorded
+
+
+def step_layers(
+    model: ModelSpec, training: TrainingSpec, ctx: Ctx, first_stage: bool
+) -> tuple[list[tuple[str, bool]], list[bool]]:
+    """Each layer's block kind and whether its input needs a gradient
+    (:func:`layer_kinds`), and whether checkpointing makes it keep only its input
+    (:func:`checkpointed`) -- where autograd records it. Non-reentrant checkpointing
+    (``torch.utils.checkpoint`` with ``use_reentrant=False``) keeps a layer's inputs for
+    the recomputation only through the ops the layer records for backward: a layer whose
+    input needs no gradient and none of whose weights train records none, so nothing of
+    it is kept, not even its input, and nothing of it runs again in backward. Such a
+    layer is played as it is without checkpointing."""
+    ckpt = checkpointed(training, model.num_layers)
+    embed_grad = embedding_output_grad(model, training, first_stage, any(ckpt))
+    kinds, recorded = _layers(model, training, ctx, embed_grad)
+    return kinds, [on and r for on, r in zip(ckpt, recorded, strict=True)]
 
 
 #: (batch, sequence length / sp) at which every new profile is checked against the block
@@ -327,25 +356,40 @@ def layer_kinds(
 HELD_OUT = (3, 37)
 
 
+class Casts(NamedTuple):
+    """Bytes of a block's autocast weight copies (the same at every shape): ``made`` --
+    every copy, held by autocast's cache from the moment it is made to the end of the
+    forward; ``saved`` -- those an op saved for backward, held on from the end of the
+    forward until the block's backward. A layer whose input needs no gradient saves
+    none of the copies its first projections read."""
+
+    made: int
+    saved: int
+
+
+def _casts(block: Block) -> Casts:
+    return Casts(block.weight_copies, block.saved_copies)
+
+
 @lru_cache(maxsize=16384)
 def _profile(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
-) -> tuple[Profile | None, int]:
+) -> tuple[Profile | None, Casts]:
     """A block for every batch and sequence length: built once with symbolic sizes
     (:func:`engine.graph.profile`), checked against a direct simulation at
-    :data:`HELD_OUT`, and the bytes of the autocast weight copies it makes. ``None`` when
-    the block's sizes are not linear forms of the shape terms: every shape of it is then
-    simulated directly (:func:`_direct`)."""
+    :data:`HELD_OUT`, and the bytes of the autocast weight copies it makes and saves.
+    ``None`` when the block's sizes are not linear forms of the shape terms: every shape
+    of it is then simulated directly (:func:`_direct`)."""
     b, s = HELD_OUT
     held_out = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
     try:
         block, out = _build(model, dataclasses.replace(ctx, symbolic=True), kind, x_grad, chunked)
         prof = profile(block, out, x_grad or kind == "head")
         if prof.at(held_out.terms()) == _direct(model, held_out, kind, x_grad, chunked):
-            return prof, block.weight_copies
+            return prof, _casts(block)
     except (TypeError, ValueError):  # a size that no linear form of the terms holds
         pass
-    return None, _build(model, held_out, kind, x_grad, chunked)[0].weight_copies
+    return None, _casts(_build(model, held_out, kind, x_grad, chunked)[0])
 
 
 @lru_cache(maxsize=4096)
@@ -356,7 +400,7 @@ def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) 
 
 def block_result(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool, key: Ctx | None = None
-) -> tuple[BlockResult, int]:
+) -> tuple[BlockResult, Casts]:
     """One block of the step at ``ctx``'s shape, from its profile where the profile holds,
     else simulated directly; and the bytes of its autocast weight copies. ``key`` is
     ``ctx`` without its shape (the profile's cache key), when the caller has it."""
@@ -375,9 +419,14 @@ def embedding_output_grad(
 ) -> bool:
     """Whether the embedding's output needs a gradient: its weight trains (full training,
     ``freeze`` of the embeddings, or of a head tied to them, or of the norms of an
-    embedding with a LayerNorm); with checkpointing, HF makes it require grad (LoRA
-    included); a later pipeline stage receives activations that require grad."""
-    if not first_stage or checkpointing or training.method == "full":
+    embedding with a LayerNorm); with checkpointing, transformers' models make it require
+    grad (``activation_checkpointing_enable`` calls ``enable_input_require_grads``, LoRA
+    included) -- LitGPT's own model has no such hook, and its checkpointing leaves the
+    output of a frozen embedding as it is; a later pipeline stage receives activations
+    that require grad."""
+    if not first_stage or training.method == "full":
+        return True
+    if checkpointing and conventions(training).implementation == "transformers":
         return True
     if training.method != "freeze":
         return False
@@ -681,7 +730,8 @@ _GROUP = 8
 _INT64_SAFE = 1 << 62
 
 #: one layer of a run: the block it is, whether it is checkpointed, its autocast copies
-_Layer = tuple[int, bool, int]
+#: made and saved (:class:`Casts`)
+_Layer = tuple[int, bool, int, int]
 #: a run: its first layer's index, the layers of its repeated group, the repetitions
 _Run = tuple[int, tuple[_Layer, ...], int]
 
@@ -773,7 +823,7 @@ def _compile(
     model: ModelSpec,
     layers: Sequence[_Layer],
     head: int,
-    head_copies: int,
+    head_casts: Casts,
     profiles: Sequence[Profile | None],
     unfolded: Sequence[int],
     training: TrainingSpec,
@@ -791,7 +841,7 @@ def _compile(
     per_op: Sequence[Size] = (),
     function_kept_of: Sequence[Size] = (),
     logits_block: int = -1,
-    copies_of: Sequence[int] = (),
+    copies_of: Sequence[Casts] = (),
 ) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
     for point; return the points that can be its highest -- every point outside runs,
@@ -858,7 +908,7 @@ def _compile(
     # _layer_by_layer counts them
     graph_kept = old_output = nothing
     if carries_previous(training, stage):
-        for b, on, _ in layers:
+        for b, on, _, _ in layers:
             if not on:
                 graph_kept = graph_kept + saved_form(function_kept_of[b])
                 old_output = old_output + linear(b, 6)
@@ -885,7 +935,7 @@ def _compile(
         )
 
     def forward(unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int) -> np.ndarray:
-        for b, on, c in unit:
+        for b, on, c, _ in unit:
             p = params + i * unit_b + g_fwd if gathered else params + copies + c
             add(_LAYER_F, i, p, grad_buffer, nothing, fixed + kept + peak(b, 1) - c * one)
             kept = kept + (kept_on[b] if on else linear(b, 0) - c * one + linear(b, 6))
@@ -896,7 +946,7 @@ def _compile(
     def growth(unit: tuple[_Layer, ...]) -> np.ndarray:
         """What a repetition of ``unit`` adds to the activations kept."""
         out = nothing
-        for b, on, c in unit:
+        for b, on, c, _ in unit:
             out = out + (kept_on[b] if on else linear(b, 0) - c * one + linear(b, 6))
         return out
 
@@ -904,22 +954,22 @@ def _compile(
         """What a repetition of ``unit`` releases in backward: all it kept but what it
         handed to the model output (the KV cache), which lives on with it."""
         out = nothing
-        for b, on, c in unit:
+        for b, on, c, _ in unit:
             out = out + (kept_on[b] if on else linear(b, 0) - c * one)
         return out
 
     cache = nothing
-    for b, on, _ in layers:
+    for b, on, _, _ in layers:
         if not on:
             cache = cache + linear(b, 6)
 
     copies = 0
     for start, unit, reps in _runs(layers, 0, 1):
         kept = forward(unit, start, kept, copies)
-        copies += sum(c for _, _, c in unit)
+        copies += sum(c for _, _, c, _ in unit)
         if reps > 1:
             n, rest = len(unit), reps - 1
-            d_kept, d_copies = growth(unit), sum(c for _, _, c in unit)
+            d_kept, d_copies = growth(unit), sum(c for _, _, c, _ in unit)
             for t in sorted({0, rest - 1}):  # a run's highest point is at one of its ends
                 forward(unit, start + n + t * n, kept + t * d_kept, copies + t * d_copies)
             kept = kept + rest * d_kept
@@ -930,9 +980,10 @@ def _compile(
     else:  # the output goes to the next stage; its gradient comes back
         hv = [nothing, hidden, nothing, 2 * hidden, hidden, nothing, nothing]
     n_layers = len(layers)
+    head_copies, head_saved = head_casts
     p = params + n_layers * unit_b + g_fwd if gathered else params + copies + head_copies
     if logits_block >= 0:
-        c = copies_of[logits_block]
+        c = copies_of[logits_block].made
         q = params + n_layers * unit_b + g_fwd if gathered else params + copies + c
         add(_LOGITS_F, -1, q, grad_buffer, nothing, fixed + kept + peak(logits_block, 1) - c * one)
     kind = _HEAD_F if stage.last else _SEND_F
@@ -941,7 +992,10 @@ def _compile(
     held = hv[6]
     per_microbatch = kept + held
     waiting = (stage.inflight - 1) * per_microbatch + (nothing if stage.first else hidden)
-    copies -= sum(c for _, on, c in layers if on)
+    # autocast's cache is cleared: the copies of checkpointed layers go, and of the others
+    # those that backward did not save
+    copies -= head_copies - head_saved
+    copies -= sum(c if on else c - saved for _, on, c, saved in layers)
 
     def buffers(reducing: int) -> int:
         return grad_buffer + (gather.grads + reducing if gathered else 0)
@@ -950,24 +1004,25 @@ def _compile(
     units = n_layers * unit_b
     p = params + units + g_bwd if gathered else params + copies
     kind = _HEAD_B if stage.last else _RECV_B
-    add(kind, -1, p, buffers(0), nothing, fixed + kept + hv[3] - head_copies * one)
-    copies -= head_copies
+    add(kind, -1, p, buffers(0), nothing, fixed + kept + hv[3] - head_saved * one)
+    copies -= head_saved
     State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
 
     def backward(unit: tuple[_Layer, ...], i: int, state: State) -> State:
         kept, copies, grads, units, grad_in, reducing = state
-        for b, on, c in unit:
+        for b, on, c, saved in unit:
             g = buffers(reducing)
             if on:
                 kept = kept - kept_on[b]
                 p = params + units + g_bwd if gathered else params + copies + c
                 add(_RECOMPUTE, i, p, g, grads, fixed + kept + grad_in + peak(b, 1) - c * one)
-                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - c * one)
+                p = params + units + g_bwd if gathered else params + copies + saved
+                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - saved * one)
             else:
                 kept = kept - (linear(b, 0) - c * one)
                 p = params + units + g_bwd if gathered else params + copies
-                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - c * one)
-                copies -= c
+                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - saved * one)
+                copies -= saved
             grads = grads + linear(b, 5)
             grad_in = linear(b, 4)
             units -= unit_b
@@ -984,8 +1039,8 @@ def _compile(
         kept, copies, grads, units, grad_in, reducing = state
         n, rest = len(unit), reps - 1
         d_kept = shrink(unit)
-        d_grads = sum((linear(b, 5) for b, _, _ in unit), nothing)
-        d_copies = sum(c for _, on, c in unit if not on)
+        d_grads = sum((linear(b, 5) for b, _, _, _ in unit), nothing)
+        d_copies = sum(saved for _, on, _, saved in unit if not on)
         d_units = n * unit_b
         if denominator != 1 and rest > 2:  # floored shares: monotone only if they move enough
             checks += [d_grads, d_kept + (d_units if gathered else d_copies) * one]
@@ -1054,7 +1109,7 @@ class _Forms:
         # constants, raised by the micro-batches in flight: int64 where that fits
         largest = max(
             [abs(c) for p in profiles if p is not None for v in _forms(p) for c in v]
-            + [plan.params, opt, grad_buffer, plan.dense_grad, sum(plan.copies)]
+            + [plan.params, opt, grad_buffer, plan.dense_grad, sum(c.made for c in plan.copies)]
             + [gather.forward, gather.backward, gather.grads, gather.reduce, gather.unit]
             + [64 + 4 * model.head_dim]
         )
@@ -1064,7 +1119,7 @@ class _Forms:
             model,
             layers,
             head,
-            plan.copies[head] if stage.last else 0,
+            plan.copies[head] if stage.last else Casts(0, 0),
             profiles,
             plan.unfolded,
             training,
@@ -1124,7 +1179,7 @@ class StepPlan:
     #: (``None``: simulated directly at each shape) and their autocast copies
     blocks: tuple[tuple[str, bool], ...]
     profiles: tuple[Profile | None, ...]
-    copies: tuple[int, ...]
+    copies: tuple[Casts, ...]
     #: the blocks whose values are evaluated at each shape (no integer profile)
     unfolded: tuple[int, ...]
     layers: int
@@ -1166,8 +1221,7 @@ class StepPlan:
             training.method == "full"
             or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
         )
-        ckpt = checkpointed(training, model.num_layers)
-        embed_grad = embedding_output_grad(model, training, stage.first, any(ckpt))
+        kinds, ckpt = step_layers(model, training, ctx, stage.first)
         chunked = training.loss == "chunked"
         blocks: list[tuple[str, bool]] = []
 
@@ -1176,9 +1230,7 @@ class StepPlan:
                 blocks.append((kind, x_grad))
             return blocks.index((kind, x_grad))
 
-        of_layer = [
-            block(kind, x_grad) for kind, x_grad in layer_kinds(model, training, ctx, embed_grad)
-        ]
+        of_layer = [block(kind, x_grad) for kind, x_grad in kinds]
         head = block("head", True) if stage.last else -1
         logits_block = -1
         if plays_logits_point(training, stage, chunked):
@@ -1186,7 +1238,7 @@ class StepPlan:
         found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
         profiles = tuple(p for p, _ in found)
         copies = tuple(c for _, c in found)
-        layers = [(b, on, copies[b]) for b, on in zip(of_layer, ckpt, strict=True)]
+        layers = [(b, on, *copies[b]) for b, on in zip(of_layer, ckpt, strict=True)]
         unfolded = tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1)
 
         params = state.category_bytes("parameters")
@@ -1578,12 +1630,11 @@ def _layer_by_layer(
         training.method == "full"
         or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
     )
-    ckpt = checkpointed(training, model.num_layers)
-    checkpointing = any(ckpt)
-    embed_grad = embedding_output_grad(model, training, stage.first, checkpointing)
+    kinds, ckpt = step_layers(model, training, ctx, stage.first)
     chunked = training.loss == "chunked"
     key = dataclasses.replace(ctx, batch=1, seq=1)
-    head, head_copies = block_result(model, ctx, "head", True, chunked, key)
+    head, head_casts = block_result(model, ctx, "head", True, chunked, key)
+    head_copies, head_saved = head_casts
 
     params = state.category_bytes("parameters")
     opt_states = state.category_bytes("optimizer_states")
@@ -1642,7 +1693,6 @@ def _layer_by_layer(
     base_act = batch_tensors + rope + bool_mask
     if explain:
         fixed_why[:] = _input_sources(batch_tensors, rope, bool_mask, mask)
-    kinds = layer_kinds(model, training, ctx, embed_grad)
     layers = [block_result(model, ctx, kind, x_grad, chunked, key) for kind, x_grad in kinds]
     # what a checkpointed layer keeps: its input, and under the per-op policy the outputs
     # it saves
@@ -1692,7 +1742,7 @@ def _layer_by_layer(
         )
     if explain:
         kept_why.add("embedding", kept_act, 0)
-    for i, (res, c) in enumerate(layers):
+    for i, (res, (c, _)) in enumerate(layers):
         add(
             "forward",
             i,
@@ -1703,7 +1753,8 @@ def _layer_by_layer(
             fixed + kept_act + res.forward_peak - c,
             explain and (_work_source("forward", res.forward_peak - c, i),),
         )
-        # checkpointing keeps only the layer's input; autocast's cache keeps the copies;
+        # checkpointing keeps only the layer's input; autocast's cache keeps the copies
+        # (counted with the parameters), what the layer saved the rest of what it kept;
         # what the layer hands to the model output (the KV cache) stays with it
         kept_act += kept_of[i] if ckpt[i] else res.kept - c + res.held
         if explain and ckpt[i]:
@@ -1715,9 +1766,9 @@ def _layer_by_layer(
         units_held += gather.unit
     if not stage.last:  # the output goes to the next stage; its gradient comes back
         head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
-        head_copies = 0
+        head_copies = head_saved = 0
     if plays_logits_point(training, stage, chunked):
-        logits, logit_copies = block_result(model, ctx, HEAD_LOGITS, True, chunked, key)
+        logits, (logit_copies, _) = block_result(model, ctx, HEAD_LOGITS, True, chunked, key)
         add(
             "forward",
             None,
@@ -1760,8 +1811,10 @@ def _layer_by_layer(
                 for p, parts in zip(points, ledger, strict=True)
             ]
     # the cache is cleared when autocast exits, at the end of forward: the copies of
-    # checkpointed layers go (they are made again in the recomputation)
-    copies -= sum(c for (_, c), on in zip(layers, ckpt, strict=True) if on)
+    # checkpointed layers go (they are made again in the recomputation), and of the others
+    # those that backward did not save
+    copies -= head_copies - head_saved
+    copies -= sum(c if on else c - saved for (_, (c, saved)), on in zip(layers, ckpt, strict=True))
 
     # backward
     grads = 0
@@ -1775,14 +1828,14 @@ def _layer_by_layer(
         params + copies,
         grads,
         opt_states,
-        fixed + kept_act + head.backward_peak - head_copies,
-        explain and (_head_source("backward", head.backward_peak - head_copies, chunked, last),),
+        fixed + kept_act + head.backward_peak - head_saved,
+        explain and (_head_source("backward", head.backward_peak - head_saved, chunked, last),),
     )
     grads += head.param_grads
-    copies -= head_copies
+    copies -= head_saved
     grad_in = head.input_grad
     for i in range(model.num_layers - 1, -1, -1):
-        res, c = layers[i]
+        res, (c, saved) = layers[i]
         if ckpt[i]:
             kept_act -= kept_of[i]
             if explain:
@@ -1798,15 +1851,16 @@ def _layer_by_layer(
                 explain
                 and (_grad_source(grad_in, i), _work_source("recompute", res.forward_peak - c, i)),
             )
+            # the recomputation's autocast region closes: the copies it saved stay
             add(
                 "backward",
                 i,
                 "layer",
-                params + copies + c,
+                params + copies + saved,
                 grads,
                 opt_states,
-                fixed + kept_act + res.backward_peak - c,
-                explain and (_work_source("backward", res.backward_peak - c, i),),
+                fixed + kept_act + res.backward_peak - saved,
+                explain and (_work_source("backward", res.backward_peak - saved, i),),
             )
         else:
             kept_act -= res.kept - c
@@ -1819,10 +1873,10 @@ def _layer_by_layer(
                 params + copies,
                 grads,
                 opt_states,
-                fixed + kept_act + res.backward_peak - c,
-                explain and (_work_source("backward", res.backward_peak - c, i),),
+                fixed + kept_act + res.backward_peak - saved,
+                explain and (_work_source("backward", res.backward_peak - saved, i),),
             )
-            copies -= c
+            copies -= saved
         grads += res.param_grads
         grad_in = res.input_grad
         units_held -= gather.unit

@@ -14,8 +14,10 @@ checked (each raises ``AssertionError`` with the numbers when it fails):
   and a larger micro-batch never lowers the step time;
 * ``checkpointing`` -- more checkpointing (none -> every-k -> full, none -> selective)
   never raises the highest activations of the step, except by the first layer's input
-  gradient, which checkpointing makes a frozen embedding's output require
-  (``enable_input_require_grads``): a few hidden-size tensors (:func:`input_grad_bound`);
+  gradient (a few hidden-size tensors, :func:`input_grad_bound`); where transformers'
+  checkpointing makes a frozen embedding's output require grad
+  (``enable_input_require_grads``), layers that save nothing without it save with it,
+  and the invariant is not checked (:func:`checkpointing_requires_input_grad`);
 * ``sharding`` -- a higher ZeRO stage never raises the model state a rank keeps (weights,
   gradients and optimizer states at rest), DeepSpeed's reduce bucket aside: ZeRO-2/3
   allocate it at ``min(reduce_bucket_size, n)`` elements however few GPUs share the
@@ -208,12 +210,23 @@ def input_grad_bound(scenario: Scenario) -> int:
     return 8 * 4 * tokens * scenario.model.hidden_size
 
 
+def checkpointing_requires_input_grad(scenario: Scenario) -> bool:
+    """Whether checkpointing makes the embedding's output require grad where it would not
+    without: transformers' ``enable_input_require_grads`` on a frozen embedding, for the
+    model as its stack builds it (LitGPT's model has no such hook, nor a tied head)."""
+    model, t = stack_built(scenario).model, scenario.training
+    return embedding_output_grad(model, t, True, True) and not embedding_output_grad(
+        model, t, True, False
+    )
+
+
 def check_checkpointing(scenario: Scenario, est: Estimate) -> None:
-    t = scenario.training
-    if not embedding_output_grad(scenario.model, t, True, False):
+    if checkpointing_requires_input_grad(scenario):
         # nothing before the layers trains: without checkpointing autograd saves nothing
-        # in layers that train nothing, while HF's checkpointing makes the embedding
-        # output require grad, so every layer keeps its input -- checkpointing costs more
+        # in layers that train nothing, while transformers' checkpointing makes the
+        # embedding output require grad, so every layer keeps its input -- checkpointing
+        # costs more. Where nothing makes it require grad, a checkpointed layer that
+        # trains nothing records nothing and keeps nothing, as without checkpointing
         return
     levels: dict[str, int] = {}
     for mode in ("none", "selective", "every-k-layers", "full"):

@@ -5,6 +5,7 @@ import dataclasses
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,8 +27,9 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
+from engine.timeline import KINDS, played_step, step_plan
 from tests.engine.invariants import scenarios
-from tests.engine.test_timeline import CASES, case
+from tests.engine.test_timeline import CASES, CAST, attention_only, case
 
 #: shapes around the usual ones, odd ones, and ones no scenario accepts
 SHAPES = (
@@ -271,3 +273,46 @@ def test_model_states_and_shards_read_no_shape(data: dict[str, Any]) -> None:
             continue
         assert model_state(model, other.training, part) == state
         assert shard(state, s, mesh, model, part) == shard(state, other, mesh, model, part)
+
+
+def test_the_batched_path_holds_unsaved_casts_as_the_reference_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BERT base with only its attention trained, at sequence length 1 (the first layer's
+    input needs no gradient, and the layer saves only its output projection's autocast
+    copy): the arrays that evaluate many shapes at once find the reference walk's highest
+    point of forward and backward at every shape, and a sweep's totals are the
+    estimate's, none of them estimated alone."""
+    s = attention_only()
+    model, training = s.model, s.training
+    state = model_state(model, training)
+    sizes = np.array([1, 4, 8, 2]), np.array([1, 1, 1, 7])
+    moments = step_plan(model, training, state).moments(*sizes)
+    assert moments is not None and not moments.single.any()
+    for i, (b, seq) in enumerate(zip(*sizes, strict=True)):
+        shaped = dataclasses.replace(training, micro_batch_size=int(b), sequence_length=int(seq))
+        points = played_step(model, shaped, state).points
+        top = max((p for p in points if p.phase in ("forward", "backward")), key=lambda p: p.total)
+        assert KINDS[moments.kind[i]] == (top.phase, top.label)
+        assert moments.layer[i] == (-1 if top.layer is None else top.layer)
+        assert (moments.parameters[i], moments.gradients[i], moments.activations[i]) == (
+            top.parameters,
+            top.gradients,
+            top.activations,
+        )
+        if seq == 1:
+            assert top.parameters == state.category_bytes("parameters") + CAST
+    alone: list[object] = []
+    real = batch._one
+
+    def counting(scenario: Scenario, shape: tuple[int, int, int]) -> object:
+        alone.append(shape)
+        return real(scenario, shape)
+
+    monkeypatch.setattr(batch, "_one", counting)
+    batch.clear()
+    shapes = [(1, 1, 1), (4, 1, 2), (8, 1, 1), (2, 7, 1)]
+    results = totals_over(s, shapes)
+    assert alone == []
+    for shape, result in zip(shapes, results, strict=True):
+        assert found(result) == expected(s, shape), shape

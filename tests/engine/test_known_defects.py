@@ -11,44 +11,24 @@ import pytest
 
 from engine.estimate import estimate
 from tests.engine.helpers import preset_scenario
-from tests.engine.invariants import check_checkpointing
 
 
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="a layer whose input needs no gradient does not save its autocast weight "
-    "casts, yet the timeline takes them out of what the layer keeps (the cache holds them "
-    "through the forward only): the first layer's kept activations go negative",
+    reason="eager attention (and SDPA's math fallback) builds its scores, probabilities "
+    "and output as tensors that require grad whatever q, k and v need, so a frozen layer "
+    "whose input needs no gradient records them and keeps what they save; autograd "
+    "records nothing there: Llama 2 7B, only the head trained, eager, sequence 512 keeps "
+    "3.0 GB by the last layer's forward, 0 with SDPA",
 )
-def test_no_point_of_the_timeline_is_negative() -> None:
-    training = {"method": "freeze", "freeze": {"trainable": ["attention"]}, "sequence_length": 1}
-    est = estimate(preset_scenario("bert-base-uncased", "h100-sxm-80gb", training))
-    negative = [
-        (p.phase, p.layer, p.label)
-        for p in est.timeline
-        if min(p.parameters, p.gradients, p.optimizer_states, p.activations) < 0
-    ]
-    assert negative == []
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="checkpointing raises the peak activations of a body that trains nothing (only "
-    "the tied head trains): by exactly the 32 layer inputs here (+149 MB), by far more "
-    "with every-k-layers elsewhere (Gemma 2B: +9.7 GB over none and over full); not yet "
-    "explained whether the engine or the invariant's stated exception is wrong",
-)
-def test_more_checkpointing_never_raises_activations_on_a_frozen_body() -> None:
+def test_a_layer_that_records_nothing_keeps_nothing_with_eager_attention() -> None:
     training = {
         "method": "freeze",
         "freeze": {"trainable": ["lm_head"]},
-        "precision": "fp8-mixed",
-        "stack": "lightning",
-        "loss": "no-upcast",
-        "attention": "flash",
+        "attention": "eager",
         "sequence_length": 512,
     }
-    s = preset_scenario("falcon-7b", "h100-sxm-80gb", training)
-    check_checkpointing(s, estimate(s))
+    est = estimate(preset_scenario("llama-2-7b", "h100-sxm-80gb", training))
+    forward = [p.activations for p in est.timeline if p.phase == "forward" and p.layer is not None]
+    assert forward[-1] == forward[0]

@@ -4,6 +4,7 @@ import dataclasses
 import importlib
 from fractions import Fraction
 from functools import partial
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -16,8 +17,17 @@ from engine.presets import load_gpu, load_model, model_names
 from engine.scenario_io import scenario_from_dict
 from engine.sharding import make_mesh, tensor_parallel_shard
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.timeline import Gather, Point, Stage, Timeline, _points, step_plan, step_timeline
-from tests.engine.helpers import full_ctx, tiny_model
+from engine.timeline import (
+    Gather,
+    Point,
+    Stage,
+    Timeline,
+    _points,
+    played_step,
+    step_plan,
+    step_timeline,
+)
+from tests.engine.helpers import full_ctx, preset_scenario, tiny_model
 
 TINY = tiny_model(num_key_value_heads=4)
 B, S = 2, 96
@@ -423,3 +433,74 @@ def test_the_shape_terms_are_those_of_the_blocks() -> None:
             assert plan.terms(b, s) == ctx.terms()
             arrays = plan.terms(np.array([b, 1]), np.array([s, 1]))
             assert tuple(int(np.broadcast_to(t, (2,))[0]) for t in arrays) == ctx.terms()
+
+
+#: BERT base with only its attention trained, at sequence length 1: the first layer's
+#: input, the frozen embedding's output, needs no gradient
+ATTENTION_ONLY = {"method": "freeze", "freeze": {"trainable": ["attention"]}, "sequence_length": 1}
+#: the bf16 copy autocast makes of one of BERT base's 768 x 768 attention weights
+CAST = 768 * 768 * 2
+
+
+def attention_only(**changes: object) -> Scenario:
+    return preset_scenario("bert-base-uncased", "h100-sxm-80gb", {**ATTENTION_ONLY, **changes})
+
+
+def test_no_point_of_the_timeline_is_negative() -> None:
+    """A layer whose input needs no gradient saves none of the autocast copies its first
+    projections read: what it keeps after its forward holds no copy to take out of it."""
+    est = estimate(attention_only())
+    negative = [
+        (p.phase, p.layer, p.label)
+        for p in est.timeline
+        if min(p.parameters, p.gradients, p.optimizer_states, p.activations) < 0
+    ]
+    assert negative == []
+
+
+def test_the_reference_walk_holds_unsaved_casts_through_the_forward_only() -> None:
+    """Played point by point at sequence length 1: every layer casts its four attention
+    weights (q, k, v and the output projection); autocast's cache holds the copies until
+    the forward ends, then keeps only those backward saved, each until its layer's
+    backward -- all four of layers 1-11, and of layer 0, whose q, k and v read an input
+    that needs no gradient, only the output projection's. What each layer keeps beside its
+    copies is the same for every layer."""
+    s = attention_only()
+    state = model_state(s.model, s.training)
+    params = state.category_bytes("parameters")
+    points = played_step(s.model, s.training, state).points
+    at = {(p.phase, p.layer, p.label): p for p in points}
+
+    def copies(phase: str, layer: int | None, label: str) -> int:
+        extra = at[phase, layer, label].parameters - params
+        assert extra % CAST == 0
+        return extra // CAST
+
+    assert [copies("forward", i, "layer") for i in range(12)] == [4 * i + 4 for i in range(12)]
+    assert copies("forward", None, "LM head and loss") == 48
+    assert copies("backward", None, "loss and LM head") == 45
+    assert [copies("backward", i, "layer") for i in range(12)] == [4 * i + 1 for i in range(12)]
+    forward = [at["forward", i, "layer"].activations for i in range(12)]
+    rises = {b - a for a, b in pairwise(forward)}
+    assert len(rises) == 1 and rises.pop() > 0
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1), (2, 7)])
+def test_the_compiled_plan_holds_unsaved_casts_as_the_reference_walk(
+    shape: tuple[int, int],
+) -> None:
+    """The step's plan, compiled into linear forms, finds the peak and the highest point of
+    forward and backward that the reference walk plays point by point; at sequence length
+    1 that point is layer 0's backward, with the one copy the layer saved."""
+    b, seq = shape
+    s = attention_only(micro_batch_size=b, sequence_length=seq)
+    state = model_state(s.model, s.training)
+    played = played_step(s.model, s.training, state)
+    timeline = step_plan(s.model, s.training, state).play(b, seq, lambda: played.points)
+    assert not timeline._played  # by the compiled forms, not point by point
+    peak, top = reference(played)
+    assert timeline.peak == peak
+    assert timeline.moments[1] == top
+    if seq == 1:
+        assert (top.phase, top.layer, top.label) == ("backward", 0, "layer")
+        assert top.parameters == state.category_bytes("parameters") + CAST

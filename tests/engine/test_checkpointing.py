@@ -1,0 +1,104 @@
+"""Activation checkpointing of layers that autograd does not record: non-reentrant
+``torch.utils.checkpoint`` keeps a layer's input only through what the layer saves for
+backward, so a layer whose input needs no gradient and none of whose weights train keeps
+nothing, checkpointed or not, and is not run again in backward."""
+
+from typing import Any
+
+from engine.estimate import estimate
+from engine.specs import Scenario
+from engine.stacks import built
+from engine.timeline import embedding_output_grad
+from tests.engine.helpers import preset_scenario
+from tests.engine.invariants import (
+    _peak_activations,
+    check_checkpointing,
+    checkpointing_requires_input_grad,
+)
+
+#: LitGPT's model (the lightning stack) with only its LM head trained: LitGPT never ties
+#: the head to the embedding, so nothing before the head needs a gradient
+FROZEN_BODY = {
+    "method": "freeze",
+    "freeze": {"trainable": ["lm_head"]},
+    "stack": "lightning",
+}
+
+
+def frozen_body(model: str, **training: Any) -> Scenario:
+    return preset_scenario(model, "h100-sxm-80gb", {**FROZEN_BODY, **training})
+
+
+def recomputed(scenario: Scenario) -> int:
+    """How many layers the step runs again in backward."""
+    return sum(p.label == "recompute" for p in estimate(scenario).timeline)
+
+
+def test_more_checkpointing_never_raises_activations_on_a_frozen_body() -> None:
+    training = {
+        "method": "freeze",
+        "freeze": {"trainable": ["lm_head"]},
+        "precision": "fp8-mixed",
+        "stack": "lightning",
+        "loss": "no-upcast",
+        "attention": "flash",
+        "sequence_length": 512,
+    }
+    s = preset_scenario("falcon-7b", "h100-sxm-80gb", training)
+    assert not checkpointing_requires_input_grad(s)  # the invariant applies
+    check_checkpointing(s, estimate(s))
+
+
+def test_a_checkpointed_layer_that_records_nothing_keeps_nothing() -> None:
+    """Falcon 7B and Gemma 2B on LitGPT's model, only the head trained: every way of
+    checkpointing the body plays the step that no checkpointing plays -- the layers keep
+    neither their inputs (32 of them, 149 MB, on Falcon at sequence 512) nor, under
+    every-k-layers, what the layers between the checkpointed ones would save if their
+    input needed a gradient (9.7 GB on Gemma 2B) -- and none is recomputed."""
+    falcon = {"precision": "fp8-mixed", "loss": "no-upcast", "attention": "flash"}
+    gemma = {
+        "precision": "fp16-mixed",
+        "loss": "chunked-output",
+        "micro_batch_size": 8,
+        "sequence_length": 2048,
+    }
+    for model, training in (("falcon-7b", falcon), ("gemma-2b", gemma)):
+        none = estimate(frozen_body(model, activation_checkpointing="none", **training))
+        for mode in ("full", "every-k-layers", "first-k-layers", "per-op"):
+            s = frozen_body(model, activation_checkpointing=mode, checkpoint_every_k=2, **training)
+            assert recomputed(s) == 0, (model, mode)
+            assert _peak_activations(estimate(s)) == _peak_activations(none), (model, mode)
+
+
+def test_only_transformers_checkpointing_makes_a_frozen_embeddings_output_require_grad() -> None:
+    """transformers' ``activation_checkpointing_enable`` calls
+    ``enable_input_require_grads``: the frozen embedding's output requires grad, and every
+    layer is recorded and recomputed. LitGPT's model has no such hook: with LoRA every
+    layer trains and is recomputed all the same, but the embedding's output needs no
+    gradient."""
+    for stack, hooked in (("hf-trainer", True), ("lightning", False)):
+        for method in ("lora", "freeze"):
+            training = {
+                "method": method,
+                "freeze": {"trainable": ["lm_head"]},
+                "stack": stack,
+                "activation_checkpointing": "full",
+            }
+            s = built(preset_scenario("llama-2-7b", "h100-sxm-80gb", training))
+            assert embedding_output_grad(s.model, s.training, True, True) is hooked
+            layers = s.model.num_layers if hooked or method == "lora" else 0
+            assert recomputed(s) == layers, (stack, method)
+
+
+def test_only_layers_that_keep_their_input_offload_it() -> None:
+    """Activation offload moves the inputs checkpointed layers keep to host memory: a
+    frozen body on LitGPT's model keeps none; with LoRA every layer keeps its input."""
+    offload = {"activation_checkpointing": "full", "offload": {"activations": "cpu"}}
+    assert estimate(frozen_body("llama-2-7b", **offload)).host_bytes == 0
+    lora = frozen_body("llama-2-7b", **offload, method="lora")
+    tokens, hidden, fp32 = 2048, 4096, 4
+    assert lora.training.micro_batch_size == 1 and lora.training.sequence_length == tokens
+    host = {i.name: i.bytes for i in estimate(lora).host_items}
+    assert host == {
+        "checkpointed layer inputs (offloaded to CPU, pinned)": 32 * tokens * hidden * fp32
+    }
