@@ -55,7 +55,6 @@ appendix B) -- over the step time and the dtype's dense peak of every GPU.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -69,6 +68,7 @@ from engine.precision import precision_of
 from engine.sharding import Mesh, stage_layers
 from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
 from engine.stacks import conventions
+from engine.timeline import make_ctx, step_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -783,14 +783,13 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
     if hw.nodes > 1 and hw.network is None and hw.network_gb_s is None:
         assumptions.append("network: " + dev.network)
     n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
-    # which layers recompute their forward in backward
-    mode, k = conventions(training).checkpointing, training.checkpoint_every_k
-    recompute_share = {
-        "full": 1.0,
-        "every-k-layers": math.ceil(model.num_layers / k) / model.num_layers,
-        "first-k-layers": min(k, model.num_layers) / model.num_layers,
-        "per-op": per_op_recompute_share(model),
-    }.get(mode, 0.0)
+    # which layers recompute their forward in backward: those the memory walk plays as
+    # checkpointed (engine.timeline.step_layers) -- not a layer autograd does not record
+    mode = conventions(training).checkpointing
+    _, kept = step_layers(model, training, make_ctx(model, training), True)
+    recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
+    if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
+        recompute_share = per_op_recompute_share(model) * recompute_share
     head_train = _trains("lm_head", training.method, training.freeze.trainable)
     # per stage: the layers it holds (the first holds the embedding, the last the head)
     counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)

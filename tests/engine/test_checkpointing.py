@@ -102,3 +102,24 @@ def test_only_layers_that_keep_their_input_offload_it() -> None:
     assert host == {
         "checkpointed layer inputs (offloaded to CPU, pinned)": 32 * tokens * hidden * fp32
     }
+
+
+def test_a_layer_autograd_does_not_record_is_not_recomputed_in_time_either() -> None:
+    """The step time recomputes the layers the memory walk plays as checkpointed: a frozen
+    body on LitGPT's model runs no forward again under full checkpointing (the same time as
+    without it), while the same body built by transformers, whose checkpointing makes the
+    embedding's output require grad, recomputes every layer."""
+    from engine.steptime import step_time
+
+    def times(**training: Any) -> tuple[float, float]:
+        none = step_time(frozen_body("llama-3-8b", **training)).step_time_s
+        full = step_time(
+            frozen_body("llama-3-8b", activation_checkpointing="full", **training)
+        ).step_time_s
+        return none, full
+
+    none, full = times()
+    assert recomputed(frozen_body("llama-3-8b", activation_checkpointing="full")) == 0
+    assert full == none
+    none, full = times(stack="hf-trainer")
+    assert full > none
