@@ -1621,36 +1621,78 @@ def _layer_by_layer(
     arguments). With a ``ledger``, each point's activations are also told apart by where
     they come from (:class:`Source`), one tuple per point, appended to it: what
     :func:`step_sources` returns."""
-    ctx = make_ctx(model, training)
-    tokens, h = ctx.tokens, model.hidden_size
-    # the hidden-size tensors between blocks: split over tp under sequence parallelism
-    hidden = ctx.hidden_bytes(h)
-    ckpt_input = 0 if training.offload.activations == "cpu" else hidden
-    trains_embeddings = stage.first and (
-        training.method == "full"
-        or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
-    )
-    kinds, ckpt = step_layers(model, training, ctx, stage.first)
-    chunked = training.loss == "chunked"
-    key = dataclasses.replace(ctx, batch=1, seq=1)
-    head, head_casts = block_result(model, ctx, "head", True, chunked, key)
-    head_copies, head_saved = head_casts
+    walk = _Walk(model, training, state, grad_share, gather, stage, grad_buffer, ledger)
+    walk.forward()
+    walk.backward()
+    temp = walk.optimizer(optimizer_share)
+    return tuple(walk.points), walk.per_microbatch, walk.held, walk.params, temp
 
-    params = state.category_bytes("parameters")
-    opt_states = state.category_bytes("optimizer_states")
-    points: list[Point] = []
 
-    g_num, g_den = grad_share.numerator, grad_share.denominator
-    waiting = 0  # activations of the other in-flight micro-batches (set after forward)
+class _Walk:
+    """One step played layer by layer (:func:`_layer_by_layer`): what the step is made of,
+    the points so far, what the layers keep, and what a point adds to what its phase holds
+    -- the gathered units and gradient shares of ZeRO-3/FSDP, the other in-flight
+    micro-batches, a gradient buffer -- and, with a ledger, where each point's
+    activations come from."""
 
-    units_held = 0  # SHARD_GRAD_OP: layers gathered in forward, not yet through backward
-    reducing = 0  # the reduce-scatter input, once the first layer's gradients are reduced
-
-    explain, last = ledger is not None, stage.last
-    fixed_why: list[Source] = []  # the fixed part of the activations, told apart
-    kept_why = _Kept()  # what the layers so far keep, by layer kind
+    def __init__(
+        self,
+        model: ModelSpec,
+        training: TrainingSpec,
+        state: ModelState,
+        grad_share: Fraction,
+        gather: Gather,
+        stage: Stage,
+        grad_buffer: int,
+        ledger: list[tuple[Source, ...]] | None,
+    ) -> None:
+        self.model, self.training, self.state, self.stage = model, training, state, stage
+        self.ctx = ctx = make_ctx(model, training)
+        self.gather, self.grad_buffer, self.ledger = gather, grad_buffer, ledger
+        self.explain = ledger is not None
+        self.g_num, self.g_den = grad_share.numerator, grad_share.denominator
+        self.params = state.category_bytes("parameters")
+        self.opt_states = state.category_bytes("optimizer_states")
+        self.points: list[Point] = []
+        self.waiting = 0  # activations of the other in-flight micro-batches (after forward)
+        self.units_held = 0  # SHARD_GRAD_OP: layers gathered in forward, not yet in backward
+        self.reducing = 0  # the reduce-scatter input, once the first layer's grads are reduced
+        self.fixed_why: list[Source] = []  # the fixed part of the activations, told apart
+        self.kept_why = _Kept()  # what the layers so far keep, by layer kind
+        # the hidden-size tensors between blocks: split over tp under sequence parallelism
+        self.hidden = ctx.hidden_bytes(model.hidden_size)
+        self.kinds, self.ckpt = step_layers(model, training, ctx, stage.first)
+        self.chunked = chunked = training.loss == "chunked"
+        self.key = key = dataclasses.replace(ctx, batch=1, seq=1)
+        self.head, (self.head_copies, self.head_saved) = block_result(
+            model, ctx, "head", True, chunked, key
+        )
+        # inputs: ids and labels (int64), the embedding output and RoPE's cos/sin
+        tokens = ctx.tokens
+        self.batch_tensors = 2 * 8 * tokens
+        self.rope = (
+            2 * tokens * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
+        )
+        self.mask = ctx.batch * ctx.seq * ctx.seq * ctx.res if ctx.attention == "eager" else 0
+        # a sliding window shorter than the sequence needs a boolean (b, 1, s, s) mask, made
+        # once per forward and kept by every layer's attention until backward
+        self.bool_mask = ctx.batch * ctx.seq * ctx.seq if ctx.masked and not self.mask else 0
+        self.layers = [
+            block_result(model, ctx, kind, x_grad, chunked, key) for kind, x_grad in self.kinds
+        ]
+        # what a checkpointed layer keeps: its input (unless offloaded), and under the
+        # per-op policy the outputs it saves
+        ckpt_input = 0 if training.offload.activations == "cpu" else self.hidden
+        per_op = conventions(training).checkpointing == "per-op"
+        self.kept_of = [
+            ckpt_input + (_int(_per_op(model, ctx, kind, x_grad)) if per_op else 0)
+            for kind, x_grad in self.kinds
+        ]
+        self.graph_kept, self.old_output = self._previous_step()
+        self.kept_act = self.copies = self.held = self.per_microbatch = self.cache = 0
 
     def add(
+        self,
         phase: str,
         layer: int | None,
         label: str,
@@ -1660,256 +1702,241 @@ def _layer_by_layer(
         a: int,
         own: tuple[Source, ...] | bool = (),
     ) -> None:
-        if ledger is not None:
+        gather = self.gather
+        if self.ledger is not None:
             own = own if isinstance(own, tuple) else ()
-            parts = [*fixed_why, *kept_why.sources(), *own]
-            if phase in ("forward", "backward") and waiting:
-                parts.append(_in_flight_source(waiting))
-            ledger.append(tuple(s for s in parts if s.bytes))
+            parts = [*self.fixed_why, *self.kept_why.sources(), *own]
+            if phase in ("forward", "backward") and self.waiting:
+                parts.append(_in_flight_source(self.waiting))
+            self.ledger.append(tuple(s for s in parts if s.bytes))
         if phase in ("forward", "backward"):
-            if g_den != 1 or g_num != 1:
-                g = g * g_num // g_den
+            if self.g_den != 1 or self.g_num != 1:
+                g = g * self.g_num // self.g_den
             if gather.active:
                 # ZeRO-3/FSDP gathers each unit in the compute dtype and frees it after use:
                 # the gathered units replace autocast's copies
                 forward = phase == "forward"
-                p = params + units_held + (gather.forward if forward else gather.backward)
-                g += 0 if forward else gather.grads + reducing
-            a += waiting
+                held = gather.forward if forward else gather.backward
+                p = self.params + self.units_held + held
+                g += 0 if forward else gather.grads + self.reducing
+            a += self.waiting
         if phase != "optimizer":
-            g += grad_buffer
-        points.append(Point(phase, layer, label, p, g, o, a))
+            g += self.grad_buffer
+        self.points.append(Point(phase, layer, label, p, g, o, a))
 
-    add("before", None, "weights and optimizer states", params, 0, opt_states, 0)
-
-    # inputs: ids and labels (int64), the embedding output and RoPE's cos/sin
-    batch_tensors = 2 * 8 * tokens
-    embed_out = hidden
-    rope = 2 * tokens * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
-    mask = ctx.batch * ctx.seq * ctx.seq * ctx.res if ctx.attention == "eager" else 0
-    # a sliding window shorter than the sequence needs a boolean (b, 1, s, s) mask, made
-    # once per forward and kept by every layer's attention until backward
-    bool_mask = ctx.batch * ctx.seq * ctx.seq if ctx.masked and not mask else 0
-    base_act = batch_tensors + rope + bool_mask
-    if explain:
-        fixed_why[:] = _input_sources(batch_tensors, rope, bool_mask, mask)
-    layers = [block_result(model, ctx, kind, x_grad, chunked, key) for kind, x_grad in kinds]
-    # what a checkpointed layer keeps: its input, and under the per-op policy the outputs
-    # it saves
-    per_op = conventions(training).checkpointing == "per-op"
-    kept_of = [
-        ckpt_input + (_int(_per_op(model, ctx, kind, x_grad)) if per_op else 0)
-        for kind, x_grad in kinds
-    ]
-
-    # the previous step, where the loop's variables keep it: its graph until this step's
-    # loss is computed -- only what custom functions keep on their ctx costs memory (the
-    # inputs of bitsandbytes' 4-bit matmuls) -- and its model output until this forward
-    # returns (the LM head's point counts only the graph: the loss comes after)
-    graph_kept = old_output = 0
-    if carries_previous(training, stage):
+    def _previous_step(self) -> tuple[int, int]:
+        """The previous step, where the loop's variables keep it: its graph until this
+        step's loss is computed -- only what custom functions keep on their ctx costs memory
+        (the inputs of bitsandbytes' 4-bit matmuls) -- and its model output until this
+        forward returns (the LM head's point counts only the graph: the loss comes after)."""
+        if not carries_previous(self.training, self.stage):
+            return 0, 0
+        model, ctx, chunked = self.model, self.ctx, self.chunked
+        pairs = zip(self.kinds, self.ckpt, strict=True)
         graph_kept = sum(
             _int(_function_kept(model, ctx, kind, x_grad, chunked))
-            for (kind, x_grad), on in zip(kinds, ckpt, strict=True)
+            for (kind, x_grad), on in pairs
             if not on
         ) + _int(_function_kept(model, ctx, "head", True, chunked))
-        old_output = head.held + sum(
-            res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on
+        old_output = self.head.held + sum(
+            res.held for (res, _), on in zip(self.layers, self.ckpt, strict=True) if not on
         )
-    if explain:
-        fixed_why += _previous_sources(graph_kept, old_output)
+        return graph_kept, old_output
 
-    # forward: the level of a layer's peak is the fixed tensors, what earlier layers kept,
-    # and the layer's own peak (its input, the previous output, included)
-    fixed = base_act + mask + graph_kept + old_output
-    kept_act = 0
-    if stage.first:
-        # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and the
-        # dropout mask (1 byte per element) of GPT-2 and BERT
-        kept_act = (hidden + 8 * tokens) * model.embedding_norm
-        kept_act += tokens * h // ctx.sp if model.hidden_dropout > 0 else 0
-    copies = 0
-    if stage.first:
+    def forward(self) -> None:
+        """The points of the forward: the embedding, each layer, the LM head and the loss
+        (or the send to the next stage); then autocast's cache cleared."""
+        model, training, ctx, stage = self.model, self.training, self.ctx, self.stage
+        params, opt_states, explain, add = self.params, self.opt_states, self.explain, self.add
+        kinds, ckpt, layers, kept_of = self.kinds, self.ckpt, self.layers, self.kept_of
+        tokens, h, embed_out = ctx.tokens, model.hidden_size, self.hidden
+        head, head_copies, head_saved = self.head, self.head_copies, self.head_saved
+        add("before", None, "weights and optimizer states", params, 0, opt_states, 0)
+        base_act = self.batch_tensors + self.rope + self.bool_mask
+        if explain:
+            self.fixed_why[:] = _input_sources(
+                self.batch_tensors, self.rope, self.bool_mask, self.mask
+            )
+            self.fixed_why += _previous_sources(self.graph_kept, self.old_output)
+        # the level of a layer's peak is the fixed tensors, what earlier layers kept, and
+        # the layer's own peak (its input, the previous output, included)
+        fixed = base_act + self.mask + self.graph_kept + self.old_output
+        kept_act = 0
+        if stage.first:
+            # the embedding's own saved tensors: BERT's LayerNorm input and statistics, and
+            # the dropout mask (1 byte per element) of GPT-2 and BERT
+            kept_act = (embed_out + 8 * tokens) * model.embedding_norm
+            kept_act += tokens * h // ctx.sp if model.hidden_dropout > 0 else 0
+            own = explain and (_work_source("embedding", embed_out, None),)
+            add("forward", None, "embedding", params, 0, opt_states, fixed + embed_out, own)
+        if explain:
+            self.kept_why.add("embedding", kept_act, 0)
+        copies = 0
+        for i, (res, (c, _)) in enumerate(layers):
+            own = explain and (_work_source("forward", res.forward_peak - c, i),)
+            peak = fixed + kept_act + res.forward_peak - c
+            add("forward", i, "layer", params + copies + c, 0, opt_states, peak, own)
+            # checkpointing keeps only the layer's input; autocast's cache keeps the copies
+            # (counted with the parameters), what the layer saved the rest of what it kept;
+            # what the layer hands to the model output (the KV cache) stays with it
+            kept_act += kept_of[i] if ckpt[i] else res.kept - c + res.held
+            if explain and ckpt[i]:
+                self.kept_why.add("checkpointed", kept_of[i], 1)
+            elif explain:
+                self.kept_why.add(kinds[i][0], res.kept - c, 1)
+                self.kept_why.add("kv-cache", res.held, 1 if res.held else 0)
+            copies += c
+            self.units_held += self.gather.unit
+        if not stage.last:  # the output goes to the next stage; its gradient comes back
+            head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
+            head_copies = head_saved = 0
+        if plays_logits_point(training, stage, self.chunked):
+            logits, (logit_copies, _) = block_result(
+                model, ctx, HEAD_LOGITS, True, self.chunked, self.key
+            )
+            peak = logits.forward_peak - logit_copies
+            own = explain and (_head_source("logits", peak, self.chunked),)
+            p = params + copies + logit_copies
+            add("forward", None, "LM head", p, 0, opt_states, fixed + kept_act + peak, own)
+        if explain:  # the previous step's model output is gone once this forward returns
+            self.fixed_why[:] = [s for s in self.fixed_why if s.name != _PREVIOUS_OUTPUT]
+        peak = head.forward_peak - head_copies
         add(
             "forward",
             None,
-            "embedding",
-            params,
+            "LM head and loss" if stage.last else "send to the next stage",
+            params + copies + head_copies,
             0,
             opt_states,
-            fixed + embed_out,
-            explain and (_work_source("embedding", embed_out, None),),
+            fixed - self.old_output + kept_act + peak,
+            explain and (_head_source("forward", peak, self.chunked, stage.last),),
         )
-    if explain:
-        kept_why.add("embedding", kept_act, 0)
-    for i, (res, (c, _)) in enumerate(layers):
-        add(
-            "forward",
-            i,
-            "layer",
-            params + copies + c,
-            0,
-            opt_states,
-            fixed + kept_act + res.forward_peak - c,
-            explain and (_work_source("forward", res.forward_peak - c, i),),
+        copies += head_copies
+        # 1F1B: while this micro-batch runs, the stage still keeps what the earlier
+        # in-flight micro-batches saved, plus a receive buffer for the next input from the
+        # previous stage
+        recv = 0 if stage.first else embed_out
+        self.per_microbatch = kept_act + head.held
+        self._in_flight((stage.inflight - 1) * self.per_microbatch + recv)
+        # the cache is cleared when autocast exits, at the end of forward: the copies of
+        # checkpointed layers go (they are made again in the recomputation), and of the
+        # others those that backward did not save
+        copies -= head_copies - head_saved
+        copies -= sum(
+            c if on else c - saved for (_, (c, saved)), on in zip(layers, ckpt, strict=True)
         )
-        # checkpointing keeps only the layer's input; autocast's cache keeps the copies
-        # (counted with the parameters), what the layer saved the rest of what it kept;
-        # what the layer hands to the model output (the KV cache) stays with it
-        kept_act += kept_of[i] if ckpt[i] else res.kept - c + res.held
-        if explain and ckpt[i]:
-            kept_why.add("checkpointed", kept_of[i], 1)
-        elif explain:
-            kept_why.add(kinds[i][0], res.kept - c, 1)
-            kept_why.add("kv-cache", res.held, 1 if res.held else 0)
-        copies += c
-        units_held += gather.unit
-    if not stage.last:  # the output goes to the next stage; its gradient comes back
-        head = BlockResult(0, embed_out, 0, 2 * embed_out, embed_out, 0, 0)
-        head_copies = head_saved = 0
-    if plays_logits_point(training, stage, chunked):
-        logits, (logit_copies, _) = block_result(model, ctx, HEAD_LOGITS, True, chunked, key)
-        add(
-            "forward",
-            None,
-            "LM head",
-            params + copies + logit_copies,
-            0,
-            opt_states,
-            fixed + kept_act + logits.forward_peak - logit_copies,
-            explain and (_head_source("logits", logits.forward_peak - logit_copies, chunked),),
-        )
-    if explain:  # the previous step's model output is gone once this forward returns
-        fixed_why[:] = [s for s in fixed_why if s.name != _PREVIOUS_OUTPUT]
-    add(
-        "forward",
-        None,
-        "LM head and loss" if stage.last else "send to the next stage",
-        params + copies + head_copies,
-        0,
-        opt_states,
-        fixed - old_output + kept_act + head.forward_peak - head_copies,
-        explain and (_head_source("forward", head.forward_peak - head_copies, chunked, last),),
-    )
-    copies += head_copies
-    held = head.held
-    # 1F1B: while this micro-batch runs, the stage still keeps what the earlier in-flight
-    # micro-batches saved, plus a receive buffer for the next input from the previous stage
-    recv = 0 if stage.first else embed_out
-    per_microbatch = kept_act + held
-    waiting = (stage.inflight - 1) * per_microbatch + recv
-    if waiting:
+        self.head, self.head_copies, self.head_saved = head, head_copies, head_saved
+        self.kept_act, self.copies, self.held = kept_act, copies, head.held
+
+    def _in_flight(self, waiting: int) -> None:
+        """Raise every forward point by the other in-flight micro-batches' ``waiting``
+        bytes (and count them in every later point)."""
+        self.waiting = waiting
+        if not waiting:
+            return
+        points = self.points
         points[:] = [
             dataclasses.replace(p, activations=p.activations + waiting)
             if p.phase == "forward"
             else p
             for p in points
         ]
-        if ledger is not None:
-            ledger[:] = [
+        if self.ledger is not None:
+            self.ledger[:] = [
                 (*parts, _in_flight_source(waiting)) if p.phase == "forward" else parts
-                for p, parts in zip(points, ledger, strict=True)
+                for p, parts in zip(points, self.ledger, strict=True)
             ]
-    # the cache is cleared when autocast exits, at the end of forward: the copies of
-    # checkpointed layers go (they are made again in the recomputation), and of the others
-    # those that backward did not save
-    copies -= head_copies - head_saved
-    copies -= sum(c if on else c - saved for (_, (c, saved)), on in zip(layers, ckpt, strict=True))
 
-    # backward
-    grads = 0
-    fixed = base_act + held  # the eager mask died with the forward; the logits did not
-    if explain:
-        fixed_why[:] = [*_input_sources(batch_tensors, rope, bool_mask, 0), _output_source(held)]
-    add(
-        "backward",
-        None,
-        "loss and LM head" if stage.last else "gradient from the next stage",
-        params + copies,
-        grads,
-        opt_states,
-        fixed + kept_act + head.backward_peak - head_saved,
-        explain and (_head_source("backward", head.backward_peak - head_saved, chunked, last),),
-    )
-    grads += head.param_grads
-    copies -= head_saved
-    grad_in = head.input_grad
-    for i in range(model.num_layers - 1, -1, -1):
-        res, (c, saved) = layers[i]
-        if ckpt[i]:
-            kept_act -= kept_of[i]
-            if explain:
-                kept_why.add("checkpointed", -kept_of[i], -1)
-            add(
-                "backward",
-                i,
-                "recompute",
-                params + copies + c,
-                grads,
-                opt_states,
-                fixed + kept_act + grad_in + res.forward_peak - c,
-                explain
-                and (_grad_source(grad_in, i), _work_source("recompute", res.forward_peak - c, i)),
-            )
-            # the recomputation's autocast region closes: the copies it saved stay
-            add(
-                "backward",
-                i,
-                "layer",
-                params + copies + saved,
-                grads,
-                opt_states,
-                fixed + kept_act + res.backward_peak - saved,
-                explain and (_work_source("backward", res.backward_peak - saved, i),),
-            )
-        else:
-            kept_act -= res.kept - c
-            if explain:
-                kept_why.add(kinds[i][0], -(res.kept - c), -1)
-            add(
-                "backward",
-                i,
-                "layer",
-                params + copies,
-                grads,
-                opt_states,
-                fixed + kept_act + res.backward_peak - saved,
-                explain and (_work_source("backward", res.backward_peak - saved, i),),
-            )
-            copies -= saved
-        grads += res.param_grads
-        grad_in = res.input_grad
-        units_held -= gather.unit
-        reducing = gather.reduce
-    # what is left of the layers' activations is what they handed to the model output
-    cache = sum(res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on)
-    if explain:  # the embedding's saved tensors went with its backward; the cache stays
-        kept_why.only("kv-cache")
-    if trains_embeddings:
-        dense_grad = model.vocab_size * h * precision_of(training).master
-        tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's grad
+    def backward(self) -> None:
+        """The points of the backward: the loss and LM head, each layer from the last (its
+        recomputation first where it is checkpointed), the embedding where it trains."""
+        model, training, stage = self.model, self.training, self.stage
+        params, opt_states, explain, add = self.params, self.opt_states, self.explain, self.add
+        head, head_saved, held = self.head, self.head_saved, self.held
+        kinds, ckpt, layers, kept_of = self.kinds, self.ckpt, self.layers, self.kept_of
+        kept_act, copies = self.kept_act, self.copies
+        grads = 0
+        fixed = self.batch_tensors + self.rope + self.bool_mask + held  # the eager mask died
+        if explain:
+            self.fixed_why[:] = [
+                *_input_sources(self.batch_tensors, self.rope, self.bool_mask, 0),
+                _output_source(held),
+            ]
+        peak = head.backward_peak - head_saved
         add(
             "backward",
             None,
-            "embedding",
-            params,
-            grads + dense_grad - tied,
+            "loss and LM head" if stage.last else "gradient from the next stage",
+            params + copies,
+            grads,
             opt_states,
-            fixed + cache + grad_in + tied,
-            explain and (_grad_source(grad_in, None), _work_source("tied gradient", tied, None)),
+            fixed + kept_act + peak,
+            explain and (_head_source("backward", peak, self.chunked, stage.last),),
         )
-    # the step's gradients are what model_state counts; backward may differ by rounding
-    grads = state.category_bytes("gradients")
+        grads += head.param_grads
+        copies -= head_saved
+        grad_in = head.input_grad
+        for i in range(model.num_layers - 1, -1, -1):
+            res, (c, saved) = layers[i]
+            work = explain and (_work_source("backward", res.backward_peak - saved, i),)
+            if ckpt[i]:
+                kept_act -= kept_of[i]
+                if explain:
+                    self.kept_why.add("checkpointed", -kept_of[i], -1)
+                redo = res.forward_peak - c
+                own = explain and (_grad_source(grad_in, i), _work_source("recompute", redo, i))
+                p = params + copies + c
+                peak = fixed + kept_act + grad_in + redo
+                add("backward", i, "recompute", p, grads, opt_states, peak, own)
+                # the recomputation's autocast region closes: the copies it saved stay
+                peak = fixed + kept_act + res.backward_peak - saved
+                add("backward", i, "layer", params + copies + saved, grads, opt_states, peak, work)
+            else:
+                kept_act -= res.kept - c
+                if explain:
+                    self.kept_why.add(kinds[i][0], -(res.kept - c), -1)
+                peak = fixed + kept_act + res.backward_peak - saved
+                add("backward", i, "layer", params + copies, grads, opt_states, peak, work)
+                copies -= saved
+            grads += res.param_grads
+            grad_in = res.input_grad
+            self.units_held -= self.gather.unit
+            self.reducing = self.gather.reduce
+        # what is left of the layers' activations is what they handed to the model output
+        self.cache = sum(res.held for (res, _), on in zip(layers, ckpt, strict=True) if not on)
+        if explain:  # the embedding's saved tensors went with its backward; the cache stays
+            self.kept_why.only("kv-cache")
+        trains_embeddings = stage.first and (
+            training.method == "full"
+            or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
+        )
+        if trains_embeddings:
+            dense_grad = model.vocab_size * model.hidden_size * precision_of(training).master
+            tied = dense_grad if model.tie_word_embeddings else 0  # summed into the head's
+            own = explain and (
+                _grad_source(grad_in, None),
+                _work_source("tied gradient", tied, None),
+            )
+            a = fixed + self.cache + grad_in + tied
+            add(
+                "backward", None, "embedding", params, grads + dense_grad - tied, opt_states, a, own
+            )
 
-    # optimizer
-    temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
-    # a model output held by the loop lives through the optimizer step and zero_grad
-    if explain:
-        fixed_why[:] = [_output_source(held)]
-    held += cache
-    add("optimizer", None, "optimizer step", params, grads, opt_states + temp, held)
-    add("optimizer", None, "after zero_grad", params, grad_buffer, opt_states, held)
-    return tuple(points), per_microbatch, held, params, temp
+    def optimizer(self, optimizer_share: Fraction) -> int:
+        """The points of the optimizer step and after ``zero_grad``; returns the
+        optimizer's temporaries."""
+        model, training, state = self.model, self.training, self.state
+        # the step's gradients are what model_state counts; backward may differ by rounding
+        grads = state.category_bytes("gradients")
+        temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
+        # a model output held by the loop lives through the optimizer step and zero_grad
+        if self.explain:
+            self.fixed_why[:] = [_output_source(self.held)]
+        self.held += self.cache
+        params, opt_states, held = self.params, self.opt_states, self.held
+        self.add("optimizer", None, "optimizer step", params, grads, opt_states + temp, held)
+        self.add("optimizer", None, "after zero_grad", params, self.grad_buffer, opt_states, held)
+        return temp
 
 
 #: the kind of a :class:`Source`: what a user can change to remove it
