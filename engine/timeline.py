@@ -819,249 +819,289 @@ def _forms(prof: Profile) -> tuple[tuple[int, ...], ...]:
 _Candidate = tuple[int, int, int, int, int, np.ndarray, np.ndarray]
 
 
-def _compile(
-    model: ModelSpec,
-    layers: Sequence[_Layer],
-    head: int,
-    head_casts: Casts,
-    profiles: Sequence[Profile | None],
-    unfolded: Sequence[int],
-    training: TrainingSpec,
-    ctx: Ctx,
-    stage: Stage,
-    gather: Gather,
-    grad_buffer: int,
-    params: int,
-    opt: int,
-    trains_embeddings: bool,
-    dense_grad: int,
-    tied: int,
-    denominator: int,
-    dtype: type,
-    per_op: Sequence[Size] = (),
-    function_kept_of: Sequence[Size] = (),
-    logits_block: int = -1,
-    copies_of: Sequence[Casts] = (),
-) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Play the step once with symbolic sizes, as :func:`_layer_by_layer` plays it point
-    for point; return the points that can be its highest -- every point outside runs,
-    and both ends of every run's later repetitions (see the module docstring) -- with
-    their bytes as linear forms over the shape quantities; what one micro-batch keeps,
-    the other micro-batches in flight and the logits held; and for each run whose floored
-    gradient share is not affine, the growth of its gradients and the fall of the rest
-    per repetition (it is monotone only where they differ by a byte or more).
+class _Compiler:
+    """The step played once with symbolic sizes, as :func:`_layer_by_layer` plays it point
+    for point (:meth:`run`): the points that can be its highest -- every point outside
+    runs, and both ends of every run's later repetitions (see the module docstring) --
+    with their bytes as linear forms over the shape quantities; what one micro-batch
+    keeps, the other micro-batches in flight and the logits held; and for each run whose
+    floored gradient share is not affine, the growth of its gradients and the fall of the
+    rest per repetition (it is monotone only where they differ by a byte or more).
 
     A block with an integer profile is folded in: its values are the profile's forms
     (its peaks a :class:`_Max` of them); the values of the ``unfolded`` ones are shape
     quantities of their own. The forms are int64 vectors where ``dtype`` says they fit,
     else Python integers."""
-    size = _FIRST_BLOCK + _BLOCK * len(unfolded)
-    basis: np.ndarray = np.eye(size, dtype=dtype)  # rows shared: no form changes in place
 
-    def var(i: int) -> np.ndarray:
-        row: np.ndarray = basis[i]
+    def __init__(self, plan: StepPlan, dtype: type) -> None:
+        (
+            layers,
+            head,
+            training,
+            gather,
+            grad_buffer,
+            opt,
+            trains_embeddings,
+            per_op,
+            function_kept_of,
+            logits_block,
+        ) = plan.recipe
+        self.plan, self.dtype = plan, dtype
+        self.model, self.stage, self.ctx = plan.model, plan.stage, plan.ctx
+        self.layers: Sequence[_Layer] = layers
+        self.head, self.training, self.gather = head, training, gather
+        self.grad_buffer, self.opt, self.params = grad_buffer, opt, plan.params
+        self.trains_embeddings, self.logits_block = trains_embeddings, logits_block
+        self.profiles, self.unfolded = plan.profiles, plan.unfolded
+        self.size = _FIRST_BLOCK + _BLOCK * len(plan.unfolded)
+        # rows shared: no form changes in place
+        self.basis: np.ndarray = np.eye(self.size, dtype=dtype)
+        self.values: dict[tuple[int, int], Any] = {}
+        self.cands: list[_Candidate] = []
+        self.one, self.tokens = self.var(_ONE), self.var(0)
+        self.pairs, self.hidden = self.var(1), self.var(_HIDDEN)
+        self.nothing = 0 * self.one
+        ckpt_input = self.nothing if training.offload.activations == "cpu" else self.hidden
+        # what a checkpointed layer of each block keeps: its input, and what per-op saves
+        self.kept_on = [
+            ckpt_input + self.saved_form(per_op[b] if per_op else 0)
+            for b in range(len(plan.profiles))
+        ]
+        self.function_kept_of: Sequence[Size] = function_kept_of
+
+    def var(self, i: int) -> np.ndarray:
+        row: np.ndarray = self.basis[i]
         return row
 
-    def form(prof: Profile, coefs: tuple[int, ...]) -> np.ndarray:
-        v: np.ndarray = np.zeros(size, dtype=dtype)
+    def form(self, prof: Profile, coefs: tuple[int, ...]) -> np.ndarray:
+        v: np.ndarray = np.zeros(self.size, dtype=self.dtype)
         v[list(prof.terms)] = coefs
         return v
 
-    values: dict[tuple[int, int], Any] = {}
-
-    def value(b: int, f: int) -> Any:
+    def value(self, b: int, f: int) -> Any:
         """Field ``f`` of block ``b``: a form, or for a peak a :class:`_Max` of forms."""
+        values = self.values
         if (b, f) not in values:
-            prof = profiles[b]
-            if b in unfolded or prof is None:
-                values[b, f] = var(_FIRST_BLOCK + _BLOCK * unfolded.index(b) + f)
+            prof = self.profiles[b]
+            if b in self.unfolded or prof is None:
+                values[b, f] = self.var(_FIRST_BLOCK + _BLOCK * self.unfolded.index(b) + f)
             elif f in (1, 3):
                 forms = prof.forward if f == 1 else prof.backward
-                values[b, f] = _Max([form(prof, v) for v in forms])
+                values[b, f] = _Max([self.form(prof, v) for v in forms])
             else:
                 fields = (prof.kept, (), prof.output, (), prof.input_grad, prof.param_grads)
-                values[b, f] = form(prof, (*fields, prof.held)[f])
+                values[b, f] = self.form(prof, (*fields, prof.held)[f])
         return values[b, f]
 
     linear = peak = value
 
-    one, tokens, pairs, hidden = var(_ONE), var(0), var(1), var(_HIDDEN)
-    nothing = 0 * one
-    gathered = gather.active
-    unit_b, g_fwd, g_bwd = gather.unit, gather.forward, gather.backward
-    ckpt_input = nothing if training.offload.activations == "cpu" else hidden
-
-    def saved_form(size_of: Size) -> np.ndarray:
-        v: np.ndarray = np.zeros(size, dtype=dtype)
+    def saved_form(self, size_of: Size) -> np.ndarray:
+        v: np.ndarray = np.zeros(self.size, dtype=self.dtype)
         for j, a in enumerate(_coefs(size_of)):
             if a != int(a):
                 raise ValueError("a per-op saved size that is not whole bytes")
             v[j] = int(a)
         return v
 
-    # what a checkpointed layer of each block keeps: its input, and what per-op saves
-    kept_on = [ckpt_input + saved_form(per_op[b] if per_op else 0) for b in range(len(profiles))]
-    rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
-    eager = ctx.attention == "eager"
-    base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
-    # the previous step's graph (what custom functions keep) and model output, as
-    # _layer_by_layer counts them
-    graph_kept = old_output = nothing
-    if carries_previous(training, stage):
-        for b, on, _, _ in layers:
-            if not on:
-                graph_kept = graph_kept + saved_form(function_kept_of[b])
-                old_output = old_output + linear(b, 6)
-        graph_kept = graph_kept + saved_form(function_kept_of[head])
-        old_output = old_output + linear(head, 6)
-    fixed = base + (ctx.res * pairs if eager else nothing) + graph_kept + old_output
-    cands: list[_Candidate] = []
-
-    def add(kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
+    def add(self, kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
         for f in a.forms if isinstance(a, _Max) else [a]:
-            cands.append((kind, layer, p, opt, g, grads, f))
+            self.cands.append((kind, layer, p, self.opt, g, grads, f))
 
-    kept = nothing
-    if stage.first:
-        kept = int(model.embedding_norm) * (hidden + 8 * tokens)
-        kept = kept + (var(_DROPOUT) if model.hidden_dropout > 0 else nothing)
-        add(
-            _EMBED_F,
-            -1,
-            params + g_fwd if gathered else params,
-            grad_buffer,
-            nothing,
-            fixed + hidden,
-        )
+    def buffers(self, reducing: int) -> int:
+        gather = self.gather
+        extra: int = gather.grads + reducing if gather.active else 0
+        return int(self.grad_buffer) + extra
 
-    def forward(unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int) -> np.ndarray:
+    def run(self) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+        model, ctx, stage, training = self.model, self.ctx, self.stage, self.training
+        tokens, pairs, nothing = self.tokens, self.pairs, self.nothing
+        rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
+        eager = ctx.attention == "eager"
+        base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
+        # the previous step's graph (what custom functions keep) and model output, as
+        # _layer_by_layer counts them
+        graph_kept = old_output = nothing
+        if carries_previous(training, stage):
+            for b, on, _, _ in self.layers:
+                if not on:
+                    graph_kept = graph_kept + self.saved_form(self.function_kept_of[b])
+                    old_output = old_output + self.linear(b, 6)
+            graph_kept = graph_kept + self.saved_form(self.function_kept_of[self.head])
+            old_output = old_output + self.linear(self.head, 6)
+        fixed = base + (ctx.res * pairs if eager else nothing) + graph_kept + old_output
+        kept, copies, per_microbatch, waiting, held = self._forward(fixed, old_output)
+        cache = nothing
+        for b, on, _, _ in self.layers:
+            if not on:
+                cache = cache + self.linear(b, 6)
+        checks = self._backward(base + held, kept, copies, cache)
+        # the model output, with what the layers handed to it, lives through the optimizer
+        return self.cands, per_microbatch, waiting, held + cache, checks
+
+    def _kept_by(self, unit: tuple[_Layer, ...], handed: bool) -> np.ndarray:
+        """What a repetition of ``unit`` adds to the activations kept (``handed``: with
+        what it hands to the model output, the KV cache, which backward does not free)."""
+        out, one = self.nothing, self.one
         for b, on, c, _ in unit:
-            p = params + i * unit_b + g_fwd if gathered else params + copies + c
-            add(_LAYER_F, i, p, grad_buffer, nothing, fixed + kept + peak(b, 1) - c * one)
-            kept = kept + (kept_on[b] if on else linear(b, 0) - c * one + linear(b, 6))
+            if on:
+                out = out + self.kept_on[b]
+            else:
+                out = out + (self.linear(b, 0) - c * one)
+                out = out + self.linear(b, 6) if handed else out
+        return out
+
+    def _forward_unit(
+        self, unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int, fixed: np.ndarray
+    ) -> np.ndarray:
+        gather, params, one = self.gather, self.params, self.one
+        for b, on, c, _ in unit:
+            gathered = params + i * gather.unit + gather.forward
+            p = gathered if gather.active else params + copies + c
+            peak = fixed + kept + self.peak(b, 1) - c * one
+            self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, peak)
+            kept = kept + (
+                self.kept_on[b] if on else self.linear(b, 0) - c * one + self.linear(b, 6)
+            )
             copies += c
             i += 1
         return kept
 
-    def growth(unit: tuple[_Layer, ...]) -> np.ndarray:
-        """What a repetition of ``unit`` adds to the activations kept."""
-        out = nothing
-        for b, on, c, _ in unit:
-            out = out + (kept_on[b] if on else linear(b, 0) - c * one + linear(b, 6))
-        return out
+    def _forward(
+        self, fixed: np.ndarray, old_output: np.ndarray
+    ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+        """The forward's candidates; returns what the layers keep, autocast's copies left
+        after the forward, one micro-batch's activations, the others' in flight and the
+        logits held."""
+        model, stage, gather, params = self.model, self.stage, self.gather, self.params
+        nothing, one, hidden, tokens = self.nothing, self.one, self.hidden, self.tokens
+        gathered, grad_buffer, layers = gather.active, self.grad_buffer, self.layers
+        kept = nothing
+        if stage.first:
+            kept = int(model.embedding_norm) * (hidden + 8 * tokens)
+            kept = kept + (self.var(_DROPOUT) if model.hidden_dropout > 0 else nothing)
+            p = params + gather.forward if gathered else params
+            self.add(_EMBED_F, -1, p, grad_buffer, nothing, fixed + hidden)
+        copies = 0
+        for start, unit, reps in _runs(layers, 0, 1):
+            kept = self._forward_unit(unit, start, kept, copies, fixed)
+            copies += sum(c for _, _, c, _ in unit)
+            if reps > 1:
+                n, rest = len(unit), reps - 1
+                d_kept, d_copies = self._kept_by(unit, True), sum(c for _, _, c, _ in unit)
+                for t in sorted({0, rest - 1}):  # a run's highest point is at one of its ends
+                    at = start + n + t * n
+                    self._forward_unit(unit, at, kept + t * d_kept, copies + t * d_copies, fixed)
+                kept = kept + rest * d_kept
+                copies += rest * d_copies
+        head = self.head
+        if stage.last:
+            hv = [
+                self.peak(head, f) if f in (1, 3) else self.linear(head, f) for f in range(_BLOCK)
+            ]
+            head_copies, head_saved = self.plan.copies[head]
+        else:  # the output goes to the next stage; its gradient comes back
+            hv = [nothing, hidden, nothing, 2 * hidden, hidden, nothing, nothing]
+            head_copies = head_saved = 0
+        self.hv, self.head_saved = hv, head_saved
+        units = len(layers) * gather.unit
+        p = params + units + gather.forward if gathered else params + copies + head_copies
+        if self.logits_block >= 0:
+            c = self.plan.copies[self.logits_block].made
+            q = params + units + gather.forward if gathered else params + copies + c
+            peak = fixed + kept + self.peak(self.logits_block, 1) - c * one
+            self.add(_LOGITS_F, -1, q, grad_buffer, nothing, peak)
+        kind = _HEAD_F if stage.last else _SEND_F
+        peak = fixed - old_output + kept + hv[1] - head_copies * one
+        self.add(kind, -1, p, grad_buffer, nothing, peak)
+        copies += head_copies
+        held = hv[6]
+        per_microbatch = kept + held
+        waiting = (stage.inflight - 1) * per_microbatch + (nothing if stage.first else hidden)
+        # autocast's cache is cleared: the copies of checkpointed layers go, and of the
+        # others those that backward did not save
+        copies -= head_copies - head_saved
+        copies -= sum(c if on else c - saved for _, on, c, saved in layers)
+        return kept, copies, per_microbatch, waiting, held
 
-    def shrink(unit: tuple[_Layer, ...]) -> np.ndarray:
-        """What a repetition of ``unit`` releases in backward: all it kept but what it
-        handed to the model output (the KV cache), which lives on with it."""
-        out = nothing
-        for b, on, c, _ in unit:
-            out = out + (kept_on[b] if on else linear(b, 0) - c * one)
-        return out
-
-    cache = nothing
-    for b, on, _, _ in layers:
-        if not on:
-            cache = cache + linear(b, 6)
-
-    copies = 0
-    for start, unit, reps in _runs(layers, 0, 1):
-        kept = forward(unit, start, kept, copies)
-        copies += sum(c for _, _, c, _ in unit)
-        if reps > 1:
-            n, rest = len(unit), reps - 1
-            d_kept, d_copies = growth(unit), sum(c for _, _, c, _ in unit)
-            for t in sorted({0, rest - 1}):  # a run's highest point is at one of its ends
-                forward(unit, start + n + t * n, kept + t * d_kept, copies + t * d_copies)
-            kept = kept + rest * d_kept
-            copies += rest * d_copies
-
-    if stage.last:
-        hv = [peak(head, f) if f in (1, 3) else linear(head, f) for f in range(_BLOCK)]
-    else:  # the output goes to the next stage; its gradient comes back
-        hv = [nothing, hidden, nothing, 2 * hidden, hidden, nothing, nothing]
-    n_layers = len(layers)
-    head_copies, head_saved = head_casts
-    p = params + n_layers * unit_b + g_fwd if gathered else params + copies + head_copies
-    if logits_block >= 0:
-        c = copies_of[logits_block].made
-        q = params + n_layers * unit_b + g_fwd if gathered else params + copies + c
-        add(_LOGITS_F, -1, q, grad_buffer, nothing, fixed + kept + peak(logits_block, 1) - c * one)
-    kind = _HEAD_F if stage.last else _SEND_F
-    add(kind, -1, p, grad_buffer, nothing, fixed - old_output + kept + hv[1] - head_copies * one)
-    copies += head_copies
-    held = hv[6]
-    per_microbatch = kept + held
-    waiting = (stage.inflight - 1) * per_microbatch + (nothing if stage.first else hidden)
-    # autocast's cache is cleared: the copies of checkpointed layers go, and of the others
-    # those that backward did not save
-    copies -= head_copies - head_saved
-    copies -= sum(c if on else c - saved for _, on, c, saved in layers)
-
-    def buffers(reducing: int) -> int:
-        return grad_buffer + (gather.grads + reducing if gathered else 0)
-
-    fixed = base + held
-    units = n_layers * unit_b
-    p = params + units + g_bwd if gathered else params + copies
-    kind = _HEAD_B if stage.last else _RECV_B
-    add(kind, -1, p, buffers(0), nothing, fixed + kept + hv[3] - head_saved * one)
-    copies -= head_saved
-    State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
-
-    def backward(unit: tuple[_Layer, ...], i: int, state: State) -> State:
+    def _backward_unit(self, unit: tuple[_Layer, ...], i: int, state: _State) -> _State:
         kept, copies, grads, units, grad_in, reducing = state
+        gather, params, one, fixed = self.gather, self.params, self.one, self.fixed_b
+        gathered, g_bwd = gather.active, gather.backward
         for b, on, c, saved in unit:
-            g = buffers(reducing)
+            g = self.buffers(reducing)
             if on:
-                kept = kept - kept_on[b]
+                kept = kept - self.kept_on[b]
                 p = params + units + g_bwd if gathered else params + copies + c
-                add(_RECOMPUTE, i, p, g, grads, fixed + kept + grad_in + peak(b, 1) - c * one)
+                peak = fixed + kept + grad_in + self.peak(b, 1) - c * one
+                self.add(_RECOMPUTE, i, p, g, grads, peak)
                 p = params + units + g_bwd if gathered else params + copies + saved
-                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - saved * one)
+                self.add(_LAYER_B, i, p, g, grads, fixed + kept + self.peak(b, 3) - saved * one)
             else:
-                kept = kept - (linear(b, 0) - c * one)
+                kept = kept - (self.linear(b, 0) - c * one)
                 p = params + units + g_bwd if gathered else params + copies
-                add(_LAYER_B, i, p, g, grads, fixed + kept + peak(b, 3) - saved * one)
+                self.add(_LAYER_B, i, p, g, grads, fixed + kept + self.peak(b, 3) - saved * one)
                 copies -= saved
-            grads = grads + linear(b, 5)
-            grad_in = linear(b, 4)
-            units -= unit_b
+            grads = grads + self.linear(b, 5)
+            grad_in = self.linear(b, 4)
+            units -= gather.unit
             reducing = gather.reduce
             i -= 1
         return kept, copies, grads, units, grad_in, reducing
 
-    state: State = (kept, copies, hv[5], units, hv[4], 0)
-    checks: list[np.ndarray] = []
-    for start, unit, reps in _runs(layers[::-1], n_layers - 1, -1):
-        state = backward(unit, start, state)
-        if reps <= 1:
-            continue
-        kept, copies, grads, units, grad_in, reducing = state
-        n, rest = len(unit), reps - 1
-        d_kept = shrink(unit)
-        d_grads = sum((linear(b, 5) for b, _, _, _ in unit), nothing)
-        d_copies = sum(saved for _, on, _, saved in unit if not on)
-        d_units = n * unit_b
-        if denominator != 1 and rest > 2:  # floored shares: monotone only if they move enough
-            checks += [d_grads, d_kept + (d_units if gathered else d_copies) * one]
-        for t in sorted({0, rest - 1}):
-            at = (kept - t * d_kept, copies - t * d_copies, grads + t * d_grads)
-            backward(unit, start - n - t * n, (*at, units - t * d_units, grad_in, reducing))
-        state = (
-            kept - rest * d_kept,
-            copies - rest * d_copies,
-            grads + rest * d_grads,
-            units - rest * d_units,
-            grad_in,
-            reducing,
+    def _backward(
+        self, fixed: np.ndarray, kept: np.ndarray, copies: int, cache: np.ndarray
+    ) -> list[np.ndarray]:
+        """The backward's candidates; returns the rows of the runs to check."""
+        gather, params, one, hv = self.gather, self.params, self.one, self.hv
+        gathered, layers, plan = gather.active, self.layers, self.plan
+        self.fixed_b = fixed
+        n_layers = len(layers)
+        units = n_layers * gather.unit
+        p = params + units + gather.backward if gathered else params + copies
+        kind = _HEAD_B if self.stage.last else _RECV_B
+        self.add(
+            kind, -1, p, self.buffers(0), self.nothing, fixed + kept + hv[3] - self.head_saved * one
         )
-    kept, copies, grads, units, grad_in, reducing = state
-    if trains_embeddings:
-        p = params + units + g_bwd if gathered else params
-        own = grads + (dense_grad - tied) * one
-        add(_EMBED_B, -1, p, buffers(reducing), own, fixed + cache + grad_in + tied * one)
-    # the model output, with what the layers handed to it, lives through the optimizer step
-    return cands, per_microbatch, waiting, held + cache, checks
+        copies -= self.head_saved
+        state: _State = (kept, copies, hv[5], units, hv[4], 0)
+        checks: list[np.ndarray] = []
+        for start, unit, reps in _runs(layers[::-1], n_layers - 1, -1):
+            state = self._backward_unit(unit, start, state)
+            if reps <= 1:
+                continue
+            kept, copies, grads, units, grad_in, reducing = state
+            n, rest = len(unit), reps - 1
+            d_kept = self._kept_by(unit, False)
+            d_grads = sum((self.linear(b, 5) for b, _, _, _ in unit), self.nothing)
+            d_copies = sum(saved for _, on, _, saved in unit if not on)
+            d_units = n * gather.unit
+            # floored shares: monotone only if they move enough
+            if plan.grad_share.denominator != 1 and rest > 2:
+                checks += [d_grads, d_kept + (d_units if gathered else d_copies) * one]
+            for t in sorted({0, rest - 1}):
+                at = (kept - t * d_kept, copies - t * d_copies, grads + t * d_grads)
+                state_t = (*at, units - t * d_units, grad_in, reducing)
+                self._backward_unit(unit, start - n - t * n, state_t)
+            state = (
+                kept - rest * d_kept,
+                copies - rest * d_copies,
+                grads + rest * d_grads,
+                units - rest * d_units,
+                grad_in,
+                reducing,
+            )
+        kept, copies, grads, units, grad_in, reducing = state
+        if self.trains_embeddings:
+            p = params + units + gather.backward if gathered else params
+            own = grads + (plan.dense_grad - plan.tied) * one
+            peak = fixed + cache + grad_in + plan.tied * one
+            self.add(_EMBED_B, -1, p, self.buffers(reducing), own, peak)
+        return checks
+
+
+#: what the backward carries from layer to layer: what is kept, autocast's copies, the
+#: gradients, the gathered units, the input gradient and the reduce-scatter input
+_State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -1092,18 +1132,7 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        (
-            layers,
-            head,
-            training,
-            gather,
-            grad_buffer,
-            opt,
-            trains_embeddings,
-            per_op,
-            kept_of,
-            logits_block,
-        ) = plan.recipe
+        layers, _, _, gather, grad_buffer, opt = plan.recipe[:6]
         model, stage, profiles = plan.model, plan.stage, plan.profiles
         # every coefficient of a form is a sum over the layers of profile coefficients and
         # constants, raised by the micro-batches in flight: int64 where that fits
@@ -1115,30 +1144,7 @@ class _Forms:
         )
         bound = 4 * (stage.inflight + 2) * (len(layers) + 8) * largest
         dtype: type = np.int64 if bound < _INT64_SAFE else object
-        cands, per_microbatch, waiting, held, checks = _compile(
-            model,
-            layers,
-            head,
-            plan.copies[head] if stage.last else Casts(0, 0),
-            profiles,
-            plan.unfolded,
-            training,
-            plan.ctx,
-            stage,
-            gather,
-            grad_buffer,
-            plan.params,
-            opt,
-            trains_embeddings,
-            plan.dense_grad,
-            plan.tied,
-            plan.grad_share.denominator,
-            dtype,
-            per_op,
-            kept_of,
-            logits_block,
-            plan.copies,
-        )
+        cands, per_microbatch, waiting, held, checks = _Compiler(plan, dtype).run()
         matrix = np.stack(
             [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
         )
