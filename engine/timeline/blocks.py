@@ -1,0 +1,126 @@
+"""Each block of the step (a layer, the head and loss) built from :mod:`engine.layers` and
+played op by op (:func:`engine.graph.simulate`), or profiled once with symbolic sizes
+(:func:`_profile`): its peaks, what it keeps and hands on, its autocast copies."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import NamedTuple
+
+from engine.graph import Block, BlockResult, Profile, Size, profile, simulate
+from engine.layers import Ctx
+from engine.specs import ModelSpec
+from engine.timeline.context import HEAD_LOGITS, _build
+
+#: (batch, sequence length / sp) at which every new profile is checked against the block
+#: simulated directly: odd sizes, so that a size that is not the linear form the profile
+#: holds cannot agree by accident
+HELD_OUT = (3, 37)
+
+
+class Casts(NamedTuple):
+    """Bytes of a block's autocast weight copies (the same at every shape): ``made`` --
+    every copy, held by autocast's cache from the moment it is made to the end of the
+    forward; ``saved`` -- those an op saved for backward, held on from the end of the
+    forward until the block's backward. A layer whose input needs no gradient saves
+    none of the copies its first projections read."""
+
+    made: int
+    saved: int
+
+
+def _casts(block: Block) -> Casts:
+    return Casts(block.weight_copies, block.saved_copies)
+
+
+@lru_cache(maxsize=16384)
+def _profile(
+    model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
+) -> tuple[Profile | None, Casts]:
+    """A block for every batch and sequence length: built once with symbolic sizes
+    (:func:`engine.graph.profile`), checked against a direct simulation at
+    :data:`HELD_OUT`, and the bytes of the autocast weight copies it makes and saves.
+    ``None`` when the block's sizes are not linear forms of the shape terms: every shape
+    of it is then simulated directly (:func:`_direct`)."""
+    b, s = HELD_OUT
+    held_out = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
+    try:
+        block, out = _build(model, dataclasses.replace(ctx, symbolic=True), kind, x_grad, chunked)
+        prof = profile(block, out, x_grad or kind == "head")
+        if prof.at(held_out.terms()) == _direct(model, held_out, kind, x_grad, chunked):
+            return prof, _casts(block)
+    except (TypeError, ValueError):  # a size that no linear form of the terms holds
+        pass
+    return None, _casts(_build(model, held_out, kind, x_grad, chunked)[0])
+
+
+@lru_cache(maxsize=4096)
+def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> BlockResult:
+    """The block built at ``ctx``'s own batch and sequence length, and simulated."""
+    return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad or kind == "head")
+
+
+def block_result(
+    model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool, key: Ctx | None = None
+) -> tuple[BlockResult, Casts]:
+    """One block of the step at ``ctx``'s shape, from its profile where the profile holds,
+    else simulated directly; and the bytes of its autocast weight copies. ``key`` is
+    ``ctx`` without its shape (the profile's cache key), when the caller has it."""
+    key = key or dataclasses.replace(ctx, batch=1, seq=1)
+    prof, copies = _profile(model, key, kind, x_grad, chunked)
+    if prof is not None:
+        try:
+            return prof.at(ctx.terms()), copies
+        except ValueError:  # not a whole number of bytes here: outside the exact domain
+            pass
+    return _direct(model, ctx, kind, x_grad, chunked), copies
+
+
+#: the op names of :mod:`engine.layers` that are ``aten.mm`` in PyTorch, and those of the
+#: attention kernels, for torchtitan's per-op policy
+_MM_OPS = ("mm", "lora_A", "lora_B")
+
+
+def per_op_saved(block: Block) -> Size:
+    """Bytes torchtitan's per-op selective checkpointing keeps of a layer beyond its input
+    (``selective_ac_option = "op"``): the outputs of the attention kernel and of every
+    odd-numbered ``mm`` of the layer (the 1st, 3rd, ...); everything else is recomputed
+    in backward, where the kept outputs are used as they are."""
+    total: Size = 0
+    count = 0
+    for op in block.ops:
+        if op.name in _MM_OPS:
+            count += 1
+            if count % 2:
+                total = total + sum((size for _, size in op.outputs), start=0)
+        elif op.name.startswith("sdpa_"):
+            total = total + sum((size for _, size in op.outputs), start=0)
+    return total
+
+
+@lru_cache(maxsize=4096)
+def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
+    """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
+    return per_op_saved(_build(model, ctx, kind, x_grad, False)[0])
+
+
+def function_kept(block: Block) -> Size:
+    """Bytes of the tensors custom autograd functions of ``block`` keep on their ``ctx``
+    (:attr:`~engine.graph.Block.kept_by_functions`): they live as long as the graph."""
+    return sum((block.sizes[t] for t in sorted(block.kept_by_functions)), start=0)
+
+
+@lru_cache(maxsize=4096)
+def _function_kept(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> Size:
+    """:func:`function_kept` of a block kind, at ``ctx``'s shape or symbolic. Of the LM
+    head only a 4-bit head keeps anything: its input, the final norm's output, whatever
+    the loss (a head run in pieces views it; that head is built at concrete shapes only,
+    so it is read from the unchunked one)."""
+    if kind == HEAD_LOGITS:  # the head's own block counts it
+        return 0
+    if kind == "head":
+        if not (ctx.quantized and ctx.quantized_head):
+            return 0
+        ctx = dataclasses.replace(ctx, loss="standard")
+    return function_kept(_build(model, ctx, kind, x_grad, chunked)[0])

@@ -1,0 +1,487 @@
+"""The step compiled once with symbolic sizes (:class:`_Compiler`): its highest points as
+linear forms of the shape (:class:`_Forms`), which a
+:class:`~engine.timeline.stepplan.StepPlan` evaluates for any micro-batch and sequence
+length at once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.graph import TERMS, Profile, Size, _coefs
+from engine.timeline.context import (
+    carries_previous,
+)
+
+if TYPE_CHECKING:
+    from engine.timeline.stepplan import StepPlan
+
+#: the moments of a step by (phase, label); results over many shapes name them by index
+KINDS = (
+    ("before", "weights and optimizer states"),
+    ("forward", "embedding"),
+    ("forward", "layer"),
+    ("forward", "LM head and loss"),
+    ("forward", "send to the next stage"),
+    ("backward", "loss and LM head"),
+    ("backward", "gradient from the next stage"),
+    ("backward", "recompute"),
+    ("backward", "layer"),
+    ("backward", "embedding"),
+    ("optimizer", "optimizer step"),
+    ("optimizer", "after zero_grad"),
+    ("forward", "LM head"),
+)
+_EMBED_F, _LAYER_F, _HEAD_F, _SEND_F = 1, 2, 3, 4
+_HEAD_B, _RECV_B, _RECOMPUTE, _LAYER_B, _EMBED_B = 5, 6, 7, 8, 9
+_LOGITS_F = 12
+
+#: the longest group of layers looked for as the repeated unit of a run
+_GROUP = 8
+#: int64 holds every value of a play over many shapes when a bound on them is below this
+_INT64_SAFE = 1 << 62
+
+#: one layer of a run: the block it is, whether it is checkpointed, its autocast copies
+#: made and saved (:class:`Casts`)
+_Layer = tuple[int, bool, int, int]
+#: a run: its first layer's index, the layers of its repeated group, the repetitions
+_Run = tuple[int, tuple[_Layer, ...], int]
+
+
+def _runs(layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
+    """``layers`` (from layer ``start``, one ``step`` apart) as runs of a repeated group:
+    at each position, the group of at most :data:`_GROUP` layers whose repetitions cover
+    the most layers. Any split into runs gives the same peak; fewer runs, less work."""
+    out: list[_Run] = []
+    i, n = 0, len(layers)
+    while i < n:
+        size, reps = 1, 1
+        for p in range(1, min(_GROUP, (n - i) // 2) + 1):
+            unit = layers[i : i + p]
+            r = 1
+            while layers[i + r * p : i + (r + 1) * p] == unit:
+                r += 1
+            if r > 1 and r * p > size * reps:
+                size, reps = p, r
+        out.append((start + step * i, tuple(layers[i : i + size]), reps))
+        i += size * reps
+    return tuple(out)
+
+
+#: the shape quantities every point of a step is a linear form in: the six
+#: :data:`~engine.graph.TERMS` (``one`` last), a hidden-size tensor between blocks
+#: (``b s h x res / sp``), the embedding's 1-byte dropout mask (``b s h / sp``), then the
+#: seven values (:class:`~engine.graph.BlockResult`: kept, forward peak, output, backward
+#: peak, input gradient, parameter gradients, held) of each block that is not folded in
+#: (a block without an integer profile: see :func:`_compile`)
+_ONE, _HIDDEN, _DROPOUT, _FIRST_BLOCK = len(TERMS) - 1, len(TERMS), len(TERMS) + 1, len(TERMS) + 2
+_BLOCK = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """The highest point of the forward and backward at many shapes, one array entry per
+    shape (:meth:`StepPlan.moments`), and what the step's other moments need."""
+
+    #: index into :data:`KINDS`
+    kind: np.ndarray
+    #: the layer, -1 for a point that is not a layer's
+    layer: np.ndarray
+    parameters: np.ndarray
+    gradients: np.ndarray
+    optimizer_states: np.ndarray
+    activations: np.ndarray
+    per_microbatch: np.ndarray
+    logits: np.ndarray
+    #: shapes these arrays do not hold exactly (a block simulated directly there, or a
+    #: run of floored gradient shares not monotone there): play each with
+    #: :meth:`StepPlan.play`
+    single: np.ndarray
+
+
+class _Max:
+    """The largest of a few linear forms -- a block's forward or backward peak, from its
+    profile's candidates: a point that holds it is a candidate for the step's highest
+    point once per form (the highest of them is the point's own value)."""
+
+    __slots__ = ("forms",)
+    __array_ufunc__ = None  # an array plus a _Max is a _Max
+
+    def __init__(self, forms: list[np.ndarray]) -> None:
+        self.forms = forms
+
+    def __add__(self, other: np.ndarray) -> _Max:
+        return _Max([f + other for f in self.forms])
+
+    __radd__ = __add__
+
+    def __sub__(self, other: np.ndarray) -> _Max:
+        return _Max([f - other for f in self.forms])
+
+
+def _forms(prof: Profile) -> tuple[tuple[int, ...], ...]:
+    """Every linear form of a block profile."""
+    singles = (prof.kept, prof.output, prof.input_grad, prof.param_grads, prof.held)
+    return (*singles, *prof.forward, *prof.backward)
+
+
+#: a point of the step that can be its highest (see :func:`_compile`): kind, layer,
+#: parameters, optimizer states and gradient buffers (constants), and the linear forms of
+#: its gradients before the rank's share is taken and of its activations
+_Candidate = tuple[int, int, int, int, int, np.ndarray, np.ndarray]
+
+
+class _Compiler:
+    """The step played once with symbolic sizes, as :func:`_layer_by_layer` plays it point
+    for point (:meth:`run`): the points that can be its highest -- every point outside
+    runs, and both ends of every run's later repetitions (see the module docstring) --
+    with their bytes as linear forms over the shape quantities; what one micro-batch
+    keeps, the other micro-batches in flight and the logits held; and for each run whose
+    floored gradient share is not affine, the growth of its gradients and the fall of the
+    rest per repetition (it is monotone only where they differ by a byte or more).
+
+    A block with an integer profile is folded in: its values are the profile's forms
+    (its peaks a :class:`_Max` of them); the values of the ``unfolded`` ones are shape
+    quantities of their own. The forms are int64 vectors where ``dtype`` says they fit,
+    else Python integers."""
+
+    def __init__(self, plan: StepPlan, dtype: type) -> None:
+        (
+            layers,
+            head,
+            training,
+            gather,
+            grad_buffer,
+            opt,
+            trains_embeddings,
+            per_op,
+            function_kept_of,
+            logits_block,
+        ) = plan.recipe
+        self.plan, self.dtype = plan, dtype
+        self.model, self.stage, self.ctx = plan.model, plan.stage, plan.ctx
+        self.layers: Sequence[_Layer] = layers
+        self.head, self.training, self.gather = head, training, gather
+        self.grad_buffer, self.opt, self.params = grad_buffer, opt, plan.params
+        self.trains_embeddings, self.logits_block = trains_embeddings, logits_block
+        self.profiles, self.unfolded = plan.profiles, plan.unfolded
+        self.size = _FIRST_BLOCK + _BLOCK * len(plan.unfolded)
+        # rows shared: no form changes in place
+        self.basis: np.ndarray = np.eye(self.size, dtype=dtype)
+        self.values: dict[tuple[int, int], Any] = {}
+        self.cands: list[_Candidate] = []
+        self.one, self.tokens = self.var(_ONE), self.var(0)
+        self.pairs, self.hidden = self.var(1), self.var(_HIDDEN)
+        self.nothing = 0 * self.one
+        ckpt_input = self.nothing if training.offload.activations == "cpu" else self.hidden
+        # what a checkpointed layer of each block keeps: its input, and what per-op saves
+        self.kept_on = [
+            ckpt_input + self.saved_form(per_op[b] if per_op else 0)
+            for b in range(len(plan.profiles))
+        ]
+        self.function_kept_of: Sequence[Size] = function_kept_of
+
+    def var(self, i: int) -> np.ndarray:
+        row: np.ndarray = self.basis[i]
+        return row
+
+    def form(self, prof: Profile, coefs: tuple[int, ...]) -> np.ndarray:
+        v: np.ndarray = np.zeros(self.size, dtype=self.dtype)
+        v[list(prof.terms)] = coefs
+        return v
+
+    def value(self, b: int, f: int) -> Any:
+        """Field ``f`` of block ``b``: a form, or for a peak a :class:`_Max` of forms."""
+        values = self.values
+        if (b, f) not in values:
+            prof = self.profiles[b]
+            if b in self.unfolded or prof is None:
+                values[b, f] = self.var(_FIRST_BLOCK + _BLOCK * self.unfolded.index(b) + f)
+            elif f in (1, 3):
+                forms = prof.forward if f == 1 else prof.backward
+                values[b, f] = _Max([self.form(prof, v) for v in forms])
+            else:
+                fields = (prof.kept, (), prof.output, (), prof.input_grad, prof.param_grads)
+                values[b, f] = self.form(prof, (*fields, prof.held)[f])
+        return values[b, f]
+
+    linear = peak = value
+
+    def saved_form(self, size_of: Size) -> np.ndarray:
+        v: np.ndarray = np.zeros(self.size, dtype=self.dtype)
+        for j, a in enumerate(_coefs(size_of)):
+            if a != int(a):
+                raise ValueError("a per-op saved size that is not whole bytes")
+            v[j] = int(a)
+        return v
+
+    def add(self, kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
+        for f in a.forms if isinstance(a, _Max) else [a]:
+            self.cands.append((kind, layer, p, self.opt, g, grads, f))
+
+    def buffers(self, reducing: int) -> int:
+        gather = self.gather
+        extra: int = gather.grads + reducing if gather.active else 0
+        return int(self.grad_buffer) + extra
+
+    def run(self) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+        model, ctx, stage, training = self.model, self.ctx, self.stage, self.training
+        tokens, pairs, nothing = self.tokens, self.pairs, self.nothing
+        rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
+        eager = ctx.attention == "eager"
+        base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
+        # the previous step's graph (what custom functions keep) and model output, as
+        # _layer_by_layer counts them
+        graph_kept = old_output = nothing
+        if carries_previous(training, stage):
+            for b, on, _, _ in self.layers:
+                if not on:
+                    graph_kept = graph_kept + self.saved_form(self.function_kept_of[b])
+                    old_output = old_output + self.linear(b, 6)
+            graph_kept = graph_kept + self.saved_form(self.function_kept_of[self.head])
+            old_output = old_output + self.linear(self.head, 6)
+        fixed = base + (ctx.res * pairs if eager else nothing) + graph_kept + old_output
+        kept, copies, per_microbatch, waiting, held = self._forward(fixed, old_output)
+        cache = nothing
+        for b, on, _, _ in self.layers:
+            if not on:
+                cache = cache + self.linear(b, 6)
+        checks = self._backward(base + held, kept, copies, cache)
+        # the model output, with what the layers handed to it, lives through the optimizer
+        return self.cands, per_microbatch, waiting, held + cache, checks
+
+    def _kept_by(self, unit: tuple[_Layer, ...], handed: bool) -> np.ndarray:
+        """What a repetition of ``unit`` adds to the activations kept (``handed``: with
+        what it hands to the model output, the KV cache, which backward does not free)."""
+        out, one = self.nothing, self.one
+        for b, on, c, _ in unit:
+            if on:
+                out = out + self.kept_on[b]
+            else:
+                out = out + (self.linear(b, 0) - c * one)
+                out = out + self.linear(b, 6) if handed else out
+        return out
+
+    def _forward_unit(
+        self, unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int, fixed: np.ndarray
+    ) -> np.ndarray:
+        gather, params, one = self.gather, self.params, self.one
+        for b, on, c, _ in unit:
+            gathered = params + i * gather.unit + gather.forward
+            p = gathered if gather.active else params + copies + c
+            peak = fixed + kept + self.peak(b, 1) - c * one
+            self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, peak)
+            kept = kept + (
+                self.kept_on[b] if on else self.linear(b, 0) - c * one + self.linear(b, 6)
+            )
+            copies += c
+            i += 1
+        return kept
+
+    def _forward(
+        self, fixed: np.ndarray, old_output: np.ndarray
+    ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+        """The forward's candidates; returns what the layers keep, autocast's copies left
+        after the forward, one micro-batch's activations, the others' in flight and the
+        logits held."""
+        model, stage, gather, params = self.model, self.stage, self.gather, self.params
+        nothing, one, hidden, tokens = self.nothing, self.one, self.hidden, self.tokens
+        gathered, grad_buffer, layers = gather.active, self.grad_buffer, self.layers
+        kept = nothing
+        if stage.first:
+            kept = int(model.embedding_norm) * (hidden + 8 * tokens)
+            kept = kept + (self.var(_DROPOUT) if model.hidden_dropout > 0 else nothing)
+            p = params + gather.forward if gathered else params
+            self.add(_EMBED_F, -1, p, grad_buffer, nothing, fixed + hidden)
+        copies = 0
+        for start, unit, reps in _runs(layers, 0, 1):
+            kept = self._forward_unit(unit, start, kept, copies, fixed)
+            copies += sum(c for _, _, c, _ in unit)
+            if reps > 1:
+                n, rest = len(unit), reps - 1
+                d_kept, d_copies = self._kept_by(unit, True), sum(c for _, _, c, _ in unit)
+                for t in sorted({0, rest - 1}):  # a run's highest point is at one of its ends
+                    at = start + n + t * n
+                    self._forward_unit(unit, at, kept + t * d_kept, copies + t * d_copies, fixed)
+                kept = kept + rest * d_kept
+                copies += rest * d_copies
+        head = self.head
+        if stage.last:
+            hv = [
+                self.peak(head, f) if f in (1, 3) else self.linear(head, f) for f in range(_BLOCK)
+            ]
+            head_copies, head_saved = self.plan.copies[head]
+        else:  # the output goes to the next stage; its gradient comes back
+            hv = [nothing, hidden, nothing, 2 * hidden, hidden, nothing, nothing]
+            head_copies = head_saved = 0
+        self.hv, self.head_saved = hv, head_saved
+        units = len(layers) * gather.unit
+        p = params + units + gather.forward if gathered else params + copies + head_copies
+        if self.logits_block >= 0:
+            c = self.plan.copies[self.logits_block].made
+            q = params + units + gather.forward if gathered else params + copies + c
+            peak = fixed + kept + self.peak(self.logits_block, 1) - c * one
+            self.add(_LOGITS_F, -1, q, grad_buffer, nothing, peak)
+        kind = _HEAD_F if stage.last else _SEND_F
+        peak = fixed - old_output + kept + hv[1] - head_copies * one
+        self.add(kind, -1, p, grad_buffer, nothing, peak)
+        copies += head_copies
+        held = hv[6]
+        per_microbatch = kept + held
+        waiting = (stage.inflight - 1) * per_microbatch + (nothing if stage.first else hidden)
+        # autocast's cache is cleared: the copies of checkpointed layers go, and of the
+        # others those that backward did not save
+        copies -= head_copies - head_saved
+        copies -= sum(c if on else c - saved for _, on, c, saved in layers)
+        return kept, copies, per_microbatch, waiting, held
+
+    def _backward_unit(self, unit: tuple[_Layer, ...], i: int, state: _State) -> _State:
+        kept, copies, grads, units, grad_in, reducing = state
+        gather, params, one, fixed = self.gather, self.params, self.one, self.fixed_b
+        gathered, g_bwd = gather.active, gather.backward
+        for b, on, c, saved in unit:
+            g = self.buffers(reducing)
+            if on:
+                kept = kept - self.kept_on[b]
+                p = params + units + g_bwd if gathered else params + copies + c
+                peak = fixed + kept + grad_in + self.peak(b, 1) - c * one
+                self.add(_RECOMPUTE, i, p, g, grads, peak)
+                p = params + units + g_bwd if gathered else params + copies + saved
+                self.add(_LAYER_B, i, p, g, grads, fixed + kept + self.peak(b, 3) - saved * one)
+            else:
+                kept = kept - (self.linear(b, 0) - c * one)
+                p = params + units + g_bwd if gathered else params + copies
+                self.add(_LAYER_B, i, p, g, grads, fixed + kept + self.peak(b, 3) - saved * one)
+                copies -= saved
+            grads = grads + self.linear(b, 5)
+            grad_in = self.linear(b, 4)
+            units -= gather.unit
+            reducing = gather.reduce
+            i -= 1
+        return kept, copies, grads, units, grad_in, reducing
+
+    def _backward(
+        self, fixed: np.ndarray, kept: np.ndarray, copies: int, cache: np.ndarray
+    ) -> list[np.ndarray]:
+        """The backward's candidates; returns the rows of the runs to check."""
+        gather, params, one, hv = self.gather, self.params, self.one, self.hv
+        gathered, layers, plan = gather.active, self.layers, self.plan
+        self.fixed_b = fixed
+        n_layers = len(layers)
+        units = n_layers * gather.unit
+        p = params + units + gather.backward if gathered else params + copies
+        kind = _HEAD_B if self.stage.last else _RECV_B
+        self.add(
+            kind, -1, p, self.buffers(0), self.nothing, fixed + kept + hv[3] - self.head_saved * one
+        )
+        copies -= self.head_saved
+        state: _State = (kept, copies, hv[5], units, hv[4], 0)
+        checks: list[np.ndarray] = []
+        for start, unit, reps in _runs(layers[::-1], n_layers - 1, -1):
+            state = self._backward_unit(unit, start, state)
+            if reps <= 1:
+                continue
+            kept, copies, grads, units, grad_in, reducing = state
+            n, rest = len(unit), reps - 1
+            d_kept = self._kept_by(unit, False)
+            d_grads = sum((self.linear(b, 5) for b, _, _, _ in unit), self.nothing)
+            d_copies = sum(saved for _, on, _, saved in unit if not on)
+            d_units = n * gather.unit
+            # floored shares: monotone only if they move enough
+            if plan.grad_share.denominator != 1 and rest > 2:
+                checks += [d_grads, d_kept + (d_units if gathered else d_copies) * one]
+            for t in sorted({0, rest - 1}):
+                at = (kept - t * d_kept, copies - t * d_copies, grads + t * d_grads)
+                state_t = (*at, units - t * d_units, grad_in, reducing)
+                self._backward_unit(unit, start - n - t * n, state_t)
+            state = (
+                kept - rest * d_kept,
+                copies - rest * d_copies,
+                grads + rest * d_grads,
+                units - rest * d_units,
+                grad_in,
+                reducing,
+            )
+        kept, copies, grads, units, grad_in, reducing = state
+        if self.trains_embeddings:
+            p = params + units + gather.backward if gathered else params
+            own = grads + (plan.dense_grad - plan.tied) * one
+            peak = fixed + cache + grad_in + plan.tied * one
+            self.add(_EMBED_B, -1, p, self.buffers(reducing), own, peak)
+        return checks
+
+
+#: what the backward carries from layer to layer: what is kept, autocast's copies, the
+#: gradients, the gathered units, the input gradient and the reduce-scatter input
+_State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Forms:
+    """A step plan compiled (:func:`_compile`): the candidates for the highest point of
+    forward and backward -- kind, layer and their constant parameters, optimizer states
+    and gradient buffers -- and the matrix of their linear forms over the shape
+    quantities: activations, gradients before the share, then what a micro-batch keeps,
+    the other micro-batches in flight, the logits held, then the pairs of rows of the
+    runs to check."""
+
+    kinds: tuple[int, ...]
+    layer_of: tuple[int, ...]
+    fixed_parameters: tuple[int, ...]
+    fixed_optimizer: tuple[int, ...]
+    #: the four above as arrays (for many shapes at once)
+    arrays: tuple[np.ndarray, ...]
+    constant: np.ndarray
+    buffers: np.ndarray
+    matrix: np.ndarray
+    #: whether ``constant``, ``buffers`` and ``matrix`` are int64 (else Python integers)
+    fits: bool
+    #: the largest absolute coefficient of each column of the matrix, and the largest
+    #: absolute constant and buffer together: what bounds the values of a play
+    columns: tuple[int, ...]
+    largest_constant: int
+    checks: int
+
+    @staticmethod
+    def of(plan: StepPlan) -> _Forms:
+        layers, _, _, gather, grad_buffer, opt = plan.recipe[:6]
+        model, stage, profiles = plan.model, plan.stage, plan.profiles
+        # every coefficient of a form is a sum over the layers of profile coefficients and
+        # constants, raised by the micro-batches in flight: int64 where that fits
+        largest = max(
+            [abs(c) for p in profiles if p is not None for v in _forms(p) for c in v]
+            + [plan.params, opt, grad_buffer, plan.dense_grad, sum(c.made for c in plan.copies)]
+            + [gather.forward, gather.backward, gather.grads, gather.reduce, gather.unit]
+            + [64 + 4 * model.head_dim]
+        )
+        bound = 4 * (stage.inflight + 2) * (len(layers) + 8) * largest
+        dtype: type = np.int64 if bound < _INT64_SAFE else object
+        cands, per_microbatch, waiting, held, checks = _Compiler(plan, dtype).run()
+        matrix = np.stack(
+            [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
+        )
+        constant = np.array([c[2] + c[3] for c in cands], dtype=object)
+        buffers = np.array([c[4] for c in cands], dtype=object)
+        columns = tuple(int(c) for c in np.abs(matrix).max(axis=0))
+        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
+        fits = dtype is np.int64 and largest_constant < _INT64_SAFE
+        return _Forms(
+            kinds=tuple(c[0] for c in cands),
+            layer_of=tuple(c[1] for c in cands),
+            fixed_parameters=tuple(c[2] for c in cands),
+            fixed_optimizer=tuple(c[3] for c in cands),
+            arrays=tuple(
+                np.array([c[f] for c in cands], dtype=np.int64 if fits else object)
+                for f in range(4)
+            ),
+            constant=constant.astype(np.int64) if fits else constant,
+            buffers=buffers.astype(np.int64) if fits else buffers,
+            matrix=matrix if fits else matrix.astype(object),
+            fits=fits,
+            columns=columns,
+            largest_constant=largest_constant,
+            checks=len(checks) // 2,
+        )

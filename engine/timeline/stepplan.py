@@ -1,0 +1,482 @@
+"""A step compiled for every shape (:class:`StepPlan`): the compiled forms of its highest
+points (:mod:`engine.timeline.compiled`), evaluated for a micro-batch and sequence length, the
+step played point by point where the forms cannot say, and :class:`Joint`, the stages of a
+pipeline evaluated together."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from operator import mul
+from typing import Any
+
+import numpy as np
+
+from engine.graph import Profile, Size
+from engine.layers import CHUNK_ROWS, Ctx
+from engine.model_state import ModelState
+from engine.precision import precision_of
+from engine.specs import ModelSpec, TrainingSpec
+from engine.stacks import conventions
+from engine.timeline.blocks import Casts, _direct, _function_kept, _per_op, _profile
+from engine.timeline.compiled import (
+    _BLOCK,
+    _DROPOUT,
+    _FIRST_BLOCK,
+    _HIDDEN,
+    _INT64_SAFE,
+    KINDS,
+    Moments,
+    _Forms,
+)
+from engine.timeline.context import (
+    HEAD_LOGITS,
+    Gather,
+    Stage,
+    carries_previous,
+    make_ctx,
+    optimizer_temporaries,
+    plays_logits_point,
+    step_layers,
+)
+from engine.timeline.points import Point, Timeline, _total
+from engine.timeline.sources import Source
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepPlan:
+    """Everything of one step (a rank's, see :func:`step_timeline`) that does not depend
+    on the micro-batch size and the sequence length; :meth:`play` adds the shape."""
+
+    model: ModelSpec
+    #: the step's context at batch 1 x sequence 1: the key of the block profiles
+    ctx: Ctx
+    chunked: bool
+    #: the distinct blocks of the step (kind, input needs a gradient), their profiles
+    #: (``None``: simulated directly at each shape) and their autocast copies
+    blocks: tuple[tuple[str, bool], ...]
+    profiles: tuple[Profile | None, ...]
+    copies: tuple[Casts, ...]
+    #: the blocks whose values are evaluated at each shape (no integer profile)
+    unfolded: tuple[int, ...]
+    layers: int
+    checkpointed_layers: int
+    offload_inputs: bool
+    hidden_size: int
+    res: int
+    sp: int
+    stage: Stage
+    grad_share: Fraction
+    params: int
+    temp: int
+    #: the moments that do not depend on the shape
+    before: Point
+    step: Point
+    after: Point
+    #: the embedding's gradient, and the part of it summed into a tied LM head's
+    dense_grad: int
+    tied: int
+    #: what compiling the step reads (see :func:`_compile`), and the compiled forms
+    recipe: tuple[Any, ...] = field(repr=False)
+    _compiled: list[_Forms] = field(default_factory=list, repr=False)
+
+    @staticmethod
+    def build(
+        model: ModelSpec,
+        training: TrainingSpec,
+        state: ModelState,
+        grad_share: Fraction,
+        optimizer_share: Fraction,
+        gather: Gather,
+        stage: Stage,
+        grad_buffer: int,
+    ) -> StepPlan:
+        """The plan of :func:`step_timeline`'s step (only ``training``'s strategy and
+        whether a sliding window masks its sequence are read)."""
+        ctx = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
+        trains_embeddings = stage.first and (
+            training.method == "full"
+            or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
+        )
+        kinds, ckpt = step_layers(model, training, ctx, stage.first)
+        chunked = training.loss == "chunked"
+        blocks: list[tuple[str, bool]] = []
+
+        def block(kind: str, x_grad: bool) -> int:
+            if (kind, x_grad) not in blocks:
+                blocks.append((kind, x_grad))
+            return blocks.index((kind, x_grad))
+
+        of_layer = [block(kind, x_grad) for kind, x_grad in kinds]
+        head = block("head", True) if stage.last else -1
+        logits_block = -1
+        if plays_logits_point(training, stage, chunked):
+            logits_block = block(HEAD_LOGITS, True)
+        found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
+        profiles = tuple(p for p, _ in found)
+        copies = tuple(c for _, c in found)
+        layers = [(b, on, *copies[b]) for b, on in zip(of_layer, ckpt, strict=True)]
+        unfolded = tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1)
+
+        params = state.category_bytes("parameters")
+        opt = state.category_bytes("optimizer_states")
+        temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
+        dense_grad = model.vocab_size * model.hidden_size * precision_of(training).master
+        tied = dense_grad if model.tie_word_embeddings else 0
+        # the per-op policy's saved outputs of each block, as linear forms of the shape
+        per_op: tuple[Size, ...] = (0,) * len(blocks)
+        if conventions(training).checkpointing == "per-op":
+            symbolic = dataclasses.replace(ctx, symbolic=True)
+            per_op = tuple(
+                _per_op(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else 0
+                for kind, x_grad in blocks
+            )
+        # what custom functions of each block keep on their ctx, where the previous step's
+        # graph lives on into this one
+        kept_of: tuple[Size, ...] = (0,) * len(blocks)
+        if carries_previous(training, stage):
+            symbolic = dataclasses.replace(ctx, symbolic=True)
+            kept_of = tuple(
+                _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
+            )
+        recipe = (
+            layers,
+            head,
+            training,
+            gather,
+            grad_buffer,
+            opt,
+            trains_embeddings,
+            per_op,
+            kept_of,
+            logits_block,
+        )
+        return StepPlan(
+            model=model,
+            ctx=ctx,
+            chunked=chunked,
+            blocks=tuple(blocks),
+            profiles=profiles,
+            copies=copies,
+            unfolded=unfolded,
+            layers=len(layers),
+            checkpointed_layers=sum(ckpt),
+            offload_inputs=training.offload.activations == "cpu",
+            hidden_size=model.hidden_size,
+            res=ctx.res,
+            sp=ctx.sp,
+            stage=stage,
+            grad_share=grad_share,
+            params=params,
+            temp=temp,
+            before=Point("before", None, KINDS[0][1], params, grad_buffer, opt, 0),
+            step=Point(
+                "optimizer",
+                None,
+                KINDS[10][1],
+                params,
+                state.category_bytes("gradients"),
+                opt + temp,
+                0,
+            ),
+            after=Point("optimizer", None, KINDS[11][1], params, grad_buffer, opt, 0),
+            dense_grad=dense_grad,
+            tied=tied,
+            recipe=recipe,
+        )
+
+    def forms(self) -> _Forms:
+        """The step compiled into linear forms (:func:`_compile`), once."""
+        if not self._compiled:
+            self._compiled.append(_Forms.of(self))
+        return self._compiled[0]
+
+    # -- the shape ----------------------------------------------------------------------
+
+    def terms(self, batch: Any, seq: Any) -> tuple[Any, ...]:
+        """The values of :data:`~engine.graph.TERMS` at ``batch`` x ``seq`` (the sequence
+        per context rank), as :meth:`engine.layers.Ctx.terms` gives them; integers, or
+        arrays of one value per shape."""
+        ctx = self.ctx
+        tokens = batch * seq
+        routed = tokens * ctx.topk
+        if ctx.ep > 1:
+            routed = -(-routed * round(ctx.capacity * 1000) // 1000)
+        chunk = (
+            np.minimum(tokens, CHUNK_ROWS)
+            if isinstance(tokens, np.ndarray)
+            else min(tokens, CHUNK_ROWS)
+        )
+        return (tokens, tokens * seq, batch * (-(-seq // 32) * 32), routed, chunk, 1)
+
+    def offloaded_inputs(self, batch: Any, seq: Any) -> Any:
+        """Host bytes of one micro-batch's checkpointed layer inputs under activation
+        offload (0 without it), at ``batch`` x ``seq`` (the sequence per context rank):
+        integers, or arrays of one value per shape."""
+        if not self.offload_inputs:
+            return 0
+        return self.checkpointed_layers * (batch * seq * self.hidden_size * self.res // self.sp)
+
+    def _block(self, b: int, batch: int, seq: int, terms: tuple[int, ...]) -> tuple[int, ...]:
+        """Block ``b`` at ``batch`` x ``seq`` (its :data:`TERMS` ``terms``) as
+        :func:`block_result` gives it: from its profile where the profile holds whole
+        bytes there, else simulated directly."""
+        prof = self.profiles[b]
+        if prof is not None:
+            try:
+                r = prof.at(terms)
+            except ValueError:  # not a whole number of bytes here: outside the forms
+                pass
+            else:
+                return (
+                    r.kept,
+                    r.forward_peak,
+                    r.output,
+                    r.backward_peak,
+                    r.input_grad,
+                    r.param_grads,
+                    r.held,
+                )
+        kind, x_grad = self.blocks[b]
+        ctx = dataclasses.replace(self.ctx, batch=batch, seq=seq)
+        r = _direct(self.model, ctx, kind, x_grad, self.chunked)
+        return (
+            r.kept,
+            r.forward_peak,
+            r.output,
+            r.backward_peak,
+            r.input_grad,
+            r.param_grads,
+            r.held,
+        )
+
+    def _values(self, batch: int, seq: int) -> list[int]:
+        """The shape quantities at one shape."""
+        terms = self.terms(batch, seq)
+        tokens, h, sp = terms[0], self.hidden_size, self.sp
+        out = [*terms, tokens * h * self.res // sp, tokens * h // sp]
+        for b in self.unfolded:
+            out += self._block(b, batch, seq, terms)
+        return out
+
+    def _values_many(self, batch: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The shape quantities at many shapes (one column each, int64), and the shapes
+        that need a block of their own evaluated (left as zeros here)."""
+        x = np.zeros((_FIRST_BLOCK + _BLOCK * len(self.unfolded), len(batch)), dtype=np.int64)
+        for i, term in enumerate(self.terms(batch, seq)):
+            x[i] = term
+        tokens, h, sp = x[0], self.hidden_size, self.sp
+        x[_HIDDEN] = tokens * h * self.res // sp
+        x[_DROPOUT] = tokens * h // sp
+        return x, np.full(len(batch), bool(self.unfolded))
+
+    # -- the play -----------------------------------------------------------------------
+
+    def _fits(self, x: Sequence[int], extra: int) -> bool:
+        """Whether int64 holds every value of a play whose shape quantities are at most
+        ``x`` in absolute value, with up to ``extra`` more micro-batches in flight."""
+        forms = self.forms()
+        rows = sum(map(mul, forms.columns, map(abs, x)))
+        share = max(self.grad_share.numerator, self.grad_share.denominator, 1)
+        largest = (4 * rows * share + forms.largest_constant) * (extra + 2)
+        return forms.fits and largest < _INT64_SAFE
+
+    def _evaluate(self, x: np.ndarray, exact: bool) -> tuple[Any, ...]:
+        """The candidates' activations, gradients and totals, what a micro-batch keeps,
+        the other micro-batches in flight, the logits held, and whether every checked run
+        is monotone there, from the shape quantities ``x`` (a column per shape)."""
+        forms = self.forms()
+        matrix, buffers, constant = forms.matrix, forms.buffers, forms.constant
+        if exact:  # in Python integers
+            matrix, buffers, constant = (a.astype(object) for a in (matrix, buffers, constant))
+        v = matrix @ x
+        n = len(forms.kinds)
+        num, den = self.grad_share.numerator, self.grad_share.denominator
+        g = v[n : 2 * n]
+        if num != 1 or den != 1:
+            g = g * num // den
+        if x.ndim > 1:
+            buffers, constant = buffers[:, None], constant[:, None]
+        g = g + buffers
+        total = constant + g + v[:n]
+        ok: Any = True
+        for k in range(forms.checks):
+            rise = v[2 * n + 3 + 2 * k] * num
+            slope = rise - den * v[2 * n + 4 + 2 * k]
+            ok = ok & ((rise % den == 0) | (slope >= den) | (slope <= -den))
+        return v[:n], g, total, v[2 * n], v[2 * n + 1], v[2 * n + 2], ok
+
+    def play(
+        self,
+        batch: int,
+        seq: int,
+        replay: Callable[[], tuple[Point, ...]],
+        explain: Callable[[], tuple[tuple[Source, ...], ...]] | None = None,
+    ) -> Timeline:
+        """The step at ``batch`` x ``seq`` (the sequence per context rank); ``replay``
+        plays its every point when they are asked for, ``explain`` their sources."""
+        x = self._values(batch, seq)
+        exact = not self._fits(x, 0)  # in Python integers where int64 might overflow
+        a, g, total, per_microbatch, waiting, held, ok = self._evaluate(
+            np.array(x, dtype=object if exact else np.int64), exact
+        )
+        played: list[tuple[Point, ...]] = []
+        if ok:
+            forms = self.forms()
+            best = int(total.argmax())  # the first of equal highest points
+            phase, label = KINDS[forms.kinds[best]]
+            layer = forms.layer_of[best]
+            top = Point(
+                phase,
+                None if layer < 0 else layer,
+                label,
+                forms.fixed_parameters[best],
+                int(g[best]),
+                forms.fixed_optimizer[best],
+                int(a[best]) + int(waiting),
+            )
+        else:  # a run whose floored gradient share is not monotone: every point
+            played.append(replay())
+            top = max((p for p in played[0] if p.phase in _PLAYED), key=_total)
+        step, after = self.step, self.after
+        if held:  # a model output held by the loop lives through the step and zero_grad
+            step = dataclasses.replace(step, activations=int(held))
+            after = dataclasses.replace(after, activations=int(held))
+        moments = (self.before, top, step, after)
+        peak = max(moments, key=_total)
+        return Timeline(
+            peak,
+            peak.parameters - self.params,
+            int(held),
+            self.temp if peak.phase == "optimizer" else 0,
+            self.params,
+            self.temp,
+            int(per_microbatch),
+            moments,
+            replay,
+            played,
+            explain,
+        )
+
+    def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
+        """The highest point of forward and backward at every shape ``batch[i]`` x
+        ``seq[i]`` (integer arrays of one length) at once, as :meth:`play` finds it, with
+        room for up to ``extra`` more micro-batches in flight; ``None`` where the values
+        might not fit in int64 (play each shape then)."""
+        found = joint((self,)).moments(batch, seq, extra)
+        if found is None:
+            return None
+        return Moments(*(getattr(found, f.name)[0] for f in dataclasses.fields(Moments)))
+
+
+#: the total of a candidate that pads a plan's candidates in a :class:`Joint`: never
+#: the highest (every real total is at least 0)
+_NEVER = -(1 << 61)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Joint:
+    """Several step plans (a strategy's pipeline stages) over the same shape quantities,
+    evaluated together: their matrices stacked, each plan's candidates padded to the
+    same number with candidates that are never the highest."""
+
+    plans: tuple[StepPlan, ...]
+    #: per plan: its candidates' activations, gradients before the share, then what a
+    #: micro-batch keeps, the other micro-batches in flight, the logits held, and the
+    #: pairs of rows of the runs to check; all plans' rows stacked
+    matrix: np.ndarray
+    candidates: int
+    checks: int
+    #: per plan and candidate (plan x candidate x 1)
+    constant: np.ndarray
+    buffers: np.ndarray
+    #: per plan and candidate: kind, layer, parameters, optimizer states
+    arrays: tuple[np.ndarray, ...]
+    #: per plan (plan x 1 x 1): the gradient share
+    num: np.ndarray
+    den: np.ndarray
+
+    def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
+        """:meth:`StepPlan.moments` of every plan: arrays of plan x shape."""
+        first = self.plans[0]
+        if not len(batch) or not len(self.matrix):
+            return None
+        terms = first.terms(int(batch.max()), int(seq.max()))  # each term grows with both
+        h, sp = first.hidden_size, first.sp
+        largest = [*terms, terms[0] * h * first.res // sp, terms[0] * h // sp]
+        if not all(p._fits(largest, extra) for p in self.plans):
+            return None
+        x, _ = first._values_many(batch.astype(np.int64), seq.astype(np.int64))
+        n, c = len(batch), self.candidates
+        v = (self.matrix @ x).reshape(len(self.plans), -1, n)
+        a = v[:, :c]
+        g = v[:, c : 2 * c] * self.num // self.den + self.buffers
+        total = self.constant + g + a
+        ok = np.ones((len(self.plans), n), dtype=bool)
+        for k in range(self.checks):
+            rise = v[:, 2 * c + 3 + 2 * k] * self.num[:, 0]
+            slope = rise - self.den[:, 0] * v[:, 2 * c + 4 + 2 * k]
+            den = self.den[:, 0]
+            ok &= (rise % den == 0) | (slope >= den) | (slope <= -den)
+        best = total.argmax(axis=1)  # plan x shape: the first of equal highest points
+        plan = np.arange(len(self.plans))[:, None]
+        col = np.arange(n)[None, :]
+        kinds, layers, parameters, optimizer = (x[plan, best] for x in self.arrays)
+        return Moments(
+            kind=kinds,
+            layer=layers,
+            parameters=parameters,
+            gradients=g[plan, best, col],
+            optimizer_states=optimizer,
+            activations=a[plan, best, col] + v[:, 2 * c + 1],
+            per_microbatch=v[:, 2 * c],
+            logits=v[:, 2 * c + 2],
+            single=~ok,
+        )
+
+
+@lru_cache(maxsize=4096)
+def joint(plans: tuple[StepPlan, ...]) -> Joint:
+    """The plans of a strategy's stages evaluated together (:class:`Joint`); empty where
+    one of them has a block of its own to evaluate at each shape or does not fit int64
+    (its moments are then ``None``)."""
+    compiled = [p.forms() for p in plans]
+    c = max(len(f.kinds) for f in compiled)
+    checks = max(f.checks for f in compiled)
+    usable = all(f.fits and not p.unfolded for p, f in zip(plans, compiled, strict=True))
+    rows, constant, buffers = [], [], []
+    arrays: list[list[list[int]]] = [[], [], [], []]
+    for p in compiled:
+        k = len(p.kinds)
+        m = p.matrix if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64)
+        width = m.shape[1] if len(m) else _FIRST_BLOCK
+        pad = np.zeros((c - k, width), dtype=np.int64)
+        act, grads, rest = m[:k], m[k : 2 * k], m[2 * k :]
+        more = np.zeros((2 * (checks - p.checks), width), dtype=np.int64)
+        rows.append(np.concatenate([act, pad, grads, pad, rest, more]) if usable else m)
+        padding = [_NEVER] * (c - k)
+        constant.append([int(x) for x in p.constant] + padding)
+        buffers.append([int(x) for x in p.buffers] + [0] * (c - k))
+        for out, values in zip(
+            arrays, (p.kinds, p.layer_of, p.fixed_parameters, p.fixed_optimizer), strict=True
+        ):
+            out.append([*values, *([0] * (c - k))])
+    num = np.array([p.grad_share.numerator for p in plans], dtype=np.int64)[:, None, None]
+    den = np.array([p.grad_share.denominator for p in plans], dtype=np.int64)[:, None, None]
+    return Joint(
+        plans=plans,
+        matrix=np.concatenate(rows) if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64),
+        candidates=c,
+        checks=checks,
+        constant=np.array(constant, dtype=np.int64)[:, :, None] if usable else np.zeros(0),
+        buffers=np.array(buffers, dtype=np.int64)[:, :, None] if usable else np.zeros(0),
+        arrays=tuple(np.array(x, dtype=np.int64) if usable else np.zeros(0) for x in arrays),
+        num=num,
+        den=den,
+    )
+
+
+_PLAYED = ("forward", "backward")
