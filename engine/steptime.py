@@ -868,6 +868,23 @@ class _Block:
     tokens: float
 
 
+def _head_and_loss(plan: _Plan, tokens: float, dt: int) -> tuple[float, ...]:
+    """The LM head's FLOPs and forward and backward times, the loss's and the embedding's
+    times, for ``tokens`` of the rank in a compute dtype of ``dt`` bytes."""
+    model, training, dev = plan.scenario.model, plan.scenario.training, plan.dev
+    h, v_local = model.hidden_size, model.vocab_size / plan.mesh.tp
+    head_flops = 2 * tokens * h * v_local
+    head_fwd = _gemm(tokens, h, v_local, dt, dev)
+    head_bwd = head_fwd * (2 if plan.head_train else 1)
+    # per logit, forward and backward: 28 bytes with the loss's fp32 copy of 16-bit logits
+    # (read 2 + write 4 each way), 16 without it, 8 for a fused loss that never writes them
+    copy = upcasts_logits(model, training.loss) and dt == 2
+    loss_bytes = (8 if training.loss == "chunked" else 28 if copy else 16) * tokens * v_local
+    loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
+    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
+    return head_flops, head_fwd, head_bwd, loss_t, embed_t
+
+
 def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
     model, training = scenario.model, scenario.training
@@ -900,15 +917,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     # the embedding, the LM head and the loss (on the last stage)
     tokens = b * s / mesh.cp
     v_local = model.vocab_size / mesh.tp
-    head_flops = 2 * tokens * h * v_local
-    head_fwd = _gemm(tokens, h, v_local, dt, dev)
-    head_bwd = head_fwd * (2 if head_train else 1)
-    # per logit, forward and backward: 28 bytes with the loss's fp32 copy of 16-bit logits
-    # (read 2 + write 4 each way), 16 without it, 8 for a fused loss that never writes them
-    copy = upcasts_logits(model, training.loss) and dt == 2
-    loss_bytes = (8 if training.loss == "chunked" else 28 if copy else 16) * tokens * v_local
-    loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
-    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
+    head_flops, head_fwd, head_bwd, loss_t, embed_t = _head_and_loss(plan, tokens, dt)
 
     parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
     per_layer = {
