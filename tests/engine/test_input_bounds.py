@@ -267,7 +267,7 @@ _PARSERS = {
     # the one JSON reader of user text (and its finder of a duplicate key's line), and the
     # one YAML reader of training configs
     ("files.py", "*"),
-    ("train_configs.py", "_parse_yaml"),
+    ("train_configs/parse.py", "_parse_yaml"),
     # bundled data shipped with MemFit: presets and training stacks, never user text
     ("presets.py", "*"),
     ("stacks.py", "*"),
@@ -283,7 +283,7 @@ _PARSING_CALLS = {("json", "loads"), ("json", "load"), ("yaml", "load"), ("yaml"
 def _parsing_calls() -> Iterator[tuple[str, str, int]]:
     """(file, function, line) of every ``json.loads`` / ``yaml.load`` / ``yaml.safe_load``
     call in the engine."""
-    for path in sorted(ENGINE.glob("*.py")):
+    for path in sorted(ENGINE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for func in ast.walk(tree):
             if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
@@ -296,7 +296,7 @@ def _parsing_calls() -> Iterator[tuple[str, str, int]]:
                     and isinstance(node.func.value, ast.Name)
                     and (node.func.value.id, node.func.attr) in _PARSING_CALLS
                 ):
-                    yield path.name, name, node.lineno
+                    yield path.relative_to(ENGINE).as_posix(), name, node.lineno
 
 
 def test_user_text_is_parsed_only_by_the_bounded_parsers() -> None:

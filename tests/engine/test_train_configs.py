@@ -767,7 +767,7 @@ def test_a_10_mb_file_of_junk_is_refused_before_it_is_read(tmp_path: Path) -> No
 def test_without_libyaml_the_same_checks_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    import engine.train_configs as tc
+    import engine.train_configs.parse as tc
 
     monkeypatch.setattr(tc, "_EVENTS_LOADER", yaml.SafeLoader)
     imported = import_training_config(FIXTURES / "torchtune-llama3_1-8b-qlora-single-device.yaml")
