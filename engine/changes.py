@@ -9,7 +9,7 @@ toggles (:mod:`engine.whatif`), make-it-fit (:mod:`engine.solve`), the remedies 
 offer from :data:`CHANGES`; none keeps a rule of its own.
 
 The rules follow the mechanism. A ZeRO stage applies where it shards something
-(:func:`engine.sharding.nothing_to_shard`: not on one GPU, nor on a data-parallel shard
+(:func:`nothing_to_shard`: not on one GPU, nor on a data-parallel shard
 group of one); an optimizer offload needs ZeRO's partitions to run on, so it raises the
 stage to 1, and applies on one GPU too (ZeRO-Offload's own case). Flash attention applies
 where the kernel that runs is not flash already -- SDPA runs flash for 16-bit inputs,
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from engine.errors import EstimateError
 from engine.layers import attention_kernel
-from engine.sharding import nothing_to_shard
+from engine.plan import resolve
 from engine.specs import Scenario
 from engine.stacks import as_built, conventions
 
@@ -51,6 +51,29 @@ from engine.stacks import as_built, conventions
 Rule = Callable[[Scenario], str | None]
 #: A change made: the scenario with it (called only where the rule lets it apply).
 Make = Callable[[Scenario], Scenario]
+
+
+def nothing_to_shard(scenario: Scenario, stage: int) -> str | None:
+    """Why ZeRO stage ``stage`` would shard nothing for ``scenario`` -- one GPU, or a
+    data-parallel shard group of one GPU -- or ``None`` where it shards. A stage that
+    shards nothing only adds what its gathering and buckets keep (the what-if toggles and
+    make-it-fit both ask this one rule)."""
+    if scenario.hardware.world_size == 1:
+        return "one GPU: there is nothing to shard"
+    par = scenario.training.parallelism
+    training = dataclasses.replace(
+        scenario.training, parallelism=dataclasses.replace(par, zero_stage=stage)
+    )
+    try:
+        mesh = resolve(dataclasses.replace(scenario, training=training)).mesh
+    except EstimateError as exc:
+        return f"the parallel layout is invalid: {exc}"
+    if mesh.shard == 1:
+        return (
+            "the data-parallel shard group is one GPU (tensor, pipeline and context "
+            "parallelism take them all): there is nothing to shard"
+        )
+    return None
 
 
 class NotApplicable(ValueError):
@@ -311,7 +334,7 @@ def _cpu_offload(s: Scenario) -> Scenario:
 def zero_refusal(scenario: Scenario) -> str | None:
     """Why ``scenario``'s ZeRO stage and optimizer offload are not a layout the changes
     here make: an optimizer offload below ZeRO-1, or a stage that shards nothing
-    (:func:`engine.sharding.nothing_to_shard`) other than the ZeRO-1 an optimizer offload
+    (:func:`nothing_to_shard`) other than the ZeRO-1 an optimizer offload
     runs on. ``None`` for ZeRO-0 without offload and for every layout the changes reach."""
     par, offload = scenario.training.parallelism, scenario.training.offload
     if offload.optimizer != "none" and par.zero_stage == 0:

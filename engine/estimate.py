@@ -24,14 +24,8 @@ from typing import Any
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, nccl_bytes, overhead
 from engine.plan import Plan, resolve
-from engine.sharding import (
-    Mesh,
-    Sharded,
-    resident_blocks,
-    shard,
-    stage_layers,
-    tensor_parallel_shard,
-)
+from engine.plan.mesh import Mesh, stage_layers
+from engine.sharding import Sharded, resident_blocks, shard, tensor_parallel_shard
 from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
 from engine.stacks import Conventions, conventions
 from engine.steptime import StepTime, step_time

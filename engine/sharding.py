@@ -23,6 +23,7 @@
 >>> from engine.presets import load_gpu, load_model
 >>> from engine.specs import HardwareSpec, Scenario
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8))
+>>> from engine.plan import make_mesh
 >>> make_mesh(s).dp
 8
 """
@@ -33,7 +34,6 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 
-from engine.errors import EstimateError
 from engine.model_state import (
     BUFFERS,
     MemoryItem,
@@ -43,183 +43,17 @@ from engine.model_state import (
     storage_bytes,
     weights_label,
 )
-from engine.overhead import MIB, Communicator
+from engine.overhead import MIB
 from engine.params import TensorGroup, model_tensors
-from engine.precision import precision_of
+from engine.plan.mesh import Mesh
+from engine.plan.precision import precision_of
 from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.timeline import Gather
-
-P = "training.parallelism"
-
 
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): ZeRO-2/3 reduce the 16-bit
 #: gradients through a contiguous bucket of this size instead of keeping them all
 DS_REDUCE_BUCKET = 500_000_000
 MIXED = ("bf16-mixed", "fp16-mixed", "fp8-mixed")
-
-
-@dataclass(frozen=True, slots=True)
-class Mesh:
-    world: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    dp: int
-    #: ranks that share one set of ZeRO shards (dp, or the ranks of a node: HYBRID_SHARD)
-    shard: int = 1
-    vpp: int = 1
-
-    @property
-    def expert_dp(self) -> int:
-        """The data-parallel size of the routed experts: each is replicated
-        dp x cp / ep times."""
-        return self.dp * self.cp // self.ep
-
-    def communicators(self) -> tuple[Communicator, ...]:
-        """The NCCL communicators one rank belongs to: one per process group of more than
-        one rank, and a send and a receive pair under pipeline parallelism."""
-        groups = {"data parallel": self.dp, "tensor parallel": self.tp, "context": self.cp}
-        groups["expert parallel"] = self.ep
-        if self.shard not in (1, self.dp, self.dp * self.cp):
-            groups["shard (within a node)"] = self.shard
-        out = [Communicator(name, n) for name, n in groups.items() if n > 1]
-        if self.pp > 1:  # PyTorch makes one communicator per send/receive pair
-            out += [
-                Communicator(f"pipeline {d}", 2, point_to_point=True) for d in ("send", "receive")
-            ]
-        return tuple(out)
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
-
-
-def make_mesh(scenario: Scenario) -> Mesh:
-    """The parallel group sizes of ``scenario``; inconsistent sizes are errors."""
-    p, m, training = scenario.training.parallelism, scenario.model, scenario.training
-    hw = scenario.hardware
-    world = hw.world_size
-    model_parallel = p.tp * p.pp * p.cp
-    if world % model_parallel:
-        raise EstimateError(
-            P,
-            f"tp x pp x cp = {model_parallel} must divide the {world} GPUs (gpus_per_node x nodes)",
-        )
-    dp = world // model_parallel
-    if m.num_attention_heads % p.tp:
-        raise EstimateError(
-            f"{P}.tp",
-            f"got {p.tp}, expected a divisor of the {m.num_attention_heads} attention heads",
-        )
-    kv = m.num_key_value_heads
-    if kv % p.tp and p.tp % kv:
-        raise EstimateError(
-            f"{P}.tp", f"got {p.tp}, expected a divisor or multiple of the {kv} key/value heads"
-        )
-    if p.pp_split == "even" and m.num_layers % (p.pp * p.vpp):
-        raise EstimateError(
-            f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
-            f"pp x vpp = {p.pp * p.vpp} must divide the {m.num_layers} layers "
-            f"(or choose pp_split balanced)",
-        )
-    if p.pp * p.vpp > 1 and min(stage_layers(m.num_layers, p.pp * p.vpp, p.pp_split)) < 1:
-        raise EstimateError(
-            f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
-            f"pp x vpp = {p.pp * p.vpp} stages leave a stage without a layer "
-            f"({m.num_layers} layers)",
-        )
-    if p.vpp > 1 and p.pp == 1:
-        raise EstimateError(f"{P}.vpp", f"got {p.vpp}, expected 1 without pipeline parallelism")
-    if p.ep > 1:
-        if not m.is_moe or m.num_experts % p.ep:
-            raise EstimateError(
-                f"{P}.ep",
-                f"got {p.ep}, expected a divisor of the {m.num_experts} experts (MoE models only)",
-            )
-        if dp % p.ep:
-            raise EstimateError(
-                f"{P}.ep", f"got {p.ep}, expected a divisor of the data-parallel size {dp}"
-            )
-    seq = training.sequence_length
-    if p.cp > 1:
-        if seq % (2 * p.cp):
-            raise EstimateError(
-                f"{P}.cp",
-                f"got {p.cp}: the sequence length must divide into "
-                f"2 x cp chunks (load-balanced ring attention)",
-            )
-        if training.attention == "eager":
-            raise EstimateError(
-                f"{P}.cp", f"got {p.cp}: context parallelism needs a fused attention kernel"
-            )
-    if p.sequence_parallel and p.tp > 1 and (seq // p.cp) % p.tp:
-        raise EstimateError(
-            f"{P}.sequence_parallel",
-            f"the sequence length per context rank ({seq // p.cp}) must divide by tp = {p.tp}",
-        )
-    if p.framework == "deepspeed" and p.pp > 1 and p.zero_stage >= 2:
-        raise EstimateError(
-            f"{P}.zero_stage",
-            f"got {p.zero_stage}, expected 0 or 1: DeepSpeed's pipeline engine "
-            "supports ZeRO stages 0 and 1 only",
-        )
-    # context-parallel ranks hold the same weights (only the sequence is split), so the
-    # ZeRO/FSDP shards and the gradient reduction span dp x cp (Megatron's
-    # data-parallel-with-context group; torchtitan's dp_shard x cp mesh)
-    shard = dp * p.cp
-    if p.hybrid_shard:
-        if p.zero_stage == 0:
-            raise EstimateError(f"{P}.hybrid_shard", "needs zero_stage >= 1 (there is no shard)")
-        if hw.gpus_per_node % p.tp:
-            raise EstimateError(
-                f"{P}.hybrid_shard",
-                f"tp = {p.tp} must divide the {hw.gpus_per_node} GPUs of a node",
-            )
-        shard = _gcd(dp * p.cp, hw.gpus_per_node // p.tp)
-    offload = training.offload
-    if offload.parameters != "none" and p.zero_stage < 3:
-        raise EstimateError(
-            "training.offload.parameters", f"got {offload.parameters!r}, which needs zero_stage 3"
-        )
-    if offload.optimizer != "none" and p.zero_stage < 1 and dp > 1:
-        raise EstimateError(
-            "training.offload.optimizer", f"got {offload.optimizer!r}, which needs zero_stage >= 1"
-        )
-    if offload.activations != "none" and training.activation_checkpointing in ("none", "selective"):
-        raise EstimateError(
-            "training.offload.activations",
-            "offloads the inputs of checkpointed layers: needs activation_checkpointing "
-            "full or every-k-layers",
-        )
-    return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp, shard, p.vpp)
-
-
-def stage_layers(layers: int, stages: int, split: str = "even") -> list[int]:
-    """Transformer layers of each (virtual) pipeline stage, in order.
-
-    ``even`` gives every stage ``layers / stages``. ``balanced`` counts the embedding and
-    the LM head as one layer each, gives every stage ``(layers + 2) // stages`` of these
-    units and the remainder one each to the first stages; the first stage then holds one
-    layer less (the embedding) and the last one less (the head). This is how torchtitan
-    splits a model by default (``generate_llm_fqn_per_model_part``).
-    """
-    if stages == 1:
-        return [layers]
-    if split == "even":
-        return [layers // stages] * stages
-    base, extra = divmod(layers + 2, stages)
-    units = [base + (k < extra) for k in range(stages)]
-    units[0] -= 1
-    units[-1] -= 1
-    out, left = [], layers
-    for u in units:
-        take = max(0, min(u, left))
-        out.append(take)
-        left -= take
-    return out
 
 
 def tensor_parallel_shard(model: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
@@ -487,27 +321,6 @@ def shard(
     gather = gather_buffers(training, model or scenario.model, part, mesh.pp)
     new_state = replace(state, items=tuple(items))
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
-
-
-def nothing_to_shard(scenario: Scenario, stage: int) -> str | None:
-    """Why ZeRO stage ``stage`` would shard nothing for ``scenario`` -- one GPU, or a
-    data-parallel shard group of one GPU -- or ``None`` where it shards. A stage that
-    shards nothing only adds what its gathering and buckets keep (the what-if toggles and
-    make-it-fit both ask this one rule)."""
-    if scenario.hardware.world_size == 1:
-        return "one GPU: there is nothing to shard"
-    par = scenario.training.parallelism
-    training = replace(scenario.training, parallelism=replace(par, zero_stage=stage))
-    try:
-        mesh = make_mesh(replace(scenario, training=training))
-    except EstimateError as exc:
-        return f"the parallel layout is invalid: {exc}"
-    if mesh.shard == 1:
-        return (
-            "the data-parallel shard group is one GPU (tensor, pipeline and context "
-            "parallelism take them all): there is nothing to shard"
-        )
-    return None
 
 
 @lru_cache(maxsize=4096)

@@ -64,8 +64,8 @@ from engine.layers import attention_kernel, upcasts_logits
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.plan import resolve
-from engine.precision import precision_of
-from engine.sharding import Mesh, stage_layers
+from engine.plan.mesh import Mesh, stage_layers
+from engine.plan.precision import precision_of
 from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
 from engine.stacks import conventions
 from engine.timeline import make_ctx, step_layers
@@ -343,7 +343,7 @@ class _Work:
     tp: int
     cp: int
     ep: int
-    compute: int  # bytes of the compute dtype (engine.precision)
+    compute: int  # bytes of the compute dtype (engine.plan.precision)
     #: PEFT's dropout on each adapter's input (0: none)
     lora_dropout: float = 0.0
     #: autocast casts the frozen weights, stored in fp32, to 16 bits in every forward

@@ -18,7 +18,7 @@ from engine.model_state import (
     qkv_adapted,
 )
 from engine.params import model_tensors
-from engine.precision import precision_of
+from engine.plan.precision import precision_of
 from engine.specs import ModelSpec, TrainingSpec, window_masks
 from engine.stacks import conventions
 

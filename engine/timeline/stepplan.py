@@ -18,7 +18,7 @@ import numpy as np
 from engine.graph import Profile, Size
 from engine.layers import CHUNK_ROWS, Ctx
 from engine.model_state import ModelState
-from engine.precision import precision_of
+from engine.plan.precision import precision_of
 from engine.specs import ModelSpec, TrainingSpec
 from engine.stacks import conventions
 from engine.timeline.blocks import Casts, _direct, _function_kept, _per_op, _profile

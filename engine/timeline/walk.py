@@ -11,7 +11,7 @@ from engine.graph import BlockResult, _int
 from engine.model_state import (
     ModelState,
 )
-from engine.precision import precision_of
+from engine.plan.precision import precision_of
 from engine.specs import ModelSpec, TrainingSpec
 from engine.stacks import conventions
 from engine.timeline.blocks import _function_kept, _per_op, block_result

@@ -42,15 +42,10 @@ from hypothesis import strategies as st
 from engine.errors import EstimateError
 from engine.estimate import Estimate, estimate
 from engine.model_state import CATEGORIES, model_state
+from engine.plan import make_mesh
 from engine.presets import gpu_names, load_model, model_names
 from engine.scenario_io import scenario_from_dict
-from engine.sharding import (
-    DS_REDUCE_BUCKET,
-    gather_buffers,
-    make_mesh,
-    shard,
-    tensor_parallel_shard,
-)
+from engine.sharding import DS_REDUCE_BUCKET, gather_buffers, shard, tensor_parallel_shard
 from engine.specs import (
     ATTENTION_KERNELS,
     FRAMEWORKS,

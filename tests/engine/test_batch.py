@@ -15,9 +15,10 @@ from engine.batch import Totals, totals, totals_over
 from engine.errors import EstimateError
 from engine.estimate import estimate, forget
 from engine.model_state import model_state
+from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model
 from engine.scenario_io import scenario_from_dict
-from engine.sharding import make_mesh, shard, tensor_parallel_shard
+from engine.sharding import shard, tensor_parallel_shard
 from engine.specs import (
     MAX_DIM,
     FreezeSpec,

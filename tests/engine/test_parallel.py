@@ -12,8 +12,9 @@ from engine.graph import simulate
 from engine.layers import decoder_layer
 from engine.model_state import model_state
 from engine.overhead import MIB, NCCL_COMMUNICATOR_MIB, NCCL_P2P_MIB
+from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model
-from engine.sharding import DS_REDUCE_BUCKET, make_mesh, shard, tensor_parallel_shard
+from engine.sharding import DS_REDUCE_BUCKET, shard, tensor_parallel_shard
 from engine.specs import (
     HardwareSpec,
     ModelSpec,
@@ -398,7 +399,7 @@ def test_megatron_optimizer_offload_keeps_the_main_grad_buffer_on_the_gpu() -> N
     ],
 )
 def test_stage_layers(layers: int, stages: int, expected: list[int]) -> None:
-    from engine.sharding import stage_layers
+    from engine.plan import stage_layers
 
     split = "even" if layers % stages == 0 and stages == 4 else "balanced"
     assert stage_layers(layers, stages, split) == expected

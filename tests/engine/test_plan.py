@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from engine.errors import EstimateError
 from engine.estimate import estimate
 from engine.plan import resolve
-from engine.precision import precision_of
+from engine.plan.precision import precision_of
 from engine.specs import ParallelismSpec, TrainingSpec
 from tests.engine.helpers import preset_scenario
 
@@ -69,18 +70,23 @@ def test_one_precision_value_per_recipe(
 
 
 def _sources() -> dict[str, str]:
-    return {p.name: p.read_text() for p in ENGINE.rglob("*.py")}
+    return {p.relative_to(ENGINE).as_posix(): p.read_text() for p in ENGINE.rglob("*.py")}
 
 
 def test_only_the_plan_builds_the_mesh() -> None:
     """``make_mesh`` is called where the plan is resolved, and in the sharding module that
     defines it; every other module reads ``resolve(scenario).mesh``."""
-    callers = {name for name, text in _sources().items() if "make_mesh(" in text}
-    assert callers <= {"plan.py", "sharding.py"}
+    callers = {
+        name
+        for name, text in _sources().items()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_mesh"
+    }
+    assert callers <= {"plan/resolve.py", "plan/mesh.py"}
 
 
 def test_no_module_decides_bytes_from_the_recipes_name() -> None:
-    """The bytes of a tensor class follow from :func:`engine.precision.precision_of`; an
+    """The bytes of a tensor class follow from :func:`engine.plan.precision.precision_of`; an
     inline ``2 if precision == "bf16" else 4`` beside it would drift."""
     rule = re.compile(r"\b[1248] if [\w.]*precision [=!]= \"[\w-]+\" else [1248]\b")
     found = {name for name, text in _sources().items() if rule.search(text)}

@@ -10,8 +10,9 @@ from engine.estimate import Estimate, estimate
 from engine.model_state import nf4_bytes
 from engine.overhead import MIB
 from engine.params import model_tensors
+from engine.plan import make_mesh
 from engine.presets import load_model
-from engine.sharding import make_mesh, resident_blocks
+from engine.sharding import resident_blocks
 from tests.engine.helpers import preset_scenario
 
 GIB = 1 << 30

@@ -7,8 +7,9 @@ import pytest
 from engine.errors import EstimateError
 from engine.estimate import estimate
 from engine.model_state import model_state, nf4_bytes
+from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model
-from engine.sharding import make_mesh, shard
+from engine.sharding import shard
 from engine.specs import (
     HardwareSpec,
     OffloadSpec,

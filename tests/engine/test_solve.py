@@ -291,7 +291,7 @@ def test_a_default_sweep_equals_one_estimate_per_configuration() -> None:
 def test_make_it_fit_and_the_what_ifs_offer_zero_by_one_rule() -> None:
     # all eight GPUs in tensor parallelism leave a shard group of one: the what-if says
     # why ZeRO-3 does not apply, and make-it-fit does not offer a stage that shards nothing
-    from engine.sharding import nothing_to_shard
+    from engine.changes import nothing_to_shard
     from engine.solve import CHANGES
     from engine.whatif import WHATIFS_BY_KEY
     from tests.engine.helpers import preset_scenario

@@ -13,9 +13,10 @@ from engine.estimate import estimate, forget
 from engine.graph import simulate
 from engine.layers import Ctx, decoder_layer
 from engine.model_state import model_state
+from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model, model_names
 from engine.scenario_io import scenario_from_dict
-from engine.sharding import make_mesh, tensor_parallel_shard
+from engine.sharding import tensor_parallel_shard
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from engine.timeline import (
     Gather,

@@ -30,8 +30,9 @@ import pytest
 from engine.estimate import estimate
 from engine.model_state import model_state
 from engine.params import count_parameters, largest_layer_params
+from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model
-from engine.sharding import make_mesh, shard
+from engine.sharding import shard
 from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 
 FIXTURE = json.loads((Path(__file__).parent / "deepspeed_estimates.json").read_text())

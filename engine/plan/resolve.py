@@ -3,10 +3,10 @@
 A scenario says what the user asked for; the plan says what runs: the model as the
 training stack builds it (:func:`engine.stacks.built`), the stack's conventions resolved
 against the fields (:func:`engine.stacks.conventions`), one precision value
-(:func:`engine.precision.precision_of`) and the device mesh (:func:`engine.sharding.make_mesh`,
-which refuses sizes that do not divide). Memory (:mod:`engine.estimate`, :mod:`engine.batch`),
-time (:mod:`engine.steptime`) and the app read these from the plan instead of deriving them
-again.
+(:func:`engine.plan.precision.precision_of`) and the device mesh
+(:func:`engine.plan.mesh.make_mesh`, which refuses sizes that do not divide). Memory
+(:mod:`engine.estimate`, :mod:`engine.batch`), time (:mod:`engine.steptime`), the changes
+(:mod:`engine.changes`) and the app read these from the plan instead of deriving them again.
 
 A plan compares by identity: :func:`resolve` returns the same object for equal scenarios
 while it holds it, so caches below it key on the plan without hashing a scenario again.
@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from engine.precision import Precision, precision_of
-from engine.sharding import Mesh, make_mesh
+from engine.plan.mesh import Mesh, make_mesh
+from engine.plan.precision import Precision, precision_of
 from engine.specs import Scenario
 from engine.stacks import Conventions, built, conventions
 

@@ -1,0 +1,19 @@
+"""The plan of a scenario, resolved once: :func:`resolve` gives the frozen :class:`Plan`
+(the model as the stack builds it, the conventions, one :class:`Precision`, the
+:class:`Mesh`); :mod:`engine.plan.precision` decides the bytes of each tensor class,
+:mod:`engine.plan.mesh` the parallel groups. Memory, time and the app start from it."""
+
+from engine.plan.mesh import Mesh, make_mesh, stage_layers
+from engine.plan.precision import Precision, compute_mode, precision_of
+from engine.plan.resolve import Plan, resolve
+
+__all__ = [
+    "Mesh",
+    "Plan",
+    "Precision",
+    "compute_mode",
+    "make_mesh",
+    "precision_of",
+    "resolve",
+    "stage_layers",
+]

@@ -1,0 +1,177 @@
+"""The device mesh of a scenario: how its GPUs split into tensor, pipeline, context, expert
+and data parallel groups (:class:`Mesh`), refused where the sizes do not divide
+(:func:`make_mesh`), and the layers of each pipeline stage (:func:`stage_layers`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import EstimateError
+from engine.overhead import Communicator
+from engine.specs import Scenario
+
+P = "training.parallelism"
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    #: ranks that share one set of ZeRO shards (dp, or the ranks of a node: HYBRID_SHARD)
+    shard: int = 1
+    vpp: int = 1
+
+    @property
+    def expert_dp(self) -> int:
+        """The data-parallel size of the routed experts: each is replicated
+        dp x cp / ep times."""
+        return self.dp * self.cp // self.ep
+
+    def communicators(self) -> tuple[Communicator, ...]:
+        """The NCCL communicators one rank belongs to: one per process group of more than
+        one rank, and a send and a receive pair under pipeline parallelism."""
+        groups = {"data parallel": self.dp, "tensor parallel": self.tp, "context": self.cp}
+        groups["expert parallel"] = self.ep
+        if self.shard not in (1, self.dp, self.dp * self.cp):
+            groups["shard (within a node)"] = self.shard
+        out = [Communicator(name, n) for name, n in groups.items() if n > 1]
+        if self.pp > 1:  # PyTorch makes one communicator per send/receive pair
+            out += [
+                Communicator(f"pipeline {d}", 2, point_to_point=True) for d in ("send", "receive")
+            ]
+        return tuple(out)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def make_mesh(scenario: Scenario) -> Mesh:
+    """The parallel group sizes of ``scenario``; inconsistent sizes are errors."""
+    p, m, training = scenario.training.parallelism, scenario.model, scenario.training
+    hw = scenario.hardware
+    world = hw.world_size
+    model_parallel = p.tp * p.pp * p.cp
+    if world % model_parallel:
+        raise EstimateError(
+            P,
+            f"tp x pp x cp = {model_parallel} must divide the {world} GPUs (gpus_per_node x nodes)",
+        )
+    dp = world // model_parallel
+    if m.num_attention_heads % p.tp:
+        raise EstimateError(
+            f"{P}.tp",
+            f"got {p.tp}, expected a divisor of the {m.num_attention_heads} attention heads",
+        )
+    kv = m.num_key_value_heads
+    if kv % p.tp and p.tp % kv:
+        raise EstimateError(
+            f"{P}.tp", f"got {p.tp}, expected a divisor or multiple of the {kv} key/value heads"
+        )
+    if p.pp_split == "even" and m.num_layers % (p.pp * p.vpp):
+        raise EstimateError(
+            f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
+            f"pp x vpp = {p.pp * p.vpp} must divide the {m.num_layers} layers "
+            f"(or choose pp_split balanced)",
+        )
+    if p.pp * p.vpp > 1 and min(stage_layers(m.num_layers, p.pp * p.vpp, p.pp_split)) < 1:
+        raise EstimateError(
+            f"{P}.pp" if p.vpp == 1 else f"{P}.vpp",
+            f"pp x vpp = {p.pp * p.vpp} stages leave a stage without a layer "
+            f"({m.num_layers} layers)",
+        )
+    if p.vpp > 1 and p.pp == 1:
+        raise EstimateError(f"{P}.vpp", f"got {p.vpp}, expected 1 without pipeline parallelism")
+    if p.ep > 1:
+        if not m.is_moe or m.num_experts % p.ep:
+            raise EstimateError(
+                f"{P}.ep",
+                f"got {p.ep}, expected a divisor of the {m.num_experts} experts (MoE models only)",
+            )
+        if dp % p.ep:
+            raise EstimateError(
+                f"{P}.ep", f"got {p.ep}, expected a divisor of the data-parallel size {dp}"
+            )
+    seq = training.sequence_length
+    if p.cp > 1:
+        if seq % (2 * p.cp):
+            raise EstimateError(
+                f"{P}.cp",
+                f"got {p.cp}: the sequence length must divide into "
+                f"2 x cp chunks (load-balanced ring attention)",
+            )
+        if training.attention == "eager":
+            raise EstimateError(
+                f"{P}.cp", f"got {p.cp}: context parallelism needs a fused attention kernel"
+            )
+    if p.sequence_parallel and p.tp > 1 and (seq // p.cp) % p.tp:
+        raise EstimateError(
+            f"{P}.sequence_parallel",
+            f"the sequence length per context rank ({seq // p.cp}) must divide by tp = {p.tp}",
+        )
+    if p.framework == "deepspeed" and p.pp > 1 and p.zero_stage >= 2:
+        raise EstimateError(
+            f"{P}.zero_stage",
+            f"got {p.zero_stage}, expected 0 or 1: DeepSpeed's pipeline engine "
+            "supports ZeRO stages 0 and 1 only",
+        )
+    # context-parallel ranks hold the same weights (only the sequence is split), so the
+    # ZeRO/FSDP shards and the gradient reduction span dp x cp (Megatron's
+    # data-parallel-with-context group; torchtitan's dp_shard x cp mesh)
+    shard = dp * p.cp
+    if p.hybrid_shard:
+        if p.zero_stage == 0:
+            raise EstimateError(f"{P}.hybrid_shard", "needs zero_stage >= 1 (there is no shard)")
+        if hw.gpus_per_node % p.tp:
+            raise EstimateError(
+                f"{P}.hybrid_shard",
+                f"tp = {p.tp} must divide the {hw.gpus_per_node} GPUs of a node",
+            )
+        shard = _gcd(dp * p.cp, hw.gpus_per_node // p.tp)
+    offload = training.offload
+    if offload.parameters != "none" and p.zero_stage < 3:
+        raise EstimateError(
+            "training.offload.parameters", f"got {offload.parameters!r}, which needs zero_stage 3"
+        )
+    if offload.optimizer != "none" and p.zero_stage < 1 and dp > 1:
+        raise EstimateError(
+            "training.offload.optimizer", f"got {offload.optimizer!r}, which needs zero_stage >= 1"
+        )
+    if offload.activations != "none" and training.activation_checkpointing in ("none", "selective"):
+        raise EstimateError(
+            "training.offload.activations",
+            "offloads the inputs of checkpointed layers: needs activation_checkpointing "
+            "full or every-k-layers",
+        )
+    return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp, shard, p.vpp)
+
+
+def stage_layers(layers: int, stages: int, split: str = "even") -> list[int]:
+    """Transformer layers of each (virtual) pipeline stage, in order.
+
+    ``even`` gives every stage ``layers / stages``. ``balanced`` counts the embedding and
+    the LM head as one layer each, gives every stage ``(layers + 2) // stages`` of these
+    units and the remainder one each to the first stages; the first stage then holds one
+    layer less (the embedding) and the last one less (the head). This is how torchtitan
+    splits a model by default (``generate_llm_fqn_per_model_part``).
+    """
+    if stages == 1:
+        return [layers]
+    if split == "even":
+        return [layers // stages] * stages
+    base, extra = divmod(layers + 2, stages)
+    units = [base + (k < extra) for k in range(stages)]
+    units[0] -= 1
+    units[-1] -= 1
+    out, left = [], layers
+    for u in units:
+        take = max(0, min(u, left))
+        out.append(take)
+        left -= take
+    return out
