@@ -58,9 +58,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from functools import lru_cache
 from typing import NamedTuple
 
+from engine import memo
 from engine.layers import attention_kernel
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
@@ -362,7 +362,7 @@ def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
     )
 
 
-@lru_cache(maxsize=8192)
+@memo.cached(maxsize=8192)
 def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch."""
     tp, cp, ep = work.tp, work.cp, work.ep
@@ -515,7 +515,7 @@ def _span(g: TensorGroup) -> int:
     return g.layers[1] - g.layers[0] if g.layers else 1
 
 
-@lru_cache(maxsize=1024)
+@memo.cached(maxsize=1024)
 def _layer_groups(model: ModelSpec, moe: bool) -> tuple[TensorGroup, ...]:
     """The tensor groups of one dense or one MoE layer (counts still over its run)."""
     out = []
@@ -691,7 +691,7 @@ class _Plan:
     opt_bytes: float
     assumptions: tuple[str, ...]
     #: the stage blocks of the plan's model and hardware (:func:`_stage_block`)
-    blocks: dict[tuple[object, ...], _Block]
+    blocks: memo.Table[tuple[object, ...], _Block]
 
 
 @dataclass(frozen=True, slots=True)
@@ -699,24 +699,20 @@ class _Memo:
     """The plans and stage blocks of one model on one hardware (a sweep shares them
     across its configurations)."""
 
-    plans: dict[tuple[object, ...], _Plan]
-    blocks: dict[tuple[object, ...], _Block]
+    plans: memo.Table[tuple[object, ...], _Plan]
+    blocks: memo.Table[tuple[object, ...], _Block]
 
 
+#: plans or stage blocks one memo keeps before it starts afresh
+_ENTRIES_MAX = 8192
 #: memos by model and hardware, at most :data:`_MEMOS_MAX` of them; and the same by the
 #: identity of the two objects, which saves hashing them (each entry keeps its objects,
 #: so that an identity is never reused while the entry exists)
-_MEMOS: dict[tuple[ModelSpec, object], _Memo] = {}
-_BY_ID: dict[tuple[int, int], tuple[ModelSpec, object, _Memo]] = {}
 _MEMOS_MAX = 256
-#: plans or stage blocks one memo keeps before it starts afresh
-_ENTRIES_MAX = 8192
-
-
-def clear() -> None:
-    """Forget every plan and stage block (the per-layer work stays cached)."""
-    _MEMOS.clear()
-    _BY_ID.clear()
+_MEMOS: memo.Table[tuple[ModelSpec, object], _Memo] = memo.Table(f"{__name__}._MEMOS", _MEMOS_MAX)
+_BY_ID: memo.Table[tuple[int, int], tuple[ModelSpec, object, _Memo]] = memo.Table(
+    f"{__name__}._BY_ID", 4 * _MEMOS_MAX
+)
 
 
 def _memo(scenario: Scenario) -> _Memo:
@@ -725,28 +721,25 @@ def _memo(scenario: Scenario) -> _Memo:
     held = _BY_ID.get(ident)
     if held is not None and held[0] is model and held[1] is hw:
         return held[2]
-    memo = _MEMOS.get((model, hw))
-    if memo is None:
+    kept = _MEMOS.get((model, hw))
+    if kept is None:
         if len(_MEMOS) >= _MEMOS_MAX:
-            clear()
-        memo = _MEMOS[(model, hw)] = _Memo({}, {})
-    if len(_BY_ID) >= 4 * _MEMOS_MAX:
-        _BY_ID.clear()
-    _BY_ID[ident] = (model, hw, memo)
-    return memo
+            _BY_ID.clear()  # its entries point into the memos about to be dropped
+        fresh = _Memo(memo.Table(None, _ENTRIES_MAX), memo.Table(None, _ENTRIES_MAX))
+        kept = _MEMOS.keep((model, hw), fresh)
+    _BY_ID.keep(ident, (model, hw, kept))
+    return kept
 
 
 def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
-    memo = _memo(scenario)
-    plan = memo.plans.get(key)
+    kept = _memo(scenario)
+    plan = kept.plans.get(key)
     if plan is None:
-        if len(memo.plans) >= _ENTRIES_MAX:
-            memo.plans.clear()
-        plan = memo.plans[key] = _make_plan(scenario, memo.blocks)
+        plan = kept.plans.keep(key, _make_plan(scenario, kept.blocks))
     return plan
 
 
-def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> _Plan:
+def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[object, ...], _Block]) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
     mesh = make_mesh(scenario)
     dev = device(scenario)
@@ -856,8 +849,6 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     found = blocks.get(key)
     if found is not None:
         return found
-    if len(blocks) >= _ENTRIES_MAX:
-        blocks.clear()
     dt = _act_bytes(training)
     h = model.hidden_size
     recompute_share, selective, head_train = plan.recompute_share, plan.selective, plan.head_train
@@ -888,11 +879,11 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
 
     # one micro-batch on the busiest stage
     stage_terms: list[dict[str, float]] = []
-    memo: dict[tuple[int, bool, bool], dict[str, float]] = {}
+    alike: dict[tuple[int, bool, bool], dict[str, float]] = {}
     for r, n in enumerate(plan.per_rank):
         first, last = r == 0, r == mesh.pp - 1
-        if (n, first, last) in memo:
-            stage_terms.append(memo[(n, first, last)])
+        if (n, first, last) in alike:
+            stage_terms.append(alike[(n, first, last)])
             continue
         lt = layers_time(n)
         fwd = lt["matmul_fwd"] + lt["attn_fwd"]
@@ -951,7 +942,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
                 "n": n,
             }
         )
-        memo[(n, first, last)] = stage_terms[-1]
+        alike[(n, first, last)] = stage_terms[-1]
     busiest = max(
         stage_terms,
         key=lambda t: sum(
@@ -982,9 +973,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         * mesh.tp
         * mesh.cp
     )
-    blk = _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens)
-    blocks[key] = blk
-    return blk
+    return blocks.keep(key, _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens))
 
 
 def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None) -> StepTime:

@@ -59,12 +59,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache, partial
+from functools import partial
 from operator import attrgetter, mul
 from typing import Any
 
 import numpy as np
 
+from engine import memo
 from engine.graph import TERMS, Block, BlockResult, Profile, Size, _coefs, _int, profile, simulate
 from engine.layers import CHUNK_ROWS, Ctx, bert_layer, decoder_layer, head_and_loss
 from engine.model_state import (
@@ -342,7 +343,7 @@ def layer_kinds(
 HELD_OUT = (3, 37)
 
 
-@lru_cache(maxsize=16384)
+@memo.cached(maxsize=16384)
 def _profile(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
 ) -> tuple[Profile | None, int]:
@@ -363,7 +364,7 @@ def _profile(
     return None, _build(model, held_out, kind, x_grad, chunked)[0].weight_copies
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> BlockResult:
     """The block built at ``ctx``'s own batch and sequence length, and simulated."""
     return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad or kind == "head")
@@ -440,7 +441,7 @@ def per_op_saved(block: Block) -> Size:
     return total
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
     """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
     return per_op_saved(_build(model, ctx, kind, x_grad, False)[0])
@@ -452,7 +453,7 @@ def function_kept(block: Block) -> Size:
     return sum((block.sizes[t] for t in sorted(block.kept_by_functions)), start=0)
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _function_kept(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> Size:
     """:func:`function_kept` of a block kind, at ``ctx``'s shape or symbolic. Of the LM
     head only a 4-bit head keeps anything: its input, the final norm's output, whatever
@@ -541,10 +542,9 @@ def step_timeline(
         key = _plan_key(*args)
         plan = _PLANS.get(key)
         if plan is None:
-            plays = _PLAYS[key] = _PLAYS.get(key, 0) + 1
-            if plays <= _PLAYED_FIRST:  # cheaper than compiling a plan
+            if _PLAYS.tally(key) <= _PLAYED_FIRST:  # cheaper than compiling a plan
                 return played_step(*args)
-            plan = _keep(key, StepPlan.build(*args))
+            plan = _PLANS.keep(key, StepPlan.build(*args))
     seq = training.sequence_length // training.parallelism.cp
     return plan.play(training.micro_batch_size, seq, replay, partial(step_sources, *args))
 
@@ -562,10 +562,10 @@ def strategy_key(training: TrainingSpec) -> tuple[object, ...]:
     return key
 
 
-_PLANS: dict[tuple[object, ...], StepPlan] = {}
-#: how often each plan key was played point by point
-_PLAYS: dict[tuple[object, ...], int] = {}
 _PLANS_KEPT = 2048
+_PLANS: memo.Table[tuple[object, ...], StepPlan] = memo.Table(f"{__name__}._PLANS", _PLANS_KEPT)
+#: how often each plan key was played point by point
+_PLAYS: memo.Table[tuple[object, ...], int] = memo.Table(f"{__name__}._PLAYS", 4 * _PLANS_KEPT)
 
 
 def _plan_key(
@@ -585,15 +585,6 @@ def _plan_key(
     return (*key, optimizer_share, gather, stage, grad_buffer)
 
 
-def _keep(key: tuple[object, ...], plan: StepPlan) -> StepPlan:
-    if len(_PLANS) >= _PLANS_KEPT:
-        _PLANS.clear()
-    if len(_PLAYS) >= 4 * _PLANS_KEPT:
-        _PLAYS.clear()
-    _PLANS[key] = plan
-    return plan
-
-
 def step_plan(
     model: ModelSpec,
     training: TrainingSpec,
@@ -609,7 +600,7 @@ def step_plan(
     through whether a sliding window masks it (:func:`engine.specs.window_masks`)."""
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
     key = _plan_key(*args)
-    return _PLANS.get(key) or _keep(key, StepPlan.build(*args))
+    return _PLANS.get(key) or _PLANS.keep(key, StepPlan.build(*args))
 
 
 #: how many times a step is played point by point before its plan is compiled
@@ -660,14 +651,6 @@ def _from_points(
         [points],
         explain,
     )
-
-
-def forget_plans() -> None:
-    """Forget every step plan (for checks that a play does not depend on what was played
-    before it)."""
-    _PLANS.clear()
-    _PLAYS.clear()
-    joint.cache_clear()
 
 
 #: the moments of a step by (phase, label); results over many shapes name them by index
@@ -1521,7 +1504,7 @@ class Joint:
         )
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def joint(plans: tuple[StepPlan, ...]) -> Joint:
     """The plans of a strategy's stages evaluated together (:class:`Joint`); empty where
     one of them has a block of its own to evaluate at each shape or does not fit int64

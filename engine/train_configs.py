@@ -53,12 +53,12 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from engine import memo
 from engine.errors import EstimateError, bounded, check_text, shown
 from engine.files import MAX_DEPTH as FILE_DEPTH
 from engine.files import PathLike, parse_json, read_text, resolves_inside
@@ -813,7 +813,7 @@ def _normalized(name: str) -> str:
     return name
 
 
-@lru_cache(maxsize=1)
+@memo.cached(maxsize=1)
 def _preset_index() -> dict[str, str]:
     """Normalized model name -> preset, from each preset's name and the Hub id its
     source names (``config.json of meta-llama/Llama-3.1-8B on the Hugging Face Hub``)."""
