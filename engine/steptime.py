@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from engine import memo
@@ -65,7 +65,15 @@ from engine.layers import attention_kernel
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.sharding import Mesh, make_mesh, stage_layers
-from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
+from engine.specs import (
+    NETWORKS,
+    FreezeSpec,
+    GpuSpec,
+    LoraSpec,
+    ModelSpec,
+    Scenario,
+    TrainingSpec,
+)
 from engine.stacks import built, conventions
 from engine.timeline import _mode
 
@@ -299,8 +307,8 @@ class _Layer:
     cp_bytes: float  # the K and V block one context-parallel ring step passes on
 
 
-def _act_bytes(training: TrainingSpec) -> int:
-    return 4 if training.precision == "fp32" else 2
+def _act_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
 
 
 def _trains(component: str, method: str, trainable: tuple[str, ...]) -> bool:
@@ -343,19 +351,20 @@ class _Work:
     ep: int
 
 
-def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
+def _work(stages: _Stages, b: int, s: int) -> _Work:
     """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``."""
+    mesh = stages.mesh
     return _Work(
-        training.method,
-        training.lora.targets,
-        training.lora.rank,
-        training.freeze.trainable,
-        training.precision,
-        training.attention,
+        stages.method,
+        stages.lora.targets,
+        stages.lora.rank,
+        stages.freeze.trainable,
+        stages.precision,
+        stages.attention,
         b,
         s,
-        training.parallelism.sequence_parallel,
-        training.parallelism.expert_capacity_factor,
+        stages.sequence_parallel,
+        stages.capacity,
         mesh.tp,
         mesh.cp,
         mesh.ep,
@@ -661,25 +670,58 @@ def plan_key(training: TrainingSpec) -> tuple[object, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """What a step's time depends on apart from its shape (micro-batch, sequence length,
-    accumulation): the mesh, the device, the rings, the rank's parameters."""
+class _Stages:
+    """Everything :func:`_stage_block` reads but the shape: a block is cached by the whole
+    of it (with the micro-batch and sequence length), so that plans alike in all of it
+    share their blocks (ZeRO stages, optimizers) and plans that differ in any of it never
+    do. Its hash is computed once."""
 
-    scenario: Scenario
+    model: ModelSpec
     mesh: Mesh
     dev: Device
+    method: str
+    lora: LoraSpec
+    freeze: FreezeSpec
+    precision: str
+    attention: str
+    loss: str
+    sequence_parallel: bool
+    #: the expert capacity factor
+    capacity: float
+    per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
     per_op: bool
     selective: bool
     head_train: bool
     amp: bool
-    per_rank: tuple[int, ...]
+    trainable_rank: float
     moe_share: float
     tp_ring: _Ring
     cp_ring: _Ring
     ep_ring: _Ring
     pp_ring: _Ring
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        values = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+        object.__setattr__(self, "_hash", hash(values))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a step's time depends on apart from its shape (micro-batch, sequence length,
+    accumulation): the mesh, the device, the rings, the rank's parameters, and what its
+    stage blocks read (:class:`_Stages`)."""
+
+    scenario: Scenario
+    mesh: Mesh
+    dev: Device
+    recompute_share: float
+    stages: _Stages
     dp_ring: _Ring
     shard_ring: _Ring
     rep_ring: _Ring | None
@@ -691,7 +733,7 @@ class _Plan:
     opt_bytes: float
     assumptions: tuple[str, ...]
     #: the stage blocks of the plan's model and hardware (:func:`_stage_block`)
-    blocks: memo.Table[tuple[object, ...], _Block]
+    blocks: memo.Table[tuple[_Stages, int, int], _Block]
 
 
 @dataclass(frozen=True, slots=True)
@@ -700,7 +742,7 @@ class _Memo:
     across its configurations)."""
 
     plans: memo.Table[tuple[object, ...], _Plan]
-    blocks: memo.Table[tuple[object, ...], _Block]
+    blocks: memo.Table[tuple[_Stages, int, int], _Block]
 
 
 #: plans or stage blocks one memo keeps before it starts afresh
@@ -739,7 +781,7 @@ def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
     return plan
 
 
-def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[object, ...], _Block]) -> _Plan:
+def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], _Block]) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
     mesh = make_mesh(scenario)
     dev = device(scenario)
@@ -788,21 +830,37 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[object, ...], _Block
         param_b = 2 if training.precision == "bf16" else 4
         temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
-    return _Plan(
-        scenario=scenario,
+    stages = _Stages(
+        model=model,
         mesh=mesh,
         dev=dev,
+        method=training.method,
+        lora=training.lora,
+        freeze=training.freeze,
+        precision=training.precision,
+        attention=training.attention,
+        loss=training.loss,
+        sequence_parallel=par.sequence_parallel,
+        capacity=par.expert_capacity_factor,
+        per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
         selective=mode == "selective" and _kernel_of(training.attention) == "eager",
         head_train=head_train,
         amp=_mode(training) == "amp",
-        per_rank=per_rank,
+        trainable_rank=trainable_rank,
         moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
         tp_ring=_ring(mesh.tp, 1, scenario, dev),
         cp_ring=_ring(mesh.cp, mesh.tp, scenario, dev),
         ep_ring=_ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev),
         pp_ring=_ring(2, mesh.tp * mesh.cp * mesh.dp, scenario, dev),
+    )
+    return _Plan(
+        scenario=scenario,
+        mesh=mesh,
+        dev=dev,
+        recompute_share=recompute_share,
+        stages=stages,
         dp_ring=dp_ring,
         shard_ring=shard_ring,
         rep_ring=rep_ring,
@@ -835,29 +893,29 @@ class _Block:
 
 
 def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
-    scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
-    model, training = scenario.model, scenario.training
-    par = training.parallelism
-    # the device and the rings follow from the hardware (the memo's), the precision and
-    # the mesh
-    key = (
-        mesh, b, s, training.method, training.lora, training.freeze, training.precision,
-        training.attention, training.loss, par.sequence_parallel, par.expert_capacity_factor,
-        plan.per_rank, plan.recompute_share, plan.selective, plan.amp, plan.trainable_rank,
-    )  # fmt: skip
-    blocks = plan.blocks
-    found = blocks.get(key)
+    """One micro-batch of ``plan`` at micro-batch ``b`` and sequence length ``s`` on its
+    busiest stage, kept by :attr:`_Plan.stages` and the shape (:func:`_new_block`)."""
+    key = (plan.stages, b, s)
+    found = plan.blocks.get(key)
     if found is not None:
         return found
-    dt = _act_bytes(training)
+    return plan.blocks.keep(key, _new_block(plan.stages, b, s))
+
+
+def _new_block(stages: _Stages, b: int, s: int) -> _Block:
+    """One micro-batch on the busiest stage, from ``stages`` and the shape alone."""
+    model, mesh, dev = stages.model, stages.mesh, stages.dev
+    dt = _act_bytes(stages.precision)
     h = model.hidden_size
-    recompute_share, selective, head_train = plan.recompute_share, plan.selective, plan.head_train
-    tp_ring, cp_ring, ep_ring, pp_ring = plan.tp_ring, plan.cp_ring, plan.ep_ring, plan.pp_ring
-    trainable_rank = plan.trainable_rank
-    work = _work(training, mesh, b, s)
+    recompute_share, selective = stages.recompute_share, stages.selective
+    head_train = stages.head_train
+    tp_ring, cp_ring = stages.tp_ring, stages.cp_ring
+    ep_ring, pp_ring = stages.ep_ring, stages.pp_ring
+    trainable_rank = stages.trainable_rank
+    work = _work(stages, b, s)
     dense = _layer(model, work, dev, False)
     moe = _layer(model, work, dev, True) if model.is_moe else None
-    moe_share = plan.moe_share
+    moe_share = stages.moe_share
 
     # the embedding, the LM head and the loss (on the last stage)
     tokens = b * s / mesh.cp
@@ -865,7 +923,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     head_flops = 2 * tokens * h * v_local
     head_fwd = _gemm(tokens, h, v_local, dt, dev)
     head_bwd = head_fwd * (2 if head_train else 1)
-    loss_bytes = (8 if training.loss == "chunked" else 28) * tokens * v_local
+    loss_bytes = (8 if stages.loss == "chunked" else 28) * tokens * v_local
     loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
     embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
 
@@ -880,7 +938,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     # one micro-batch on the busiest stage
     stage_terms: list[dict[str, float]] = []
     alike: dict[tuple[int, bool, bool], dict[str, float]] = {}
-    for r, n in enumerate(plan.per_rank):
+    for r, n in enumerate(stages.per_rank):
         first, last = r == 0, r == mesh.pp - 1
         if (n, first, last) in alike:
             stage_terms.append(alike[(n, first, last)])
@@ -890,7 +948,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         bwd = lt["matmul_bwd"] + lt["attn_bwd"]
         ew = lt["elementwise_fwd"] + lt["elementwise_bwd"]
         # per-op checkpointing keeps the attention kernel's outputs: it is not run again
-        attn_again = 0.0 if plan.per_op else lt["attn_fwd"]
+        attn_again = 0.0 if stages.per_op else lt["attn_fwd"]
         rec = recompute_share * (lt["matmul_fwd"] + attn_again + lt["elementwise_fwd"])
         if selective:
             rec += lt["attn_fwd"]
@@ -902,7 +960,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         if first:
             ew += embed_t
         # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)
-        if plan.amp:
+        if stages.amp:
             ew += 6 * trainable_rank / dev.bandwidth * (1 + recompute_share)
         # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter) forward, 2 backward
         tp_t = 0.0
@@ -923,7 +981,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
             )
         pp_t = 0.0
         if mesh.pp > 1:
-            send = pp_ring.send(tokens * h * dt / (mesh.tp if par.sequence_parallel else 1))
+            send = pp_ring.send(tokens * h * dt / (mesh.tp if stages.sequence_parallel else 1))
             pp_t = 2 * mesh.vpp * send
         stage_terms.append(
             {
@@ -973,7 +1031,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         * mesh.tp
         * mesh.cp
     )
-    return blocks.keep(key, _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens))
+    return _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens)
 
 
 def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None) -> StepTime:
@@ -982,7 +1040,7 @@ def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None)
     scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
     model, training, hw = scenario.model, scenario.training, scenario.hardware
     par = training.parallelism
-    dt = _act_bytes(training)
+    dt = _act_bytes(training.precision)
     h = model.hidden_size
     recompute_share = plan.recompute_share
     mode = training.activation_checkpointing
