@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import NamedTuple
 
 from engine import memo
@@ -704,11 +705,14 @@ class _Stages:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        values = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
-        object.__setattr__(self, "_hash", hash(values))
+        object.__setattr__(self, "_hash", hash(_stage_values(self)))
 
     def __hash__(self) -> int:
         return self._hash
+
+
+#: the fields of :class:`_Stages` its equality compares, as one tuple
+_stage_values = attrgetter(*(f.name for f in fields(_Stages) if f.compare))
 
 
 @dataclass(frozen=True, slots=True)
