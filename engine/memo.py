@@ -10,11 +10,11 @@ read from change.
 
 Threads: the app runs the engine from several worker threads at once.
 
-* :func:`cached` is :func:`functools.lru_cache` itself, registered: a hit costs one call
-  of its C wrapper, as before. That wrapper keeps its own dict and recency list coherent
-  when threads call it at once (every update holds the interpreter lock, and a result
-  that another thread stored while this one computed is not stored twice); under a race
-  the function may run twice, and each caller gets an equal answer.
+* :func:`cached` is :func:`functools.lru_cache` itself, registered: a hit costs what an
+  ``lru_cache`` hit costs, one call of its C wrapper. That wrapper keeps its own dict and
+  recency list coherent when threads call it at once (every update holds the interpreter
+  lock, and a result that another thread stored while this one computed is not stored
+  twice); under a race the function may run twice, and each caller gets an equal answer.
 * A :class:`Table` reads as a dict (``get``, ``in``: the dict's own, no lock); it stores
   under a lock, the first entry stored for a key stays (a thread that computed the same
   answer meanwhile gets the stored one, so that threads share one object), and it
@@ -137,7 +137,8 @@ def _selected(names: tuple[str, ...]) -> list[_Entry]:
 def clear(*names: str) -> None:
     """Empty every cache of the engine; or, given names, the caches so named and every
     cache of a module so named (``clear("engine.batch")``). A name that matches none is
-    a :class:`ValueError`."""
+    a :class:`ValueError`. A computation that runs in another thread meanwhile may store
+    its answer after the clear (every cached function is pure: the answer is right)."""
     for entry in _selected(names):
         entry.clear()
 
