@@ -21,7 +21,9 @@ A map of the package (no module here imports Qt):
 * :mod:`engine.changes` -- the changes a user can make to a scenario, each with its one
   rule for when it applies: what the what-ifs, make-it-fit, the remedies and the sweep offer;
 * :mod:`engine.scenario_io` -- ``*.memfit.json`` files: strict load, atomic save;
-* :mod:`engine.cli` -- the ``memfit`` command line.
+* :mod:`engine.cli` -- the ``memfit`` command line;
+* :mod:`engine.memo` -- every cache of the engine, safe under threads, and ``memo.clear()``
+  that empties them all.
 
 >>> from engine import estimate, load_scenario_dict
 >>> est = estimate(load_scenario_dict({"memfit_scenario": 1, "model": {"preset": "gpt2"},

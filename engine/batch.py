@@ -38,11 +38,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import cast
 
 import numpy as np
 
+from engine import memo
 from engine.errors import EstimateError, shown
 from engine.estimate import (
     _fixed_overheads,
@@ -84,7 +84,7 @@ class Totals:
     host_bytes: int
 
 
-@lru_cache(maxsize=16384)
+@memo.cached(maxsize=16384)
 def totals(scenario: Scenario) -> Totals:
     """The totals of ``estimate(scenario)``, memoised; raises its
     :class:`~engine.errors.EstimateError` for an invalid scenario."""
@@ -158,7 +158,7 @@ def _valid_shape(shape: Sequence[object]) -> bool:
     return _valid(*cast(Shape, tuple(shape)))
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _valid(micro_batch_size: int, sequence_length: int, accumulation: int) -> bool:
     for name, value in (
         ("micro_batch_size", micro_batch_size),
@@ -383,36 +383,30 @@ class _Strategy:
     masked: dict[bool, _Group] = field(default_factory=dict)
 
     def group(self, seq: int) -> _Group | None:
-        if seq not in self.groups:
-            try:
-                scenario = _with_sequence(self.scenario, seq)
-                resolve(scenario)  # the mesh checks the sequence length
-                masked = window_masks(scenario.model, seq)
-                group = self.masked.get(masked)
-                if group is None:
-                    group = self.masked[masked] = _group(scenario)
-                self.groups[seq] = group
-            except EstimateError:
-                self.groups[seq] = None
-        return self.groups[seq]
+        """The group of length ``seq``. Threads that meet a length at once may each build
+        its group; the first one stored stays, and every thread gets it."""
+        if seq in self.groups:
+            return self.groups[seq]
+        group: _Group | None
+        try:
+            scenario = _with_sequence(self.scenario, seq)
+            resolve(scenario)  # the mesh checks the sequence length
+            masked = window_masks(scenario.model, seq)
+            group = self.masked.get(masked)
+            if group is None:
+                group = self.masked.setdefault(masked, _group(scenario))
+        except EstimateError:
+            group = None
+        return self.groups.setdefault(seq, group)
 
 
-_STRATEGIES: dict[tuple[object, ...], _Strategy] = {}
-_STRATEGIES_KEPT = 4096
+#: the strategies met, by the whole scenario but its shape
+_STRATEGIES: memo.Table[tuple[object, ...], _Strategy] = memo.Table(f"{__name__}._STRATEGIES", 4096)
 
 
 def _strategy(scenario: Scenario) -> _Strategy:
     key = (scenario.model, scenario.hardware, strategy_key(scenario.training))
     strategy = _STRATEGIES.get(key)
     if strategy is None:
-        if len(_STRATEGIES) >= _STRATEGIES_KEPT:
-            _STRATEGIES.clear()
-        strategy = _STRATEGIES[key] = _Strategy(scenario)
+        strategy = _STRATEGIES.keep(key, _Strategy(scenario))
     return strategy
-
-
-def clear() -> None:
-    """Forget every memoised total and strategy (for benchmarks; what estimates keep for
-    every shape of a strategy stays: :func:`engine.estimate.forget`)."""
-    totals.cache_clear()
-    _STRATEGIES.clear()

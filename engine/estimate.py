@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
+from engine import memo
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, nccl_bytes, overhead
 from engine.plan import Plan, resolve
@@ -36,7 +36,6 @@ from engine.timeline import (
     Stage,
     StepPlan,
     Timeline,
-    forget_plans,
     make_ctx,
     played_step,
     step_layers,
@@ -343,9 +342,9 @@ Played = tuple[Sharded, Timeline]
 
 
 #: what holds for every shape of a strategy (see :func:`_entry`), kept between estimates
-_SHARES: dict[tuple[object, ...], list[Any]] = {}
-_WHOLE: dict[tuple[object, ...], ModelState] = {}
 _KEPT = 4096
+_SHARES: memo.Table[tuple[object, ...], list[Any]] = memo.Table(f"{__name__}._SHARES", _KEPT)
+_WHOLE: memo.Table[tuple[object, ...], ModelState] = memo.Table(f"{__name__}._WHOLE", _KEPT)
 
 
 def _entry(
@@ -368,9 +367,7 @@ def _entry(
     found = _SHARES.get(key)
     if found is None:
         sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
-        if len(_SHARES) >= _KEPT:
-            _SHARES.clear()
-        found = _SHARES[key] = [sharded, None, 0]
+        found = _SHARES.keep(key, [sharded, None, 0])
     return found
 
 
@@ -406,23 +403,11 @@ def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
     key = (model, strategy_key(training))
     state = _WHOLE.get(key)
     if state is None:
-        if len(_WHOLE) >= _KEPT:
-            _WHOLE.clear()
-        state = _WHOLE[key] = model_state(model, training)
+        state = _WHOLE.keep(key, model_state(model, training))
     return state
 
 
-def forget() -> None:
-    """Forget what estimates keep for every shape of a strategy -- the model states,
-    shares and step plans -- and what they keep per scenario: for checks that an estimate
-    does not depend on what was estimated before it."""
-    _SHARES.clear()
-    _WHOLE.clear()
-    _prepared.cache_clear()
-    forget_plans()
-
-
-@lru_cache(maxsize=512)
+@memo.cached(maxsize=512)
 def _tensor_parallel(model: ModelSpec, tp: int, ep: int) -> ModelSpec:
     """What one tensor- and expert-parallel rank holds (:func:`tensor_parallel_shard`)."""
     return tensor_parallel_shard(model, tp, ep)
@@ -459,7 +444,7 @@ def _play(
     return sharded, step_timeline(*args, entry[1])
 
 
-@lru_cache(maxsize=1024)
+@memo.cached(maxsize=1024)
 def _fixed_overheads(
     architecture: str, large_blocks: int, rounding: int, context: int, workspace: int, mesh: Mesh
 ) -> tuple[MemoryItem, tuple[MemoryItem, ...], int]:
@@ -575,7 +560,7 @@ class _Slot:
     chunk: ModelSpec | None
 
 
-@lru_cache(maxsize=256)
+@memo.cached(maxsize=256)
 def _layout(model: ModelSpec, mesh: Mesh, split: str) -> tuple[_Slot, ...]:
     """Every pipeline stage in order (one when pp = 1)."""
     tp = "any tp rank" if mesh.tp > 1 else ""
@@ -659,7 +644,7 @@ class _Ready:
     not_modelled: tuple[str, ...]
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _prepared(plan: Plan) -> _Ready:
     scenario, mesh = plan.scenario, plan.mesh
     whole = _whole(scenario.model, scenario.training)
@@ -733,7 +718,7 @@ class _Parts:
     optimizer_bytes: int
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _parts(state: ModelState) -> _Parts:
     fixed = tuple(i for i in state.items if i.category in ("parameters", "overhead"))
     buffers = tuple(i for i in state.items if i.role in BUFFERS)

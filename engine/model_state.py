@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from math import ceil
 
+from engine import memo
 from engine.errors import EstimateError
 from engine.params import TensorGroup, model_tensors
 from engine.specs import ModelSpec, TrainingSpec, target_names
@@ -346,7 +346,7 @@ class TensorSplit:
     quantized: tuple[TensorGroup, ...]
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") -> TensorSplit:
     """Which tensors train, which stay frozen and which QLoRA quantizes (see
     :func:`model_state`); the same split decides what ZeRO-3/FSDP gathers."""
@@ -378,7 +378,7 @@ def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") 
     return TensorSplit(tuple(trainable), tuple(frozen), tuple(quantized))
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") -> ModelState:
     """Parameters, gradients and optimizer states for ``model`` trained as ``training``.
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import lru_cache
 from math import prod
 
+from engine import memo
 from engine.specs import ModelSpec
 
 COMPONENTS = ("embeddings", "attention", "mlp", "experts", "router", "norms", "lm_head", "pooler")
@@ -260,7 +260,7 @@ def largest_layer_params(model: ModelSpec) -> int:
     return max(per_layer.values(), default=0)
 
 
-@lru_cache(maxsize=512)
+@memo.cached(maxsize=512)
 def model_tensors(model: ModelSpec, cuts: tuple[int, ...] = ()) -> tuple[TensorGroup, ...]:
     """All parameter tensors of ``model`` as groups; block groups are split at ``cuts``.
 
@@ -301,7 +301,7 @@ def model_tensors(model: ModelSpec, cuts: tuple[int, ...] = ()) -> tuple[TensorG
     return tuple(g)
 
 
-@lru_cache(maxsize=512)
+@memo.cached(maxsize=512)
 def count_parameters(model: ModelSpec) -> ParamCounts:
     """Exact parameter counts of ``model`` by component (tied weights counted once)."""
     sums = dict.fromkeys(COMPONENTS, 0)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from functools import lru_cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engine import memo
 from engine.errors import EstimateError, shown
 from engine.specs import GpuSpec, ModelSpec
 
@@ -66,13 +66,13 @@ def _names(kind: str) -> tuple[str, ...]:
     )
 
 
-@lru_cache(maxsize=1)
+@memo.cached(maxsize=1)
 def model_names() -> tuple[str, ...]:
     """Names of all model presets, sorted."""
     return _names("models")
 
 
-@lru_cache(maxsize=1)
+@memo.cached(maxsize=1)
 def gpu_names() -> tuple[str, ...]:
     """Names of all GPU presets, sorted."""
     return _names("gpus")
@@ -94,13 +94,13 @@ def _load(kind: str, cls: type[T], name: str, field: str) -> T:
     return spec
 
 
-@lru_cache(maxsize=256)
+@memo.cached(maxsize=256)
 def load_model(name: str) -> ModelSpec:
     """The model preset called ``name`` (see :func:`model_names`)."""
     return _load("models", ModelSpec, name, "model.preset")
 
 
-@lru_cache(maxsize=256)
+@memo.cached(maxsize=256)
 def load_gpu(name: str) -> GpuSpec:
     """The GPU preset called ``name`` (see :func:`gpu_names`)."""
     return _load("gpus", GpuSpec, name, "hardware.gpu")

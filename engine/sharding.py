@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from functools import lru_cache
 
+from engine import memo
 from engine.model_state import (
     BUFFERS,
     MemoryItem,
@@ -323,7 +323,7 @@ def shard(
     return Sharded(new_state, grad_share, optimizer_share, gather, tuple(host), tuple(nvme), buffer)
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: str) -> int:
     """The parameter tensors over 1 MiB that this rank keeps on its GPU between steps:
     the caching allocator serves each from its large pool, rounded up to 2 MiB

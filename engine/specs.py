@@ -26,6 +26,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import memo
 from engine.errors import (
     EstimateError,
     check_bool,
@@ -194,15 +195,11 @@ def target_names(targets: tuple[str, ...]) -> tuple[str, ...]:
 FREEZE_PARTS = ("embeddings", "attention", "mlp", "norms", "router", "lm_head")
 
 
-_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
-
-
+@memo.cached(maxsize=None)
 def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
     """The dataclass fields of ``cls`` with their declared types, read once per class."""
-    if cls not in _FIELD_TYPES:
-        hints = typing.get_type_hints(cls)
-        _FIELD_TYPES[cls] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
-    return _FIELD_TYPES[cls]
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def _check_type(name: str, value: Any, kind: Any) -> None:
@@ -239,7 +236,7 @@ def check_fields(spec: Any, prefix: str) -> None:
     :func:`_check_type`); each class then checks its ranges (every float field has one).
     This is the one boundary all input crosses -- scenario files, Hugging Face configs, CLI
     flags, the app's fields -- so nothing of the wrong type reaches the engine."""
-    for name, kind in _field_types(type(spec)):
+    for name, kind in _field_types(spec.__class__):
         _check_type(prefix + name, getattr(spec, name), kind)
 
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from functools import cache, lru_cache
 from typing import Any
 
+from engine import memo
 from engine.errors import EstimateError
 from engine.presets import resources_dir
 from engine.specs import (
@@ -129,7 +129,7 @@ def _parse(name: str, data: Any) -> Stack:
     )
 
 
-@cache
+@memo.cached(maxsize=None)
 def load_stack(name: str) -> Stack:
     """The stack ``name`` (one of :data:`engine.specs.STACKS`), read from its JSON file."""
     if name not in STACKS:
@@ -198,7 +198,7 @@ def auto_adapter_dtype(training: TrainingSpec) -> str:
     return "bf16" if training.precision == "bf16" else "fp32"
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def conventions(training: TrainingSpec) -> Conventions:
     """The conventions ``training`` runs with (its fields, else its stack's)."""
     stack = load_stack(training.stack)

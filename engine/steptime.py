@@ -56,17 +56,26 @@ appendix B) -- over the step time and the dtype's dense peak of every GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from functools import lru_cache
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import NamedTuple
 
+from engine import memo
 from engine.layers import attention_kernel, upcasts_logits
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.plan import resolve
 from engine.plan.mesh import Mesh, stage_layers
 from engine.plan.precision import precision_of
-from engine.specs import NETWORKS, GpuSpec, ModelSpec, Scenario, TrainingSpec
+from engine.specs import (
+    NETWORKS,
+    FreezeSpec,
+    GpuSpec,
+    LoraSpec,
+    ModelSpec,
+    Scenario,
+    TrainingSpec,
+)
 from engine.stacks import conventions
 from engine.timeline import make_ctx, step_layers
 
@@ -350,25 +359,26 @@ class _Work:
     frozen_cast: bool = False
 
 
-def _work(training: TrainingSpec, mesh: Mesh, b: int, s: int) -> _Work:
+def _work(stages: _Stages, b: int, s: int) -> _Work:
     """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``."""
+    mesh, lora = stages.mesh, stages.lora
     return _Work(
-        training.method,
-        training.lora.targets,
-        training.lora.rank,
-        training.freeze.trainable,
-        training.precision,
-        training.attention,
+        stages.method,
+        lora.targets,
+        lora.rank,
+        stages.freeze.trainable,
+        stages.precision,
+        stages.attention,
         b,
         s,
-        training.parallelism.sequence_parallel,
-        training.parallelism.expert_capacity_factor,
+        stages.sequence_parallel,
+        stages.capacity,
         mesh.tp,
         mesh.cp,
         mesh.ep,
-        precision_of(training).compute,
-        training.lora.dropout if training.method in ("lora", "qlora") else 0.0,
-        _frozen_cast(training),
+        stages.compute,
+        lora.dropout if stages.method in ("lora", "qlora") else 0.0,
+        stages.frozen_cast,
     )
 
 
@@ -379,7 +389,7 @@ def _frozen_cast(training: TrainingSpec) -> bool:
     return prec.mode == "amp" and prec.frozen == 4 and training.method != "full"
 
 
-@lru_cache(maxsize=8192)
+@memo.cached(maxsize=8192)
 def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch."""
     tp, cp, ep = work.tp, work.cp, work.ep
@@ -543,7 +553,7 @@ def _span(g: TensorGroup) -> int:
     return g.layers[1] - g.layers[0] if g.layers else 1
 
 
-@lru_cache(maxsize=1024)
+@memo.cached(maxsize=1024)
 def _layer_groups(model: ModelSpec, moe: bool) -> tuple[TensorGroup, ...]:
     """The tensor groups of one dense or one MoE layer (counts still over its run)."""
     out = []
@@ -689,25 +699,65 @@ def plan_key(training: TrainingSpec) -> tuple[object, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """What a step's time depends on apart from its shape (micro-batch, sequence length,
-    accumulation): the mesh, the device, the rings, the rank's parameters."""
+class _Stages:
+    """Everything :func:`_new_block` reads but the shape: a stage block is cached by the
+    whole of it (with the micro-batch and sequence length), so that plans alike in all of
+    it share their blocks (ZeRO stages, optimizers, offload) and plans that differ in any
+    of it never do. Its hash is computed once."""
 
-    scenario: Scenario
+    model: ModelSpec
     mesh: Mesh
     dev: Device
+    method: str
+    lora: LoraSpec
+    freeze: FreezeSpec
+    precision: str
+    attention: str
+    loss: str
+    sequence_parallel: bool
+    #: the expert capacity factor
+    capacity: float
+    #: bytes of the compute dtype (engine.plan.precision)
+    compute: int
+    #: autocast casts frozen weights kept in fp32 (:func:`_frozen_cast`)
+    frozen_cast: bool
+    per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
     per_op: bool
     selective: bool
     head_train: bool
     amp: bool
-    per_rank: tuple[int, ...]
+    trainable_rank: float
     moe_share: float
     tp_ring: _Ring
     cp_ring: _Ring
     ep_ring: _Ring
     pp_ring: _Ring
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(_stage_values(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+#: the fields of :class:`_Stages` its equality compares, as one tuple
+_stage_values = attrgetter(*(f.name for f in fields(_Stages) if f.compare))
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a step's time depends on apart from its shape (micro-batch, sequence length,
+    accumulation): the mesh, the device, the rings, the rank's parameters, and what its
+    stage blocks read (:class:`_Stages`)."""
+
+    scenario: Scenario
+    mesh: Mesh
+    dev: Device
+    recompute_share: float
+    stages: _Stages
     dp_ring: _Ring
     shard_ring: _Ring
     rep_ring: _Ring | None
@@ -719,7 +769,7 @@ class _Plan:
     opt_bytes: float
     assumptions: tuple[str, ...]
     #: the stage blocks of the plan's model and hardware (:func:`_stage_block`)
-    blocks: dict[tuple[object, ...], _Block]
+    blocks: memo.Table[tuple[_Stages, int, int], _Block]
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,24 +777,20 @@ class _Memo:
     """The plans and stage blocks of one model on one hardware (a sweep shares them
     across its configurations)."""
 
-    plans: dict[tuple[object, ...], _Plan]
-    blocks: dict[tuple[object, ...], _Block]
+    plans: memo.Table[tuple[object, ...], _Plan]
+    blocks: memo.Table[tuple[_Stages, int, int], _Block]
 
 
+#: plans or stage blocks one memo keeps before it starts afresh
+_ENTRIES_MAX = 8192
 #: memos by model and hardware, at most :data:`_MEMOS_MAX` of them; and the same by the
 #: identity of the two objects, which saves hashing them (each entry keeps its objects,
 #: so that an identity is never reused while the entry exists)
-_MEMOS: dict[tuple[ModelSpec, object], _Memo] = {}
-_BY_ID: dict[tuple[int, int], tuple[ModelSpec, object, _Memo]] = {}
 _MEMOS_MAX = 256
-#: plans or stage blocks one memo keeps before it starts afresh
-_ENTRIES_MAX = 8192
-
-
-def clear() -> None:
-    """Forget every plan and stage block (the per-layer work stays cached)."""
-    _MEMOS.clear()
-    _BY_ID.clear()
+_MEMOS: memo.Table[tuple[ModelSpec, object], _Memo] = memo.Table(f"{__name__}._MEMOS", _MEMOS_MAX)
+_BY_ID: memo.Table[tuple[int, int], tuple[ModelSpec, object, _Memo]] = memo.Table(
+    f"{__name__}._BY_ID", 4 * _MEMOS_MAX
+)
 
 
 def _memo(scenario: Scenario) -> _Memo:
@@ -753,28 +799,25 @@ def _memo(scenario: Scenario) -> _Memo:
     held = _BY_ID.get(ident)
     if held is not None and held[0] is model and held[1] is hw:
         return held[2]
-    memo = _MEMOS.get((model, hw))
-    if memo is None:
+    kept = _MEMOS.get((model, hw))
+    if kept is None:
         if len(_MEMOS) >= _MEMOS_MAX:
-            clear()
-        memo = _MEMOS[(model, hw)] = _Memo({}, {})
-    if len(_BY_ID) >= 4 * _MEMOS_MAX:
-        _BY_ID.clear()
-    _BY_ID[ident] = (model, hw, memo)
-    return memo
+            _BY_ID.clear()  # its entries point into the memos about to be dropped
+        fresh = _Memo(memo.Table(None, _ENTRIES_MAX), memo.Table(None, _ENTRIES_MAX))
+        kept = _MEMOS.keep((model, hw), fresh)
+    _BY_ID.keep(ident, (model, hw, kept))
+    return kept
 
 
 def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
-    memo = _memo(scenario)
-    plan = memo.plans.get(key)
+    kept = _memo(scenario)
+    plan = kept.plans.get(key)
     if plan is None:
-        if len(memo.plans) >= _ENTRIES_MAX:
-            memo.plans.clear()
-        plan = memo.plans[key] = _make_plan(scenario, memo.blocks)
+        plan = kept.plans.keep(key, _make_plan(scenario, kept.blocks))
     return plan
 
 
-def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> _Plan:
+def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], _Block]) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
     mesh = resolve(scenario).mesh
     dev = device(scenario)
@@ -821,21 +864,40 @@ def _make_plan(scenario: Scenario, blocks: dict[tuple[object, ...], _Block]) -> 
         param_b = precision_of(training).master
         temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
-    return _Plan(
-        scenario=scenario,
+    prec = precision_of(training)
+    stages = _Stages(
+        model=model,
         mesh=mesh,
         dev=dev,
+        method=training.method,
+        lora=training.lora,
+        freeze=training.freeze,
+        precision=training.precision,
+        attention=training.attention,
+        loss=training.loss,
+        sequence_parallel=par.sequence_parallel,
+        capacity=par.expert_capacity_factor,
+        compute=prec.compute,
+        frozen_cast=_frozen_cast(training),
+        per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
         selective=mode == "selective" and _kernel_of(training.attention) == "eager",
         head_train=head_train,
-        amp=precision_of(training).mode == "amp",
-        per_rank=per_rank,
+        amp=prec.mode == "amp",
+        trainable_rank=trainable_rank,
         moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
         tp_ring=_ring(mesh.tp, 1, scenario, dev),
         cp_ring=_ring(mesh.cp, mesh.tp, scenario, dev),
         ep_ring=_ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev),
         pp_ring=_ring(2, mesh.tp * mesh.cp * mesh.dp, scenario, dev),
+    )
+    return _Plan(
+        scenario=scenario,
+        mesh=mesh,
+        dev=dev,
+        recompute_share=recompute_share,
+        stages=stages,
         dp_ring=dp_ring,
         shard_ring=shard_ring,
         rep_ring=rep_ring,
@@ -868,56 +930,53 @@ class _Block:
     tokens: float
 
 
-def _head_and_loss(plan: _Plan, tokens: float, dt: int) -> tuple[float, ...]:
+def _head_and_loss(stages: _Stages, tokens: float, dt: int) -> tuple[float, ...]:
     """The LM head's FLOPs and forward and backward times, the loss's and the embedding's
     times, for ``tokens`` of the rank in a compute dtype of ``dt`` bytes."""
-    model, training, dev = plan.scenario.model, plan.scenario.training, plan.dev
-    h, v_local = model.hidden_size, model.vocab_size / plan.mesh.tp
+    model, dev, loss = stages.model, stages.dev, stages.loss
+    h, v_local = model.hidden_size, model.vocab_size / stages.mesh.tp
     head_flops = 2 * tokens * h * v_local
     head_fwd = _gemm(tokens, h, v_local, dt, dev)
-    head_bwd = head_fwd * (2 if plan.head_train else 1)
+    head_bwd = head_fwd * (2 if stages.head_train else 1)
     # per logit, forward and backward: 28 bytes with the loss's fp32 copy of 16-bit logits
     # (read 2 + write 4 each way), 16 without it, 8 for a fused loss that never writes them
-    copy = upcasts_logits(model, training.loss) and dt == 2
-    loss_bytes = (8 if training.loss == "chunked" else 28 if copy else 16) * tokens * v_local
+    copy = upcasts_logits(model, loss) and dt == 2
+    loss_bytes = (8 if loss == "chunked" else 28 if copy else 16) * tokens * v_local
     loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
     embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
     return head_flops, head_fwd, head_bwd, loss_t, embed_t
 
 
 def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
-    scenario, mesh, dev = plan.scenario, plan.mesh, plan.dev
-    model, training = scenario.model, scenario.training
-    par = training.parallelism
-    # the device and the rings follow from the hardware (the memo's), the precision and
-    # the mesh
-    key = (
-        mesh, b, s, training.method, training.lora, training.freeze, training.precision,
-        training.attention, training.loss, par.sequence_parallel, par.expert_capacity_factor,
-        plan.per_rank, plan.recompute_share, plan.selective, plan.amp, plan.trainable_rank,
-        _frozen_cast(training),
-    )  # fmt: skip
-    blocks = plan.blocks
-    found = blocks.get(key)
+    """One micro-batch of ``plan`` at micro-batch ``b`` and sequence length ``s`` on its
+    busiest stage, kept by :attr:`_Plan.stages` and the shape (:func:`_new_block`)."""
+    key = (plan.stages, b, s)
+    found = plan.blocks.get(key)
     if found is not None:
         return found
-    if len(blocks) >= _ENTRIES_MAX:
-        blocks.clear()
-    dt = _act_bytes(training)
+    return plan.blocks.keep(key, _new_block(plan.stages, b, s))
+
+
+def _new_block(stages: _Stages, b: int, s: int) -> _Block:
+    """One micro-batch on the busiest stage, from ``stages`` and the shape alone."""
+    model, mesh, dev = stages.model, stages.mesh, stages.dev
+    dt = stages.compute
     h = model.hidden_size
-    recompute_share, selective, head_train = plan.recompute_share, plan.selective, plan.head_train
-    frozen_head_cast = not head_train and _frozen_cast(training)
-    tp_ring, cp_ring, ep_ring, pp_ring = plan.tp_ring, plan.cp_ring, plan.ep_ring, plan.pp_ring
-    trainable_rank = plan.trainable_rank
-    work = _work(training, mesh, b, s)
+    recompute_share, selective = stages.recompute_share, stages.selective
+    head_train = stages.head_train
+    frozen_head_cast = not head_train and stages.frozen_cast
+    tp_ring, cp_ring = stages.tp_ring, stages.cp_ring
+    ep_ring, pp_ring = stages.ep_ring, stages.pp_ring
+    trainable_rank = stages.trainable_rank
+    work = _work(stages, b, s)
     dense = _layer(model, work, dev, False)
     moe = _layer(model, work, dev, True) if model.is_moe else None
-    moe_share = plan.moe_share
+    moe_share = stages.moe_share
 
     # the embedding, the LM head and the loss (on the last stage)
     tokens = b * s / mesh.cp
     v_local = model.vocab_size / mesh.tp
-    head_flops, head_fwd, head_bwd, loss_t, embed_t = _head_and_loss(plan, tokens, dt)
+    head_flops, head_fwd, head_bwd, loss_t, embed_t = _head_and_loss(stages, tokens, dt)
 
     parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
     per_layer = {
@@ -929,18 +988,18 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
 
     # one micro-batch on the busiest stage
     stage_terms: list[dict[str, float]] = []
-    memo: dict[tuple[int, bool, bool], dict[str, float]] = {}
-    for r, n in enumerate(plan.per_rank):
+    alike: dict[tuple[int, bool, bool], dict[str, float]] = {}
+    for r, n in enumerate(stages.per_rank):
         first, last = r == 0, r == mesh.pp - 1
-        if (n, first, last) in memo:
-            stage_terms.append(memo[(n, first, last)])
+        if (n, first, last) in alike:
+            stage_terms.append(alike[(n, first, last)])
             continue
         lt = layers_time(n)
         fwd = lt["matmul_fwd"] + lt["attn_fwd"]
         bwd = lt["matmul_bwd"] + lt["attn_bwd"]
         ew = lt["elementwise_fwd"] + lt["elementwise_bwd"]
         # per-op checkpointing keeps the attention kernel's outputs: it is not run again
-        attn_again = 0.0 if plan.per_op else lt["attn_fwd"]
+        attn_again = 0.0 if stages.per_op else lt["attn_fwd"]
         rec = recompute_share * (lt["matmul_fwd"] + attn_again + lt["elementwise_fwd"])
         if selective:
             rec += lt["attn_fwd"]
@@ -952,7 +1011,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         if first:
             ew += embed_t
         # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)
-        if plan.amp:
+        if stages.amp:
             ew += 6 * trainable_rank / dev.bandwidth * (1 + recompute_share)
         # and the frozen ones it finds stored in fp32 (the LM head with them, when frozen)
         cast = lt["cast_elems"] + (v_local * h if last and frozen_head_cast else 0.0)
@@ -977,7 +1036,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
             )
         pp_t = 0.0
         if mesh.pp > 1:
-            send = pp_ring.send(tokens * h * dt / (mesh.tp if par.sequence_parallel else 1))
+            send = pp_ring.send(tokens * h * dt / (mesh.tp if stages.sequence_parallel else 1))
             pp_t = 2 * mesh.vpp * send
         stage_terms.append(
             {
@@ -996,7 +1055,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
                 "n": n,
             }
         )
-        memo[(n, first, last)] = stage_terms[-1]
+        alike[(n, first, last)] = stage_terms[-1]
     busiest = max(
         stage_terms,
         key=lambda t: sum(
@@ -1027,9 +1086,7 @@ def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
         * mesh.tp
         * mesh.cp
     )
-    blk = _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens)
-    blocks[key] = blk
-    return blk
+    return _Block(busiest, mb_compute, mb_time, flops_mb, hw_mb, tokens)
 
 
 #: the terms every micro-batch pays on the busiest stage: (name, bound, the stage block's

@@ -18,8 +18,8 @@ them once, and memory (:mod:`engine.timeline`, :mod:`engine.sharding`) and time
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
+from engine import memo
 from engine.model_state import storage_bytes
 from engine.specs import TrainingSpec
 
@@ -66,7 +66,7 @@ def compute_mode(training: TrainingSpec) -> str:
     return {"fp32": "fp32", "bf16": "half"}.get(precision, "amp")
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def precision_of(training: TrainingSpec) -> Precision:
     """The bytes of each class of tensor under ``training``."""
     name = training.precision

@@ -24,8 +24,8 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
+from engine import memo
 from engine.plan.mesh import Mesh, make_mesh
 from engine.plan.precision import Precision, precision_of
 from engine.specs import Scenario
@@ -45,7 +45,7 @@ class Plan:
     mesh: Mesh
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def resolve(scenario: Scenario) -> Plan:
     """The plan of ``scenario`` (raises the :class:`~engine.errors.EstimateError` of a mesh
     that does not divide)."""

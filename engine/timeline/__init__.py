@@ -63,6 +63,7 @@ from fractions import Fraction
 from functools import partial
 from operator import attrgetter
 
+from engine import memo
 from engine.model_state import ModelState
 from engine.specs import ModelSpec, TrainingSpec, window_masks
 from engine.timeline.blocks import _direct, _profile, block_result
@@ -97,7 +98,6 @@ __all__ = [
     "block_result",
     "checkpointed",
     "embedding_output_grad",
-    "forget_plans",
     "joint",
     "make_ctx",
     "played_step",
@@ -139,10 +139,9 @@ def step_timeline(
         key = _plan_key(*args)
         plan = _PLANS.get(key)
         if plan is None:
-            plays = _PLAYS[key] = _PLAYS.get(key, 0) + 1
-            if plays <= _PLAYED_FIRST:  # cheaper than compiling a plan
+            if _PLAYS.tally(key) <= _PLAYED_FIRST:  # cheaper than compiling a plan
                 return played_step(*args)
-            plan = _keep(key, StepPlan.build(*args))
+            plan = _PLANS.keep(key, StepPlan.build(*args))
     seq = training.sequence_length // training.parallelism.cp
     return plan.play(training.micro_batch_size, seq, replay, partial(step_sources, *args))
 
@@ -160,10 +159,10 @@ def strategy_key(training: TrainingSpec) -> tuple[object, ...]:
     return key
 
 
-_PLANS: dict[tuple[object, ...], StepPlan] = {}
-#: how often each plan key was played point by point
-_PLAYS: dict[tuple[object, ...], int] = {}
 _PLANS_KEPT = 2048
+_PLANS: memo.Table[tuple[object, ...], StepPlan] = memo.Table(f"{__name__}._PLANS", _PLANS_KEPT)
+#: how often each plan key was played point by point
+_PLAYS: memo.Table[tuple[object, ...], int] = memo.Table(f"{__name__}._PLAYS", 4 * _PLANS_KEPT)
 
 
 def _plan_key(
@@ -183,15 +182,6 @@ def _plan_key(
     return (*key, optimizer_share, gather, stage, grad_buffer)
 
 
-def _keep(key: tuple[object, ...], plan: StepPlan) -> StepPlan:
-    if len(_PLANS) >= _PLANS_KEPT:
-        _PLANS.clear()
-    if len(_PLAYS) >= 4 * _PLANS_KEPT:
-        _PLAYS.clear()
-    _PLANS[key] = plan
-    return plan
-
-
 def step_plan(
     model: ModelSpec,
     training: TrainingSpec,
@@ -207,7 +197,7 @@ def step_plan(
     through whether a sliding window masks it (:func:`engine.specs.window_masks`)."""
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
     key = _plan_key(*args)
-    return _PLANS.get(key) or _keep(key, StepPlan.build(*args))
+    return _PLANS.get(key) or _PLANS.keep(key, StepPlan.build(*args))
 
 
 #: how many times a step is played point by point before its plan is compiled
@@ -258,11 +248,3 @@ def _from_points(
         [points],
         explain,
     )
-
-
-def forget_plans() -> None:
-    """Forget every step plan (for checks that a play does not depend on what was played
-    before it)."""
-    _PLANS.clear()
-    _PLAYS.clear()
-    joint.cache_clear()

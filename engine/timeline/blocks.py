@@ -5,9 +5,9 @@ played op by op (:func:`engine.graph.simulate`), or profiled once with symbolic 
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
 from typing import NamedTuple
 
+from engine import memo
 from engine.graph import Block, BlockResult, Profile, Size, profile, simulate
 from engine.layers import Ctx
 from engine.specs import ModelSpec
@@ -34,7 +34,7 @@ def _casts(block: Block) -> Casts:
     return Casts(block.weight_copies, block.saved_copies)
 
 
-@lru_cache(maxsize=16384)
+@memo.cached(maxsize=16384)
 def _profile(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
 ) -> tuple[Profile | None, Casts]:
@@ -55,7 +55,7 @@ def _profile(
     return None, _casts(_build(model, held_out, kind, x_grad, chunked)[0])
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> BlockResult:
     """The block built at ``ctx``'s own batch and sequence length, and simulated."""
     return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad or kind == "head")
@@ -99,7 +99,7 @@ def per_op_saved(block: Block) -> Size:
     return total
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
     """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
     return per_op_saved(_build(model, ctx, kind, x_grad, False)[0])
@@ -111,7 +111,7 @@ def function_kept(block: Block) -> Size:
     return sum((block.sizes[t] for t in sorted(block.kept_by_functions)), start=0)
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def _function_kept(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> Size:
     """:func:`function_kept` of a block kind, at ``ctx``'s shape or symbolic. Of the LM
     head only a 4-bit head keeps anything: its input, the final norm's output, whatever

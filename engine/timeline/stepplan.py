@@ -9,12 +9,12 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
 from operator import mul
 from typing import Any
 
 import numpy as np
 
+from engine import memo
 from engine.graph import Profile, Size
 from engine.layers import CHUNK_ROWS, Ctx
 from engine.model_state import ModelState
@@ -438,7 +438,7 @@ class Joint:
         )
 
 
-@lru_cache(maxsize=4096)
+@memo.cached(maxsize=4096)
 def joint(plans: tuple[StepPlan, ...]) -> Joint:
     """The plans of a strategy's stages evaluated together (:class:`Joint`); empty where
     one of them has a block of its own to evaluate at each shape or does not fit int64

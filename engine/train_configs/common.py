@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from engine import memo
 from engine.errors import EstimateError, bounded, check_text, shown
 from engine.files import resolves_inside
 from engine.presets import load_model, model_names
@@ -428,7 +428,7 @@ def _normalized(name: str) -> str:
     return name
 
 
-@lru_cache(maxsize=1)
+@memo.cached(maxsize=1)
 def _preset_index() -> dict[str, str]:
     """Normalized model name -> preset, from each preset's name and the Hub id its
     source names (``config.json of meta-llama/Llama-3.1-8B on the Hugging Face Hub``)."""

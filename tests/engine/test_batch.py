@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import batch
+from engine import batch, memo
 from engine.batch import Totals, totals, totals_over
 from engine.errors import EstimateError
-from engine.estimate import estimate, forget
+from engine.estimate import estimate
 from engine.model_state import model_state
 from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model
@@ -84,7 +84,7 @@ def test_totals_over_equals_the_estimate_of_every_shape(data: dict[str, object])
     checkpointing, MoE, BERT, LoRA and QLoRA, offload: every shape's totals are those of
     the estimate of the scenario with that shape, or its error."""
     s = case(data)
-    batch.clear()
+    memo.clear()
     for shape, result in zip(SHAPES, totals_over(s, SHAPES), strict=True):
         assert found(result) == expected(s, shape), shape
 
@@ -219,11 +219,10 @@ def test_the_batched_module_reads_no_shape_from_the_strategy_it_caches() -> None
     give had it been met there first."""
     first, later = (1, 512, 1), (4, 4096, 8)
     s = scenario(parallelism=ParallelismSpec(pp=2, zero_stage=1))
-    batch.clear()
+    memo.clear()
     (at_first,) = totals_over(s, [first])
     (at_later,) = totals_over(s, [later])
-    batch.clear()
-    forget()
+    memo.clear()
     assert totals_over(s, [later]) == [at_later]
     assert totals_over(s, [first]) == [at_first]
 
@@ -246,9 +245,9 @@ def test_an_estimate_does_not_depend_on_the_shapes_estimated_before_it(
     shapes = [(1, 512, 1), (3, 4096, 8)]
     fresh = []
     for shape in shapes:
-        forget()
+        memo.clear()
         fresh.append(estimate(at(s, *shape)))
-    forget()
+    memo.clear()
     for shape in shapes[::-1]:
         estimate(at(s, *shape))
     after = [estimate(at(s, *shape)) for shape in shapes]
@@ -311,7 +310,7 @@ def test_the_batched_path_holds_unsaved_casts_as_the_reference_walk(
         return real(scenario, shape)
 
     monkeypatch.setattr(batch, "_one", counting)
-    batch.clear()
+    memo.clear()
     shapes = [(1, 1, 1), (4, 1, 2), (8, 1, 1), (2, 7, 1)]
     results = totals_over(s, shapes)
     assert alone == []

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from engine import memo
 from engine.changes import BY_ID
 from engine.cli import main
 from engine.estimate import estimate
@@ -18,7 +19,7 @@ from engine.explain import REMEDIES, TITLES, activation_sources, explained, reme
 from engine.model_state import model_state
 from engine.presets import load_gpu, load_model
 from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.timeline import SOURCE_KINDS, forget_plans, played_step, step_timeline
+from engine.timeline import SOURCE_KINDS, played_step, step_timeline
 
 GIB = 2**30
 
@@ -67,7 +68,7 @@ def test_a_compiled_plan_tells_the_same_sources_as_the_played_step() -> None:
     scenario = CASES["checkpointed"]
     model, training = scenario.model, scenario.training
     state = model_state(model, training)
-    forget_plans()
+    memo.clear()
     played = played_step(model, training, state)
     for _ in range(3):  # the third play compiles the plan
         compiled = step_timeline(model, training, state)

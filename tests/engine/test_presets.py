@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import memo
 from engine.errors import EstimateError
 from engine.params import count_parameters
 from engine.presets import build_strict, gpu_names, load_gpu, load_model, model_names, resources_dir
@@ -105,12 +106,12 @@ def test_broken_preset_file_names_the_file(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "bad.json").write_text("{not json")
     monkeypatch.setenv("MEMFIT_RESOURCES", str(tmp_path))
-    load_model.cache_clear()
+    memo.clear("engine.presets")
     try:
         with pytest.raises(EstimateError, match=r"preset file bad\.json cannot be read"):
             load_model("bad")
     finally:
-        load_model.cache_clear()
+        memo.clear("engine.presets")
 
 
 def _validation_configs() -> dict[str, dict[str, object]]:

@@ -321,3 +321,29 @@ def test_an_op_that_changes_memory_changes_time(
     assert time_a != time_b, what
     slower = time_b > time_a if direction > 0 else time_b < time_a
     assert (mem_b > mem_a) == slower, what
+
+
+def test_a_stage_block_is_not_shared_by_plans_that_differ_in_what_it_reads() -> None:
+    """Plans of one model and hardware share their stage blocks where everything a block
+    reads is alike. Per-op checkpointing and every-k-layers can recompute the same share
+    of the layers (3 of 7 here, the per-op share of a 7-layer model whose attention and
+    MLP matrices are all h x h), yet per-op does not run the attention kernel again: a
+    block cached under the share alone gave the per-op step the every-k time."""
+    from engine import memo
+    from engine.specs import ModelSpec
+    from engine.steptime import per_op_recompute_share
+
+    model = ModelSpec(
+        "seven", num_layers=7, hidden_size=512, num_attention_heads=8,
+        num_key_value_heads=8, head_dim=64, intermediate_size=512, vocab_size=32000,
+    )  # fmt: skip
+    hw = HardwareSpec(load_gpu("h100-sxm-80gb"))
+    every = Scenario(model, hw, TrainingSpec(activation_checkpointing="every-k-layers",
+                                             checkpoint_every_k=3))  # fmt: skip
+    per_op = Scenario(model, hw, TrainingSpec(activation_checkpointing="per-op"))
+    assert per_op_recompute_share(model) == 3 / 7
+    memo.clear()
+    alone = step_time(per_op)
+    memo.clear()
+    step_time(every)
+    assert step_time(per_op) == alone

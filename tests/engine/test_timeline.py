@@ -9,7 +9,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from engine.estimate import estimate, forget
+from engine import memo
+from engine.estimate import estimate
 from engine.graph import simulate
 from engine.layers import Ctx, decoder_layer
 from engine.model_state import model_state
@@ -350,7 +351,7 @@ def test_the_peak_played_by_runs_is_the_highest_point_played_point_by_point(
     layer by layer: the same bytes, and the same moment (the first of equal ones); and the
     estimate from compiled plans is the one from steps played point by point."""
     scenario = case(data)
-    forget()
+    memo.clear()
     by_points = estimate(scenario)
     timelines = rank_timelines(scenario)
     assert not any(t._played for t in timelines)  # by the compiled forms, not point by point

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QComboBox, QToolButton
 from pytestqt.qtbot import QtBot
 
 import engine.stacks
+from engine import memo
 from engine.errors import EstimateError
 from engine.presets import load_model
 from engine.scenario_io import load_scenario, save_scenario, scenario_from_dict, scenario_to_dict
@@ -498,7 +499,7 @@ def test_a_stack_file_that_cannot_be_read_is_named_not_fatal(
 
     monkeypatch.setattr(engine.stacks, "load_stack", broken)
     monkeypatch.setattr("gui.panels.load_stack", broken)
-    conventions.cache_clear()
+    memo.clear("engine.stacks.conventions")
     store = ScenarioStore(on_stack("hf-trainer"))
     panel = TrainingPanel(store)
     qtbot.addWidget(panel)
@@ -511,7 +512,7 @@ def test_a_stack_file_that_cannot_be_read_is_named_not_fatal(
         "from stack (unknown)"
     )
     assert "cannot be read" in stack.toolTip()
-    conventions.cache_clear()
+    memo.clear("engine.stacks.conventions")
 
 
 def test_a_file_with_an_unknown_stack_is_refused_with_its_reason(
