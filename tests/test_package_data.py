@@ -81,6 +81,21 @@ def test_the_wheel_carries_every_preset_stack_and_icon(wheel: zipfile.ZipFile) -
         assert json.loads(wheel.read(f"engine/data/stacks/{name}.json"))["name"] == name
 
 
+def test_the_wheel_carries_every_module(wheel: zipfile.ZipFile) -> None:
+    """Every module of the packages, subpackages (``engine.plan``, ``engine.timeline``,
+    ``engine.train_configs``) included: a package missing from pyproject's list would be
+    left out of the wheel."""
+    modules = {
+        p.relative_to(ROOT).as_posix()
+        for name in ("engine", "gui")
+        for p in (ROOT / name).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert {"engine/plan/__init__.py", "engine/timeline/walk.py"} <= modules
+    missing = modules - set(wheel.namelist())
+    assert not missing, sorted(missing)
+
+
 def test_the_installed_wheel_finds_its_data_without_the_source_tree(
     wheel: zipfile.ZipFile, tmp_path: Path
 ) -> None:
