@@ -66,7 +66,7 @@ from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.plan import resolve
 from engine.plan.mesh import Mesh, stage_layers
-from engine.plan.precision import precision_of
+from engine.plan.precision import Precision, precision_of
 from engine.specs import (
     NETWORKS,
     FreezeSpec,
@@ -76,8 +76,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.stacks import conventions
-from engine.timeline import make_ctx, step_layers
+from engine.timeline import checkpointed, make_ctx, step_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -382,10 +381,9 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
     )
 
 
-def _frozen_cast(training: TrainingSpec) -> bool:
+def _frozen_cast(training: TrainingSpec, prec: Precision) -> bool:
     """Autocast re-casts frozen weights kept in fp32 (Lightning's bf16-mixed, a frozen dtype
     of fp32) to 16 bits at every use in the forward, as it does the trainable ones."""
-    prec = precision_of(training)
     return prec.mode == "amp" and prec.frozen == 4 and training.method != "full"
 
 
@@ -620,18 +618,6 @@ def _overlapped(comm: float, compute: float) -> float:
     return comm - hidden + OVERLAP_SLOWDOWN * hidden
 
 
-def _grad_reduce_bytes(training: TrainingSpec) -> int:
-    """Bytes per element of the gradients the data-parallel group reduces."""
-    fw, p = training.parallelism.framework, training.precision
-    if p == "fp32":
-        return 4
-    if p == "bf16":
-        return 2
-    if fw == "deepspeed":
-        return 2  # DeepSpeed reduces the 16-bit gradients, then copies them to fp32
-    return 4  # fp32 .grad under autocast; Megatron's fp32 main_grad; FSDP reduce_dtype fp32
-
-
 def step_time(scenario: Scenario) -> StepTime:
     """The time of one optimizer step of ``scenario``; see the module docstring."""
     t = scenario.training
@@ -703,11 +689,13 @@ class _Stages:
     """Everything :func:`_new_block` reads but the shape: a stage block is cached by the
     whole of it (with the micro-batch and sequence length), so that plans alike in all of
     it share their blocks (ZeRO stages, optimizers, offload) and plans that differ in any
-    of it never do. Its hash is computed once."""
+    of it never do. Its hash is computed once. The blocks are kept per model and hardware
+    (:class:`_Memo`), so the model, and the device and rings, which follow from the
+    hardware, the precision and the mesh, are read but not compared."""
 
-    model: ModelSpec
+    model: ModelSpec = field(compare=False)
     mesh: Mesh
-    dev: Device
+    dev: Device = field(compare=False)
     method: str
     lora: LoraSpec
     freeze: FreezeSpec
@@ -730,10 +718,10 @@ class _Stages:
     amp: bool
     trainable_rank: float
     moe_share: float
-    tp_ring: _Ring
-    cp_ring: _Ring
-    ep_ring: _Ring
-    pp_ring: _Ring
+    tp_ring: _Ring = field(compare=False)
+    cp_ring: _Ring = field(compare=False)
+    ep_ring: _Ring = field(compare=False)
+    pp_ring: _Ring = field(compare=False)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -770,6 +758,8 @@ class _Plan:
     assumptions: tuple[str, ...]
     #: the stage blocks of the plan's model and hardware (:func:`_stage_block`)
     blocks: memo.Table[tuple[_Stages, int, int], _Block]
+    #: those this plan met, by shape (dropped with the plan)
+    seen: dict[tuple[int, int], _Block] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -819,7 +809,8 @@ def _plan(scenario: Scenario, key: tuple[object, ...]) -> _Plan:
 
 def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], _Block]) -> _Plan:
     model, training, hw = scenario.model, scenario.training, scenario.hardware
-    mesh = resolve(scenario).mesh
+    resolved = resolve(scenario)
+    mesh, prec = resolved.mesh, resolved.precision
     dev = device(scenario)
     par = training.parallelism
     assumptions = []
@@ -828,8 +819,11 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
     # which layers recompute their forward in backward: those the memory walk plays as
     # checkpointed (engine.timeline.step_layers) -- not a layer autograd does not record
-    mode = conventions(training).checkpointing
-    _, kept = step_layers(model, training, make_ctx(model, training), True)
+    mode = resolved.conventions.checkpointing
+    if training.method == "full":  # every layer trains: autograd records every one
+        kept = checkpointed(training, model.num_layers)
+    else:
+        _, kept = step_layers(model, training, make_ctx(model, training), True)
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
     if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
         recompute_share = per_op_recompute_share(model) * recompute_share
@@ -855,16 +849,15 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         params_rank *= 1 - share + share / mesh.ep
         trainable_rank *= 1 - share + share / mesh.ep
     # a QLoRA base is gathered as stored, 4-bit (with its constants)
-    gather_bytes = precision_of(training).gather
+    gather_bytes = prec.gather
     # the optimizer step: bytes of parameters, gradients and states per trainable element
     opt_bytes = 0.0
     if whole.trainable_params:
         state_b = whole.category_bytes("optimizer_states") / whole.trainable_params
         grad_b = whole.category_bytes("gradients") / whole.trainable_params
-        param_b = precision_of(training).master
+        param_b = prec.master
         temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
-    prec = precision_of(training)
     stages = _Stages(
         model=model,
         mesh=mesh,
@@ -878,7 +871,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         sequence_parallel=par.sequence_parallel,
         capacity=par.expert_capacity_factor,
         compute=prec.compute,
-        frozen_cast=_frozen_cast(training),
+        frozen_cast=_frozen_cast(training, prec),
         per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
@@ -903,7 +896,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         rep_ring=rep_ring,
         trainable_rank=trainable_rank,
         params_rank=params_rank,
-        g_bytes=_grad_reduce_bytes(training),
+        g_bytes=prec.grad_comm,
         gather_bytes=gather_bytes,
         opt_bytes=opt_bytes,
         assumptions=tuple(assumptions),
@@ -950,11 +943,18 @@ def _head_and_loss(stages: _Stages, tokens: float, dt: int) -> tuple[float, ...]
 def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
     """One micro-batch of ``plan`` at micro-batch ``b`` and sequence length ``s`` on its
     busiest stage, kept by :attr:`_Plan.stages` and the shape (:func:`_new_block`)."""
-    key = (plan.stages, b, s)
-    found = plan.blocks.get(key)
+    shape = (b, s)
+    found = plan.seen.get(shape)  # this plan's own blocks: no hash of its stages
     if found is not None:
         return found
-    return plan.blocks.keep(key, _new_block(plan.stages, b, s))
+    key = (plan.stages, b, s)
+    found = plan.blocks.get(key)
+    if found is None:
+        found = plan.blocks.keep(key, _new_block(plan.stages, b, s))
+    if len(plan.seen) >= _ENTRIES_MAX:
+        plan.seen.clear()
+    plan.seen[shape] = found
+    return found
 
 
 def _new_block(stages: _Stages, b: int, s: int) -> _Block:
@@ -1128,6 +1128,12 @@ _PER_MICRO_BATCH = (
 )
 
 
+@memo.cached(maxsize=16)
+def _per_micro_batch(mode: str) -> tuple[tuple[str, str, str, str], ...]:
+    """:data:`_PER_MICRO_BATCH` with the checkpointing ``mode`` written into its formulas."""
+    return tuple((n, k, key, f.format(mode=mode)) for n, k, key, f in _PER_MICRO_BATCH)
+
+
 class _Terms:
     """The step's terms in the order they are added, and the seconds of each bound."""
 
@@ -1149,10 +1155,12 @@ def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None)
     blk = _stage_block(plan, b, s)
     busiest = blk.busiest
     out = _Terms()
-    mode = training.activation_checkpointing
-    for name, kind, key, formula in _PER_MICRO_BATCH:
+    terms, kinds = out.terms, out.kinds
+    for name, kind, key, formula in _per_micro_batch(training.activation_checkpointing):
         seconds = micro * busiest[key]
-        out.add(name, kind, seconds, seconds, formula.format(mode=mode))
+        if seconds > 0:  # out.add, inline: every evaluation of a sweep runs these
+            terms.append(Term(name, kind, seconds, seconds, formula))
+            kinds[kind] += seconds
     # the pipeline bubble: (pp - 1) / vpp micro-batch times of the slowest stage
     if mesh.pp > 1:
         factor = {"zero-bubble": 1 / 3}.get(training.parallelism.pp_schedule, 1.0)

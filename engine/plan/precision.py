@@ -48,6 +48,11 @@ class Precision:
     gather: int
     #: a gradient reduced across data-parallel ranks: 2 under pure bf16, else 4
     reduce: int
+    #: a gradient the data-parallel collective sends: 4 under fp32, 2 under pure bf16 and
+    #: DeepSpeed's mixed precision (it reduces the 16-bit gradients, then copies them to
+    #: fp32), else 4 (fp32 ``.grad`` under autocast, Megatron's fp32 ``main_grad``, FSDP's
+    #: fp32 ``reduce_dtype``)
+    grad_comm: int = 4
 
 
 def compute_mode(training: TrainingSpec) -> str:
@@ -83,4 +88,13 @@ def precision_of(training: TrainingSpec) -> Precision:
         frozen=frozen,
         gather=gather,
         reduce=master,
+        grad_comm=_grad_comm(training),
     )
+
+
+def _grad_comm(training: TrainingSpec) -> int:
+    if training.precision == "fp32":
+        return 4
+    if training.precision == "bf16" or training.parallelism.framework == "deepspeed":
+        return 2
+    return 4
