@@ -76,40 +76,35 @@ def _placeholder_fakecuda() -> None:
         sys.modules["validation.fakecuda"] = stub
 
 
-def _smi_used_mib() -> int | None:
-    """The GPU's used memory (MiB) as ``nvidia-smi`` shows it."""
+def _smi(*query: str) -> str | None:
+    """What ``nvidia-smi`` answers to ``query`` (CSV, no header, no units); None without it."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
-        return int(out.split()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
-def _smi_total_mib() -> int | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
-        return int(out.split()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
-def _smi_process_mib(pid: int) -> int | None:
-    """This process's used memory (MiB) as ``nvidia-smi`` lists it (None: not listed)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory",
-             "--format=csv,noheader,nounits"],
+        return subprocess.run(
+            ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    for line in out.splitlines():
+
+
+def _smi_gpu_mib(field: str) -> int | None:
+    """The GPU's ``memory.used`` or ``memory.total`` (MiB) as ``nvidia-smi`` shows it."""
+    out = _smi(f"--query-gpu={field}")
+    words = out.split() if out else []
+    return int(words[0]) if words and words[0].isdigit() else None
+
+
+def _smi_used_mib() -> int | None:
+    return _smi_gpu_mib("memory.used")
+
+
+def _smi_total_mib() -> int | None:
+    return _smi_gpu_mib("memory.total")
+
+
+def _smi_process_mib(pid: int) -> int | None:
+    """This process's used memory (MiB) as ``nvidia-smi`` lists it (None: not listed)."""
+    for line in (_smi("--query-compute-apps=pid,used_memory") or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 2 and parts[0] == str(pid) and parts[1].isdigit():
             return int(parts[1])

@@ -171,10 +171,10 @@ def test_a_sliding_window_splits_the_lengths_it_masks_from_those_it_does_not() -
     assert set(strategy.masked) == {False, True}
 
 
-def test_a_sweep_is_evaluated_on_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every valid shape of a typical sweep is found by the arrays, none by estimating it
-    alone (which would be exact, but slow)."""
-    alone: list[object] = []
+def estimated_alone(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """The shapes the batched path estimates one by one from now on (``batch._one``),
+    where the arrays could not say."""
+    alone: list[tuple[int, int, int]] = []
     real = batch._one
 
     def counting(scenario: Scenario, shape: tuple[int, int, int]) -> object:
@@ -182,6 +182,13 @@ def test_a_sweep_is_evaluated_on_arrays(monkeypatch: pytest.MonkeyPatch) -> None
         return real(scenario, shape)
 
     monkeypatch.setattr(batch, "_one", counting)
+    return alone
+
+
+def test_a_sweep_is_evaluated_on_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every valid shape of a typical sweep is found by the arrays, none by estimating it
+    alone (which would be exact, but slow)."""
+    alone = estimated_alone(monkeypatch)
     shapes = [(b, s, 8) for b in (1, 2, 4, 8) for s in (2048, 4096, 8192)]
     for zero in range(4):
         for checkpointing in ("none", "selective", "full", "every-k-layers"):
@@ -302,14 +309,7 @@ def test_the_batched_path_holds_unsaved_casts_as_the_reference_walk(
         )
         if seq == 1:
             assert top.parameters == state.category_bytes("parameters") + CAST
-    alone: list[object] = []
-    real = batch._one
-
-    def counting(scenario: Scenario, shape: tuple[int, int, int]) -> object:
-        alone.append(shape)
-        return real(scenario, shape)
-
-    monkeypatch.setattr(batch, "_one", counting)
+    alone = estimated_alone(monkeypatch)
     memo.clear()
     shapes = [(1, 1, 1), (4, 1, 2), (8, 1, 1), (2, 7, 1)]
     results = totals_over(s, shapes)
