@@ -27,7 +27,7 @@ from engine.plan import Plan, resolve
 from engine.plan.mesh import Mesh, stage_layers
 from engine.sharding import Sharded, resident_blocks, shard, tensor_parallel_shard
 from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
-from engine.stacks import Conventions, conventions
+from engine.stacks import Conventions
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
     _PLAYED_FIRST,
@@ -135,8 +135,9 @@ class Estimate:
 
     @property
     def conventions(self) -> Conventions:
-        """The training stack's conventions the step ran with (:mod:`engine.stacks`)."""
-        return conventions(self.scenario.training)
+        """The training stack's conventions the step ran with (the plan's,
+        :func:`engine.plan.resolve`)."""
+        return resolve(self.scenario).conventions
 
     @property
     def time(self) -> StepTime:
