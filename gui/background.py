@@ -27,6 +27,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
 
 from engine.errors import EstimateError
+from gui.forms import in_user_words
 
 #: ``keep_going(done, total)``: report progress; ``False`` means stop now
 KeepGoing = Callable[[int, int], bool]
@@ -54,8 +55,8 @@ class _Job(QRunnable):
             return
         try:
             result = self._work(keep_going)
-        except EstimateError as exc:
-            _send(channel._failed, ident, str(exc), None)
+        except EstimateError as exc:  # put in the panels' words on the GUI thread
+            _send(channel._failed, ident, str(exc), exc)
         except Exception as exc:  # a bug in the engine: reported on the GUI thread
             _send(channel._failed, ident, f"the work failed ({type(exc).__name__}: {exc})", exc)
         else:
@@ -153,7 +154,9 @@ class Channel(QObject):
 
     @Slot(int, str, object)
     def _on_failed(self, ident: int, message: str, exc: object) -> None:
-        if isinstance(exc, BaseException):  # report the bug, keep running (as the store does)
+        if isinstance(exc, EstimateError):  # the field it names, as its row is labelled
+            message = in_user_words(exc)
+        elif isinstance(exc, BaseException):  # report the bug, keep running (as the store does)
             sys.excepthook(type(exc), exc, exc.__traceback__)
         if ident != self._ident:
             return

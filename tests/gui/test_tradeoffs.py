@@ -21,6 +21,7 @@ from engine.solve import max_micro_batch, max_sequence_length, min_gpus
 from engine.sweep import Space, default_space, describe, pareto, sweep
 from gui.background import Channel
 from gui.curves import FIELDS, with_checkpointing
+from gui.forms import in_user_words
 from gui.hardware_compare import on_gpu
 from gui.main_window import MainWindow
 from gui.sweep_map import SweepMap
@@ -397,5 +398,8 @@ def test_a_failing_job_reports_its_message(qtbot: QtBot) -> None:
 
     with qtbot.waitSignal(channel.failed, timeout=WAIT_MS) as blocker:
         channel.start(bad)
-    assert blocker.args == ["training.micro_batch_size: must be at least 1"]
+    # the refusal itself reaches the GUI thread, which names its field as the panels do
+    refusal = EstimateError("training.micro_batch_size", "must be at least 1")
+    assert blocker.args == [in_user_words(refusal)]
+    assert blocker.args[0].endswith(": must be at least 1")
     assert not channel.busy
