@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from engine.graph import TERMS, Profile, Size, _coefs
-from engine.timeline.context import (
-    carries_previous,
-)
+from engine.specs import TrainingSpec
+from engine.timeline.context import Gather, carries_previous
 
 if TYPE_CHECKING:
     from engine.timeline.stepplan import StepPlan
@@ -134,6 +133,22 @@ def _forms(prof: Profile) -> tuple[tuple[int, ...], ...]:
 _Candidate = tuple[int, int, int, int, int, np.ndarray, np.ndarray]
 
 
+class _Recipe(NamedTuple):
+    """What a :class:`~engine.timeline.stepplan.StepPlan` is compiled from, beyond its
+    model, context and profiles."""
+
+    layers: Sequence[_Layer]
+    head: int
+    training: TrainingSpec
+    gather: Gather
+    grad_buffer: int
+    opt: int
+    trains_embeddings: bool
+    per_op: Sequence[Size]
+    function_kept_of: Sequence[Size]
+    logits_block: int
+
+
 class _Compiler:
     """The step played once with symbolic sizes, as :func:`_layer_by_layer` plays it point
     for point (:meth:`run`): the points that can be its highest -- every point outside
@@ -149,18 +164,11 @@ class _Compiler:
     else Python integers."""
 
     def __init__(self, plan: StepPlan, dtype: type) -> None:
-        (
-            layers,
-            head,
-            training,
-            gather,
-            grad_buffer,
-            opt,
-            trains_embeddings,
-            per_op,
-            function_kept_of,
-            logits_block,
-        ) = plan.recipe
+        recipe = plan.recipe
+        layers, head, training, gather = recipe.layers, recipe.head, recipe.training, recipe.gather
+        grad_buffer, opt, per_op = recipe.grad_buffer, recipe.opt, recipe.per_op
+        trains_embeddings, function_kept_of = recipe.trains_embeddings, recipe.function_kept_of
+        logits_block = recipe.logits_block
         self.plan, self.dtype = plan, dtype
         self.model, self.stage, self.ctx = plan.model, plan.stage, plan.ctx
         self.layers: Sequence[_Layer] = layers
@@ -447,7 +455,13 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        layers, _, _, gather, grad_buffer, opt = plan.recipe[:6]
+        recipe = plan.recipe
+        layers, gather, grad_buffer, opt = (
+            recipe.layers,
+            recipe.gather,
+            recipe.grad_buffer,
+            recipe.opt,
+        )
         model, stage, profiles = plan.model, plan.stage, plan.profiles
         # every coefficient of a form is a sum over the layers of profile coefficients and
         # constants, raised by the micro-batches in flight: int64 where that fits

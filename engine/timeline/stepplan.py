@@ -31,6 +31,7 @@ from engine.timeline.compiled import (
     KINDS,
     Moments,
     _Forms,
+    _Recipe,
 )
 from engine.timeline.context import (
     HEAD_LOGITS,
@@ -80,7 +81,7 @@ class StepPlan:
     dense_grad: int
     tied: int
     #: what compiling the step reads (see :func:`_compile`), and the compiled forms
-    recipe: tuple[Any, ...] = field(repr=False)
+    recipe: _Recipe = field(repr=False)
     _compiled: list[_Forms] = field(default_factory=list, repr=False)
 
     @staticmethod
@@ -142,7 +143,7 @@ class StepPlan:
             kept_of = tuple(
                 _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
             )
-        recipe = (
+        recipe = _Recipe(
             layers,
             head,
             training,
