@@ -76,7 +76,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.timeline import checkpointed, make_ctx, step_layers
+from engine.timeline import recomputed_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -342,7 +342,6 @@ class _Work:
     targets: tuple[str, ...]
     rank: int
     trainable: tuple[str, ...]
-    precision: str
     attention: str
     batch: int
     seq: int
@@ -366,7 +365,6 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
         lora.targets,
         lora.rank,
         stages.freeze.trainable,
-        stages.precision,
         stages.attention,
         b,
         s,
@@ -820,10 +818,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     # which layers recompute their forward in backward: those the memory walk plays as
     # checkpointed (engine.timeline.step_layers) -- not a layer autograd does not record
     mode = resolved.conventions.checkpointing
-    if training.method == "full":  # every layer trains: autograd records every one
-        kept = checkpointed(training, model.num_layers)
-    else:
-        _, kept = step_layers(model, training, make_ctx(model, training), True)
+    kept = recomputed_layers(model, training)
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
     if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
         recompute_share = per_op_recompute_share(model) * recompute_share

@@ -94,14 +94,6 @@ def _smi_gpu_mib(field: str) -> int | None:
     return int(words[0]) if words and words[0].isdigit() else None
 
 
-def _smi_used_mib() -> int | None:
-    return _smi_gpu_mib("memory.used")
-
-
-def _smi_total_mib() -> int | None:
-    return _smi_gpu_mib("memory.total")
-
-
 def _smi_process_mib(pid: int) -> int | None:
     """This process's used memory (MiB) as ``nvidia-smi`` lists it (None: not listed)."""
     for line in (_smi("--query-compute-apps=pid,used_memory") or "").splitlines():
@@ -273,7 +265,7 @@ def run_case(case: dict[str, Any], timed: bool = False) -> dict[str, Any]:
         record["gpu"]["step_seconds_median"] = statistics.median(times)
         record["gpu"]["step_seconds"] = times
         record["gpu"]["nvidia_smi_process_mib_after_timing"] = _smi_process_mib(os.getpid())
-        record["gpu"]["nvidia_smi_gpu_used_mib"] = _smi_used_mib()  # alone on the GPU
+        record["gpu"]["nvidia_smi_gpu_used_mib"] = _smi_gpu_mib("memory.used")  # alone on the GPU
     record["env"] = {**_env(), "seconds": round(time.perf_counter() - started, 2)}
     del model, opt, ids, trainable
     return record
@@ -427,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     deadline = started + args.budget
     args.out.mkdir(parents=True, exist_ok=True)
-    baseline = _smi_used_mib()
-    total = _smi_total_mib()
+    baseline = _smi_gpu_mib("memory.used")
+    total = _smi_gpu_mib("memory.total")
     cap = args.cap or (0.85 * total / 1024 if total else 64.0)
     print(f"nvidia-smi: {baseline} MiB used of {total} MiB before any case; cap {cap:.0f} GiB",
           flush=True)  # fmt: skip

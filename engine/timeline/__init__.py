@@ -74,6 +74,7 @@ from engine.timeline.context import (
     checkpointed,
     embedding_output_grad,
     make_ctx,
+    recomputed_layers,
     step_layers,
 )
 from engine.timeline.points import Point, Timeline, _total
@@ -101,6 +102,7 @@ __all__ = [
     "joint",
     "make_ctx",
     "played_step",
+    "recomputed_layers",
     "step_layers",
     "step_plan",
     "step_timeline",

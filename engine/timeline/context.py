@@ -153,6 +153,15 @@ def step_layers(
     return kinds, [on and r for on, r in zip(ckpt, recorded, strict=True)]
 
 
+def recomputed_layers(model: ModelSpec, training: TrainingSpec) -> list[bool]:
+    """Which layers run their forward again in backward: those :func:`step_layers` plays
+    as checkpointed. Where every layer trains, autograd records every one, and that is
+    :func:`checkpointed` itself."""
+    if training.method == "full":
+        return checkpointed(training, model.num_layers)
+    return step_layers(model, training, make_ctx(model, training), True)[1]
+
+
 def embedding_output_grad(
     model: ModelSpec, training: TrainingSpec, first_stage: bool, checkpointing: bool
 ) -> bool:
