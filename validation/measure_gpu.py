@@ -411,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: 85 %% of the GPU)")  # fmt: skip
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("--parts", default="1,2,3")
+    parser.add_argument("--skip", type=Path, help="a gpu_steps.jsonl whose cases not to run again")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from validation.cases import all_cases
@@ -432,12 +433,19 @@ def main(argv: list[str] | None = None) -> int:
         plan.append(("traced", all_cases() + conventions_cases(), args.jobs, False))
     if "2" in parts:
         plan.append(("accumulated", _accumulated(all_cases()), args.jobs, False))
+    done: set[str] = set()
+    if args.skip and args.skip.exists():
+        for line in args.skip.read_text().splitlines():
+            rec = json.loads(line)
+            if "id" in rec and "error" not in rec:
+                done.add(rec["id"])
     failed = 0
     with (args.out / "gpu_steps.jsonl").open("a") as sink:
         meta = {"baseline_used_mib": baseline, "total_mib": total, "started": time.time()}
         sink.write(json.dumps({"meta": meta}) + "\n")
         for part, cases, jobs, timed in plan:
             cases = [c for c in cases if not args.only or any(o in c["id"] for o in args.only)]
+            cases = [c for c in cases if c["id"] not in done]
             bad, finished = _run_part(cases, jobs, timed, cap, deadline, sink, part, started)
             failed += bad
             if not finished:
