@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine import memo
@@ -55,18 +56,183 @@ from engine.specs import (
 
 #: what ``activation_checkpointing="selective"`` means in a stack
 SELECTIVE_POLICIES = ("attention-core", "per-op")
+#: a stack file must state the convention (:attr:`ConventionField.default`)
+REQUIRED = object()
+
+
+def _auto_frozen(training: TrainingSpec, value: str) -> str:
+    return auto_frozen_dtype(training) if value == "auto" else value
+
+
+def _auto_adapter(training: TrainingSpec, value: str) -> str:
+    return auto_adapter_dtype(training) if value == "auto" else value
+
+
+def _auto_dequant(training: TrainingSpec, value: str) -> str:
+    return training.qlora.compute_dtype if value == "auto" else value
+
+
+def _kv_cache(training: TrainingSpec, value: bool) -> bool:
+    # transformers turns the cache off under gradient checkpointing
+    return value and training.activation_checkpointing == "none"
+
+
+@dataclass(frozen=True, slots=True)
+class ConventionField:
+    """One convention of a training step, described once: the stack file's key and the
+    scenario field ``training.<key>`` (None there: the stack's value), the values it takes,
+    where it applies, how it resolves, and how the app shows it. The stack files, the
+    resolution (:func:`conventions`), the app's rows and summary line all read this table;
+    a new convention is an entry here, its attribute of :class:`Conventions`, its scenario
+    field (:mod:`engine.specs`) and the mechanism that reads it."""
+
+    key: str
+    values: tuple[Any, ...]
+    #: the :class:`Conventions` attribute that holds the resolved value ("": none)
+    attr: str = ""
+    #: the app's row label ("": no row, a stack convention only)
+    label: str = ""
+    #: what the convention changes, in a user's words (the row's tooltip)
+    tip: str = ""
+    #: how each value reads in the row's list (default: the value itself)
+    choices: Mapping[Any, str] = field(default_factory=dict)
+    #: how each value reads in "from stack (...)" (default: the value itself)
+    shown: Mapping[Any, str] = field(default_factory=dict)
+    #: how the resolved value reads in the one-line summary
+    brief: str = "{}"
+    brief_words: Mapping[Any, str] = field(default_factory=dict)
+    #: the methods it applies to (empty: every method), and why not for the others
+    methods: tuple[str, ...] = ()
+    unused: str = ""
+    #: resolved whatever the method (the estimate reads it even where the app greys it)
+    always: bool = False
+    #: the value taken where it does not apply (before ``resolve``)
+    off: Any = "auto"
+    #: the value the estimate runs with, from the picked one (``auto``, or a rule)
+    resolve: Callable[[TrainingSpec, Any], Any] | None = None
+    #: the summary names it only where the scenario sets it or it differs from this
+    usual: Callable[[TrainingSpec], Any] | None = None
+    #: what a stack file that does not state it gives
+    default: Any = REQUIRED
+
+    def applies(self, method: str) -> bool:
+        return not self.methods or method in self.methods
+
+
+#: every convention, in the order an estimate reports them and the app lists them
+CONVENTION_FIELDS: tuple[ConventionField, ...] = (
+    ConventionField(
+        "model_implementation",
+        MODEL_IMPLEMENTATIONS,
+        attr="implementation",
+        label="Modeling code",
+        tip="The modeling code that builds the model: transformers' classes (a tied LM head "
+        "is the embedding matrix) or LitGPT's GPT, which never ties the LM head to the "
+        "embedding (a tied checkpoint gets an LM head of its own).",
+        choices={"transformers": "transformers", "litgpt": "LitGPT"},
+        shown={"transformers": "transformers", "litgpt": "LitGPT"},
+        brief="{} model",
+        brief_words={"transformers": "transformers", "litgpt": "LitGPT"},
+        usual=lambda t: "transformers",
+    ),
+    ConventionField(
+        "outputs_held_through_backward",
+        (True, False),
+        attr="outputs_held",
+        label="Model output",
+        tip="Whether the model output (the logits and, when built, the KV cache) stays "
+        "referenced through backward and the optimizer step (outputs = model(...); "
+        "outputs.loss.backward()) or is dropped before backward (only the loss kept).",
+        choices={True: "held through backward", False: "released before backward"},
+        shown={True: "held", False: "released"},
+        brief="outputs {}",
+        brief_words={True: "held", False: "released"},
+    ),
+    ConventionField(
+        "kv_cache_in_outputs",
+        (True, False),
+        attr="kv_cache",
+        label="KV cache",
+        tip="Whether the forward builds a KV cache in training (transformers' use_cache); "
+        "it lives as long as the output, and never under gradient checkpointing.",
+        choices={True: "built with the output", False: "not built"},
+        shown={True: "built", False: "not built"},
+        brief_words={True: "KV cache built", False: "no KV cache"},
+        resolve=_kv_cache,
+    ),
+    ConventionField(
+        "previous_step_held",
+        (True, False),
+        attr="previous_held",
+        label="Previous step",
+        tip="Whether the previous step's autograd graph and model output stay alive into "
+        "this step's forward (the loop's variables are rebound only when the next forward "
+        "returns) or are gone when the step ends.",
+        choices={True: "held into the next forward", False: "released after the step"},
+        shown={True: "held", False: "released"},
+        brief="previous step {}",
+        brief_words={True: "held", False: "released"},
+        usual=lambda t: False,
+    ),
+    ConventionField(
+        "frozen_weights_dtype",
+        FROZEN_DTYPES,
+        attr="frozen_dtype",
+        label="Frozen weights",
+        tip="Storage dtype of the frozen, non-quantized weights (LoRA's base, frozen parts); "
+        "auto is the compute dtype of the precision (fp32 under fp32).",
+        brief="frozen {}",
+        methods=("freeze", "lora", "qlora"),
+        unused="full fine-tuning freezes no weight",
+        always=True,
+        resolve=_auto_frozen,
+    ),
+    ConventionField(
+        "lora.adapter_dtype",
+        ADAPTER_DTYPES,
+        attr="adapter_dtype",
+        label="LoRA adapters",
+        tip="Dtype of the LoRA adapters, and so of their gradients and optimizer states; auto "
+        "is fp32, bf16 under pure bf16.",
+        brief="adapters {}",
+        methods=("lora", "qlora"),
+        unused="only LoRA and QLoRA train adapters",
+        resolve=_auto_adapter,
+    ),
+    ConventionField(
+        "qlora.quantize_lm_head",
+        (True, False),
+        attr="quantize_head",
+        label="QLoRA LM head",
+        tip="Whether QLoRA quantizes the LM head to 4 bits with the other linear layers "
+        "(Lightning's bitsandbytes plugin) or keeps it unquantized (transformers).",
+        choices={True: "quantized to 4 bits", False: "not quantized"},
+        shown={True: "quantized", False: "not quantized"},
+        brief_words={True: "4-bit LM head", False: "LM head unquantized"},
+        methods=("qlora",),
+        unused="only QLoRA quantizes the base weights",
+        off=False,
+        usual=lambda t: False,
+    ),
+    ConventionField(
+        "qlora.dequant_dtype",
+        DEQUANT_DTYPES,
+        attr="dequant_dtype",
+        label="QLoRA dequant",
+        tip="The dtype QLoRA's dequantization returns; auto is the compute dtype. Any other "
+        "dtype costs a second copy of each weight, cast to the compute dtype at every "
+        "matmul.",
+        brief="dequant {}",
+        methods=("qlora",),
+        unused="only QLoRA quantizes the base weights",
+        resolve=_auto_dequant,
+        usual=lambda t: t.qlora.compute_dtype,
+    ),
+    ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
+)
 #: the convention keys of a stack file and the accepted values of each
-CONVENTIONS: dict[str, tuple[Any, ...]] = {
-    "outputs_held_through_backward": (True, False),
-    "kv_cache_in_outputs": (True, False),
-    "frozen_weights_dtype": FROZEN_DTYPES,
-    "lora.adapter_dtype": ADAPTER_DTYPES,
-    "selective_checkpointing": SELECTIVE_POLICIES,
-    "model_implementation": MODEL_IMPLEMENTATIONS,
-    "previous_step_held": (True, False),
-    "qlora.quantize_lm_head": (True, False),
-    "qlora.dequant_dtype": DEQUANT_DTYPES,
-}
+CONVENTIONS: dict[str, tuple[Any, ...]] = {f.key: f.values for f in CONVENTION_FIELDS}
+CONVENTION_FIELD = {f.key: f for f in CONVENTION_FIELDS}
 #: the ordinary training fields a stack may choose, and their accepted values
 DEFAULTS: dict[str, tuple[Any, ...]] = {"loss": LOSSES, "optimizer_impl": OPTIMIZER_IMPLS}
 
@@ -85,7 +251,7 @@ class Stack:
     def convention(self, key: str, precision: str, method: str = "full") -> Any:
         """The stack's value of ``key``: one for all, or by method, else by precision,
         else its ``default``."""
-        value = self.conventions[key]
+        value = self.conventions.get(key, CONVENTION_FIELD[key].default)
         if isinstance(value, dict):
             return value.get(method, value.get(precision, value["default"]))
         return value
@@ -108,7 +274,12 @@ def _parse(name: str, data: Any) -> Stack:
         if not isinstance(data.get(key), str) or not data[key]:
             raise EstimateError(f"{where}: {key}", "expected a non-empty string")
     conventions = data.get("conventions")
-    if not isinstance(conventions, dict) or set(conventions) != set(CONVENTIONS):
+    required = {f.key for f in CONVENTION_FIELDS if f.default is REQUIRED}
+    if (
+        not isinstance(conventions, dict)
+        or not required <= set(conventions)
+        or not set(conventions) <= set(CONVENTIONS)
+    ):
         raise EstimateError(f"{where}: conventions", f"expected the keys {', '.join(CONVENTIONS)}")
     for key, value in conventions.items():
         values = value.values() if isinstance(value, dict) else [value]
@@ -213,17 +384,13 @@ def conventions(training: TrainingSpec) -> Conventions:
         used.append(Convention(key, value, "stack", stack.why.get(key, "")))
         return value
 
-    held = pick("outputs_held_through_backward", training.outputs_held_through_backward)
-    cache_on = pick("kv_cache_in_outputs", training.kv_cache_in_outputs)
-    frozen = pick("frozen_weights_dtype", training.frozen_weights_dtype)
-    lora = training.method in ("lora", "qlora")
-    adapter = pick("lora.adapter_dtype", training.lora.adapter_dtype) if lora else "auto"
-    implementation = pick("model_implementation", training.model_implementation)
-    previous = pick("previous_step_held", training.previous_step_held)
-    qlora = training.method == "qlora"
-    q = training.qlora
-    quantize_head = pick("qlora.quantize_lm_head", q.quantize_lm_head) if qlora else False
-    dequant = pick("qlora.dequant_dtype", q.dequant_dtype) if qlora else "auto"
+    values: dict[str, Any] = {}
+    for f in CONVENTION_FIELDS:
+        if not f.attr:
+            continue
+        explicit = _scenario_value(training, f.key)
+        value = pick(f.key, explicit) if f.always or f.applies(training.method) else f.off
+        values[f.attr] = f.resolve(training, value) if f.resolve else value
     policy = stack.convention("selective_checkpointing", precision, training.method)
     checkpointing = training.activation_checkpointing
     if checkpointing == "selective":
@@ -237,20 +404,16 @@ def conventions(training: TrainingSpec) -> Conventions:
         )
         if policy == "per-op":
             checkpointing = "per-op"
-    return Conventions(
-        stack=stack.name,
-        outputs_held=held,
-        # transformers turns the cache off under gradient checkpointing
-        kv_cache=cache_on and training.activation_checkpointing == "none",
-        frozen_dtype=auto_frozen_dtype(training) if frozen == "auto" else frozen,
-        adapter_dtype=auto_adapter_dtype(training) if adapter == "auto" else adapter,
-        checkpointing=checkpointing,
-        used=tuple(used),
-        implementation=implementation,
-        previous_held=previous,
-        quantize_head=quantize_head,
-        dequant_dtype=q.compute_dtype if dequant == "auto" else dequant,
-    )
+    return Conventions(stack=stack.name, checkpointing=checkpointing, used=tuple(used), **values)
+
+
+def _scenario_value(training: TrainingSpec, key: str) -> Any:
+    """The scenario's field of the convention ``key`` (``lora.adapter_dtype`` is
+    ``training.lora.adapter_dtype``); None: the stack's value."""
+    value: Any = training
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def as_built(model: ModelSpec, training: TrainingSpec) -> ModelSpec:

@@ -34,12 +34,8 @@ from engine.plan import resolve
 from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
 from engine.scenario_io import custom_gpu, default_gpu_name, named_gpu
 from engine.specs import (
-    ADAPTER_DTYPES,
-    DEQUANT_DTYPES,
     FREEZE_PARTS,
-    FROZEN_DTYPES,
     LORA_TARGETS,
-    MODEL_IMPLEMENTATIONS,
     OPTIMIZER_IMPLS,
     STACKS,
     GpuSpec,
@@ -50,10 +46,10 @@ from engine.specs import (
     target_names,
 )
 from engine.stacks import (
+    CONVENTION_FIELDS,
+    ConventionField,
     Stack,
     as_built,
-    auto_adapter_dtype,
-    auto_frozen_dtype,
     conventions,
     load_stack,
     with_stack,
@@ -115,66 +111,18 @@ CUDA_CHOICES = (("CUDA 12, lazy loading", "cuda12-lazy"),
                 ("CUDA 11 (eager loading)", "cuda11-eager"))  # fmt: skip
 #: what a convention combo holds for "from the stack" (the scenario's field is None)
 FROM_STACK = "stack"
-OUTPUT_CHOICES = (("from stack", FROM_STACK), ("held through backward", True),
-                  ("released before backward", False))  # fmt: skip
-KV_CACHE_CHOICES = (("from stack", FROM_STACK), ("built with the output", True),
-                    ("not built", False))  # fmt: skip
-#: the modeling code (:data:`engine.specs.MODEL_IMPLEMENTATIONS`), in words
-IMPLEMENTATION_TEXT = {"transformers": "transformers", "litgpt": "LitGPT"}
-IMPLEMENTATION_CHOICES = (
-    ("from stack", FROM_STACK),
-    *((IMPLEMENTATION_TEXT[m], m) for m in MODEL_IMPLEMENTATIONS),
-)
-PREVIOUS_CHOICES = (("from stack", FROM_STACK), ("held into the next forward", True),
-                    ("released after the step", False))  # fmt: skip
-QUANTIZE_HEAD_CHOICES = (("from stack", FROM_STACK), ("quantized to 4 bits", True),
-                         ("not quantized", False))  # fmt: skip
 #: the selective checkpointing policies of :mod:`engine.stacks`, in words
 POLICY_TEXT = {"attention-core": "attention core", "per-op": "per-op"}
-#: convention row -> (stack convention key, what it changes (:data:`gui.tooltips.TIPS`),
-#: how its values read)
-CONVENTION_TIPS: dict[str, tuple[str, str, dict[Any, str]]] = {
-    "training.model_implementation": (
-        "model_implementation",
-        TIPS["training.model_implementation"],
-        IMPLEMENTATION_TEXT,
-    ),
-    "training.outputs_held_through_backward": (
-        "outputs_held_through_backward",
-        TIPS["training.outputs_held_through_backward"],
-        {True: "held", False: "released"},
-    ),
-    "training.kv_cache_in_outputs": (
-        "kv_cache_in_outputs",
-        TIPS["training.kv_cache_in_outputs"],
-        {True: "built", False: "not built"},
-    ),
-    "training.previous_step_held": (
-        "previous_step_held",
-        TIPS["training.previous_step_held"],
-        {True: "held", False: "released"},
-    ),
-    "training.frozen_weights_dtype": (
-        "frozen_weights_dtype",
-        TIPS["training.frozen_weights_dtype"],
-        {},
-    ),
-    "training.lora.adapter_dtype": (
-        "lora.adapter_dtype",
-        TIPS["training.lora.adapter_dtype"],
-        {},
-    ),
-    "training.qlora.quantize_lm_head": (
-        "qlora.quantize_lm_head",
-        TIPS["training.qlora.quantize_lm_head"],
-        {True: "quantized", False: "not quantized"},
-    ),
-    "training.qlora.dequant_dtype": (
-        "qlora.dequant_dtype",
-        TIPS["training.qlora.dequant_dtype"],
-        {},
-    ),
-}
+#: the conventions with a row of their own (:data:`engine.stacks.CONVENTION_FIELDS`), by
+#: the row's path
+CONVENTION_ROWS = {f"training.{f.key}": f for f in CONVENTION_FIELDS if f.label}
+
+
+def convention_choices(f: ConventionField) -> tuple[tuple[str, Any], ...]:
+    """A convention row's list: the stack's value, then each value in words."""
+    return (("from stack", FROM_STACK), *((f.choices.get(v, str(v)), v) for v in f.values))
+
+
 #: LoRA targets of multi-head latent attention (DeepSeek-V2/V3), shown for such models
 MLA_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
 TARGETS = tuple(t for t in LORA_TARGETS if t != "all-linear")
@@ -335,29 +283,14 @@ def conventions_summary(training: TrainingSpec) -> str:
         where it is not the usual value."""
         return key in set_here or not usual
 
-    held = "held" if c.outputs_held else "released"
     parts = []
-    if unusual("model_implementation", c.implementation == "transformers"):
-        implementation = IMPLEMENTATION_TEXT.get(c.implementation, c.implementation)
-        parts.append(part("model_implementation", f"{implementation} model"))
-    parts += [
-        part("outputs_held_through_backward", f"outputs {held}"),
-        part("kv_cache_in_outputs", "KV cache built" if c.kv_cache else "no KV cache"),
-    ]
-    if unusual("previous_step_held", not c.previous_held):
-        previous = "held" if c.previous_held else "released"
-        parts.append(part("previous_step_held", f"previous step {previous}"))
-    if training.method != "full":
-        parts.append(part("frozen_weights_dtype", f"frozen {c.frozen_dtype}"))
-    if training.method in ("lora", "qlora"):
-        parts.append(part("lora.adapter_dtype", f"adapters {c.adapter_dtype}"))
-    if training.method == "qlora":
-        if unusual("qlora.quantize_lm_head", not c.quantize_head):
-            head = "4-bit LM head" if c.quantize_head else "LM head unquantized"
-            parts.append(part("qlora.quantize_lm_head", head))
-        compute = training.qlora.compute_dtype
-        if unusual("qlora.dequant_dtype", c.dequant_dtype == compute):
-            parts.append(part("qlora.dequant_dtype", f"dequant {c.dequant_dtype}"))
+    for f in CONVENTION_ROWS.values():
+        if not f.applies(training.method):
+            continue
+        value = getattr(c, f.attr)
+        if f.usual is not None and not unusual(f.key, value == f.usual(training)):
+            continue
+        parts.append(part(f.key, f.brief.format(f.brief_words.get(value, value))))
     if training.loss == "chunked-output":
         parts.append(f"loss in {training.loss_chunks} chunks")
     else:
@@ -917,54 +850,8 @@ class TrainingPanel(FormPanel):
         return out
 
     def _add_conventions(self) -> None:
-        self.add_combo(
-            "training.model_implementation",
-            "Modeling code",
-            IMPLEMENTATION_CHOICES,
-            convention_field("model_implementation"),
-        )
-        self.add_combo(
-            "training.outputs_held_through_backward",
-            "Model output",
-            OUTPUT_CHOICES,
-            convention_field("outputs_held_through_backward"),
-        )
-        self.add_combo(
-            "training.kv_cache_in_outputs",
-            "KV cache",
-            KV_CACHE_CHOICES,
-            convention_field("kv_cache_in_outputs"),
-        )
-        self.add_combo(
-            "training.previous_step_held",
-            "Previous step",
-            PREVIOUS_CHOICES,
-            convention_field("previous_step_held"),
-        )
-        self.add_combo(
-            "training.frozen_weights_dtype",
-            "Frozen weights",
-            (("from stack", FROM_STACK), *((d, d) for d in FROZEN_DTYPES)),
-            convention_field("frozen_weights_dtype"),
-        )
-        self.add_combo(
-            "training.lora.adapter_dtype",
-            "LoRA adapters",
-            (("from stack", FROM_STACK), *((d, d) for d in ADAPTER_DTYPES)),
-            convention_field("lora.adapter_dtype"),
-        )
-        self.add_combo(
-            "training.qlora.quantize_lm_head",
-            "QLoRA LM head",
-            QUANTIZE_HEAD_CHOICES,
-            convention_field("qlora.quantize_lm_head"),
-        )
-        self.add_combo(
-            "training.qlora.dequant_dtype",
-            "QLoRA dequant",
-            (("from stack", FROM_STACK), *((d, d) for d in DEQUANT_DTYPES)),
-            convention_field("qlora.dequant_dtype"),
-        )
+        for path, f in CONVENTION_ROWS.items():
+            self.add_combo(path, f.label, convention_choices(f), convention_field(f.key))
         self.add_combo("training.loss", "Loss", LOSS_CHOICES, training_field("loss"))
         self.add_spin(
             "training.loss_chunks",
@@ -973,7 +860,7 @@ class TrainingPanel(FormPanel):
             4096,
             training_field("loss_chunks"),
         )
-        for path in (*CONVENTION_TIPS, "training.loss"):
+        for path in (*CONVENTION_ROWS, "training.loss"):
             button = QToolButton()
             button.setText("↺")
             button.setAutoRaise(True)
@@ -1037,50 +924,31 @@ class TrainingPanel(FormPanel):
         )
         rows["training.stack"].widget.setToolTip(rich_text(f"{TIPS['training.stack']}\n{about}"))
         self.conventions.summary.setText(conventions_summary(training))
-        #: why a convention does not apply to this method ("" where it does)
-        qlora = "" if training.method == "qlora" else "only QLoRA quantizes the base weights"
-        unused = {
-            "training.model_implementation": "",
-            "training.outputs_held_through_backward": "",
-            "training.kv_cache_in_outputs": "",
-            "training.previous_step_held": "",
-            "training.frozen_weights_dtype": "full fine-tuning freezes no weight"
-            if training.method == "full"
-            else "",
-            "training.lora.adapter_dtype": ""
-            if training.method in ("lora", "qlora")
-            else "only LoRA and QLoRA train adapters",
-            "training.qlora.quantize_lm_head": qlora,
-            "training.qlora.dequant_dtype": qlora,
-        }
-        auto = {
-            "training.frozen_weights_dtype": auto_frozen_dtype(training),
-            "training.lora.adapter_dtype": auto_adapter_dtype(training),
-            "training.qlora.dequant_dtype": training.qlora.compute_dtype,
-        }
-        for path, (key, words, shown) in CONVENTION_TIPS.items():
+        for path, f in CONVENTION_ROWS.items():
+            unused = "" if f.applies(training.method) else f.unused
+            auto = f.resolve(training, "auto") if f.resolve and "auto" in f.values else None
             combo = rows[path].widget
             assert isinstance(combo, QComboBox)
-            lines = [words]
+            lines = [f.tip]
             if stack is None:
                 combo.setItemText(0, "from stack (unknown)")
             else:
-                value = stack.convention(key, training.precision, training.method)
-                text = shown.get(value, str(value))
+                value = stack.convention(f.key, training.precision, training.method)
+                text = f.shown.get(value, str(value))
                 if value == "auto":
-                    text = f"auto: {auto[path]}"
+                    text = f"auto: {auto}"
                 combo.setItemText(0, f"from stack ({text})")
-                lines.append(f"{stack.label}: {text} — {stack.why.get(key, '')}".rstrip(" —"))
-            if path in auto:
-                combo.setItemText(combo.findData("auto"), f"auto ({auto[path]})")
+                lines.append(f"{stack.label}: {text} — {stack.why.get(f.key, '')}".rstrip(" —"))
+            if auto is not None:
+                combo.setItemText(combo.findData("auto"), f"auto ({auto})")
             explicit = combo.currentData() != FROM_STACK
             if explicit:
                 lines.append("Set in this scenario; ↺ gives it back to the stack.")
-            if unused[path]:
-                lines.append(f"Not used here: {unused[path]}.")
-            combo.setEnabled(not unused[path])
+            if unused:
+                lines.append(f"Not used here: {unused}.")
+            combo.setEnabled(not unused)
             combo.setToolTip(rich_text("\n".join(lines)))
-            self.resets[path].setEnabled(explicit and not unused[path])
+            self.resets[path].setEnabled(explicit and not unused)
             self.resets[path].setToolTip(
                 rich_text("Back to the stack's value" if explicit else "The stack's value")
             )

@@ -12,6 +12,8 @@ words here.
 
 from __future__ import annotations
 
+from engine.stacks import CONVENTION_FIELDS
+
 TIPS: dict[str, str] = {
     # -- model --------------------------------------------------------------------------
     "model.num_layers": "Transformer blocks. Weights, gradients, optimizer states and "
@@ -113,32 +115,8 @@ TIPS: dict[str, str] = {
     "one, which keeps each expert's inputs separately.",
     "training.token_budget": "Tokens the whole run trains on, in billions (10^9), for its "
     "time, GPU-hours and cost (Tradeoffs); no effect on memory. 0 leaves them out.",
-    # -- conventions (the stack's words are added to these) ------------------------------
-    "training.model_implementation": "The modeling code that builds the model: "
-    "transformers' classes (a tied LM head is the embedding matrix) or LitGPT's GPT, "
-    "which never ties the LM head to the embedding (a tied checkpoint gets an LM head of "
-    "its own).",
-    "training.outputs_held_through_backward": "Whether the model output (the logits and, "
-    "when built, the KV cache) stays referenced through backward and the optimizer step "
-    "(outputs = model(...); outputs.loss.backward()) or is dropped before backward (only "
-    "the loss kept).",
-    "training.kv_cache_in_outputs": "Whether the forward builds a KV cache in training "
-    "(transformers' use_cache); it lives as long as the output, and never under gradient "
-    "checkpointing.",
-    "training.previous_step_held": "Whether the previous step's autograd graph and model "
-    "output stay alive into this step's forward (the loop's variables are rebound only "
-    "when the next forward returns) or are gone when the step ends.",
-    "training.frozen_weights_dtype": "Storage dtype of the frozen, non-quantized weights "
-    "(LoRA's base, frozen parts); auto is the compute dtype of the precision (fp32 under "
-    "fp32).",
-    "training.lora.adapter_dtype": "Dtype of the LoRA adapters, and so of their gradients "
-    "and optimizer states; auto is fp32, bf16 under pure bf16.",
-    "training.qlora.quantize_lm_head": "Whether QLoRA quantizes the LM head to 4 bits with "
-    "the other linear layers (Lightning's bitsandbytes plugin) or keeps it unquantized "
-    "(transformers).",
-    "training.qlora.dequant_dtype": "The dtype QLoRA's dequantization returns; auto is the "
-    "compute dtype. Any other dtype costs a second copy of each weight, cast to the "
-    "compute dtype at every matmul.",
+    # -- conventions: engine.stacks.CONVENTION_FIELDS (the stack's words are added) -------
+    **{f"training.{f.key}": f.tip for f in CONVENTION_FIELDS if f.tip},
     "training.loss": "How the loss is computed from the last hidden states: the full "
     "logits upcast to fp32 (transformers), in chunks that never hold all the logits "
     "(Liger, Unsloth), on the 16-bit logits (LitGPT, plain loops), or the LM head and the "

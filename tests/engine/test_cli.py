@@ -88,7 +88,8 @@ def test_readable_table_for_the_issue_example() -> None:
     assert code == 0
     assert "Llama 3 8B on NVIDIA H100 SXM 80GB" in text
     assert "trainable 6,815,744" in text
-    assert "Stack        accelerate-loop: outputs_held_through_backward=true" in text
+    assert 'Stack        accelerate-loop: model_implementation="transformers"' in text
+    assert "outputs_held_through_backward=true" in text
     assert "activations" in text and "model output held by the loop" in text
     assert "GiB (2^30 B)" in text
 

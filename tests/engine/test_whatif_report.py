@@ -191,7 +191,8 @@ def test_markdown_table() -> None:
     table = [r for r in rows(est) if r["category"] != "convention"]
     assert text.count("\n| ") == len(table) + 1  # header + one line per row
     assert "GiB = 2^30 bytes" in text
-    assert "Training stack hf-trainer: outputs_held_through_backward=false" in text
+    assert 'Training stack hf-trainer: model_implementation="transformers"' in text
+    assert "outputs_held_through_backward=false" in text
 
 
 def pipeline_offload() -> Estimate:
