@@ -48,6 +48,7 @@ from engine.params import TensorGroup, model_tensors
 from engine.plan.mesh import Mesh
 from engine.plan.precision import precision_of
 from engine.specs import ModelSpec, Scenario, TrainingSpec
+from engine.stacks import conventions
 from engine.timeline import Gather
 
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): ZeRO-2/3 reduce the 16-bit
@@ -220,6 +221,40 @@ def _deepspeed_gradients(n: int, training: TrainingSpec) -> list[_Part]:
     return parts
 
 
+def _ddp_buckets(state: ModelState, training: TrainingSpec, mesh: Mesh) -> list[_Part]:
+    """PyTorch DDP's gradient buckets, under ZeRO stage 0 of the PyTorch framework with more
+    than one replica. DDP's reducer (``torch/csrc/distributed/c10d/reducer.cpp``,
+    ``initialize_buckets``) allocates one flat tensor per bucket of ``bucket_cap_mb``
+    (25 MiB), in the parameters' dtype, for every parameter that needs a gradient; they
+    live as long as the DDP module. Backward's hook copies each gradient into its bucket,
+    all-reduces the bucket and copies the result back, so the gradients exist twice --
+    unless ``gradient_as_bucket_view=True`` (``DistributedDataParallel``'s argument, False
+    by default in PyTorch, accelerate's ``DistributedDataParallelKwargs`` and Lightning's
+    ``DDPStrategy``), which makes each ``.grad`` a view of its bucket."""
+    parallelism = training.parallelism
+    if (
+        parallelism.framework != "pytorch"
+        or parallelism.zero_stage != 0
+        or mesh.dp * mesh.cp == 1
+        or training.offload.optimizer != "none"
+        or training.optimizer_in_backward
+        or conventions(training).gradient_as_bucket_view
+    ):
+        return []
+    n = sum(item.bytes for item in state.items if item.category == "gradients")
+    if not n:
+        return []
+    item = MemoryItem(
+        "DDP gradient buckets",
+        "gradients",
+        n,
+        f"a second copy of the gradients, {n:,} B (gradient_as_bucket_view=False)",
+        "torch DistributedDataParallel: reducer.cpp initialize_buckets",
+        role="gradient-buffer",
+    )
+    return [_Part(item, 99, persistent=True, pinned_to_gpu=True)]
+
+
 _SRC = {
     "deepspeed": "DeepSpeed ZeRO (stage_1_and_2.py / stage3.py): 16-bit module, fp32 partition",
     "megatron": "Megatron-LM distributed optimizer (dist_optimizer.md): 6 + 12/d B",
@@ -278,7 +313,7 @@ def shard(
     # stage gathered for the whole step (reshard_after_forward=False) and its gradients
     # unsharded until the last micro-batch's backward (no gradient sync before it)
     pipelined_fsdp = framework == "pytorch" and stage >= 2 and mesh.pp > 1
-    for laid in framework_items(state, training):
+    for laid in framework_items(state, training) + _ddp_buckets(state, training, mesh):
         item = laid.item
         if pipelined_fsdp and item.category == "gradients":
             item = replace(item, name=item.name + ", unsharded until the last micro-batch")

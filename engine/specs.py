@@ -766,6 +766,9 @@ class TrainingSpec:
     #: step's autograd graph and model output alive until the next step rebinds them;
     #: None: the training stack's convention
     previous_step_held: bool | None = None
+    #: DDP's gradients are views of its all-reduce buckets (``gradient_as_bucket_view``)
+    #: or separate tensors copied into them; None: the training stack's convention
+    gradient_as_bucket_view: bool | None = None
     #: :data:`MOE_IMPLEMENTATIONS`
     moe_implementation: str = "grouped"
     #: the optimizer steps each parameter in backward as soon as its gradient is ready and

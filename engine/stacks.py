@@ -175,6 +175,24 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         usual=lambda t: False,
     ),
     ConventionField(
+        "gradient_as_bucket_view",
+        (True, False),
+        attr="gradient_as_bucket_view",
+        label="DDP gradients",
+        tip="Under DDP (ZeRO stage 0 over more than one GPU): whether each gradient is a view "
+        "of DDP's all-reduce bucket (gradient_as_bucket_view=True) or a tensor of its own "
+        "that backward copies into a second, persistent set of buckets (PyTorch's default): "
+        "a second copy of the gradients. FSDP's NO_SHARD keeps no second copy.",
+        choices={True: "views of the buckets", False: "copied into buckets"},
+        shown={True: "bucket views", False: "copied"},
+        brief="DDP gradients {}",
+        brief_words={True: "as bucket views", False: "copied into buckets"},
+        usual=lambda t: False,
+        # torch.nn.parallel.DistributedDataParallel, accelerate's DistributedDataParallelKwargs
+        # and Lightning's DDPStrategy all default to False; a stack may state otherwise
+        default=False,
+    ),
+    ConventionField(
         "frozen_weights_dtype",
         FROZEN_DTYPES,
         attr="frozen_dtype",
@@ -354,6 +372,8 @@ class Conventions:
     quantize_head: bool = False
     #: the dtype QLoRA's dequantization returns: "fp16", "bf16" or "fp32"
     dequant_dtype: str = "bf16"
+    #: DDP's gradients are views of its all-reduce buckets (no second copy)
+    gradient_as_bucket_view: bool = False
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:

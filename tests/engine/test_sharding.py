@@ -40,8 +40,9 @@ def scenario(
 @pytest.mark.parametrize(
     ("zero", "params", "grads", "states"),
     [
-        # bf16-mixed AdamW: 4 B weights, 4 B gradients, 8 B states per parameter
-        (0, 4 * N, 4 * N, 8 * N),
+        # bf16-mixed AdamW: 4 B weights, 4 B gradients, 8 B states per parameter; PyTorch's
+        # ZeRO-0 is DDP, whose all-reduce buckets hold a second copy of the gradients
+        (0, 4 * N, 4 * N + 4 * N, 8 * N),
         (1, 4 * N, 4 * N, 8 * N // 8),
         # PyTorch's ZeRO-2 is FSDP SHARD_GRAD_OP: the weights are sharded at rest too
         (2, 4 * N // 8, 4 * N // 8, 8 * N // 8),

@@ -9,10 +9,21 @@ import pytest
 
 from engine.errors import EstimateError
 from engine.estimate import estimate
+from engine.model_state import model_state
 from engine.presets import resources_dir
 from engine.scenario_io import scenario_from_dict, scenario_to_dict
 from engine.specs import STACKS, LoraSpec
-from engine.stacks import CONVENTIONS, conventions, load_stack, stacks, with_stack
+from engine.stacks import (
+    CONVENTION_FIELDS,
+    CONVENTIONS,
+    REQUIRED,
+    Conventions,
+    _parse,
+    conventions,
+    load_stack,
+    stacks,
+    with_stack,
+)
 
 
 def scenario(**training: object) -> dict[str, object]:
@@ -30,11 +41,34 @@ def test_every_stack_has_a_file_with_every_convention_and_its_source() -> None:
         p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
     )
     assert files == sorted(STACKS)
+    required = {f.key for f in CONVENTION_FIELDS if f.default is REQUIRED}
     for stack in stacks():
-        assert set(stack.conventions) == set(CONVENTIONS)
+        assert required <= set(stack.conventions) <= set(CONVENTIONS)
         assert stack.source and stack.label and stack.description
         assert "loss" in stack.defaults
-        assert set(stack.why) == set(CONVENTIONS), stack.name
+        assert set(stack.why) == set(stack.conventions), stack.name
+
+
+def test_every_convention_is_a_scenario_field_a_resolved_value_and_a_stack_value() -> None:
+    """What a new convention needs is its entry in CONVENTION_FIELDS, its attribute of
+    Conventions and its scenario field: the resolution, the stack files and the app's row
+    come from the entry."""
+    training = scenario_from_dict(scenario()).training
+    attributes = {f.name for f in dataclasses.fields(Conventions)}
+    for f in CONVENTION_FIELDS:
+        for stack in stacks():
+            assert stack.convention(f.key, "bf16-mixed") in f.values, (stack.name, f.key)
+        if not f.attr:
+            continue
+        assert f.attr in attributes
+        value: object = training
+        for part in f.key.split("."):
+            value = getattr(value, part)
+        assert value is None, f.key  # a scenario field, None: the stack's
+        assert f.label and f.tip, f.key
+    with pytest.raises(EstimateError, match="conventions"):
+        _parse("custom", {**json.loads((resources_dir() / "stacks" / "custom.json").read_text()),
+                          "conventions": {"outputs_held_through_backward": True}})  # fmt: skip
 
 
 def test_an_old_file_is_the_trainer_and_an_explicit_field_overrides_the_stack() -> None:
@@ -92,6 +126,7 @@ def test_conventions_round_trip_through_a_scenario_file() -> None:
         ("previous_step_held", 1),
         ("qlora", {"dequant_dtype": "int8"}),
         ("qlora", {"quantize_lm_head": "yes"}),
+        ("gradient_as_bucket_view", "no"),
     ],
 )
 def test_bad_convention_values_name_the_field(field: str, value: object) -> None:
@@ -348,3 +383,44 @@ def test_freeing_the_previous_step_is_offered_where_the_loop_carries_it() -> Non
     assert result.saved_bytes > 0 and result.compute_factor == 1.0
     changed = CHANGES_BY_KEY["release-previous-step"].apply(lit)
     assert not conventions(changed.training).previous_held
+
+
+def _ddp(**training: object) -> dict[str, object]:
+    data = scenario(**{"method": "full", "precision": "bf16-mixed", **training})
+    data["hardware"] = {"gpu": "h100-sxm-80gb", "gpus_per_node": 8}
+    return data
+
+
+def test_ddp_keeps_a_second_copy_of_the_gradients_unless_they_are_bucket_views() -> None:
+    """PyTorch's DDP copies every gradient into its all-reduce buckets, allocated when the
+    module is wrapped and kept for its life; ``gradient_as_bucket_view=True`` makes the
+    gradients the buckets' views. One GPU, ZeRO-1 and up, DeepSpeed and Megatron (their
+    own buffers) have no DDP buckets."""
+    sc = scenario_from_dict(_ddp())
+    copied = estimate(sc)
+    views = estimate(scenario_from_dict(_ddp(gradient_as_bucket_view=True)))
+    grads = model_state(sc.model, sc.training).category_bytes("gradients")
+    buckets = [i for i in copied.items if i.name == "DDP gradient buckets"]
+    assert len(buckets) == 1 and buckets[0].bytes == grads > 0
+    assert not [i for i in views.items if i.name == "DDP gradient buckets"]
+    # the buckets exist before the first forward: the whole step carries them
+    assert copied.allocated_bytes - views.allocated_bytes == grads
+    assert conventions(scenario_from_dict(_ddp()).training).gradient_as_bucket_view is False
+    for other in (
+        scenario(method="full", precision="bf16-mixed"),  # one GPU
+        _ddp(parallelism={"zero_stage": 1}),
+        _ddp(parallelism={"framework": "deepspeed"}),
+        _ddp(parallelism={"framework": "megatron", "tp": 8}),
+    ):
+        est = estimate(scenario_from_dict(other))
+        assert not [i for i in est.items if i.name == "DDP gradient buckets"], other
+
+
+def test_ddp_buckets_hold_only_what_trains() -> None:
+    """LoRA: the buckets hold the adapters' gradients, not the frozen base's."""
+    sc = scenario_from_dict(_ddp(method="lora"))
+    (bucket,) = [i for i in estimate(sc).items if i.name == "DDP gradient buckets"]
+    grads = model_state(sc.model, sc.training).category_bytes("gradients")
+    # rank 16 on q_proj (2,048 -> 2,048) and v_proj (2,048 -> 512) of 16 layers, fp32
+    adapters = 16 * 16 * ((2048 + 2048) + (2048 + 512))
+    assert bucket.bytes == grads == 4 * adapters

@@ -646,3 +646,21 @@ def test_the_model_panel_counts_the_model_litgpt_builds(qtbot: QtBot) -> None:
     text = panel.count.text()
     assert f"{count_parameters(tied).total:,}" in text
     assert "LitGPT" not in text
+
+
+def test_the_ddp_row_comes_from_the_convention_table(panel: TrainingPanel) -> None:
+    """The DDP gradients row is built from its entry of engine.stacks.CONVENTION_FIELDS
+    alone: its list, its tooltip with the stack's value, its summary part and its reset."""
+    path = "training.gradient_as_bucket_view"
+    box = combo(panel, path)
+    assert panel.rows[path].label == "DDP gradients"
+    assert [box.itemData(i) for i in range(box.count())] == [FROM_STACK, True, False]
+    assert box.itemText(0) == "from stack (copied)"
+    assert "second copy of the gradients" in box.toolTip()
+    assert "DDP" not in conventions_summary(panel.store.scenario.training)
+    choose(panel, path, True)
+    assert panel.store.scenario.training.gradient_as_bucket_view is True
+    assert "DDP gradients as bucket views*" in conventions_summary(panel.store.scenario.training)
+    assert panel.resets[path].isEnabled()
+    panel.resets[path].click()
+    assert panel.store.scenario.training.gradient_as_bucket_view is None
