@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from engine.errors import EstimateError
 from engine.layers import attention_kernel
 from engine.plan import resolve
+from engine.sharding import not_ddp
 from engine.specs import Scenario
 from engine.stacks import as_built, conventions
 
@@ -240,6 +241,16 @@ def _release_previous_rule(s: Scenario) -> str | None:
     return None
 
 
+def _bucket_view_rule(s: Scenario) -> str | None:
+    if conventions(s.training).gradient_as_bucket_view:
+        return "the gradients are already views of DDP's buckets"
+    try:
+        mesh = resolve(s).mesh
+    except EstimateError as exc:
+        return f"the parallel layout is invalid: {exc}"
+    return not_ddp(s.training, mesh)
+
+
 def _no_cache_rule(s: Scenario) -> str | None:
     return None if conventions(s.training).kv_cache else "the model output keeps no KV cache"
 
@@ -429,6 +440,14 @@ CHANGES: tuple[Change, ...] = (
         "(del loss, logits), so the next forward does not carry them",
         _release_previous_rule,
         previous_step_held=False,
+    ),
+    _setter(
+        "gradient-bucket-view",
+        "DDP gradients as bucket views",
+        "no compute change: DDP(..., gradient_as_bucket_view=True) all-reduces the gradients "
+        "in place instead of copying them into its buckets and back",
+        _bucket_view_rule,
+        gradient_as_bucket_view=True,
     ),
     _setter(
         "fused-optimizer",

@@ -221,6 +221,24 @@ def _deepspeed_gradients(n: int, training: TrainingSpec) -> list[_Part]:
     return parts
 
 
+def not_ddp(training: TrainingSpec, mesh: Mesh) -> str | None:
+    """Why the step runs no DDP all-reduce buckets (:func:`_ddp_buckets`), or None where
+    it does: PyTorch's framework at ZeRO stage 0 with more than one replica, the optimizer
+    on the GPU and stepped after backward."""
+    parallelism = training.parallelism
+    if parallelism.framework != "pytorch":
+        return f"{parallelism.framework} reduces the gradients through its own buffers"
+    if parallelism.zero_stage != 0:
+        return f"ZeRO-{parallelism.zero_stage} (FSDP) reduce-scatters the gradients"
+    if mesh.dp * mesh.cp == 1:
+        return "one replica: nothing to all-reduce"
+    if training.offload.optimizer != "none":
+        return "the optimizer runs on the host"
+    if training.optimizer_in_backward:
+        return "each gradient is stepped and freed in backward"
+    return None
+
+
 def _ddp_buckets(state: ModelState, training: TrainingSpec, mesh: Mesh) -> list[_Part]:
     """PyTorch DDP's gradient buckets, under ZeRO stage 0 of the PyTorch framework with more
     than one replica. DDP's reducer (``torch/csrc/distributed/c10d/reducer.cpp``,
@@ -231,15 +249,7 @@ def _ddp_buckets(state: ModelState, training: TrainingSpec, mesh: Mesh) -> list[
     unless ``gradient_as_bucket_view=True`` (``DistributedDataParallel``'s argument, False
     by default in PyTorch, accelerate's ``DistributedDataParallelKwargs`` and Lightning's
     ``DDPStrategy``), which makes each ``.grad`` a view of its bucket."""
-    parallelism = training.parallelism
-    if (
-        parallelism.framework != "pytorch"
-        or parallelism.zero_stage != 0
-        or mesh.dp * mesh.cp == 1
-        or training.offload.optimizer != "none"
-        or training.optimizer_in_backward
-        or conventions(training).gradient_as_bucket_view
-    ):
+    if not_ddp(training, mesh) or conventions(training).gradient_as_bucket_view:
         return []
     n = sum(item.bytes for item in state.items if item.category == "gradients")
     if not n:

@@ -160,6 +160,7 @@ CHANGES: tuple[Change, ...] = changes.pick(
             "chunked-loss",
             "release-outputs",
             "release-previous-step",
+            "gradient-bucket-view",
             "fused-optimizer",
             "8bit-optimizer",
             "selective-checkpointing",

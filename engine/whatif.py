@@ -75,6 +75,7 @@ WHATIFS: tuple[WhatIf, ...] = changes.pick(
         "cpu-offload",
         "release-outputs",
         "release-previous-step",
+        "gradient-bucket-view",
         "flash-attention",
     )
 )

@@ -32,7 +32,7 @@ from gui.flow import FlowLayout
 from gui.store import ScenarioStore
 
 #: what-ifs shown only where they apply; the shown toggles close up, so no gap is left
-ONLY_WHEN_OFFERED = frozenset({"release-outputs", "release-previous-step"})
+ONLY_WHEN_OFFERED = frozenset({"release-outputs", "release-previous-step", "gradient-bucket-view"})
 
 
 #: the tick label of the combined ghost

@@ -424,3 +424,17 @@ def test_ddp_buckets_hold_only_what_trains() -> None:
     # rank 16 on q_proj (2,048 -> 2,048) and v_proj (2,048 -> 512) of 16 layers, fp32
     adapters = 16 * 16 * ((2048 + 2048) + (2048 + 512))
     assert bucket.bytes == grads == 4 * adapters
+
+
+def test_bucket_views_are_a_change_the_what_ifs_and_make_it_fit_offer() -> None:
+    from engine.solve import CHANGES_BY_KEY
+    from engine.whatif import WhatIfResult, assess
+
+    sc = scenario_from_dict(_ddp())
+    result = assess(sc, estimate(sc), "gradient-bucket-view")
+    assert isinstance(result, WhatIfResult)
+    assert result.saved_bytes == model_state(sc.model, sc.training).category_bytes("gradients")
+    assert result.scenario.training.gradient_as_bucket_view is True
+    assert "gradient-bucket-view" in CHANGES_BY_KEY
+    one_gpu = scenario_from_dict(scenario())
+    assert isinstance(assess(one_gpu, estimate(one_gpu), "gradient-bucket-view"), str)
