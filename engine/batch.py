@@ -46,10 +46,8 @@ from engine import memo
 from engine.errors import EstimateError, shown
 from engine.estimate import (
     _fixed_overheads,
-    _layout,
     _parts,
     _share,
-    _tensor_parallel,
     _whole,
     estimate,
     inflight,
@@ -312,10 +310,9 @@ def _group(scenario: Scenario) -> _Group:
     scenario, mesh = resolved.scenario, resolved.mesh
     training = scenario.training
     _whole(scenario.model, training)  # estimate() raises its errors here
-    model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
+    slots = resolved.ranks()
     par = training.parallelism
     arch = scenario.hardware.gpu.architecture
-    slots = _layout(model, mesh, par.pp_split)
     keys: list[tuple[int, int, int, str]] = []
     plans: list[StepPlan] = []
     rows: list[dict[str, int]] = []

@@ -24,8 +24,9 @@ from engine import memo
 from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
 from engine.overhead import FRAGMENTATION, nccl_bytes, overhead
 from engine.plan import Plan, resolve
-from engine.plan.mesh import Mesh, stage_layers
-from engine.sharding import Sharded, resident_blocks, shard, tensor_parallel_shard
+from engine.plan.mesh import Mesh
+from engine.plan.ranks import RankSlot
+from engine.sharding import Sharded, resident_blocks, shard
 from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
 from engine.stacks import Conventions
 from engine.steptime import StepTime, step_time
@@ -408,12 +409,6 @@ def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
     return state
 
 
-@memo.cached(maxsize=512)
-def _tensor_parallel(model: ModelSpec, tp: int, ep: int) -> ModelSpec:
-    """What one tensor- and expert-parallel rank holds (:func:`tensor_parallel_shard`)."""
-    return tensor_parallel_shard(model, tp, ep)
-
-
 def _play(
     scenario: Scenario,
     model: ModelSpec,
@@ -549,59 +544,12 @@ def _offloaded_activations(model: ModelSpec, training: TrainingSpec, stage: Stag
     return layers * ctx.hidden_bytes(model.hidden_size) * stage.inflight
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """One pipeline stage, whatever the shape: its name, the key of its shape (layers,
-    dense layers, layers of its largest virtual stage, part), what it holds and plays."""
-
-    name: str
-    key: tuple[int, int, int, str]
-    stage: Stage
-    model: ModelSpec
-    chunk: ModelSpec | None
-
-
-@memo.cached(maxsize=256)
-def _layout(model: ModelSpec, mesh: Mesh, split: str) -> tuple[_Slot, ...]:
-    """Every pipeline stage in order (one when pp = 1)."""
-    tp = "any tp rank" if mesh.tp > 1 else ""
-    if mesh.ep > 1:
-        tp = "any tp/ep rank" if mesh.tp > 1 else "any ep rank"
-    if mesh.pp == 1:
-        name = "all ranks" + (f" ({tp})" if tp else "")
-        return (_Slot(name, (model.num_layers, 0, 0, "all"), Stage(), model, None),)
-    counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, split)
-    starts = [sum(counts[:c]) for c in range(len(counts))]
-    models: dict[tuple[int, int, int, str], tuple[ModelSpec, ModelSpec | None]] = {}
-    out = []
-    for s in range(mesh.pp):
-        # rank s runs virtual stages s, s + pp, s + 2 pp, ... (the interleaved layout)
-        chunks = [s + k * mesh.pp for k in range(mesh.vpp)]
-        sizes = [counts[c] for c in chunks]
-        dense = sum(min(counts[c], max(0, model.first_dense_layers - starts[c])) for c in chunks)
-        part = "first" if s == 0 else "last" if s == mesh.pp - 1 else "middle"
-        key = (sum(sizes), dense, max(sizes) if mesh.vpp > 1 else 0, part)
-        if key not in models:
-            stage_model = dataclasses.replace(model, num_layers=key[0], first_dense_layers=dense)
-            chunk = None
-            if mesh.vpp > 1:
-                chunk = dataclasses.replace(
-                    stage_model, num_layers=key[2], first_dense_layers=min(dense, key[2])
-                )
-            models[key] = (stage_model, chunk)
-        name = f"pp stage {s}" + (f", {tp}" if tp else "")
-        one = Stage(first=s == 0, last=s == mesh.pp - 1, inflight=1)
-        out.append(_Slot(name, key, one, *models[key]))
-    return tuple(out)
-
-
 def _stages(
-    scenario: Scenario, model: ModelSpec, mesh: Mesh, slots: tuple[_Slot, ...] = ()
+    scenario: Scenario, model: ModelSpec, mesh: Mesh, slots: tuple[RankSlot, ...]
 ) -> list[tuple[str, _Rank]]:
     """Every pipeline stage by name (one group when pp = 1); stages alike share a result.
-    ``slots`` is the stages' :func:`_layout`, when the caller has it."""
+    ``slots`` are the plan's rank slots (:meth:`engine.plan.Plan.ranks`)."""
     par = scenario.training.parallelism
-    slots = slots or _layout(model, mesh, par.pp_split)
     if mesh.pp == 1:
         whole = slots[0].stage
         played = _play(scenario, model, mesh, "all", whole)
@@ -638,7 +586,7 @@ class _Ready:
     mesh: Mesh
     whole: ModelState
     model: ModelSpec
-    slots: tuple[_Slot, ...]
+    slots: tuple[RankSlot, ...]
     capacity: int
     budget: int
     host_capacity: int | None
@@ -649,8 +597,7 @@ class _Ready:
 def _prepared(plan: Plan) -> _Ready:
     scenario, mesh = plan.scenario, plan.mesh
     whole = _whole(scenario.model, scenario.training)
-    model = _tensor_parallel(scenario.model, mesh.tp, mesh.ep)
-    slots = _layout(model, mesh, scenario.training.parallelism.pp_split)
+    model, slots = plan.rank_model(), plan.ranks()
     hw = scenario.hardware
     notes = not_modelled(scenario)
     return _Ready(

@@ -64,9 +64,9 @@ from engine import memo
 from engine.layers import attention_kernel, upcasts_logits
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
-from engine.plan import resolve
-from engine.plan.mesh import Mesh, stage_layers
+from engine.plan.mesh import Mesh
 from engine.plan.precision import Precision, precision_of
+from engine.plan.resolve import resolve
 from engine.specs import (
     NETWORKS,
     FreezeSpec,
@@ -824,8 +824,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         recompute_share = per_op_recompute_share(model) * recompute_share
     head_train = _trains("lm_head", training.method, training.freeze.trainable)
     # per stage: the layers it holds (the first holds the embedding, the last the head)
-    counts = stage_layers(model.num_layers, mesh.pp * mesh.vpp, par.pp_split)
-    per_rank = tuple(sum(counts[r + j * mesh.pp] for j in range(mesh.vpp)) for r in range(mesh.pp))
+    per_rank = tuple(slot.model.num_layers for slot in resolved.ranks())
     dp_ring = _ring(mesh.dp, mesh.tp * mesh.cp, scenario, dev)
     if par.hybrid_shard and mesh.shard < mesh.dp:
         shard_ring = _ring(mesh.shard, mesh.tp * mesh.cp, scenario, dev)

@@ -5,12 +5,14 @@
 
 from engine.plan.mesh import Mesh, make_mesh, stage_layers
 from engine.plan.precision import Precision, compute_mode, precision_of
+from engine.plan.ranks import RankSlot
 from engine.plan.resolve import Plan, resolve
 
 __all__ = [
     "Mesh",
     "Plan",
     "Precision",
+    "RankSlot",
     "compute_mode",
     "make_mesh",
     "precision_of",

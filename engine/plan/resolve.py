@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from engine import memo
 from engine.plan.mesh import Mesh, make_mesh
 from engine.plan.precision import Precision, precision_of
-from engine.specs import Scenario
+from engine.plan.ranks import RankSlot, layout, rank_model
+from engine.specs import ModelSpec, Scenario
 from engine.stacks import Conventions, built, conventions
 
 
@@ -43,6 +44,17 @@ class Plan:
     conventions: Conventions
     precision: Precision
     mesh: Mesh
+
+    def rank_model(self) -> ModelSpec:
+        """What one tensor- and expert-parallel rank holds of the model as built."""
+        return rank_model(self.scenario.model, self.mesh.tp, self.mesh.ep)
+
+    def ranks(self) -> tuple[RankSlot, ...]:
+        """The distinct groups of ranks: each pipeline stage with what it holds and plays
+        (:func:`engine.plan.ranks.layout`); raises the model's error where the tensor or
+        expert split does not hold."""
+        split = self.scenario.training.parallelism.pp_split
+        return layout(self.rank_model(), self.mesh, split)
 
 
 @memo.cached(maxsize=4096)

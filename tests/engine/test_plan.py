@@ -12,7 +12,8 @@ from engine.errors import EstimateError
 from engine.estimate import estimate
 from engine.plan import resolve
 from engine.plan.precision import precision_of
-from engine.specs import ParallelismSpec, TrainingSpec
+from engine.presets import load_gpu, load_model
+from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from tests.engine.helpers import preset_scenario
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
@@ -91,3 +92,29 @@ def test_no_module_decides_bytes_from_the_recipes_name() -> None:
     rule = re.compile(r"\b[1248] if [\w.]*precision [=!]= \"[\w-]+\" else [1248]\b")
     found = {name for name, text in _sources().items() if rule.search(text)}
     assert found == set()
+
+
+def test_only_the_plan_lays_out_the_stages_and_the_rank_shards() -> None:
+    """The stages' layers and what a tensor/expert-parallel rank holds come from
+    ``plan.ranks()`` and ``plan.rank_model()``: memory, the batched path and the step time
+    read the same slots, and nothing else splits the layers or shards the model."""
+    calls = {"stage_layers": set(), "tensor_parallel_shard": set()}
+    for name, text in _sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in calls:
+                calls[node.func.id].add(name)  # type: ignore[attr-defined]
+    assert calls["stage_layers"] <= {"plan/ranks.py", "plan/mesh.py"}
+    assert calls["tensor_parallel_shard"] <= {"plan/ranks.py", "sharding.py"}
+
+
+def test_the_step_time_plays_the_stages_memory_plays() -> None:
+    """An uneven pipeline split (torchtitan's balanced split counts the embedding and the
+    head as a layer each): the step time's layers per rank are the plan's slots."""
+    from engine.steptime import _plan, plan_key
+
+    pp = ParallelismSpec(pp=3, pp_split="balanced")
+    s = Scenario(load_model("llama-3-8b"), HardwareSpec(load_gpu("h100-sxm-80gb"), 3),
+                 TrainingSpec(parallelism=pp))  # fmt: skip
+    layers = [slot.model.num_layers for slot in resolve(s).ranks()]
+    assert sum(layers) == 32 and len(set(layers)) > 1
+    assert list(_plan(s, plan_key(s.training)).stages.per_rank) == layers

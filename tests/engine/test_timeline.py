@@ -14,7 +14,7 @@ from engine.estimate import estimate
 from engine.graph import simulate
 from engine.layers import Ctx, decoder_layer
 from engine.model_state import model_state
-from engine.plan import make_mesh
+from engine.plan import resolve
 from engine.presets import load_gpu, load_model, model_names
 from engine.scenario_io import scenario_from_dict
 from engine.sharding import tensor_parallel_shard
@@ -328,10 +328,9 @@ def rank_timelines(scenario: Scenario) -> list[Timeline]:
     """The played step of every pipeline stage of ``scenario``, by its compiled plan (a
     plan is compiled on its third play)."""
     est_module = importlib.import_module("engine.estimate")  # the package's name is the function
-    mesh = make_mesh(scenario)
-    model = tensor_parallel_shard(scenario.model, mesh.tp, mesh.ep)
+    plan = resolve(scenario)
     for _ in range(3):
-        stages = est_module._stages(scenario, model, mesh)
+        stages = est_module._stages(plan.scenario, plan.rank_model(), plan.mesh, plan.ranks())
     return [rank.timeline for _, rank in stages]
 
 
