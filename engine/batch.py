@@ -44,18 +44,10 @@ import numpy as np
 
 from engine import memo
 from engine.errors import EstimateError, shown
-from engine.estimate import (
-    _fixed_overheads,
-    _parts,
-    _share,
-    _whole,
-    estimate,
-    inflight,
-    peak_phase,
-    verdict,
-)
+from engine.estimate import estimate, peak_phase, verdict
 from engine.overhead import FRAGMENTATION, overhead
 from engine.plan import resolve
+from engine.rank import fixed_overheads, inflight, rank_share, state_parts, whole_state
 from engine.sharding import resident_blocks
 from engine.specs import Scenario, TrainingSpec, reshaped, window_masks
 from engine.timeline import KINDS, StepPlan, joint, strategy_key
@@ -309,7 +301,7 @@ def _group(scenario: Scenario) -> _Group:
     resolved = resolve(scenario)
     scenario, mesh = resolved.scenario, resolved.mesh
     training = scenario.training
-    _whole(scenario.model, training)  # estimate() raises its errors here
+    whole_state(scenario.model, training)  # estimate() raises its errors here
     slots = resolved.ranks()
     par = training.parallelism
     arch = scenario.hardware.gpu.architecture
@@ -319,11 +311,11 @@ def _group(scenario: Scenario) -> _Group:
     for slot in slots:
         if slot.key in keys:
             continue
-        sharded, plan = _share(scenario, slot.model, mesh, slot.key[3], slot.stage, slot.chunk)
-        parts = _parts(sharded.state)
+        sharded, plan = rank_share(scenario, slot.model, mesh, slot.key[3], slot.stage, slot.chunk)
+        parts = state_parts(sharded.state)
         large = resident_blocks(slot.model, training, mesh, slot.key[3])
         extra = overhead(arch, large, 0, scenario.hardware.cuda_runtime)
-        _, _, nccl = _fixed_overheads(
+        _, _, nccl = fixed_overheads(
             arch, large, extra.rounding, extra.context, extra.workspace, mesh
         )
         keys.append(slot.key)

@@ -21,28 +21,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import memo
-from engine.model_state import BUFFERS, CATEGORIES, MemoryItem, ModelState, model_state
-from engine.overhead import FRAGMENTATION, nccl_bytes, overhead
+from engine.model_state import CATEGORIES, MemoryItem, ModelState
+from engine.overhead import FRAGMENTATION, overhead
 from engine.plan import Plan, resolve
 from engine.plan.mesh import Mesh
 from engine.plan.ranks import RankSlot
-from engine.sharding import Sharded, resident_blocks, shard
-from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
+from engine.rank import (
+    Played,
+    fixed_overheads,
+    inflight,
+    rank_play,
+    state_parts,
+    whole_state,
+)
+from engine.sharding import Sharded, resident_blocks
+from engine.specs import ModelSpec, Scenario, TrainingSpec
 from engine.stacks import Conventions
 from engine.steptime import StepTime, step_time
 from engine.timeline import (
-    _PLAYED_FIRST,
     Gather,
     Point,
     Stage,
-    StepPlan,
     Timeline,
     make_ctx,
-    played_step,
     step_layers,
-    step_plan,
-    step_timeline,
-    strategy_key,
 )
 
 SCHEMA_VERSION = 1
@@ -282,26 +284,6 @@ def not_modelled(scenario: Scenario) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def inflight(schedule: str, pp: int, stage: int, micro: int, vpp: int = 1) -> int:
-    """Micro-batches (chunks, under the interleaved schedule) whose activations pipeline
-    stage ``stage`` of ``pp`` holds at once, with ``micro`` micro-batches per step.
-
-    * GPipe (Huang et al. 2019): all forwards before any backward: ``m``;
-    * 1F1B (PipeDream-Flush, Narayanan et al. 2021): ``min(pp - s, m)``;
-    * zero-bubble ZB-H1 (Qi et al. 2023): the 1F1B memory, by construction;
-    * interleaved 1F1B with ``v`` chunks per rank (Narayanan et al. 2021; Megatron's
-      ``forward_backward_pipelining_with_interleaving``): the warm-up runs
-      ``2 (pp - s - 1) + (v - 1) pp`` chunk forwards, plus the one in flight, at most
-      ``m v``. Stage 0 holds ``(v pp + pp - 1)`` chunks of ``L / (v pp)`` layers: the
-      ``L/pp (1 + (pp - 1)/(v pp))`` layers of Korthikanti et al. 2022, section 4.2.3.
-    """
-    if schedule == "gpipe":
-        return micro
-    if schedule == "interleaved-1f1b":
-        return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, micro * vpp)
-    return min(pp - stage, micro)
-
-
 @dataclass(frozen=True, slots=True)
 class _Rank:
     """One distinct rank group's result (stages of one shape and position share it)."""
@@ -339,152 +321,6 @@ class _Rank:
         )
 
 
-#: a rank's share of the model state and its step (:func:`_play`)
-Played = tuple[Sharded, Timeline]
-
-
-#: what holds for every shape of a strategy (see :func:`_entry`), kept between estimates
-_KEPT = 4096
-_SHARES: memo.Table[tuple[object, ...], list[Any]] = memo.Table(f"{__name__}._SHARES", _KEPT)
-_WHOLE: memo.Table[tuple[object, ...], ModelState] = memo.Table(f"{__name__}._WHOLE", _KEPT)
-
-
-def _entry(
-    scenario: Scenario,
-    model: ModelSpec,
-    mesh: Mesh,
-    part: str,
-    stage: Stage,
-    chunk: ModelSpec | None,
-) -> list[Any]:
-    """This rank's share of the model state (``model`` is what the rank holds, ``part``
-    its pipeline stage's part: :func:`engine.sharding.shard`), the plan of its step once
-    there is one (:func:`engine.timeline.step_plan`) and how often it was played, kept
-    for every shape of the strategy: neither reads the micro-batch size, sequence length
-    or gradient accumulation, but the plan whether a sliding window masks the
-    sequence."""
-    training = scenario.training
-    masked = window_masks(model, training.sequence_length)
-    key = (model, mesh, part, stage, chunk, masked, strategy_key(training))
-    found = _SHARES.get(key)
-    if found is None:
-        sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
-        found = _SHARES.keep(key, [sharded, None, 0])
-    return found
-
-
-def _share(
-    scenario: Scenario,
-    model: ModelSpec,
-    mesh: Mesh,
-    part: str,
-    stage: Stage,
-    chunk: ModelSpec | None,
-) -> tuple[Sharded, StepPlan]:
-    """:func:`_entry` with its step plan built now (:func:`engine.timeline.step_plan`)."""
-    entry = _entry(scenario, model, mesh, part, stage, chunk)
-    sharded: Sharded = entry[0]
-    if entry[1] is None:
-        entry[1] = step_plan(
-            chunk or model,
-            scenario.training,
-            sharded.state,
-            sharded.grad_share,
-            sharded.optimizer_share,
-            sharded.gather,
-            stage,
-            sharded.grad_buffer,
-        )
-    plan: StepPlan = entry[1]
-    return sharded, plan
-
-
-def _whole(model: ModelSpec, training: TrainingSpec) -> ModelState:
-    """The whole model's state (:func:`engine.model_state.model_state`), kept for every
-    shape of the strategy (it reads none)."""
-    key = (model, strategy_key(training))
-    state = _WHOLE.get(key)
-    if state is None:
-        state = _WHOLE.keep(key, model_state(model, training))
-    return state
-
-
-def _play(
-    scenario: Scenario,
-    model: ModelSpec,
-    mesh: Mesh,
-    part: str,
-    stage: Stage,
-    chunk: ModelSpec | None = None,
-) -> Played:
-    """This rank's share of the model state and its step: ``model`` is what the rank
-    holds, ``chunk`` (interleaved pipeline) the virtual stage its activations are played
-    with."""
-    entry = _entry(scenario, model, mesh, part, stage, chunk)
-    sharded: Sharded = entry[0]
-    args = (
-        chunk or model,
-        scenario.training,
-        sharded.state,
-        sharded.grad_share,
-        sharded.optimizer_share,
-        sharded.gather,
-        stage,
-        sharded.grad_buffer,
-    )
-    entry[2] += 1
-    if entry[1] is None and entry[2] <= _PLAYED_FIRST:  # cheaper than compiling a plan
-        return sharded, played_step(*args)
-    if entry[1] is None:
-        entry[1] = step_plan(*args)
-    return sharded, step_timeline(*args, entry[1])
-
-
-@memo.cached(maxsize=1024)
-def _fixed_overheads(
-    architecture: str, large_blocks: int, rounding: int, context: int, workspace: int, mesh: Mesh
-) -> tuple[MemoryItem, tuple[MemoryItem, ...], int]:
-    """The overhead items that do not depend on the activations -- the allocator's
-    rounding, and the CUDA context, cuBLAS workspace and NCCL buffers that follow the
-    fragmentation item -- and the NCCL bytes."""
-    comms = mesh.communicators()
-    nccl = nccl_bytes(comms, architecture)
-    after = [
-        MemoryItem(
-            "CUDA context",
-            "overhead",
-            context,
-            f"{context >> 20} MiB for {architecture}",
-            "engine.overhead.CONTEXT_MIB",
-        ),
-        MemoryItem(
-            "cuBLAS workspace",
-            "overhead",
-            workspace,
-            f"{workspace >> 20} MiB",
-            "CUBLAS_WORKSPACE_CONFIG default",
-        ),
-    ]
-    if nccl:
-        after.append(
-            MemoryItem(
-                "NCCL communicator buffers",
-                "overhead",
-                nccl,
-                ", ".join(f"{c.name} ({c.ranks} ranks)" for c in comms),
-                "engine.overhead.nccl_bytes",
-            )
-        )
-    rounded = MemoryItem(
-        "allocator rounding (2 MiB blocks)",
-        "overhead",
-        rounding,
-        f"{large_blocks:,} blocks x 1 MiB on average",
-        "CUDACachingAllocator kRoundLarge",
-    )
-    return rounded, tuple(after), nccl
-
-
 _FRAGMENTATION = f"{FRAGMENTATION:.0%} of peak activations"
 
 
@@ -497,9 +333,9 @@ def _rank(
     stage: Stage,
     chunk: ModelSpec | None = None,
 ) -> _Rank:
-    """One rank group from its :func:`_play`: the items at the peak, the overheads that
+    """One rank group from its :func:`rank_play`: the items at the peak, the overheads that
     lift allocated to reserved and device bytes, and what offload keeps on the host.
-    ``part`` is the stage's share of the model, as :func:`_play` had it."""
+    ``part`` is the stage's share of the model, as :func:`rank_play` had it."""
     sharded, timeline = played
     peak = timeline.peak
     items = _items_at_peak(sharded.state, timeline, sharded.gather)
@@ -507,7 +343,7 @@ def _rank(
     large_blocks = resident_blocks(model, scenario.training, mesh, part)
     arch = scenario.hardware.gpu.architecture
     extra = overhead(arch, large_blocks, peak.activations, scenario.hardware.cuda_runtime)
-    rounded, after, nccl = _fixed_overheads(
+    rounded, after, nccl = fixed_overheads(
         arch, large_blocks, extra.rounding, extra.context, extra.workspace, mesh
     )
     fragmentation = MemoryItem(
@@ -552,7 +388,7 @@ def _stages(
     par = scenario.training.parallelism
     if mesh.pp == 1:
         whole = slots[0].stage
-        played = _play(scenario, model, mesh, "all", whole)
+        played = rank_play(scenario, model, mesh, "all", whole)
         return [(slots[0].name, _rank(scenario, model, mesh, played, "all", whole))]
     micro = scenario.training.gradient_accumulation_steps
     # stages of the same shape are played once; their schedule positions differ only in
@@ -564,7 +400,7 @@ def _stages(
         key = slot.key
         if key not in plays:
             part = key[3]
-            plays[key] = _play(scenario, slot.model, mesh, part, slot.stage, slot.chunk)
+            plays[key] = rank_play(scenario, slot.model, mesh, part, slot.stage, slot.chunk)
         sharded, timeline = plays[key]
         held = inflight(par.pp_schedule, mesh.pp, s, micro, mesh.vpp)
         if (*key, held) not in ranks:
@@ -596,7 +432,7 @@ class _Ready:
 @memo.cached(maxsize=4096)
 def _prepared(plan: Plan) -> _Ready:
     scenario, mesh = plan.scenario, plan.mesh
-    whole = _whole(scenario.model, scenario.training)
+    whole = whole_state(scenario.model, scenario.training)
     model, slots = plan.rank_model(), plan.ranks()
     hw = scenario.hardware
     notes = not_modelled(scenario)
@@ -650,41 +486,10 @@ def estimate(scenario: Scenario) -> Estimate:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    """A rank's model-state items as the breakdown at the peak takes them, and their
-    bytes: parameters and overhead; gradient buffers that live through the step; the
-    other gradients; optimizer states."""
-
-    fixed: tuple[MemoryItem, ...]
-    buffers: tuple[MemoryItem, ...]
-    grads: tuple[MemoryItem, ...]
-    optimizer: tuple[MemoryItem, ...]
-    fixed_bytes: int
-    buffer_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-
-
-@memo.cached(maxsize=4096)
-def _parts(state: ModelState) -> _Parts:
-    fixed = tuple(i for i in state.items if i.category in ("parameters", "overhead"))
-    buffers = tuple(i for i in state.items if i.role in BUFFERS)
-    grads = tuple(i for i in state.items if i.category == "gradients" and i.role not in BUFFERS)
-    optimizer = tuple(i for i in state.items if i.category == "optimizer_states")
-    return _Parts(
-        fixed,
-        buffers,
-        grads,
-        optimizer,
-        *(sum(i.bytes for i in part) for part in (fixed, buffers, grads, optimizer)),
-    )
-
-
 def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> list[MemoryItem]:
     """The named items live at the peak; they add up to the allocated bytes."""
     peak = timeline.peak
-    parts = _parts(state)
+    parts = state_parts(state)
     items = list(parts.fixed)
     if timeline.autocast_copies and gather.active:
         items.append(

@@ -7,13 +7,14 @@ import importlib
 import pytest
 
 from engine.errors import EstimateError
-from engine.estimate import estimate, inflight
+from engine.estimate import estimate
 from engine.graph import simulate
 from engine.layers import decoder_layer
 from engine.model_state import model_state
 from engine.overhead import MIB, NCCL_COMMUNICATOR_MIB, NCCL_P2P_MIB
 from engine.plan import make_mesh
 from engine.presets import load_gpu, load_model
+from engine.rank import inflight
 from engine.sharding import DS_REDUCE_BUCKET, shard, tensor_parallel_shard
 from engine.specs import (
     HardwareSpec,
@@ -457,13 +458,13 @@ def test_deep_pipelines_play_each_stage_shape_once(monkeypatch: pytest.MonkeyPat
     middle, last) and 1,024 rank groups."""
     est_module = importlib.import_module("engine.estimate")  # the package's name is the function
     calls = []
-    real = est_module._play
+    real = est_module.rank_play
 
     def counting(*args: object, **kwargs: object) -> object:
         calls.append(args[3])
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(est_module, "_play", counting)
+    monkeypatch.setattr(est_module, "rank_play", counting)
     model = dataclasses.replace(load_model("llama-3.2-1b"), num_layers=1024)
     for micro in (1, 2048):
         calls.clear()

@@ -118,3 +118,17 @@ def test_the_step_time_plays_the_stages_memory_plays() -> None:
     layers = [slot.model.num_layers for slot in resolve(s).ranks()]
     assert sum(layers) == 32 and len(set(layers)) > 1
     assert list(_plan(s, plan_key(s.training)).stages.per_rank) == layers
+
+
+def test_the_batched_path_builds_on_the_rank_module_not_on_the_estimates_insides() -> None:
+    """The batched path (engine/batch.py) and the estimate share what a rank holds and
+    plays through engine.rank; the batched path imports no private name of the estimate."""
+    tree = ast.parse(_sources()["batch.py"])
+    private = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "engine.estimate"
+        for alias in node.names
+        if alias.name.startswith("_")
+    }
+    assert private == set()
