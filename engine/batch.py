@@ -45,7 +45,7 @@ import numpy as np
 from engine import memo
 from engine.errors import EstimateError, shown
 from engine.estimate import estimate, peak_phase, verdict
-from engine.overhead import FRAGMENTATION, overhead
+from engine.overhead import fragmentation, overhead
 from engine.plan import resolve
 from engine.rank import fixed_overheads, inflight, rank_share, state_parts, whole_state
 from engine.sharding import resident_blocks
@@ -244,9 +244,7 @@ class _Group:
         produced = np.where(c["grad_items"], in_flight, np.minimum(buffers, in_flight))
         temp = np.where(phase == _OPTIMIZER, c["temp"], 0)
         allocated = c["held"] + (p - c["params"]) + produced + temp + a
-        # engine.overhead.overhead: the fragmentation share of the peak activations
-        fragmentation = (a.astype(np.float64) * FRAGMENTATION).astype(np.int64)
-        reserved = allocated + c["rounding"] + fragmentation
+        reserved = allocated + c["rounding"] + fragmentation(a)
         device = reserved + c["device_extra"]
         host = np.broadcast_to(c["host"], device.shape)
         if any(plan.offload_inputs for plan in self.plans):  # checkpointed inputs on the host

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 MIB = 1 << 20
 
@@ -94,6 +97,15 @@ def nccl_bytes(communicators: Iterable[Communicator], architecture: str) -> int:
     return total
 
 
+def fragmentation(peak_activations: Any) -> Any:
+    """The allocator's free gaps at the step's peak: :data:`FRAGMENTATION` of the peak
+    activations, in whole bytes -- of one peak (an int), or of many at once (an int64 array:
+    the batched path), to the same bytes."""
+    if isinstance(peak_activations, np.ndarray):
+        return (peak_activations.astype(np.float64) * FRAGMENTATION).astype(np.int64)
+    return int(peak_activations * FRAGMENTATION)
+
+
 @dataclass(frozen=True, slots=True)
 class Overhead:
     rounding: int
@@ -118,7 +130,7 @@ def overhead(
     context = CONTEXT_MIB.get(architecture, DEFAULT_CONTEXT_MIB) + EAGER_MODULES_MIB[runtime]
     return Overhead(
         rounding=large_blocks * ROUNDING_PER_LARGE_BLOCK,
-        fragmentation=int(peak_activations * FRAGMENTATION),
+        fragmentation=fragmentation(peak_activations),
         context=context * MIB,
         workspace=CUBLAS_MIB.get(architecture, DEFAULT_CUBLAS_MIB) * MIB,
     )
