@@ -988,6 +988,36 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     return net.block, out
 
 
+def traffic(block: Block) -> tuple[int, int]:
+    """The bytes the ops of ``block`` read and write -- each input and each output once,
+    a tensor that is only produced (a dequantized weight) counted as written -- and how
+    many kernels they are: what an element-wise op costs in time."""
+    moved = sum(
+        sum(_whole(block.sizes[t]) for t in op.inputs) + sum(_whole(b) for _, b in op.outputs)
+        for op in block.ops
+    )
+    return moved, len(block.ops)
+
+
+def _whole(size: Size) -> int:
+    if not isinstance(size, int):
+        raise TypeError("traffic is counted at concrete sizes")
+    return size
+
+
+def activation_traffic(kind: str, mode: str) -> tuple[int, int]:
+    """What the activation ``kind`` moves beyond one fused op, per element of its input:
+    (bytes read and written, kernels), from the ops :meth:`Net.activation` builds for the
+    memory walk under compute ``mode`` (:attr:`Ctx.mode`). A fused activation reads its
+    input and writes its output once: (0, 0). ``gelu_new``, written in Python ops and run
+    in fp32 under autocast, moves 66 bytes more per element in eight more kernels."""
+    ctx = Ctx(1, 1, mode, "sdpa", 0, frozenset(), frozenset({"all"}), 2, False, 0.0)
+    net = Net("activation", ctx, 1, ctx.act, True)
+    net.activation("x", kind)
+    moved, kernels = traffic(net.block)
+    return moved - 2 * ctx.act, kernels - 1
+
+
 #: positions per piece of LitGPT's LM head and loss (``lm_head_chunk_size=128`` in
 #: litgpt/finetune/*.py; ``chunked_cross_entropy``'s ``chunk_size=128``)
 LITGPT_HEAD_CHUNK = 128

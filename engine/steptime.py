@@ -61,7 +61,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from engine import memo
-from engine.layers import attention_kernel, upcasts_logits
+from engine.layers import activation_traffic, attention_kernel, upcasts_logits
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.plan.mesh import Mesh
@@ -355,6 +355,8 @@ class _Work:
     lora_dropout: float = 0.0
     #: autocast casts the frozen weights, stored in fp32, to 16 bits in every forward
     frozen_cast: bool = False
+    #: the compute mode (engine.plan.precision: "fp32", "amp" or "half")
+    mode: str = "amp"
 
 
 def _work(stages: _Stages, b: int, s: int) -> _Work:
@@ -376,6 +378,7 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
         stages.compute,
         lora.dropout if stages.method in ("lora", "qlora") else 0.0,
         stages.frozen_cast,
+        stages.mode,
     )
 
 
@@ -503,6 +506,15 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     else:
         e_f += 2 * f_local
         e_b += 3 * f_local
+    n_kernels = 8 + 2 * norms
+    # the activation's ops beyond one fused kernel, as the memory walk builds them
+    # (engine.layers.activation_traffic: gelu_new is eight Python ops, in fp32 under
+    # autocast); their backward reads the output gradient and what each op saved
+    act_bytes, act_kernels = activation_traffic(model.activation, work.mode)
+    if act_bytes:
+        e_f += act_bytes / dt * f_local
+        e_b += 2 * act_bytes / dt * f_local
+        n_kernels += act_kernels
     if moe:
         topk = model.num_experts_per_tok
         # permute to the experts and back, forward and backward
@@ -512,7 +524,6 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     # backward reads the gradient and writes it masked (as the hidden dropouts above)
     e_f += 2.5 * drop_tok
     e_b += 2 * drop_tok
-    n_kernels = 8 + 2 * norms
     ew_f = max(e_f * tokens * dt / dev.bandwidth, n_kernels * KERNEL_S)
     ew_b = max(e_b * tokens * dt / dev.bandwidth, 2 * n_kernels * KERNEL_S)
     dequant = dequant_elems * 2.5 / dev.bandwidth  # read 4-bit codes, write 16 bits
@@ -707,6 +718,8 @@ class _Stages:
     compute: int
     #: autocast casts frozen weights kept in fp32 (:func:`_frozen_cast`)
     frozen_cast: bool
+    #: the compute mode (engine.plan.precision)
+    mode: str
     per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
@@ -866,6 +879,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         capacity=par.expert_capacity_factor,
         compute=prec.compute,
         frozen_cast=_frozen_cast(training, prec),
+        mode=prec.mode,
         per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
