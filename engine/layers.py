@@ -244,6 +244,19 @@ class Net:
             transient_backward=transient if recorded else 0,
         )
 
+    def _dequantize(self, n: Size) -> tuple[str, Size]:
+        """QLoRA's dequantization of ``n`` 4-bit weights for one matmul: the 16-bit weight,
+        and the bytes its backward's second dequantization has alive where the quant
+        state's dtype is not the compute dtype (``.to`` makes a second copy)."""
+        deq = self.new("deq", n, 2, False)
+        if not self.ctx.dequant_other:
+            self._op("dequantize", [], [deq])
+            return deq, 0
+        raw = self.new("deq", n, self.ctx.dequant_other, False)
+        self._op("dequantize", [], [raw])
+        self._op("to", [raw], [deq])
+        return deq, (self.ctx.dequant_other + 2) * n
+
     # -- elementwise ---------------------------------------------------------------------
     def cast(self, x: str, dtype: int) -> str:
         if self.dtype[x] == dtype:
@@ -359,14 +372,7 @@ class Net:
             # state's dtype: where that is not the compute dtype, ``.to`` makes a second
             # copy, both alive for the cast
             n = in_f * out_f * weights
-            deq = self.new("deq", n, 2, False)
-            if ctx.dequant_other:
-                raw = self.new("deq", n, ctx.dequant_other, False)
-                self._op("dequantize", [], [raw])
-                self._op("to", [raw], [deq])
-                dequant_again = (ctx.dequant_other + 2) * n
-            else:
-                self._op("dequantize", [], [deq])
+            _, dequant_again = self._dequantize(n)
             redo = 2 * n
             keeps_input = True
         elif ctx.mode == "amp" and w_dtype == 4 and trainable:
@@ -1016,6 +1022,21 @@ def activation_traffic(kind: str, mode: str) -> tuple[int, int]:
     net.activation("x", kind)
     moved, kernels = traffic(net.block)
     return moved - 2 * ctx.act, kernels - 1
+
+
+#: bytes of the packed 4-bit codes a dequantization reads per weight (NF4/FP4: 4 bits)
+CODE_BYTES = 0.5
+
+
+def dequant_traffic(dequant_other: int) -> float:
+    """What QLoRA's dequantization of one weight moves: the 4-bit code read, and the
+    bytes the ops :meth:`Net._dequantize` builds for the memory walk read and write -- 2.5
+    where it returns the compute dtype, 10.5 where it returns fp32 and ``.to`` casts it."""
+    ctx = Ctx(1, 1, "amp", "sdpa", 0, frozenset(), frozenset(), 2, True, 0.0,
+              dequant_other=dequant_other)  # fmt: skip
+    net = Net("dequantize", ctx, 1, 2, False)
+    net._dequantize(1)
+    return CODE_BYTES + traffic(net.block)[0]
 
 
 #: positions per piece of LitGPT's LM head and loss (``lm_head_chunk_size=128`` in

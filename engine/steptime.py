@@ -61,7 +61,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from engine import memo
-from engine.layers import activation_traffic, attention_kernel, upcasts_logits
+from engine.layers import activation_traffic, attention_kernel, dequant_traffic, upcasts_logits
 from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
 from engine.params import TensorGroup, model_tensors
 from engine.plan.mesh import Mesh
@@ -76,7 +76,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.timeline import recomputed_layers
+from engine.timeline import make_ctx, recomputed_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -357,6 +357,8 @@ class _Work:
     frozen_cast: bool = False
     #: the compute mode (engine.plan.precision: "fp32", "amp" or "half")
     mode: str = "amp"
+    #: QLoRA: bytes one weight's dequantization moves (engine.layers.dequant_traffic)
+    dequant_bytes: float = 2.5
 
 
 def _work(stages: _Stages, b: int, s: int) -> _Work:
@@ -379,6 +381,7 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
         lora.dropout if stages.method in ("lora", "qlora") else 0.0,
         stages.frozen_cast,
         stages.mode,
+        stages.dequant_bytes,
     )
 
 
@@ -526,7 +529,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     e_b += 2 * drop_tok
     ew_f = max(e_f * tokens * dt / dev.bandwidth, n_kernels * KERNEL_S)
     ew_b = max(e_b * tokens * dt / dev.bandwidth, 2 * n_kernels * KERNEL_S)
-    dequant = dequant_elems * 2.5 / dev.bandwidth  # read 4-bit codes, write 16 bits
+    dequant = dequant_elems * work.dequant_bytes / dev.bandwidth
     ep_bytes = tokens * model.num_experts_per_tok * h * dt if moe and ep > 1 else 0.0
     cp_bytes = 2 * b * (s / cp) * kv_heads * model.head_dim * dt if cp > 1 else 0.0
     return _Layer(
@@ -720,6 +723,10 @@ class _Stages:
     frozen_cast: bool
     #: the compute mode (engine.plan.precision)
     mode: str
+    #: QLoRA: bytes one weight's dequantization moves, and whether the LM head is
+    #: dequantized too (the memory walk's context: engine.timeline.make_ctx)
+    dequant_bytes: float
+    quantized_head: bool
     per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
@@ -831,6 +838,8 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     # which layers recompute their forward in backward: those the memory walk plays as
     # checkpointed (engine.timeline.step_layers) -- not a layer autograd does not record
     mode = resolved.conventions.checkpointing
+    # what the memory walk's blocks are built with (QLoRA's dequantization, its head)
+    ctx = make_ctx(model, training)
     kept = recomputed_layers(model, training)
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
     if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
@@ -880,6 +889,8 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         compute=prec.compute,
         frozen_cast=_frozen_cast(training, prec),
         mode=prec.mode,
+        dequant_bytes=dequant_traffic(ctx.dequant_other),
+        quantized_head=training.method == "qlora" and ctx.quantized_head,
         per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
@@ -1016,6 +1027,8 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
             fwd += head_fwd
             bwd += head_bwd
             ew += loss_t
+            if stages.quantized_head:  # dequantized for the forward and again in backward
+                deq += 2 * v_local * h * stages.dequant_bytes / dev.bandwidth
         if first:
             ew += embed_t
         # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)

@@ -365,3 +365,27 @@ def test_an_activation_written_in_python_ops_costs_its_ops_in_time() -> None:
     assert new.model.activation == "gelu_new"
     assert _activations(new) > _activations(fused)
     assert step_time(new).step_time_s > 1.3 * step_time(fused).step_time_s
+
+
+def test_qlora_dequantization_costs_in_time_what_its_ops_move() -> None:
+    """QLoRA dequantizes each 4-bit weight for its matmul (and again in backward): where the
+    quant state's dtype is fp32 the memory walk has a second, fp32 copy alive for the cast
+    (Lightning's plugin), and a quantized LM head is dequantized too. The step time prices
+    the same ops (engine.layers.dequant_traffic): both cost time."""
+    from engine.layers import dequant_traffic
+    from engine.specs import QuantSpec
+
+    assert dequant_traffic(0) == 2.5  # the 4-bit code read, 16 bits written
+    assert dequant_traffic(4) == 10.5  # fp32 written, read and cast to 16 bits
+    # short rows: the dequantized weights, not the activations, set a layer's peak
+    base = scenario(method="qlora", micro_batch_size=1, sequence_length=16)
+    fp32 = with_training(base, qlora=QuantSpec(dequant_dtype="fp32"))
+    head = with_training(base, qlora=QuantSpec(quantize_lm_head=True))
+
+    def layer_peak(s: Scenario) -> int:
+        return max(p.total for p in estimate(s).timeline if p.label == "layer")
+
+    assert layer_peak(fp32) > layer_peak(base)
+    assert step_time(fp32).step_time_s > 1.02 * step_time(base).step_time_s
+    assert estimate(head).allocated_bytes != estimate(base).allocated_bytes
+    assert step_time(head).step_time_s > step_time(base).step_time_s
