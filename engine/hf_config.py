@@ -87,9 +87,9 @@ class _Keys:
         name = check_text(self.field(*keys), self.raw(*keys, default=default)).lower()
         if name in ("silu", "swish", "swiglu"):
             return "silu"
-        if name == "gelu_new":  # NewGELUActivation, written in Python ops
-            return "gelu_new"
-        if "tanh" in name or name in ("gelu_fast", "gelu_pytorch_tanh"):
+        if name in ("gelu_new", "gelu_fast"):  # New/FastGELUActivation: Python ops
+            return name
+        if "tanh" in name or name == "gelu_pytorch_tanh":
             return "gelu_tanh"
         if name.startswith("gelu"):
             return "gelu"

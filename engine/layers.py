@@ -598,7 +598,19 @@ class Net:
         return y
 
     def activation(self, x: str, kind: str) -> str:
-        """``gelu_new`` is composed of Python ops; every other kind is one fused op."""
+        """``gelu_new`` and ``gelu_fast`` are composed of Python ops; every other kind is
+        one fused op."""
+        if kind == "gelu_fast":
+            # transformers' FastGELUActivation, in Python ops:
+            # 0.5 x (1 + tanh(x 0.7978845608 (1 + 0.044715 x x))). No op of it is on
+            # autocast's lists: it runs in the input's dtype. Each product of two tensors
+            # keeps both, tanh its output; a product or sum with a number keeps nothing.
+            half = self.unary("half_x", x)
+            scaled = self.unary("mul_c", x)
+            square = self.binary("mul", self.unary("mul_c", x), x, saves="both")
+            inner = self.binary("mul", scaled, self.unary("add_1", square), saves="both")
+            t = self.unary("tanh", inner, save_out=True)
+            return self.binary("mul", half, self.unary("add_1", t), saves="both")
         if kind == "gelu_new":
             # transformers' NewGELUActivation (GPT-2 "gelu_new"), written in Python ops:
             # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). ``pow`` is on autocast's

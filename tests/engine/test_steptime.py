@@ -360,6 +360,7 @@ def test_an_activation_written_in_python_ops_costs_its_ops_in_time() -> None:
     assert activation_traffic("gelu", "amp") == (0, 0)
     assert activation_traffic("silu", "half") == (0, 0)
     assert activation_traffic("gelu_new", "amp") == (66, 8)
+    assert activation_traffic("gelu_fast", "amp") == (38, 8)  # in the input's dtype
     new = scenario("gpt2", micro_batch_size=16, sequence_length=1024)
     fused = dataclasses.replace(new, model=dataclasses.replace(new.model, activation="gelu"))
     assert new.model.activation == "gelu_new"
