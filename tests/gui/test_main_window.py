@@ -186,7 +186,7 @@ def test_every_toggle_adds_a_ghost_and_applies(window: MainWindow, whatif: str) 
     if whatif == "lora":  # only applies when LoRA is not already on
         combo = window.training_panel.rows["training.method"].widget
         combo.setCurrentIndex(combo.findData("full"))
-    if whatif == "zero3":  # only with more than one GPU to shard over
+    if whatif in ("zero3", "gradient-bucket-view"):  # more than one GPU (DDP's buckets)
         window.hardware_panel.rows["hardware.gpus_per_node"].widget.setValue(8)
     if whatif == "flash-attention":  # only when the kernel is not already flash
         combo = window.training_panel.rows["training.attention"].widget
