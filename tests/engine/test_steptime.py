@@ -390,3 +390,32 @@ def test_qlora_dequantization_costs_in_time_what_its_ops_move() -> None:
     assert step_time(fp32).step_time_s > 1.02 * step_time(base).step_time_s
     assert estimate(head).allocated_bytes != estimate(base).allocated_bytes
     assert step_time(head).step_time_s > step_time(base).step_time_s
+
+
+@pytest.mark.parametrize(
+    ("what", "model", "base", "changed", "fields"),
+    [
+        ("dropout on the residual branches", "llama-3-8b", {}, {}, {"hidden_dropout": 0.1}),
+        ("dropout on the attention probabilities", "llama-3-8b", {"attention": "eager"},
+         {"attention": "eager"}, {"attention_dropout": 0.1}),
+        ("gelu_new's Python ops", "gpt2", {}, {}, {"activation": "gelu"}),
+        ("gelu_fast's Python ops", "llama-3-8b", {}, {}, {"activation": "gelu_fast"}),
+        ("LitGPT's modeling code", "llama-3-8b", {"method": "lora"},
+         {"method": "lora", "model_implementation": "litgpt"}, {}),
+        ("QLoRA's dequantization", "llama-3-8b", {"method": "lora"}, {"method": "qlora"}, {}),
+    ],
+)  # fmt: skip
+def test_a_model_op_that_changes_memory_changes_time(
+    what: str,
+    model: str,
+    base: dict[str, object],
+    changed: dict[str, object],
+    fields: dict[str, object],
+) -> None:
+    """As above, for ops a model's own fields or its modeling code add: each changes the
+    memory walk and the step time together."""
+    a = scenario(model, micro_batch_size=8, **base)
+    b = scenario(model, micro_batch_size=8, **changed)
+    b = dataclasses.replace(b, model=dataclasses.replace(b.model, **fields))  # type: ignore[arg-type]
+    assert estimate(a).allocated_bytes != estimate(b).allocated_bytes, what
+    assert step_time(a).step_time_s != step_time(b).step_time_s, what
