@@ -40,9 +40,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from engine.errors import EstimateError
-from engine.estimate import Estimate, estimate
+from engine.estimate import Estimate, _stages, estimate
 from engine.model_state import CATEGORIES, model_state
-from engine.plan import make_mesh
+from engine.plan import make_mesh, resolve
 from engine.presets import gpu_names, load_model, model_names
 from engine.scenario_io import scenario_from_dict
 from engine.sharding import DS_REDUCE_BUCKET, gather_buffers, shard, tensor_parallel_shard
@@ -190,7 +190,15 @@ def check_shapes(scenario: Scenario, est: Estimate) -> None:
 
 
 def _peak_activations(est: Estimate) -> int:
-    return max((p.activations for p in est.timeline), default=0)
+    """The most activations any point of any pipeline stage holds. Every stage, not only
+    the one with the highest total: a change of checkpointing can move the highest total to
+    another stage (a first stage's embedding gradient, a last stage's loss), whose
+    activations are not comparable with the first one's."""
+    if len(est.rank_groups) == 1:
+        return max((p.activations for p in est.timeline), default=0)
+    plan = resolve(est.scenario)
+    stages = _stages(plan.scenario, plan.rank_model(), plan.mesh, plan.ranks())
+    return max((p.activations for _, rank in stages for p in rank.timeline.points), default=0)
 
 
 def input_grad_bound(scenario: Scenario) -> int:

@@ -5,7 +5,9 @@ from typing import Any
 
 from hypothesis import given, seed, settings
 
-from tests.engine.invariants import check_all, scenarios
+from engine.estimate import estimate
+from engine.scenario_io import scenario_from_dict
+from tests.engine.invariants import _peak_activations, check_all, check_checkpointing, scenarios
 
 #: the draw CI checks, the same on every run (the benchmark draws a fresh one)
 SEED = 20261201
@@ -16,3 +18,53 @@ SEED = 20261201
 @given(scenarios)
 def test_every_invariant_holds_for_any_scenario(data: dict[str, Any]) -> None:
     check_all(data)
+
+
+#: a fresh draw of benchmarks/properties.py (seed 3588917348): a two-stage pipeline whose
+#: highest total moves from the first stage (the embedding's gradient, no checkpointing) to
+#: the last (the loss's backward over Gemma-2's 256k vocabulary, full checkpointing)
+MOVING_PEAK = {
+    "model": {"preset": "gemma-2-9b"},
+    "hardware": {"gpus_per_node": 2, "gpu": "rtx-5090", "nodes": 1},
+    "training": {
+        "loss": "chunked-output",
+        "optimizer": "adafactor",
+        "freeze": {"trainable": ["norms", "mlp"]},
+        "method": "full",
+        "attention": "mem-efficient",
+        "sequence_length": 64,
+        "checkpoint_every_k": 2,
+        "micro_batch_size": 4,
+        "optimizer_impl": "fused",
+        "precision": "bf16",
+        "frozen_weights_dtype": "fp32",
+        "activation_checkpointing": "first-k-layers",
+        "stack": "accelerate-loop",
+        "lora": {"targets": ["q_proj", "v_proj"], "dropout": 0.05, "rank": 64},
+        "parallelism": {
+            "zero_stage": 0,
+            "expert_capacity_factor": 1.0,
+            "framework": "pytorch",
+            "cp": 1,
+            "ep": 1,
+            "pp_split": "even",
+            "sequence_parallel": True,
+            "pp": 2,
+            "tp": 1,
+            "pp_schedule": "1f1b",
+            "vpp": 1,
+        },
+        "gradient_accumulation_steps": 3,
+    },
+    "memfit_scenario": 1,
+}
+
+
+def test_more_checkpointing_keeps_fewer_activations_in_every_stage() -> None:
+    """Activations compare stage by stage: the stage with the highest total changes with
+    the checkpointing, and the last stage's loss keeps the same activations either way."""
+    s = scenario_from_dict(MOVING_PEAK)
+    check_checkpointing(s, estimate(s))
+    est = estimate(s)
+    assert [g.group for g in est.rank_groups] == ["pp stage 0", "pp stage 1"]
+    assert _peak_activations(est) >= max(p.activations for p in est.timeline)
