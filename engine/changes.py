@@ -444,8 +444,8 @@ CHANGES: tuple[Change, ...] = (
     _setter(
         "gradient-bucket-view",
         "DDP gradients as bucket views",
-        "no compute change: DDP(..., gradient_as_bucket_view=True) all-reduces the gradients "
-        "in place instead of copying them into its buckets and back",
+        "less memory traffic: DDP(..., gradient_as_bucket_view=True) all-reduces the "
+        "gradients in place instead of copying them into its buckets and back",
         _bucket_view_rule,
         gradient_as_bucket_view=True,
     ),

@@ -67,6 +67,7 @@ from engine.params import TensorGroup, model_tensors
 from engine.plan.mesh import Mesh
 from engine.plan.precision import Precision, precision_of
 from engine.plan.resolve import resolve
+from engine.sharding import not_ddp
 from engine.specs import (
     NETWORKS,
     FreezeSpec,
@@ -773,6 +774,9 @@ class _Plan:
     gather_bytes: int
     #: the optimizer step's bytes per trainable element (0: nothing to update)
     opt_bytes: float
+    #: DDP copies the gradients into its all-reduce buckets and back
+    #: (engine.sharding.not_ddp; not where they are the buckets' views)
+    ddp_copies: bool
     assumptions: tuple[str, ...]
     #: the stage blocks of the plan's model and hardware (:func:`_stage_block`)
     blocks: memo.Table[tuple[_Stages, int, int], _Block]
@@ -918,6 +922,8 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         g_bytes=prec.grad_comm,
         gather_bytes=gather_bytes,
         opt_bytes=opt_bytes,
+        ddp_copies=not_ddp(training, mesh) is None
+        and not resolved.conventions.gradient_as_bucket_view,
         assumptions=tuple(assumptions),
         blocks=blocks,
     )
@@ -1243,6 +1249,19 @@ def _data_parallel(plan: _Plan, busiest: dict[str, float], micro: int, out: _Ter
             times * reduce,
             "all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2) of the gradients",
         )
+        if plan.ddp_copies:
+            # DDP's autograd hook copies each gradient into its bucket, and the reducer
+            # copies the reduced bucket back (reducer.cpp: mark_variable_ready_dense,
+            # copy_bucket_to_grad): a read and a write of the gradients each way, on the
+            # compute stream
+            copies = 4 * grad_bytes / plan.dev.bandwidth
+            out.add(
+                "DDP gradient bucket copies",
+                "memory_bandwidth",
+                copies,
+                copies,
+                "gradients into the buckets and back (gradient_as_bucket_view=False)",
+            )
         if zero >= 1:
             gather = shard_ring.gather(trainable_rank * plan.gather_bytes)
             hide = busiest["forward"] if overlap["param_gather"] else 0.0

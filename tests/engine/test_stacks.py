@@ -438,3 +438,18 @@ def test_bucket_views_are_a_change_the_what_ifs_and_make_it_fit_offer() -> None:
     assert "gradient-bucket-view" in CHANGES_BY_KEY
     one_gpu = scenario_from_dict(scenario())
     assert isinstance(assess(one_gpu, estimate(one_gpu), "gradient-bucket-view"), str)
+
+
+def test_ddp_bucket_copies_cost_memory_traffic_and_views_save_it() -> None:
+    """The copies into the buckets and back are a read and a write of the gradients each
+    way, on the compute stream: the step time counts them where the buckets are copies."""
+    from engine.steptime import step_time
+
+    copied = step_time(scenario_from_dict(_ddp()))
+    views = step_time(scenario_from_dict(_ddp(gradient_as_bucket_view=True)))
+    names = {t.name for t in copied.terms}
+    assert "DDP gradient bucket copies" in names
+    assert "DDP gradient bucket copies" not in {t.name for t in views.terms}
+    (term,) = [t for t in copied.terms if t.name == "DDP gradient bucket copies"]
+    assert term.kind == "memory_bandwidth" and term.seconds > 0
+    assert copied.step_time_s > views.step_time_s
