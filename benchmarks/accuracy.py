@@ -189,10 +189,39 @@ def published(markdown: bool = False) -> list[float]:
     return errors
 
 
+def real_gpu() -> None:
+    """The traced cases and whole models run as real steps on a GPU
+    (``validation/gpu/``, :mod:`validation.compare_gpu`)."""
+    from validation import compare_gpu
+
+    if not compare_gpu.DEFAULT.exists():
+        print("real GPU steps: not present\n")
+        return
+    result = compare_gpu.compare()
+    names = {"tracer": "traced peak vs allocated", "allocated": "MemFit allocated",
+             "reserved": "MemFit reserved", "device": "MemFit device (nvidia-smi)",
+             "step_time": "MemFit step time"}  # fmt: skip
+    rows = [
+        (
+            f"{part}: {names[figure]}",
+            [r[figure] for r in result["rows"] if r["part"] == part and figure in r],
+        )
+        for part in ("traced", "whole")
+        for figure in names
+        if any(r["part"] == part and figure in r for r in result["rows"])
+    ]
+    table("Real GPU steps (validation/gpu/h200_steps.jsonl, one NVIDIA H200)", rows)
+    for a in result["accumulation"]:
+        measured, ours = a["measured"], a["estimated"]
+        print(f"  accumulation {a['id'][:60]}: measured {measured:+.1%}, MemFit {ours:+.1%}")
+    print()
+
+
 def main() -> None:
     show = "--cases" in sys.argv
     traced(show)
     traced_multi()
+    real_gpu()
     published("--markdown" in sys.argv)
 
 
