@@ -1,7 +1,9 @@
 """The plan of a scenario, resolved once: :func:`resolve` gives the frozen :class:`Plan`
 (the model as the stack builds it, the conventions, one :class:`Precision`, the
 :class:`Mesh`); :mod:`engine.plan.precision` decides the bytes of each tensor class,
-:mod:`engine.plan.mesh` the parallel groups. Memory, time and the app start from it."""
+:mod:`engine.plan.mesh` the parallel groups, :mod:`engine.plan.ranks` the distinct groups
+of ranks (each pipeline stage and what a rank holds). Memory, time and the app start from
+it."""
 
 from engine.plan.mesh import Mesh, make_mesh, stage_layers
 from engine.plan.precision import Precision, compute_mode, precision_of
