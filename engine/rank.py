@@ -9,6 +9,7 @@ stage holds (:func:`inflight`). The estimate (:mod:`engine.estimate`) and the ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from engine import memo
@@ -19,6 +20,7 @@ from engine.sharding import Sharded, shard
 from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
 from engine.timeline import (
     _PLAYED_FIRST,
+    Gather,
     Stage,
     StepPlan,
     Timeline,
@@ -95,18 +97,28 @@ def rank_share(
     entry = _entry(scenario, model, mesh, part, stage, chunk)
     sharded: Sharded = entry[0]
     if entry[1] is None:
-        entry[1] = step_plan(
-            chunk or model,
-            scenario.training,
-            sharded.state,
-            sharded.grad_share,
-            sharded.optimizer_share,
-            sharded.gather,
-            stage,
-            sharded.grad_buffer,
-        )
+        entry[1] = step_plan(*_step_args(scenario, sharded, stage, chunk or model))
     plan: StepPlan = entry[1]
     return sharded, plan
+
+
+#: the arguments of engine.timeline's step functions for one rank
+_StepArgs = tuple[ModelSpec, TrainingSpec, ModelState, Fraction, Fraction, Gather, Stage, int]
+
+
+def _step_args(scenario: Scenario, sharded: Sharded, stage: Stage, played: ModelSpec) -> _StepArgs:
+    """What a rank's step is played and planned from (:func:`engine.timeline.step_plan`):
+    the model its activations are played with, the training, and its share."""
+    return (
+        played,
+        scenario.training,
+        sharded.state,
+        sharded.grad_share,
+        sharded.optimizer_share,
+        sharded.gather,
+        stage,
+        sharded.grad_buffer,
+    )
 
 
 def whole_state(model: ModelSpec, training: TrainingSpec) -> ModelState:
@@ -132,16 +144,7 @@ def rank_play(
     with."""
     entry = _entry(scenario, model, mesh, part, stage, chunk)
     sharded: Sharded = entry[0]
-    args = (
-        chunk or model,
-        scenario.training,
-        sharded.state,
-        sharded.grad_share,
-        sharded.optimizer_share,
-        sharded.gather,
-        stage,
-        sharded.grad_buffer,
-    )
+    args = _step_args(scenario, sharded, stage, chunk or model)
     entry[2] += 1
     if entry[1] is None and entry[2] <= _PLAYED_FIRST:  # cheaper than compiling a plan
         return sharded, played_step(*args)
