@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from engine import memo
 from engine.graph import TERMS, Block, Lin, Size, larger
 from engine.specs import ModelSpec
 
@@ -1023,6 +1024,7 @@ def _whole(size: Size) -> int:
     return size
 
 
+@memo.cached(maxsize=64)
 def activation_traffic(kind: str, mode: str) -> tuple[int, int]:
     """What the activation ``kind`` moves beyond one fused op, per element of its input:
     (bytes read and written, kernels), from the ops :meth:`Net.activation` builds for the
@@ -1040,6 +1042,7 @@ def activation_traffic(kind: str, mode: str) -> tuple[int, int]:
 CODE_BYTES = 0.5
 
 
+@memo.cached(maxsize=8)
 def dequant_traffic(dequant_other: int) -> float:
     """What QLoRA's dequantization of one weight moves: the 4-bit code read, and the
     bytes the ops :meth:`Net._dequantize` builds for the memory walk read and write -- 2.5
