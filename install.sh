@@ -25,5 +25,11 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+# The checkout's engine/, gui/ and resources/ install as memfit.engine, memfit.gui and
+# memfit.resources. "strict" links each file under build/__editable__.memfit-*/memfit/, a
+# folder on sys.path that mypy and import-linter can read too (the default mode's import
+# hook hides the packages from them); a module added later needs this script run again
+# (the tests say so).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" \
+  --config-settings editable_mode=strict
 echo "MemFit installed in .venv (start it with .venv/bin/memfit)"

@@ -25,9 +25,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from engine.errors import EstimateError
-from engine.estimate import GIB, Estimate, estimate
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import GIB, Estimate, estimate
+from memfit.engine.scenario_io import scenario_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.validation.traced import as_traced

@@ -126,7 +126,10 @@ def main() -> int:
     if args.onefile.is_file():
         targets.append(("bundle (one file)", [str(args.onefile), *PROBE]))
     targets.append(
-        ("source (python -m gui.launcher)", [sys.executable, "-m", "gui.launcher", *PROBE])
+        (
+            "source (python -m memfit.gui.launcher)",
+            [sys.executable, "-m", "memfit.gui.launcher", *PROBE],
+        )
     )
     for name, command in targets:
         for line in start_report(name, command, args.runs, cold=args.drop_caches):

@@ -2,10 +2,11 @@
 
 Writes model folders whose one header holds N tiny tensors (about 110 bytes of JSON
 each; real headers hold a few thousand tensors, DeepSeek-V3's largest under 1 MiB) and
-times in CPU seconds, best of ``--repeat``: :func:`engine.checkpoint.read_safetensors_header` on the
+times in CPU seconds, best of ``--repeat``:
+:func:`memfit.engine.checkpoint.read_safetensors_header` on the
 file, and ``memfit checkpoint FOLDER`` in process (every header checked, the tensors
 classified and counted against the model). A header over the bound
-(:data:`engine.checkpoint.MAX_HEADER_BYTES`) is refused from its length; the last row
+(:data:`memfit.engine.checkpoint.MAX_HEADER_BYTES`) is refused from its length; the last row
 times that refusal for a 60 MB claim.
 
 Run: ``python benchmarks/checkpoint_speed.py [--sizes 10000,100000,140000] [--repeat 3]``.
@@ -24,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.checkpoint import MAX_HEADER_BYTES, read_safetensors_header
-from engine.cli import main as memfit
+from memfit.engine.checkpoint import MAX_HEADER_BYTES, read_safetensors_header
+from memfit.engine.cli import main as memfit
 from tests.engine.fuzzing import TINY_CONFIG, expert_tensors
 
 

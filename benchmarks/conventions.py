@@ -15,10 +15,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
-from engine.stacks import conventions
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.stacks import conventions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.validation.traced import as_traced, traced_peak

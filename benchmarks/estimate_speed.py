@@ -10,10 +10,10 @@ import random
 import statistics
 import time
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.presets import gpu_names, load_gpu, load_model, model_names
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.presets import gpu_names, load_gpu, load_model, model_names
+from memfit.engine.specs import (
     METHODS,
     OPTIMIZERS,
     PRECISIONS,

@@ -26,9 +26,9 @@ STARTUP = """
 import time, sys
 t0 = time.perf_counter()
 from PySide6.QtCore import QEvent, QObject, QSettings, QTimer
-from gui.app import make_app
+from memfit.gui.app import make_app
 app = make_app()
-from gui.main_window import MainWindow
+from memfit.gui.main_window import MainWindow
 from pathlib import Path
 window = MainWindow(settings=QSettings(sys.argv[1], QSettings.Format.IniFormat),
                     data_dir=Path(sys.argv[2]))
@@ -74,10 +74,10 @@ def startup_seconds(repeats: int = 5) -> tuple[list[float], list[float]]:
 def edit_latency() -> dict[str, list[float]]:
     from PySide6.QtCore import QSettings
 
-    from engine.presets import load_model, model_names
-    from gui.app import make_app
-    from gui.main_window import MainWindow
-    from gui.store import default_scenario
+    from memfit.engine.presets import load_model, model_names
+    from memfit.gui.app import make_app
+    from memfit.gui.main_window import MainWindow
+    from memfit.gui.store import default_scenario
 
     app = make_app()
     results: dict[str, list[float]] = {}
@@ -112,8 +112,8 @@ DEEP = "pp 1,024 (1,024 layers, 8 x 128 GPUs)"
 
 def _deep_pipeline(window: object, spin: object) -> list[float]:
     """Edits of a scenario with 1,024 pipeline stages, each a rank group of its own."""
-    from engine.presets import load_gpu, load_model
-    from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+    from memfit.engine.presets import load_gpu, load_model
+    from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 
     model = dataclasses.replace(load_model("llama-3.2-1b"), num_layers=1024)
     deep = Scenario(

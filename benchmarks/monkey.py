@@ -6,7 +6,7 @@ Save and ghost apply; paste, drop (text, files, model folders) and File > Import
 scenarios, configs, training configurations, junk, deep nesting, huge integers, markup
 and configurations naming files outside their folder; the Tradeoffs tab; markup typed
 into the GPU name. File dialogs are stubbed and message boxes and the read-as prompt
-answered at random (:mod:`gui.monkey`). After every action it checks that every visible
+answered at random (:mod:`memfit.gui.monkey`). After every action it checks that every visible
 field shows the scenario's value (or a rejected value with its error), that the chart is
 stale exactly when the scenario has no valid estimate, that no label, tooltip, chart text,
 message box or prompt renders a user's markup, and that no named file's content is shown.
@@ -33,8 +33,8 @@ def main() -> int:
     parser.add_argument("--show", type=int, default=5, help="problems to print of each kind")
     args = parser.parse_args()
 
-    from gui.app import make_app
-    from gui.monkey import run_monkey
+    from memfit.gui.app import make_app
+    from memfit.gui.monkey import run_monkey
 
     make_app()
     with tempfile.TemporaryDirectory(prefix="memfit-monkey-") as folder:

@@ -38,11 +38,11 @@ import venv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine import batch, memo, steptime
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine import batch, memo, steptime
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_VENV = ROOT / ".bench-venv"
@@ -63,10 +63,10 @@ CONFIGURATIONS = 5000
 #: strategies, and the step-time plans and stage blocks; block profiles, model states,
 #: step plans and per-layer work stay
 STRATEGY_CACHES = (
-    "engine.batch.totals",
-    "engine.batch._STRATEGIES",
-    "engine.steptime._MEMOS",
-    "engine.steptime._BY_ID",
+    "memfit.engine.batch.totals",
+    "memfit.engine.batch._STRATEGIES",
+    "memfit.engine.steptime._MEMOS",
+    "memfit.engine.steptime._BY_ID",
 )
 
 #: a strategy: precision, optimizer, checkpointing, ZeRO stage, tp, pp

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
 
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from gui.app import make_app
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui.app import make_app
 
 SHOTS = (
     "tradeoffs-map.png",
@@ -75,7 +75,7 @@ def settle(app: QApplication, busy: object, timeout: float = 120.0) -> None:
 
 def main(out: Path) -> list[Path]:
     app = make_app()
-    from gui.main_window import MainWindow
+    from memfit.gui.main_window import MainWindow
 
     out.mkdir(parents=True, exist_ok=True)
     written = []

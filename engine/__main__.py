@@ -1,7 +1,7 @@
-"""``python -m engine`` runs the command line (see :mod:`engine.cli`)."""
+"""``python -m memfit.engine`` runs the command line (see :mod:`memfit.engine.cli`)."""
 
 import sys
 
-from engine.cli import main
+from memfit.engine.cli import main
 
 sys.exit(main())

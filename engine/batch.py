@@ -1,30 +1,31 @@
 """The totals of many scenarios at once, for sweeps: :func:`totals` and :func:`totals_over`.
 
-An :class:`~engine.estimate.Estimate` carries what a chart needs: every item, every rank
+An :class:`~memfit.engine.estimate.Estimate` carries what a chart needs: every item, every rank
 group, the timeline. A sweep needs eight figures per configuration, :class:`Totals`:
 
 * :func:`totals` -- one scenario's, memoised: ``estimate(scenario)``'s own figures;
 * :func:`totals_over` -- one strategy at many shapes (micro-batch size, sequence length,
   gradient accumulation steps), everything else as the scenario has it. What does not
   depend on the shape is built once per strategy -- the mesh, every pipeline stage's
-  share of the model state and its step plan (:class:`engine.timeline.StepPlan`), the
+  share of the model state and its step plan (:class:`memfit.engine.timeline.StepPlan`), the
   overheads -- and all its shapes are then a few operations on int64 arrays, one entry
-  per shape, every stage at once (:class:`engine.timeline.Joint`). The figures are
+  per shape, every stage at once (:class:`memfit.engine.timeline.Joint`). The figures are
   those of ``estimate()`` to the byte: a shape the arrays might not hold exactly
   (int64 could overflow, a block is simulated directly there, a run of floored gradient
-  shares is not monotone there: see :mod:`engine.timeline`) goes through
+  shares is not monotone there: see :mod:`memfit.engine.timeline`) goes through
   :func:`totals` instead, and so does a shape whose scenario is invalid, which comes back
-  as its :class:`~engine.errors.EstimateError` rather than raised.
+  as its :class:`~memfit.engine.errors.EstimateError` rather than raised.
 
 The strategy's parts serve every shape because they are the same at every shape:
-:func:`engine.sharding.shard`, :func:`engine.model_state.model_state` and the mesh read
+:func:`memfit.engine.sharding.shard`, :func:`memfit.engine.model_state.model_state` and the mesh
+read
 no shape field but the sequence length, which the mesh only checks (each length is
 checked); a step plan depends on the length only where a sliding window masks it (then
 one per mask); and the specs check each shape field on its own
 (``tests/engine/test_batch.py`` holds all of it against ``estimate()``).
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("rtx-4090")))
 >>> small, large, bad = totals_over(s, [(1, 1024, 1), (8, 1024, 1), (0, 1024, 1)])
 >>> small.device_bytes < large.device_bytes, large.verdict
@@ -42,15 +43,15 @@ from typing import cast
 
 import numpy as np
 
-from engine import memo
-from engine.errors import EstimateError, shown
-from engine.estimate import estimate, peak_phase, verdict
-from engine.overhead import fragmentation, overhead
-from engine.plan import resolve
-from engine.rank import fixed_overheads, inflight, rank_share, state_parts, whole_state
-from engine.sharding import resident_blocks
-from engine.specs import Scenario, TrainingSpec, reshaped, window_masks
-from engine.timeline import KINDS, StepPlan, joint, strategy_key
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.estimate import estimate, peak_phase, verdict
+from memfit.engine.overhead import fragmentation, overhead
+from memfit.engine.plan import resolve
+from memfit.engine.rank import fixed_overheads, inflight, rank_share, state_parts, whole_state
+from memfit.engine.sharding import resident_blocks
+from memfit.engine.specs import Scenario, TrainingSpec, reshaped, window_masks
+from memfit.engine.timeline import KINDS, StepPlan, joint, strategy_key
 
 #: (micro_batch_size, sequence_length, gradient_accumulation_steps)
 Shape = tuple[int, int, int]
@@ -59,7 +60,7 @@ Shape = tuple[int, int, int]
 @dataclass(frozen=True, slots=True)
 class Totals:
     """The figures of one scenario's estimate that a sweep compares (see
-    :class:`~engine.estimate.Estimate` for each)."""
+    :class:`~memfit.engine.estimate.Estimate` for each)."""
 
     allocated_bytes: int
     reserved_bytes: int
@@ -77,7 +78,7 @@ class Totals:
 @memo.cached(maxsize=16384)
 def totals(scenario: Scenario) -> Totals:
     """The totals of ``estimate(scenario)``, memoised; raises its
-    :class:`~engine.errors.EstimateError` for an invalid scenario."""
+    :class:`~memfit.engine.errors.EstimateError` for an invalid scenario."""
     est = estimate(scenario)
     return Totals(
         est.allocated_bytes,
@@ -288,7 +289,7 @@ class _Group:
 
 def _with_sequence(scenario: Scenario, seq: int) -> Scenario:
     """``scenario`` at sequence length ``seq``, a length :func:`_valid` accepts
-    (:func:`engine.specs.reshaped`)."""
+    (:func:`memfit.engine.specs.reshaped`)."""
     return reshaped(scenario, sequence_length=seq)
 
 

@@ -4,8 +4,9 @@ Each change is one frozen :class:`Change`: a stable id, a label, one rule for wh
 applies (:meth:`Change.why_not` gives the reason it does not, :meth:`Change.applies` the
 yes or no), one way to make it (:meth:`Change.apply`), what it does to the step in words,
 and whether it alters the training's numerics (:attr:`Change.numerics`). The what-if
-toggles (:mod:`engine.whatif`), make-it-fit (:mod:`engine.solve`), the remedies of
-:mod:`engine.explain` and the sweep's axes (:mod:`engine.sweep`) each pick the changes they
+toggles (:mod:`memfit.engine.whatif`), make-it-fit (:mod:`memfit.engine.solve`), the remedies of
+:mod:`memfit.engine.explain` and the sweep's axes (:mod:`memfit.engine.sweep`) each pick the
+changes they
 offer from :data:`CHANGES`; none keeps a rule of its own.
 
 The rules follow the mechanism. A ZeRO stage applies where it shards something
@@ -17,8 +18,8 @@ except where the model's call falls back to the math kernel -- and never to fp32
 for which there is no flash kernel. A change whose changed training the specs reject does
 not apply either, and says so.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")))
 >>> BY_ID["8bit-optimizer"].apply(s).training.optimizer
 'adamw-8bit'
@@ -41,12 +42,12 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from engine.errors import EstimateError
-from engine.layers import attention_kernel
-from engine.plan import resolve
-from engine.sharding import not_ddp
-from engine.specs import Scenario
-from engine.stacks import as_built, conventions
+from memfit.engine.errors import EstimateError
+from memfit.engine.layers import attention_kernel
+from memfit.engine.plan import resolve
+from memfit.engine.sharding import not_ddp
+from memfit.engine.specs import Scenario
+from memfit.engine.stacks import as_built, conventions
 
 #: A change's rule: why it does not apply to a scenario, or ``None`` where it does.
 Rule = Callable[[Scenario], str | None]

@@ -12,11 +12,11 @@ bitsandbytes 4- and 8-bit, fp8), confirmed against ``quantization_config`` in
 ``config.json``, and the checkpoint's *logical* parameter count: packed 4-bit weights
 unpacked, quantization scales, zeros and states and non-parameter buffers left out.
 
-:func:`model_from_folder` reads ``config.json`` into a :class:`~engine.specs.ModelSpec`
+:func:`model_from_folder` reads ``config.json`` into a :class:`~memfit.engine.specs.ModelSpec`
 beside the checkpoint, and :func:`compare` sets the engine's parameter count against the
 checkpoint's.
 
-Every problem is an :class:`~engine.errors.EstimateError` whose message names the file:
+Every problem is an :class:`~memfit.engine.errors.EstimateError` whose message names the file:
 
 >>> import pathlib, tempfile
 >>> bad = pathlib.Path(tempfile.mkdtemp()) / "model.safetensors"
@@ -24,7 +24,7 @@ Every problem is an :class:`~engine.errors.EstimateError` whose message names th
 >>> read_safetensors_header(bad)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-engine.errors.EstimateError: checkpoint: model.safetensors: the header claims 1,073,741,824 ...
+memfit.engine.errors.EstimateError: checkpoint: model.safetensors: the header claims ...
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError, shown
-from engine.files import parse_json, read_json, read_text
-from engine.hf_config import model_from_hf_config
-from engine.hub_cache import NOT_HELD, held, snapshot_of
-from engine.params import count_parameters
-from engine.specs import ModelSpec
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.files import parse_json, read_json, read_text
+from memfit.engine.hf_config import model_from_hf_config
+from memfit.engine.hub_cache import NOT_HELD, held, snapshot_of
+from memfit.engine.params import count_parameters
+from memfit.engine.specs import ModelSpec
 
 #: the largest safetensors header read; a larger claim is refused before reading it.
 #: Real headers are small: a tensor's entry is ~130 bytes, a 5 GB shard holds a few
@@ -763,7 +763,7 @@ def _quantization(
 def _present(path: Path, repository: str | None) -> bool:
     """Whether the folder's file ``path`` is there to be read. In a snapshot of the hub
     cache (``repository``: the real path of its model folder) by the cache's own rule,
-    :func:`engine.hub_cache.held`: a link is followed only inside the model; elsewhere any
+    :func:`memfit.engine.hub_cache.held`: a link is followed only inside the model; elsewhere any
     entry is (a dangling link then fails with its reason when read)."""
     if repository is None:
         return os.path.lexists(path)
@@ -941,7 +941,7 @@ def _default_name(folder: Path) -> str:
 
 def model_config(folder: str | os.PathLike[str]) -> Mapping[str, Any]:
     """The JSON object of the model folder's ``config.json``; in a snapshot of the hub
-    cache, read only by the cache's rule (:func:`engine.hub_cache.held`). Any problem is
+    cache, read only by the cache's rule (:func:`memfit.engine.hub_cache.held`). Any problem is
     an :class:`EstimateError` for the field ``"model"``."""
     folder = Path(folder)
     path = folder / "config.json"
@@ -969,7 +969,7 @@ def model_from_folder(
     """The :class:`ModelSpec` of ``folder``'s ``config.json`` and its checkpoint's
     :class:`CheckpointInfo`.
 
-    The config is read by :func:`engine.hf_config.model_from_hf_config`, with ``read_as``
+    The config is read by :func:`memfit.engine.hf_config.model_from_hf_config`, with ``read_as``
     passed on when given. ``name`` defaults to ``org/name`` for a hub-cache snapshot and
     to the folder's name otherwise. A missing or unreadable config is an
     :class:`EstimateError` for the field ``"model"``; checkpoint problems are for

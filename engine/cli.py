@@ -3,7 +3,8 @@
 ``memfit estimate --scenario FILE --json`` prints the estimate in the stable JSON shape;
 ``memfit estimate --model llama-3-8b --gpu h100-sxm-80gb --method lora ...`` prints a table;
 flags override any field of the scenario (``--set training.lora.alpha=64`` reaches the
-ones without a flag of their own); ``memfit presets models|gpus`` lists the presets.
+ones without a flag of their own); ``memfit presets models|gpus|stacks`` lists the presets,
+built-in and the user's own.
 ``memfit fit`` prints the largest micro-batch and sequence length that fit, the fewest
 GPUs, and the best fitting configurations of the strategy space with their memory,
 tokens/s and bound; ``memfit sweep`` prints (or ``--csv FILE`` writes) the whole space.
@@ -24,16 +25,24 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from engine.checkpoint import compare, model_config, model_from_folder
-from engine.errors import EstimateError, bounded, shown
-from engine.estimate import GIB, Estimate, estimate
-from engine.explain import explained, groups_text, groups_to_dict
-from engine.files import NotJson, parse_json, read_json, write_text
-from engine.hub_cache import cache_root, find_model, scan_cache
-from engine.imports import config_notes
-from engine.params import count_parameters
-from engine.presets import gpu_names, load_gpu, load_model, model_names
-from engine.report import (
+from memfit.engine.checkpoint import compare, model_config, model_from_folder
+from memfit.engine.errors import EstimateError, bounded, shown
+from memfit.engine.estimate import GIB, Estimate, estimate
+from memfit.engine.explain import explained, groups_text, groups_to_dict
+from memfit.engine.files import NotJson, parse_json, read_json, write_text
+from memfit.engine.hub_cache import cache_root, find_model, scan_cache
+from memfit.engine.imports import config_notes
+from memfit.engine.locate import KINDS, USER_PRESETS_ENV, user_presets_dir
+from memfit.engine.params import count_parameters
+from memfit.engine.presets import (
+    custom_names,
+    gpu_names,
+    load_gpu,
+    load_model,
+    model_names,
+    preset_problems,
+)
+from memfit.engine.report import (
     conventions_text,
     mesh_text,
     model_reading,
@@ -41,8 +50,8 @@ from engine.report import (
     shows_host,
     shows_ranks,
 )
-from engine.scenario_io import save_scenario, scenario_from_dict, scenario_to_dict
-from engine.solve import (
+from memfit.engine.scenario_io import save_scenario, scenario_from_dict, scenario_to_dict
+from memfit.engine.solve import (
     SERVER_GPUS,
     fits,
     make_it_fit,
@@ -51,7 +60,7 @@ from engine.solve import (
     min_gpus,
     with_gpus,
 )
-from engine.specs import (
+from memfit.engine.specs import (
     ACTIVATION_OFFLOAD,
     ATTENTION_KERNELS,
     CHECKPOINTING,
@@ -63,13 +72,14 @@ from engine.specs import (
     OPTIMIZERS,
     PP_SCHEDULES,
     PRECISIONS,
-    STACKS,
     Scenario,
+    stack_names,
 )
-from engine.steptime import StepTime
-from engine.sweep import best, describe, points_csv, sweep
-from engine.train_configs import ALLOW_FLAG, import_training_config
-from engine.train_configs import apply as apply_training_config
+from memfit.engine.stacks import stacks
+from memfit.engine.steptime import StepTime
+from memfit.engine.sweep import best, describe, points_csv, sweep
+from memfit.engine.train_configs import ALLOW_FLAG, import_training_config
+from memfit.engine.train_configs import apply as apply_training_config
 
 EXIT_USAGE = 2
 
@@ -159,7 +169,7 @@ def _parse_set(text: str) -> tuple[list[str], Any]:
 
 def model_section(name: str) -> dict[str, Any]:
     """``--model NAME``: a preset, a local model folder (its ``config.json``), or
-    ``org/name[@revision]`` in the local Hugging Face cache (:mod:`engine.hub_cache`;
+    ``org/name[@revision]`` in the local Hugging Face cache (:mod:`memfit.engine.hub_cache`;
     nothing is downloaded)."""
     if name in model_names():
         return {"preset": name}
@@ -420,8 +430,9 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("training")
     t.add_argument(
         "--stack",
-        choices=STACKS,
-        help="the training stack whose conventions the step follows (default hf-trainer)",
+        choices=stack_names(),
+        help="the training stack whose conventions the step follows (default hf-trainer; "
+        "your own stacks too, memfit presets stacks)",
     )
     t.add_argument("--loss", choices=LOSSES)
     t.add_argument("--method", choices=METHODS)
@@ -490,8 +501,14 @@ def make_parser() -> argparse.ArgumentParser:
     _add_estimate_flags(sw)
     sw.add_argument("--gpus", type=int, help="the GPU count to sweep (default: the scenario's)")
     sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
-    pre = sub.add_parser("presets", help="list model or GPU presets")
-    pre.add_argument("kind", choices=("models", "gpus"))
+    pre = sub.add_parser(
+        "presets",
+        help="list the model, GPU or stack presets, built-in and your own",
+        description="List the presets of a kind: the built-in ones and your own, read from "
+        f"{user_presets_dir()} (set ${USER_PRESETS_ENV} for another folder), marked "
+        "(custom). A file of yours that does not load is named on stderr with the field.",
+    )
+    pre.add_argument("kind", choices=KINDS)
     pre.add_argument("--json", action="store_true")
     cache = sub.add_parser("cache", help="list the models of the local Hugging Face cache")
     cache.add_argument("--root", metavar="DIR", help="the hub cache folder (default: as the hub)")
@@ -588,7 +605,10 @@ def _checkpoint(target: str, as_json: bool, out: TextIO) -> None:
 
 
 def _presets(kind: str, as_json: bool, out: TextIO) -> None:
+    """The presets of ``kind``, built-in and the user's own (marked ``custom``); one line on
+    stderr for each of the user's files left out, naming the file and the field."""
     rows: list[dict[str, Any]] = []
+    custom = custom_names(kind)
     if kind == "models":
         for name in model_names():
             m = load_model(name)
@@ -598,15 +618,14 @@ def _presets(kind: str, as_json: bool, out: TextIO) -> None:
                     "display_name": m.label,
                     "family": m.family,
                     "parameters": count_parameters(m).total,
+                    "custom": name in custom,
                 }
             )
-        if not as_json:
-            for r in rows:
-                print(
-                    f"{r['name']:<22}{r['family']:<14}{r['parameters']:>20,}  {r['display_name']}",
-                    file=out,
-                )
-    else:
+        lines = [
+            f"{r['name']:<22}{r['family']:<14}{r['parameters']:>20,}  {r['display_name']}"
+            for r in rows
+        ]
+    elif kind == "gpus":
         for name in gpu_names():
             g = load_gpu(name)
             rows.append(
@@ -615,18 +634,33 @@ def _presets(kind: str, as_json: bool, out: TextIO) -> None:
                     "display_name": g.display_name,
                     "memory_bytes": g.memory_bytes,
                     "bf16_tflops": g.bf16_tflops,
+                    "custom": name in custom,
                 }
             )
-        if not as_json:
-            for r in rows:
-                print(
-                    f"{r['name']:<22}{r['memory_bytes'] / GIB:>9.2f} GiB  "
-                    f"{r['bf16_tflops']:>8g} TFLOP/s bf16  {r['display_name']}",
-                    file=out,
-                )
+        lines = [
+            f"{r['name']:<22}{r['memory_bytes'] / GIB:>9.2f} GiB  "
+            f"{r['bf16_tflops']:>8g} TFLOP/s bf16  {r['display_name']}"
+            for r in rows
+        ]
+    else:
+        for stack in stacks():  # the built-in ones first, then the user's
+            rows.append(
+                {
+                    "name": stack.name,
+                    "display_name": stack.label,
+                    "source": stack.source,
+                    "custom": stack.name in custom,
+                }
+            )
+        lines = [f"{r['name']:<22}{r['display_name']}" for r in rows]
+    for problem in preset_problems(kind):
+        print(message_line(f"memfit: note: {problem}"), file=sys.stderr)
     if as_json:
         json.dump(rows, out, indent=2)
         out.write("\n")
+        return
+    for row, line in zip(rows, lines, strict=True):
+        print(printable(line + ("  (custom)" if row["custom"] else "")), file=out)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -783,7 +817,7 @@ MAX_LINE = 500
 def message_line(text: str) -> str:
     """An error or a note as one printable line of at most :data:`MAX_LINE` characters: a
     line break is shown as ``\\n``, and a long value the message repeats is cut
-    (:func:`engine.errors.bounded`)."""
+    (:func:`memfit.engine.errors.bounded`)."""
     return bounded(printable(text).replace("\n", "\\n"), MAX_LINE)
 
 

@@ -7,7 +7,7 @@ what would have been accepted:
 >>> check_int("training.micro_batch_size", -1, 1, 65536)
 Traceback (most recent call last):
 ...
-engine.errors.EstimateError: training.micro_batch_size: got -1, expected an integer in [1, 65536]
+memfit.engine.errors.EstimateError: training.micro_batch_size: got -1, expected an integer ...
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """``estimate(scenario) -> Estimate``: the one entry point of the memory model.
 
-A pure function of a frozen :class:`~engine.specs.Scenario`; no I/O. The result carries the
+A pure function of a frozen :class:`~memfit.engine.specs.Scenario`; no I/O. The result carries the
 named memory items, the three totals (allocated, reserved, device), the verdict against
 the device's capacity and the budget line, and -- stated, never silently zero -- the parts
 of a training step that this version does not model yet.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("rtx-4090"))))
 >>> est.breakdown["parameters"] >= 124_439_808 * 4  # fp32 weights + autocast copies
 True
@@ -20,13 +20,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import memo
-from engine.model_state import CATEGORIES, MemoryItem, ModelState
-from engine.overhead import FRAGMENTATION, overhead
-from engine.plan import Plan, resolve
-from engine.plan.mesh import Mesh
-from engine.plan.ranks import RankSlot
-from engine.rank import (
+from memfit.engine import memo
+from memfit.engine.model_state import CATEGORIES, MemoryItem, ModelState
+from memfit.engine.overhead import FRAGMENTATION, overhead
+from memfit.engine.plan import Plan, resolve
+from memfit.engine.plan.mesh import Mesh
+from memfit.engine.plan.ranks import RankSlot
+from memfit.engine.rank import (
     Played,
     fixed_overheads,
     inflight,
@@ -34,11 +34,11 @@ from engine.rank import (
     state_parts,
     whole_state,
 )
-from engine.sharding import Sharded, resident_blocks
-from engine.specs import ModelSpec, Scenario, TrainingSpec
-from engine.stacks import Conventions
-from engine.steptime import StepTime, step_time
-from engine.timeline import (
+from memfit.engine.sharding import Sharded, resident_blocks
+from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec
+from memfit.engine.stacks import Conventions
+from memfit.engine.steptime import StepTime, step_time
+from memfit.engine.timeline import (
     Gather,
     Point,
     Stage,
@@ -107,7 +107,7 @@ class Estimate:
 
     @property
     def timeline(self) -> tuple[Point, ...]:
-        """The step as a sequence of moments, for charts (see :mod:`engine.timeline`):
+        """The step as a sequence of moments, for charts (see :mod:`memfit.engine.timeline`):
         played point by point when first asked for."""
         return self.steps.points if self.steps is not None else ()
 
@@ -139,12 +139,12 @@ class Estimate:
     @property
     def conventions(self) -> Conventions:
         """The training stack's conventions the step ran with (the plan's,
-        :func:`engine.plan.resolve`)."""
+        :func:`memfit.engine.plan.resolve`)."""
         return resolve(self.scenario).conventions
 
     @property
     def time(self) -> StepTime:
-        """The step time of the scenario (:mod:`engine.steptime`)."""
+        """The step time of the scenario (:mod:`memfit.engine.steptime`)."""
         return step_time(self.scenario)
 
     def to_dict(self) -> dict[str, Any]:
@@ -384,7 +384,7 @@ def _stages(
     scenario: Scenario, model: ModelSpec, mesh: Mesh, slots: tuple[RankSlot, ...]
 ) -> list[tuple[str, _Rank]]:
     """Every pipeline stage by name (one group when pp = 1); stages alike share a result.
-    ``slots`` are the plan's rank slots (:meth:`engine.plan.Plan.ranks`)."""
+    ``slots`` are the plan's rank slots (:meth:`memfit.engine.plan.Plan.ranks`)."""
     par = scenario.training.parallelism
     if mesh.pp == 1:
         whole = slots[0].stage

@@ -3,7 +3,7 @@
 The activations of a step are many tensors: what autograd saves for backward in every
 layer, the inputs of checkpointed layers, the logits and the loss's buffers, the model
 output the training loop holds, the layer in flight with its transients, a checkpointed
-layer's forward played again, the gradient flowing back. :func:`engine.timeline.step_sources`
+layer's forward played again, the gradient flowing back. :func:`memfit.engine.timeline.step_sources`
 tells every moment's activations apart by these sources as the step is played, each with
 its formula and where the formula comes from; they add up to the moment's activations to
 the byte.
@@ -13,9 +13,9 @@ user can act on, estimates the change that removes it -- a chunked loss for the 
 checkpointing for the saved tensors, releasing the previous step -- so that the saving
 is an estimate of the changed scenario, not a guess.
 
->>> from engine.estimate import estimate
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.estimate import estimate
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4"))))
 >>> sum(s.bytes for s in activation_sources(est)) == est.breakdown["activations"]
 True
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import changes
-from engine.changes import Change
-from engine.estimate import Estimate
-from engine.timeline import SOURCE_KINDS, Source
-from engine.whatif import assess_change
+from memfit.engine import changes
+from memfit.engine.changes import Change
+from memfit.engine.estimate import Estimate
+from memfit.engine.timeline import SOURCE_KINDS, Source
+from memfit.engine.whatif import assess_change
 
 #: what each kind of source is, in a few words, for a group's title
 TITLES = {
@@ -50,7 +50,7 @@ assert set(TITLES) == set(SOURCE_KINDS)
 
 
 #: the change that removes each kind of source, where a user can make one: ids of the
-#: registry (:mod:`engine.changes`)
+#: registry (:mod:`memfit.engine.changes`)
 REMEDY_IDS = {
     "logits": "chunked-loss",
     "saved": "checkpointing",

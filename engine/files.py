@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError, shown
+from memfit.engine.errors import EstimateError, shown
 
 #: The largest file MemFit reads: a scenario or a ``config.json`` is a few KiB.
 MAX_READ_BYTES = 4 << 20

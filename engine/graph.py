@@ -14,7 +14,7 @@ the forward and the backward the way autograd does:
 
 The result is per block: the bytes it keeps after forward, the highest point reached above
 its starting level in forward and in backward, and the bytes of parameter gradients it
-leaves behind. These are the terms the step timeline (:mod:`engine.timeline`) repeats
+leaves behind. These are the terms the step timeline (:mod:`memfit.engine.timeline`) repeats
 layer by layer. Liveness is what PyTorch's caching allocator sees as *allocated* bytes.
 
 A block is either built at one concrete shape and played with :func:`simulate`, or built
@@ -392,7 +392,7 @@ class Profile:
 
     def at(self, values: tuple[int, ...]) -> BlockResult:
         """The block at the shape whose :data:`TERMS` are ``values``
-        (:meth:`engine.layers.Ctx.terms`)."""
+        (:meth:`memfit.engine.layers.Ctx.terms`)."""
         den = self.den
         mine = tuple(values[i] for i in self.terms)
 

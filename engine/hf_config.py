@@ -1,4 +1,4 @@
-"""Read a Hugging Face ``config.json`` as it is into a :class:`~engine.specs.ModelSpec`.
+"""Read a Hugging Face ``config.json`` as it is into a :class:`~memfit.engine.specs.ModelSpec`.
 
 Each family (``model_type``) has a reader of its own, written from the keys and the
 module layout of the family's ``configuration_*.py`` and ``modeling_*.py`` in
@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.errors import EstimateError, check_bool, check_float, check_text, shown
-from engine.specs import DROPOUT, MAX_DIM, MAX_EXPERTS, MAX_LAYERS, ModelSpec
+from memfit.engine.errors import EstimateError, check_bool, check_float, check_text, shown
+from memfit.engine.specs import DROPOUT, MAX_DIM, MAX_EXPERTS, MAX_LAYERS, ModelSpec
 
 Config = Mapping[str, Any]
 
@@ -79,7 +79,7 @@ class _Keys:
         return check_bool(self.where + key, self.raw(key, default=default))
 
     def dropout(self, *keys: str, default: float) -> float:
-        """A dropout probability in :data:`~engine.specs.DROPOUT` (an integer of thousands
+        """A dropout probability in :data:`~memfit.engine.specs.DROPOUT` (an integer of thousands
         of digits is refused as one, never turned into a float)."""
         return check_float(self.field(*keys), self.raw(*keys, default=default), *DROPOUT)
 

@@ -34,8 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import EstimateError, check_text, shown
-from engine.files import is_within
+from memfit.engine.errors import EstimateError, check_text, shown
+from memfit.engine.files import is_within
 
 #: entries visited inside one model folder (refs, snapshots, blobs) before the walk stops
 MAX_REPO_ENTRIES = 200_000
@@ -227,7 +227,7 @@ def held(path: str | os.PathLike[str], repository: str) -> os.stat_result | None
     dangling, a loop, resolving outside the model, or not a regular file.
 
     The one rule for every file of a cached model: the scan counts a file by it and
-    every reader of a cached model (:mod:`engine.checkpoint`) reads a file only by it."""
+    every reader of a cached model (:mod:`memfit.engine.checkpoint`) reads a file only by it."""
     try:
         real = os.path.realpath(path)
         if not is_within(real, repository):

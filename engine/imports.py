@@ -9,10 +9,10 @@ what it holds and apply it to a base scenario:
 * a **scenario** replaces the base;
 * a **model** (``config.json``, a model folder, a cached model) replaces the base's model;
   a folder's checkpoint headers give the checkpoint's parameter count beside the engine's
-  (:mod:`engine.checkpoint`), and a mismatch is said;
+  (:mod:`memfit.engine.checkpoint`), and a mismatch is said;
 * a **training configuration** fills the training (and hardware) fields it sets; the rest
   keep the stack's defaults, and the keys MemFit cannot model are listed
-  (:mod:`engine.train_configs`).
+  (:mod:`memfit.engine.train_configs`).
 
 Nothing here touches the network. Every problem is an :class:`EstimateError` that names
 the file and what is wrong.
@@ -26,17 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import EstimateError, bounded, shown
-from engine.files import NotJson, parse_json, read_text
-from engine.hf_config import model_from_hf_config
-from engine.model_state import lora_targets
-from engine.params import count_parameters
-from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import ModelSpec, Scenario
-from engine.train_configs import ImportedConfig
+from memfit.engine.errors import EstimateError, bounded, shown
+from memfit.engine.files import NotJson, parse_json, read_text
+from memfit.engine.hf_config import model_from_hf_config
+from memfit.engine.model_state import lora_targets
+from memfit.engine.params import count_parameters
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import ModelSpec, Scenario
+from memfit.engine.train_configs import ImportedConfig
 
 if TYPE_CHECKING:
-    from engine.checkpoint import Cancelled, Progress
+    from memfit.engine.checkpoint import Cancelled, Progress
 
 
 def asks_for_read_as(error: EstimateError) -> bool:
@@ -130,7 +130,7 @@ def _training(
     path: Path | None = None,
     allow_outside_paths: bool = False,
 ) -> Imported:
-    from engine.train_configs import apply, import_training_config
+    from memfit.engine.train_configs import apply, import_training_config
 
     imported = import_training_config(path=path, text=text, allow_outside_paths=allow_outside_paths)
     scenario = scenario_from_dict(apply(scenario_to_dict(base), imported, replace_model=True))
@@ -163,7 +163,7 @@ def _folder(
     progress: Progress | None = None,
     cancelled: Cancelled | None = None,
 ) -> Imported:
-    from engine.checkpoint import compare, model_from_folder
+    from memfit.engine.checkpoint import compare, model_from_folder
 
     model, info = model_from_folder(folder, read_as=read_as, progress=progress, cancelled=cancelled)
     messages = _model_messages(model)
@@ -196,12 +196,12 @@ def import_path(
 ) -> Imported:
     """The file or folder ``path`` applied to ``base`` (see the module docstring);
     ``read_as``: a model config of an unknown family read as this look-alike
-    (:func:`engine.hf_config.model_from_hf_config`); ``allow_outside_paths``: a training
+    (:func:`memfit.engine.hf_config.model_from_hf_config`); ``allow_outside_paths``: a training
     config may name files outside its own folder
-    (:func:`engine.train_configs.import_training_config`); ``progress`` and
+    (:func:`memfit.engine.train_configs.import_training_config`); ``progress`` and
     ``cancelled``: a model folder's reading reports to and polls them
-    (:func:`engine.checkpoint.read_checkpoint`; a cancel raises
-    :class:`~engine.checkpoint.ReadCancelled`)."""
+    (:func:`memfit.engine.checkpoint.read_checkpoint`; a cancel raises
+    :class:`~memfit.engine.checkpoint.ReadCancelled`)."""
     p = Path(path)
     if p.is_dir():
         if os.path.lexists(p / "config.json"):  # a link is model_from_folder's to judge
@@ -244,7 +244,7 @@ def import_cached(
 ) -> Imported:
     """A model of the local Hugging Face cache (``org/name``) applied to ``base``;
     ``progress`` and ``cancelled`` as :func:`import_path` takes them."""
-    from engine.hub_cache import find_model
+    from memfit.engine.hub_cache import find_model
 
     snapshot = find_model(repo_id, revision)
     imported = _folder(Path(snapshot.path), base, "cached-model", read_as, progress, cancelled)

@@ -1,4 +1,4 @@
-"""The ops of each block, written from the Hugging Face modules, for :mod:`engine.graph`.
+"""The ops of each block, written from the Hugging Face modules, for :mod:`memfit.engine.graph`.
 
 Every tensor below is one that PyTorch really allocates in the module's forward, with its
 dtype under the precision in use, and every ``saves=`` is what autograd keeps for that op's
@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine import memo
-from engine.graph import TERMS, Block, Lin, Size, larger
-from engine.specs import ModelSpec
+from memfit.engine import memo
+from memfit.engine.graph import TERMS, Block, Lin, Size, larger
+from memfit.engine.specs import ModelSpec
 
 F32 = 4
 #: rows of logits a chunked cross-entropy materializes at a time
@@ -33,7 +33,8 @@ CHUNK_ROWS = 1024
 @dataclass(frozen=True, slots=True)
 class Shape:
     """The shape quantities every tensor size of a block is made of (see
-    :data:`engine.graph.TERMS`): integers, or symbolic :class:`~engine.graph.Lin` forms."""
+    :data:`memfit.engine.graph.TERMS`): integers, or symbolic :class:`~memfit.engine.graph.Lin`
+    forms."""
 
     #: b s, the rows of every per-token tensor
     tokens: Size
@@ -89,7 +90,7 @@ class Ctx:
     capacity: float = 1.0
     #: experts each token is routed to (MoE models)
     topk: int = 0
-    #: the training stack's conventions (:func:`engine.stacks.conventions`): the model
+    #: the training stack's conventions (:func:`memfit.engine.stacks.conventions`): the model
     #: output (the logits, with ``kv_cache`` the KV cache) held through backward, the
     #: adapters' bytes per element, and the loss
     outputs_held: bool = True
@@ -116,8 +117,8 @@ class Ctx:
     #: state's, fp16 where Lightning quantized ``weight.to(torch.half)``), of these bytes:
     #: 0 when it returns the compute dtype itself
     dequant_other: int = 0
-    #: build blocks with symbolic sizes (:class:`~engine.graph.Lin`) instead of at
-    #: ``batch`` x ``seq``: one build then serves every shape (:func:`engine.graph.profile`)
+    #: build blocks with symbolic sizes (:class:`~memfit.engine.graph.Lin`) instead of at
+    #: ``batch`` x ``seq``: one build then serves every shape (:func:`memfit.engine.graph.profile`)
     symbolic: bool = False
 
     @property
@@ -132,7 +133,7 @@ class Ctx:
         return component != "embeddings"
 
     def terms(self) -> tuple[int, ...]:
-        """The values of the shape terms (:data:`engine.graph.TERMS`) at this step."""
+        """The values of the shape terms (:data:`memfit.engine.graph.TERMS`) at this step."""
         b, s = self.batch, self.seq
         tokens = b * s
         routed = tokens * self.topk
@@ -184,7 +185,7 @@ def attention_kernel(attention: str, fp32: bool, sdpa_math: bool = False) -> str
     ``math`` (its unfused fallback) for a module that calls it with multi-query keys and
     values it does not repeat and a mask (``ModelSpec.sdpa_math``), ``flash`` for 16-bit
     inputs, ``efficient`` (memory-efficient) for fp32 ones -- or the kernel asked for by
-    name. Memory (:meth:`Net.attention`) and time (:mod:`engine.steptime`) both ask here."""
+    name. Memory (:meth:`Net.attention`) and time (:mod:`memfit.engine.steptime`) both ask here."""
     if attention == "eager":
         return "eager"
     if attention == "sdpa" and sdpa_math:
@@ -1064,7 +1065,7 @@ def upcasts_logits(m: ModelSpec, loss: str) -> bool:
     transformers' ``ForCausalLMLoss`` and torchtune's chunks; a copy only where the logits
     are 16-bit). BERT's masked-LM loss and ``no-upcast`` read them as they are; a fused
     loss (``chunked``) never materializes them. Memory (:func:`head_and_loss`) and time
-    (:mod:`engine.steptime`) both ask here."""
+    (:mod:`memfit.engine.steptime`) both ask here."""
     return loss in ("standard", "chunked-output") and m.architecture == "decoder"
 
 

@@ -3,7 +3,7 @@
 The engine memoises pure functions of its frozen specs with :func:`cached`, and keeps a
 few caches by hand in a :class:`Table` where the key is derived from the arguments (a
 strategy without its shape, an object's identity). Each registers here under its
-qualified name (``engine.estimate._prepared``, ``engine.steptime._MEMOS``), so that
+qualified name (``memfit.engine.estimate._prepared``, ``memfit.engine.steptime._MEMOS``), so that
 :func:`clear` reaches every one: for checks that an answer does not depend on what was
 computed before it, for benchmarks that time a rebuild, and after the files a preset was
 read from change.
@@ -22,7 +22,7 @@ Threads: the app runs the engine from several worker threads at once.
 * :func:`register` takes the clear function of any other cache.
 
 A cache must be keyed by everything its result depends on: a whole frozen spec, or a key
-derived from the dataclass's fields (:func:`engine.timeline.strategy_key`), never a
+derived from the dataclass's fields (:func:`memfit.engine.timeline.strategy_key`), never a
 hand-picked subset of them.
 """
 
@@ -136,7 +136,7 @@ def _selected(names: tuple[str, ...]) -> list[_Entry]:
 
 def clear(*names: str) -> None:
     """Empty every cache of the engine; or, given names, the caches so named and every
-    cache of a module so named (``clear("engine.batch")``). A name that matches none is
+    cache of a module so named (``clear("memfit.engine.batch")``). A name that matches none is
     a :class:`ValueError`. A computation that runs in another thread meanwhile may store
     its answer after the clear (every cached function is pure: the answer is right)."""
     for entry in _selected(names):

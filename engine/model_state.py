@@ -27,8 +27,8 @@ When the 16-bit gradients are freed as soon as the optimizer consumes them, or s
 away, 2 + 12 = **14** remain. Pure bf16 with bf16 Adam states is 2 + 2 + 4 = 8; 8-bit Adam
 stores its two moments in one byte each plus a float32 scale per 256-element block.
 
->>> from engine.presets import load_model
->>> from engine.specs import TrainingSpec
+>>> from memfit.engine.presets import load_model
+>>> from memfit.engine.specs import TrainingSpec
 >>> state = model_state(load_model("llama-3-8b"), TrainingSpec(method="full"))
 >>> state.bytes_per_trainable_param
 16.0
@@ -40,11 +40,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from math import ceil
 
-from engine import memo
-from engine.errors import EstimateError
-from engine.params import TensorGroup, model_tensors
-from engine.specs import ModelSpec, TrainingSpec, target_names
-from engine.stacks import conventions
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError
+from memfit.engine.params import TensorGroup, model_tensors
+from memfit.engine.specs import ModelSpec, TrainingSpec, target_names
+from memfit.engine.stacks import conventions
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
 
@@ -165,7 +165,7 @@ def frozen_dtype(precision: str) -> str:
 
 def weight_dtypes(training: TrainingSpec) -> tuple[str, str]:
     """The storage dtypes of the trainable and of the frozen (not quantized) weights under
-    ``training``'s conventions (:func:`engine.stacks.conventions`): LoRA adapters in the
+    ``training``'s conventions (:func:`memfit.engine.stacks.conventions`): LoRA adapters in the
     adapter dtype (PEFT keeps them fp32 by default), frozen weights in the frozen dtype
     (Lightning's bf16-mixed keeps them fp32; QLoRA's default is its compute dtype)."""
     conv = conventions(training)

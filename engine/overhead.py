@@ -15,7 +15,7 @@ The figures below are documented estimates, not measurements of your machine: th
 context ranges from about 250 MiB to about 600 MiB by GPU generation, driver and the
 libraries a program loads; fragmentation grows with the number of distinct activation
 sizes. The classic advice to plan for 80-85 % of the card and to expect 10-20 % above a
-floor estimate comes out of these terms plus the transient peaks of :mod:`engine.timeline`.
+floor estimate comes out of these terms plus the transient peaks of :mod:`memfit.engine.timeline`.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def overhead(
     architecture: str, large_blocks: int, peak_activations: int, runtime: str = "cuda12-lazy"
 ) -> Overhead:
     """The terms that lift allocated to reserved and reserved to device bytes; ``runtime``
-    is the CUDA runtime's module loading (:data:`engine.specs.CUDA_RUNTIMES`)."""
+    is the CUDA runtime's module loading (:data:`memfit.engine.specs.CUDA_RUNTIMES`)."""
     context = CONTEXT_MIB.get(architecture, DEFAULT_CONTEXT_MIB) + EAGER_MODULES_MIB[runtime]
     return Overhead(
         rounding=large_blocks * ROUNDING_PER_LARGE_BLOCK,

@@ -6,7 +6,7 @@ shape (the ``q_proj.weight`` of 32 layers is one group). The list is what the me
 walks -- storage dtype, trainability, LoRA adapters, 4-bit quantization and per-tensor
 optimizer state are all decided tensor by tensor -- and :func:`count_parameters` sums it.
 
->>> from engine.presets import load_model
+>>> from memfit.engine.presets import load_model
 >>> count_parameters(load_model("gpt2")).total
 124439808
 
@@ -22,8 +22,8 @@ import itertools
 from dataclasses import dataclass
 from math import prod
 
-from engine import memo
-from engine.specs import ModelSpec
+from memfit.engine import memo
+from memfit.engine.specs import ModelSpec
 
 COMPONENTS = ("embeddings", "attention", "mlp", "experts", "router", "norms", "lm_head", "pooler")
 
@@ -265,7 +265,7 @@ def model_tensors(model: ModelSpec, cuts: tuple[int, ...] = ()) -> tuple[TensorG
     """All parameter tensors of ``model`` as groups; block groups are split at ``cuts``.
 
     Shapes follow ``torch.nn.Linear`` (``out x in``) and the Hugging Face implementations
-    of each family; see :class:`~engine.specs.ModelSpec` for the switches.
+    of each family; see :class:`~memfit.engine.specs.ModelSpec` for the switches.
     """
     h, m = model.hidden_size, model
     g: list[TensorGroup] = [TensorGroup("embeddings", "embed_tokens.weight", (m.vocab_size, h), 1)]

@@ -1,9 +1,12 @@
-"""Model and GPU presets: one JSON file per preset, shipped inside the package as
-``engine/data/models/NAME.json`` and ``engine/data/gpus/NAME.json`` and read through
-:mod:`importlib.resources` (so an installed wheel or a frozen bundle finds them too).
+"""Model and GPU presets: one JSON file per preset, ``models/NAME.json`` and
+``gpus/NAME.json``, built in (the top-level ``resources/`` folder) or the user's own (a
+folder of the same shape, :func:`memfit.engine.locate.user_presets_dir`); where each is
+found is :mod:`memfit.engine.locate`'s business.
 
 A preset file's name is its ``name`` key; it is parsed into the dataclass strictly, so an
-unknown key or a bad value fails loudly with the file and the field named.
+unknown key or a bad value fails loudly with the file and the field named. A user's preset
+that fails so is left out of the lists, and :func:`preset_problems` says why in one line;
+the other presets load as before.
 
 >>> load_gpu("h100-sxm-80gb").memory_mib
 81559
@@ -15,31 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from importlib.resources import files
-from importlib.resources.abc import Traversable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from engine import memo
-from engine.errors import EstimateError, shown
-from engine.specs import GpuSpec, ModelSpec
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.locate import KINDS, preset_files, problem_line
+from memfit.engine.specs import GpuSpec, ModelSpec
+from memfit.engine.stacks import custom_stack_problems
 
 T = TypeVar("T", ModelSpec, GpuSpec)
-
-
-def resources_dir() -> Traversable:
-    """The folder of the presets and stacks (``models/``, ``gpus/``, ``stacks/``):
-    ``$MEMFIT_RESOURCES`` when it is set, else the package's own ``engine/data``.
-
-    The package data is found with :func:`importlib.resources.files`: a plain folder for an
-    installed package, a source checkout or a frozen bundle, but possibly not one on disk
-    (a zip import), so read it with ``/``, ``iterdir()`` and ``read_text()`` only.
-    """
-    override = os.environ.get("MEMFIT_RESOURCES")
-    if override:
-        return Path(override)
-    return files("engine") / "data"
 
 
 def build_strict(cls: type[T], data: Any, section: str) -> T:
@@ -57,36 +44,18 @@ def build_strict(cls: type[T], data: Any, section: str) -> T:
     return cls(**data)
 
 
-def _names(kind: str) -> tuple[str, ...]:
-    folder = resources_dir() / kind
-    if not folder.is_dir():
-        return ()
-    return tuple(
-        sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
-    )
-
-
-@memo.cached(maxsize=1)
-def model_names() -> tuple[str, ...]:
-    """Names of all model presets, sorted."""
-    return _names("models")
-
-
-@memo.cached(maxsize=1)
-def gpu_names() -> tuple[str, ...]:
-    """Names of all GPU presets, sorted."""
-    return _names("gpus")
-
-
-def _load(kind: str, cls: type[T], name: str, field: str) -> T:
-    names = _names(kind)
-    if name not in names:
+def _read(kind: str, cls: type[T], name: str, field: str) -> T:
+    """The preset ``name`` of ``kind`` as ``cls``, checked; an :class:`EstimateError`
+    naming the field otherwise."""
+    found = preset_files(kind).files
+    if name not in found:
+        names = sorted(found)
         listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
         raise EstimateError(field, f"unknown preset {shown(name)}; choose one of {listed}")
-    path = resources_dir() / kind / f"{name}.json"
+    path = found[name]
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EstimateError(field, f"preset file {path.name} cannot be read: {exc}") from exc
     spec = build_strict(cls, data, f"{field}[{name}]")
     if spec.name != name:
@@ -94,16 +63,68 @@ def _load(kind: str, cls: type[T], name: str, field: str) -> T:
     return spec
 
 
+@memo.cached(maxsize=None)
+def _checked(kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of ``kind``'s presets that load, sorted, and one line for each user's
+    preset left out (the built-in ones are checked by the tests, not here)."""
+    cls, field = _KINDS[kind]
+    listed = preset_files(kind)
+    names = []
+    problems = list(listed.problems)
+    for name, path in listed.files.items():
+        if name in listed.custom:
+            try:
+                _read(kind, cls, name, field)
+            except (ValueError, TypeError) as exc:  # EstimateError is a ValueError
+                problems.append(problem_line(path, str(exc)))
+                continue
+        names.append(name)
+    return tuple(sorted(names)), tuple(problems)
+
+
+_KINDS: dict[str, tuple[type[Any], str]] = {
+    "models": (ModelSpec, "model.preset"),
+    "gpus": (GpuSpec, "hardware.gpu"),
+}
+
+
+def model_names() -> tuple[str, ...]:
+    """Names of all model presets, built-in and the user's that load, sorted."""
+    return _checked("models")[0]
+
+
+def gpu_names() -> tuple[str, ...]:
+    """Names of all GPU presets, built-in and the user's that load, sorted."""
+    return _checked("gpus")[0]
+
+
+def custom_names(kind: str) -> frozenset[str]:
+    """The names of ``kind``'s presets (``models``, ``gpus``, ``stacks``) that are the
+    user's own."""
+    return preset_files(kind).custom
+
+
+def preset_problems(kind: str | None = None) -> tuple[str, ...]:
+    """One line for each of the user's preset files of ``kind`` (``models``, ``gpus``,
+    ``stacks``; None: every kind) that is left out, naming the file and the field: what
+    the CLI and the app show."""
+    kinds = KINDS if kind is None else (kind,)
+    out: tuple[str, ...] = ()
+    for k in kinds:
+        out += custom_stack_problems() if k == "stacks" else _checked(k)[1]
+    return out
+
+
 @memo.cached(maxsize=256)
 def load_model(name: str) -> ModelSpec:
     """The model preset called ``name`` (see :func:`model_names`)."""
-    return _load("models", ModelSpec, name, "model.preset")
+    return _read("models", ModelSpec, name, "model.preset")
 
 
 @memo.cached(maxsize=256)
 def load_gpu(name: str) -> GpuSpec:
     """The GPU preset called ``name`` (see :func:`gpu_names`)."""
-    return _load("gpus", GpuSpec, name, "hardware.gpu")
+    return _read("gpus", GpuSpec, name, "hardware.gpu")
 
 
 def preset_name_of(model: ModelSpec) -> str | None:

@@ -2,8 +2,8 @@
 state (:func:`rank_share`), the plan of its step and the step played (:func:`rank_play`),
 the overheads that do not depend on the activations (:func:`fixed_overheads`), the model
 state as the breakdown takes it (:func:`state_parts`), and how many micro-batches a pipeline
-stage holds (:func:`inflight`). The estimate (:mod:`engine.estimate`) and the batched path
-(:mod:`engine.batch`) both build on these; neither keeps a copy.
+stage holds (:func:`inflight`). The estimate (:mod:`memfit.engine.estimate`) and the batched path
+(:mod:`memfit.engine.batch`) both build on these; neither keeps a copy.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from engine import memo
-from engine.model_state import BUFFERS, MemoryItem, ModelState, model_state
-from engine.overhead import nccl_bytes
-from engine.plan.mesh import Mesh
-from engine.sharding import Sharded, shard
-from engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
-from engine.timeline import (
+from memfit.engine import memo
+from memfit.engine.model_state import BUFFERS, MemoryItem, ModelState, model_state
+from memfit.engine.overhead import nccl_bytes
+from memfit.engine.plan.mesh import Mesh
+from memfit.engine.sharding import Sharded, shard
+from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
+from memfit.engine.timeline import (
     _PLAYED_FIRST,
     Gather,
     Stage,
@@ -70,8 +70,8 @@ def _entry(
     chunk: ModelSpec | None,
 ) -> list[Any]:
     """This rank's share of the model state (``model`` is what the rank holds, ``part``
-    its pipeline stage's part: :func:`engine.sharding.shard`), the plan of its step once
-    there is one (:func:`engine.timeline.step_plan`) and how often it was played, kept
+    its pipeline stage's part: :func:`memfit.engine.sharding.shard`), the plan of its step once
+    there is one (:func:`memfit.engine.timeline.step_plan`) and how often it was played, kept
     for every shape of the strategy: neither reads the micro-batch size, sequence length
     or gradient accumulation, but the plan whether a sliding window masks the
     sequence."""
@@ -93,7 +93,7 @@ def rank_share(
     stage: Stage,
     chunk: ModelSpec | None,
 ) -> tuple[Sharded, StepPlan]:
-    """:func:`_entry` with its step plan built now (:func:`engine.timeline.step_plan`)."""
+    """:func:`_entry` with its step plan built now (:func:`memfit.engine.timeline.step_plan`)."""
     entry = _entry(scenario, model, mesh, part, stage, chunk)
     sharded: Sharded = entry[0]
     if entry[1] is None:
@@ -107,7 +107,7 @@ _StepArgs = tuple[ModelSpec, TrainingSpec, ModelState, Fraction, Fraction, Gathe
 
 
 def _step_args(scenario: Scenario, sharded: Sharded, stage: Stage, played: ModelSpec) -> _StepArgs:
-    """What a rank's step is played and planned from (:func:`engine.timeline.step_plan`):
+    """What a rank's step is played and planned from (:func:`memfit.engine.timeline.step_plan`):
     the model its activations are played with, the training, and its share."""
     return (
         played,
@@ -122,7 +122,7 @@ def _step_args(scenario: Scenario, sharded: Sharded, stage: Stage, played: Model
 
 
 def whole_state(model: ModelSpec, training: TrainingSpec) -> ModelState:
-    """The whole model's state (:func:`engine.model_state.model_state`), kept for every
+    """The whole model's state (:func:`memfit.engine.model_state.model_state`), kept for every
     shape of the strategy (it reads none)."""
     key = (model, strategy_key(training))
     state = _WHOLE.get(key)

@@ -8,15 +8,15 @@ runs that offload to host memory, or that give the host RAM per node, get the ``
 each convention the step was estimated with. Only the five breakdown categories sum to the
 device total; :func:`breakdown_rows` returns just those.
 
-The what-ifs the app shows beside the current bar (:class:`engine.whatif.WhatIfResult`)
+The what-ifs the app shows beside the current bar (:class:`memfit.engine.whatif.WhatIfResult`)
 can be given to all three (``whatifs=``): they come after the current scenario's rows --
 category ``whatif`` in the CSV (:func:`whatif_rows`), a ``whatifs`` list in the JSON
 (:func:`whatif_dict`), a table of their own in the Markdown -- each with its totals, its
 bytes per category, its saving against the current scenario and its compute cost.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
->>> from engine.estimate import estimate
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.estimate import estimate
 >>> est = estimate(Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4"))))
 >>> to_csv(est).splitlines()[0]
 'category,item,bytes,gib,formula,source'
@@ -32,10 +32,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from engine.estimate import GIB, Estimate, RankGroup
-from engine.model_state import CATEGORIES
-from engine.specs import ModelSpec
-from engine.whatif import WhatIfResult
+from memfit.engine.estimate import GIB, Estimate, RankGroup
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.specs import ModelSpec
+from memfit.engine.whatif import WhatIfResult
 
 COLUMNS = ("category", "item", "bytes", "gib", "formula", "source")
 Row = dict[str, str | int]

@@ -4,11 +4,12 @@ The file is a versioned JSON object (``"memfit_scenario": 1``) with ``model``,
 ``hardware`` and ``training`` sections. The ``model`` section takes one of three forms:
 
 * ``{"preset": "llama-3-8b"}`` -- a preset by name;
-* ``{"spec": {...}}`` -- MemFit's own :class:`~engine.specs.ModelSpec` fields, strict
+* ``{"spec": {...}}`` -- MemFit's own :class:`~memfit.engine.specs.ModelSpec` fields, strict
   (what the app writes once a preset's architecture has been edited);
 * Hugging Face ``config.json`` keys as they are (``num_hidden_layers``, ...); keys the
   estimate does not need are ignored. Beside them, ``"read_as": "llama"`` reads a family
-  without a reader of its own as a look-alike (:func:`engine.hf_config.model_from_hf_config`).
+  without a reader of its own as a look-alike
+  (:func:`memfit.engine.hf_config.model_from_hf_config`).
 
 ``hardware.gpu_name`` names the device as every view shows it (a custom GPU, or a preset
 with its memory overridden): :func:`named_gpu`. It is written only when it is not the
@@ -30,11 +31,11 @@ import json
 import os
 from typing import Any
 
-from engine.errors import EstimateError, check_float, check_text, shown
-from engine.files import read_json, write_text
-from engine.hf_config import model_from_hf_config
-from engine.presets import build_strict, load_gpu, load_model, preset_name_of
-from engine.specs import (
+from memfit.engine.errors import EstimateError, check_float, check_text, shown
+from memfit.engine.files import read_json, write_text
+from memfit.engine.hf_config import model_from_hf_config
+from memfit.engine.presets import build_strict, load_gpu, load_model, preset_name_of
+from memfit.engine.specs import (
     GPU_NAME_CHARS,
     MEMORY_GIB,
     FreezeSpec,
@@ -48,7 +49,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.stacks import apply_defaults
+from memfit.engine.stacks import apply_defaults
 
 SCENARIO_VERSION = 1
 SUFFIX = ".memfit.json"
@@ -278,5 +279,5 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
 
 def save_scenario(scenario: Scenario, path: str | os.PathLike[str]) -> None:
     """Write ``scenario`` as an editor saves: links followed, mode kept, atomic rename
-    (:func:`engine.files.write_text`)."""
+    (:func:`memfit.engine.files.write_text`)."""
     write_text(path, json.dumps(scenario_to_dict(scenario), indent=2, ensure_ascii=False) + "\n")

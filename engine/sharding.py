@@ -4,7 +4,7 @@
   (``cp``) parallel groups, derives the data-parallel size ``dp = GPUs / (tp pp cp)``, the
   group that shares the ZeRO shards (``dp``, or the ranks of one node under
   ``hybrid_shard``) and the expert data-parallel size ``dp / ep``, and reports every
-  inconsistency as an :class:`~engine.errors.EstimateError`;
+  inconsistency as an :class:`~memfit.engine.errors.EstimateError`;
 * :func:`framework_items` lays the model state out as the framework does under mixed
   precision: PyTorch AMP / FSDP keep fp32 weights and gradients; DeepSpeed keeps 16-bit
   weights and gradients in the module and an fp32 master copy and gradient partition in
@@ -20,10 +20,10 @@
   optimizer states -- and, since the step then runs on the CPU, the gradient shards -- to
   host memory, and with stage 3 the parameter shards too; the GPU keeps the gathered units.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8))
->>> from engine.plan import make_mesh
+>>> from memfit.engine.plan import make_mesh
 >>> make_mesh(s).dp
 8
 """
@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from engine import memo
-from engine.model_state import (
+from memfit.engine import memo
+from memfit.engine.model_state import (
     BUFFERS,
     MemoryItem,
     ModelState,
@@ -43,13 +43,13 @@ from engine.model_state import (
     storage_bytes,
     weights_label,
 )
-from engine.overhead import MIB
-from engine.params import TensorGroup, model_tensors
-from engine.plan.mesh import Mesh
-from engine.plan.precision import precision_of
-from engine.specs import ModelSpec, Scenario, TrainingSpec
-from engine.stacks import conventions
-from engine.timeline import Gather
+from memfit.engine.overhead import MIB
+from memfit.engine.params import TensorGroup, model_tensors
+from memfit.engine.plan.mesh import Mesh
+from memfit.engine.plan.precision import precision_of
+from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec
+from memfit.engine.stacks import conventions
+from memfit.engine.timeline import Gather
 
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): ZeRO-2/3 reduce the 16-bit
 #: gradients through a contiguous bucket of this size instead of keeping them all
@@ -297,7 +297,7 @@ def shard(
     """Divide ``state`` over the data-parallel ranks and move what offload moves.
 
     ``model`` is this rank's model (tensor/expert shard) and ``part`` the pipeline stage's
-    share of it (:func:`engine.model_state.model_state`); the routed experts' share of
+    share of it (:func:`memfit.engine.model_state.model_state`); the routed experts' share of
     each sharded item is divided over the expert data-parallel group (``dp / ep``), the
     rest over the shard group."""
     training = scenario.training
@@ -372,7 +372,7 @@ def shard(
 def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: str) -> int:
     """The parameter tensors over 1 MiB that this rank keeps on its GPU between steps:
     the caching allocator serves each from its large pool, rounded up to 2 MiB
-    (:mod:`engine.overhead`). Each tensor counts as the rank stores it: trained weights
+    (:mod:`memfit.engine.overhead`). Each tensor counts as the rank stores it: trained weights
     in their storage dtype (DeepSpeed's and Megatron's 16-bit module copy under mixed
     precision), frozen ones in theirs, QLoRA's base as packed 4-bit codes and block
     constants; a ZeRO-3 / FSDP shard of it where the parameters are sharded at rest

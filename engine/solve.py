@@ -10,8 +10,8 @@ bisection: a few dozen estimates instead of thousands. The answer is the largest
 smallest) value for which it and every value before it fit -- exactly what a scan from
 the start of the axis finds, which the tests check against such a scan.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario, TrainingSpec
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")), TrainingSpec())
 >>> 1 <= max_micro_batch(s) <= 64
 True
@@ -24,13 +24,13 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from engine import changes
-from engine.batch import totals
-from engine.changes import Change, with_training
-from engine.errors import EstimateError
-from engine.presets import load_gpu
-from engine.specs import MAX_DIM, HardwareSpec, Scenario
-from engine.steptime import StepTime, step_time
+from memfit.engine import changes
+from memfit.engine.batch import totals
+from memfit.engine.changes import Change, with_training
+from memfit.engine.errors import EstimateError
+from memfit.engine.presets import load_gpu
+from memfit.engine.specs import MAX_DIM, HardwareSpec, Scenario
+from memfit.engine.steptime import StepTime, step_time
 
 #: the largest world size :func:`min_gpus` tries
 MAX_GPUS = 65_536
@@ -149,7 +149,7 @@ def min_gpus(scenario: Scenario, gpu: str | None = None, limit: int = MAX_GPUS) 
     return at[hi]
 
 
-#: what make_it_fit tries: the changes of the registry (:mod:`engine.changes`) that save
+#: what make_it_fit tries: the changes of the registry (:mod:`memfit.engine.changes`) that save
 #: memory and keep the model and what it trains, in the registry's order
 CHANGES: tuple[Change, ...] = changes.pick(
     changes.in_order(

@@ -1,21 +1,21 @@
 """What a scenario is made of: frozen, validated value objects.
 
-* :class:`ModelSpec` -- the architecture (one preset file in ``engine/data/models`` each);
-* :class:`GpuSpec` -- one device model (one preset file in ``engine/data/gpus`` each);
+* :class:`ModelSpec` -- the architecture (one preset file in ``resources/models`` each);
+* :class:`GpuSpec` -- one device model (one preset file in ``resources/gpus`` each);
 * :class:`HardwareSpec` -- a GPU, how many of them, and an optional memory override;
 * :class:`TrainingSpec` -- method, precision, optimizer, shapes, and their sub-sections
   (:class:`LoraSpec`, :class:`QuantSpec`, :class:`FreezeSpec`, :class:`ParallelismSpec`,
   :class:`OffloadSpec`);
 * :class:`Scenario` -- the three together; the single source of truth of the app.
 
-Every class validates itself on construction and raises :class:`~engine.errors.EstimateError`
+Every class validates itself on construction and raises :class:`~memfit.engine.errors.EstimateError`
 naming the field, the value and the accepted range. Edits make new objects with
 :func:`dataclasses.replace`, which re-runs the validation.
 
 >>> TrainingSpec(micro_batch_size=0)
 Traceback (most recent call last):
 ...
-engine.errors.EstimateError: training.micro_batch_size: got 0, expected an integer in [1, 65536]
+memfit.engine.errors.EstimateError: training.micro_batch_size: got 0, expected an integer ...
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import memo
-from engine.errors import (
+from memfit.engine import memo
+from memfit.engine.errors import (
     EstimateError,
     check_bool,
     check_choice,
@@ -37,6 +37,7 @@ from engine.errors import (
     check_text,
     shown,
 )
+from memfit.engine.locate import preset_files
 
 MAX_DIM = 1 << 24  # 16,777,216: larger than any real hidden size, vocabulary or context
 MAX_LAYERS = 4096
@@ -78,7 +79,7 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: ``selective``: Korthikanti et al.'s recomputation of the attention core (or the stack's
-#: own selective policy: see :data:`engine.stacks`); ``per-op``: torchtitan's per-op
+#: own selective policy: see :data:`memfit.engine.stacks`); ``per-op``: torchtitan's per-op
 #: selective checkpointing (the outputs of every other matmul and of attention are saved,
 #: the rest of each layer is recomputed)
 #: ``first-k-layers``: Megatron's ``--recompute-method block --recompute-num-layers k``,
@@ -91,7 +92,8 @@ ATTENTION_KERNELS = ("eager", "sdpa", "flash", "mem-efficient")
 #: loops); chunked-output: the LM head and an fp32 cross-entropy per chunk of the sequence,
 #: every chunk's logits kept (torchtune's ``CEWithChunkedOutputLoss``)
 LOSSES = ("standard", "chunked", "no-upcast", "chunked-output")
-#: the training stacks, one ``engine/data/stacks/NAME.json`` each (see :mod:`engine.stacks`)
+#: the built-in training stacks, one ``resources/stacks/NAME.json`` each (see
+#: :mod:`memfit.engine.stacks`); a user's own stacks come after them (:func:`stack_names`)
 STACKS = (
     "hf-trainer",
     "trl-sft",
@@ -104,6 +106,16 @@ STACKS = (
     "megatron",
     "custom",
 )
+
+
+def stack_names() -> tuple[str, ...]:
+    """The training stacks a scenario may name: :data:`STACKS`, then the user's own stack
+    files by name (:func:`memfit.engine.locate.preset_files`; what each says is checked
+    when it is read, :func:`memfit.engine.stacks.load_stack`)."""
+    files = preset_files("stacks")
+    return STACKS + tuple(sorted(files.custom))
+
+
 #: storage dtype of frozen, non-quantized weights; ``auto``: the precision's compute dtype
 #: (fp32 under fp32), what ``from_pretrained`` gives for a 16-bit checkpoint
 FROZEN_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -207,7 +219,7 @@ def _check_type(name: str, value: Any, kind: Any) -> None:
     """``value`` is of the field's declared ``kind``, strictly: a bool is not an int, a
     string is never a number or a bool, text is text. A float field takes an int or a
     float here; its range -- which refuses NaN, the infinities and integers no float holds
-    -- is each class's :func:`~engine.errors.check_float`, so the error names the range of
+    -- is each class's :func:`~memfit.engine.errors.check_float`, so the error names the range of
     that field."""
     if isinstance(kind, types.UnionType):  # ``X | None``
         if value is None and type(None) in kind.__args__:
@@ -246,7 +258,7 @@ class ModelSpec:
     """A transformer architecture, precise enough to count every parameter.
 
     Field names follow Hugging Face ``config.json`` where one exists; the importer in
-    :mod:`engine.hf_config` maps configs of each family onto these fields.
+    :mod:`memfit.engine.hf_config` maps configs of each family onto these fields.
     ``head_dim`` is explicit because it need not equal ``hidden_size / num_attention_heads``
     (Gemma-7B: 16 heads x 256 = 4096 against a hidden size of 3072).
     """
@@ -308,7 +320,7 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     source: str = ""
-    #: the family (a ``model_type`` of :mod:`engine.hf_config`) whose reader read this
+    #: the family (a ``model_type`` of :mod:`memfit.engine.hf_config`) whose reader read this
     #: model's config in place of its own ``family``'s, as the user asked: a look-alike,
     #: counted as that family's architecture. Empty: read as itself
     read_as: str = ""
@@ -439,7 +451,7 @@ GPU_NAME_CHARS = 64
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
-    """One accelerator model, as a preset in ``engine/data/gpus``.
+    """One accelerator model, as a preset in ``resources/gpus``.
 
     ``display_name`` is what every view calls the device: the preset's, or a name the
     user gave it (``hardware.gpu_name`` of a scenario file, at most
@@ -470,7 +482,7 @@ class GpuSpec:
     #: what one GPU-hour of this device costs the user; ``None`` (unknown) hides cost
     price_per_gpu_hour: float | None = None
     #: achievable share of the dense peak for large matmuls and for the attention
-    #: kernel; ``None`` takes the architecture's figure (:data:`engine.steptime.EFFICIENCY`)
+    #: kernel; ``None`` takes the architecture's figure (:data:`memfit.engine.steptime.EFFICIENCY`)
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
 
@@ -527,7 +539,7 @@ class HardwareSpec:
     host_memory_gib: float | None = None
     #: the fabric between nodes, a name of :data:`NETWORKS`; ``network_gb_s`` (GB/s one
     #: way, all of a node's NICs together) overrides it. Unset: the GPU generation's
-    #: usual fabric (:func:`engine.steptime.network_gb_s`)
+    #: usual fabric (:func:`memfit.engine.steptime.network_gb_s`)
     network: str | None = None
     network_gb_s: float | None = None
     #: overrides of the GPU preset's price and efficiencies (see :class:`GpuSpec`)
@@ -751,7 +763,7 @@ class TrainingSpec:
     #: chunks of the sequence ``chunked-output`` computes the LM head and the loss in
     loss_chunks: int = 8
     #: the training stack whose conventions fill the fields below left at None
-    #: (:mod:`engine.stacks`); an explicit value overrides the stack's
+    #: (:mod:`memfit.engine.stacks`); an explicit value overrides the stack's
     stack: str = "hf-trainer"
     #: the model output (the logits; with ``kv_cache_in_outputs`` the KV cache) stays
     #: referenced through backward and the optimizer step, or is released before backward
@@ -808,7 +820,8 @@ class TrainingSpec:
         check_choice(t + "attention", self.attention, ATTENTION_KERNELS)
         check_choice(t + "loss", self.loss, LOSSES)
         check_int(t + "loss_chunks", self.loss_chunks, 1, 4096)
-        check_choice(t + "stack", self.stack, STACKS)
+        if self.stack not in STACKS:
+            check_choice(t + "stack", self.stack, stack_names())
         if self.frozen_weights_dtype is not None:
             check_choice(t + "frozen_weights_dtype", self.frozen_weights_dtype, FROZEN_DTYPES)
             compute = "fp16" if self.precision == "fp16-mixed" else "bf16"
@@ -876,7 +889,7 @@ def reshaped(scenario: Scenario, **shape: int) -> Scenario:
     """``scenario`` with other :data:`SHAPE_FIELDS` values: equal to
     ``dataclasses.replace`` of them, made without running every field's checks again (a
     fifth of a sweep's time). Only for values already checked on their own, as
-    :mod:`engine.batch` does for every shape."""
+    :mod:`memfit.engine.batch` does for every shape."""
     t = scenario.training
     if all(getattr(t, k) == v for k, v in shape.items()):
         return scenario

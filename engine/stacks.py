@@ -14,7 +14,8 @@ names (each read from the stack's source; the file and version are in its JSON):
 * what **selective checkpointing** means (Korthikanti's attention core, or torchtitan's
   per-op policy), and the loss and optimizer implementation a stack's recipes use.
 
-A stack is data, ``engine/data/stacks/NAME.json`` (see :func:`engine.presets.resources_dir`)::
+A stack is data, ``stacks/NAME.json`` of the built-in ``resources/`` or of the user's own
+preset folder (where each is, is :mod:`memfit.engine.locate`'s business)::
 
     {"memfit_stack": 1, "name": "lightning", "label": "...", "description": "...",
      "source": "file and version the conventions were read from",
@@ -38,10 +39,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import memo
-from engine.errors import EstimateError
-from engine.presets import resources_dir
-from engine.specs import (
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError
+from memfit.engine.locate import preset_files, problem_line
+from memfit.engine.specs import (
     ADAPTER_DTYPES,
     DEQUANT_DTYPES,
     FROZEN_DTYPES,
@@ -52,6 +53,7 @@ from engine.specs import (
     ModelSpec,
     Scenario,
     TrainingSpec,
+    stack_names,
 )
 
 #: what ``activation_checkpointing="selective"`` means in a stack
@@ -84,7 +86,7 @@ class ConventionField:
     where it applies, how it resolves, and how the app shows it. The stack files, the
     resolution (:func:`conventions`), the app's rows and summary line all read this table;
     a new convention is an entry here, its attribute of :class:`Conventions`, its scenario
-    field (:mod:`engine.specs`) and the mechanism that reads it."""
+    field (:mod:`memfit.engine.specs`) and the mechanism that reads it."""
 
     key: str
     values: tuple[Any, ...]
@@ -320,10 +322,14 @@ def _parse(name: str, data: Any) -> Stack:
 
 @memo.cached(maxsize=None)
 def load_stack(name: str) -> Stack:
-    """The stack ``name`` (one of :data:`engine.specs.STACKS`), read from its JSON file."""
-    if name not in STACKS:
-        raise EstimateError("training.stack", f"got {name!r}, expected one of {', '.join(STACKS)}")
-    path = resources_dir() / "stacks" / f"{name}.json"
+    """The stack ``name`` (one of :func:`memfit.engine.specs.stack_names`), read from its
+    JSON file and checked."""
+    files = preset_files("stacks").files
+    if name not in files:
+        raise EstimateError(
+            "training.stack", f"got {name!r}, expected one of {', '.join(stack_names())}"
+        )
+    path = files[name]
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -331,8 +337,35 @@ def load_stack(name: str) -> Stack:
     return _parse(name, data)
 
 
+@memo.cached(maxsize=1)
+def _custom_checked() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    listed = preset_files("stacks")
+    good, problems = [], list(listed.problems)
+    for name in sorted(listed.custom):
+        try:
+            load_stack(name)
+        except EstimateError as exc:
+            # the line names the file already
+            why = str(exc).removeprefix(f"stacks/{name}.json: ").removeprefix(f"stacks/{name}.json")
+            problems.append(problem_line(listed.files[name], why.lstrip(": ") or str(exc)))
+        else:
+            good.append(name)
+    return tuple(good), tuple(problems)
+
+
+def loadable_stack_names() -> tuple[str, ...]:
+    """:data:`memfit.engine.specs.STACKS`, then the user's own stacks whose files load."""
+    return STACKS + _custom_checked()[0]
+
+
+def custom_stack_problems() -> tuple[str, ...]:
+    """One line for each of the user's stack files left out, naming the file and field."""
+    return _custom_checked()[1]
+
+
 def stacks() -> tuple[Stack, ...]:
-    return tuple(load_stack(n) for n in STACKS)
+    """Every stack that loads: the built-in ones, then the user's own."""
+    return tuple(load_stack(n) for n in loadable_stack_names())
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +497,7 @@ def apply_defaults(data: dict[str, Any]) -> dict[str, Any]:
     filled in where the section does not give them (a copy; the stack's name must be
     valid, else it is left for :class:`TrainingSpec` to refuse)."""
     name = data.get("stack", "hf-trainer")
-    if name not in STACKS:
+    if not isinstance(name, str) or name not in loadable_stack_names():
         return data
     stack = load_stack(name)
     out = dict(data)

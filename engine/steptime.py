@@ -2,10 +2,10 @@
 
 The memory model says whether a step fits; this model says how long it takes, so that a
 memory saving can be weighed against its price in time. It plays the same step as
-:mod:`engine.timeline` -- forward through every layer, the loss, backward, the optimizer --
+:mod:`memfit.engine.timeline` -- forward through every layer, the loss, backward, the optimizer --
 and prices every piece of work by what limits it:
 
-* **matmuls** (every ``nn.Linear`` of :func:`engine.params.model_tensors`, the LM head and
+* **matmuls** (every ``nn.Linear`` of :func:`memfit.engine.params.model_tensors`, the LM head and
   the LoRA adapters) by a roofline per GEMM: ``max(FLOPs / (peak x e_mm), bytes /
   (bandwidth x e_mem))``, so large GEMMs are compute-bound and a rank-16 adapter or a
   router is bandwidth-bound (Williams et al. 2009, "Roofline");
@@ -44,8 +44,8 @@ The step's **bound** is the kind of work with the largest share of the step time
 the attention core as the causal mask needs it, no recomputation (Chowdhery et al. 2022,
 appendix B) -- over the step time and the dtype's dense peak of every GPU.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario, TrainingSpec
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
 >>> s = Scenario(load_model("llama-3-8b"), HardwareSpec(load_gpu("h100-sxm-80gb")),
 ...              TrainingSpec(sequence_length=4096))
 >>> t = step_time(s)
@@ -60,15 +60,20 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import NamedTuple
 
-from engine import memo
-from engine.layers import activation_traffic, attention_kernel, dequant_traffic, upcasts_logits
-from engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
-from engine.params import TensorGroup, model_tensors
-from engine.plan.mesh import Mesh
-from engine.plan.precision import Precision, precision_of
-from engine.plan.resolve import resolve
-from engine.sharding import not_ddp
-from engine.specs import (
+from memfit.engine import memo
+from memfit.engine.layers import (
+    activation_traffic,
+    attention_kernel,
+    dequant_traffic,
+    upcasts_logits,
+)
+from memfit.engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
+from memfit.engine.params import TensorGroup, model_tensors
+from memfit.engine.plan.mesh import Mesh
+from memfit.engine.plan.precision import Precision, precision_of
+from memfit.engine.plan.resolve import resolve
+from memfit.engine.sharding import not_ddp
+from memfit.engine.specs import (
     NETWORKS,
     FreezeSpec,
     GpuSpec,
@@ -77,7 +82,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.timeline import make_ctx, recomputed_layers
+from memfit.engine.timeline import make_ctx, recomputed_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -553,7 +558,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
 
 def _kernel_of(attention: str, sdpa_math: bool = False) -> str:
     """The attention core's cost model, for the kernel the memory walk runs
-    (:func:`engine.layers.attention_kernel`): eager attention and SDPA's math fallback
+    (:func:`memfit.engine.layers.attention_kernel`): eager attention and SDPA's math fallback
     materialise the scores (the fallback in fp32); the flash and memory-efficient kernels
     run the core in one fused kernel."""
     kernel = attention_kernel(attention, fp32=False, sdpa_math=sdpa_math)
@@ -686,7 +691,7 @@ _PLAN_FIELDS = tuple(f.name for f in fields(TrainingSpec) if f.name not in SHAPE
 def _strategy(scenario: Scenario) -> tuple[Scenario, tuple[object, ...]]:
     """``scenario`` and the cache key of its plan within its model and hardware: every
     training field but the shape (:data:`SHAPE_FIELDS`). The model is the one the stack
-    builds (:func:`engine.stacks.built`)."""
+    builds (:func:`memfit.engine.stacks.built`)."""
     scenario = resolve(scenario).scenario
     return scenario, plan_key(scenario.training)
 

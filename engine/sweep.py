@@ -6,11 +6,11 @@ parallel sizes, optimizer offload and the micro-batch -- over one or several GPU
 and counts. Gradient accumulation keeps the global batch (in sequences) of the scenario:
 a configuration whose micro-batch times data-parallel size does not divide it is left
 out, as is any the engine rejects. Each point carries the device total, the verdict and
-the step time (:mod:`engine.steptime`); :func:`pareto` picks the configurations no other
+the step time (:mod:`memfit.engine.steptime`); :func:`pareto` picks the configurations no other
 beats on both memory and speed.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario, TrainingSpec
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")),
 ...              TrainingSpec(gradient_accumulation_steps=2))
 >>> points = sweep(s, Space(micro_batches=(1, 2)))
@@ -28,13 +28,13 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from engine import changes, specs
-from engine.batch import totals, totals_over
-from engine.errors import EstimateError
-from engine.scenario_io import scenario_to_dict
-from engine.solve import hardware_with
-from engine.specs import Scenario
-from engine.steptime import StepTime, step_time, step_times
+from memfit.engine import changes, specs
+from memfit.engine.batch import totals, totals_over
+from memfit.engine.errors import EstimateError
+from memfit.engine.scenario_io import scenario_to_dict
+from memfit.engine.solve import hardware_with
+from memfit.engine.specs import Scenario
+from memfit.engine.steptime import StepTime, step_time, step_times
 
 #: the columns of a sweep's CSV
 ROW_FIELDS = (
@@ -104,7 +104,7 @@ def default_space(scenario: Scenario) -> Space:
     """The space a user usually weighs: the precisions of the registry's precision changes
     (mixed and pure bf16; the scenario's own too, fp32 say), its optimizer and 8-bit AdamW
     where that change applies, no/selective/full checkpointing, every ZeRO stage (a
-    strategy keeps one only where it shards something: :func:`engine.changes.zero_refusal`),
+    strategy keeps one only where it shards something: :func:`memfit.engine.changes.zero_refusal`),
     tp up to a node, pp and cp up to 8 (cp only for sequences of 8k and more), optimizer
     offload, and power-of-two micro-batches up to the global batch (at most 64)."""
     t, hw = scenario.training, scenario.hardware
@@ -200,7 +200,7 @@ def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strat
 
 def reshaped(scenario: Scenario, micro_batch_size: int, accumulation: int) -> Scenario:
     """``scenario`` with another micro-batch size and accumulation, both checked already
-    (:func:`engine.specs.reshaped`)."""
+    (:func:`memfit.engine.specs.reshaped`)."""
     return specs.reshaped(
         scenario, micro_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation
     )
@@ -342,7 +342,7 @@ def sweep(
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
     memory and time, in enumeration order: each strategy's shapes at once
-    (:func:`engine.batch.totals_over`, :func:`engine.steptime.step_times`), equal to
+    (:func:`memfit.engine.batch.totals_over`, :func:`memfit.engine.steptime.step_times`), equal to
     :func:`point` of each configuration. ``progress`` is called every
     :data:`PROGRESS_EVERY` configurations or so; returning ``False`` stops the sweep with
     the points so far."""

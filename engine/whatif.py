@@ -1,21 +1,21 @@
 """What-if changes: one switch each, applied to a scenario alone, with its compute cost.
 
 The app shows each as a toggle with a ghost bar beside the current one. The toggles are
-changes of the registry (:mod:`engine.changes`), which holds each one's rule: a change
-that does not apply is refused by :meth:`~engine.changes.Change.why_not`, and
+changes of the registry (:mod:`memfit.engine.changes`), which holds each one's rule: a change
+that does not apply is refused by :meth:`~memfit.engine.changes.Change.why_not`, and
 :func:`assess` says why: LoRA when LoRA is already on, ZeRO-3 with nothing to shard (one
 GPU, or a data-parallel group of one), flash attention when the kernel in use already is
 flash.
 
 What a change costs in time is modelled, not assumed: :func:`assess` plays the changed
-scenario through the step-time model (:mod:`engine.steptime`) and gives the ratio of the
+scenario through the step-time model (:mod:`memfit.engine.steptime`) and gives the ratio of the
 two step times, with a note whose percentage is written from that same ratio
 (:func:`compute_text`), so the two can never disagree. Checkpointing costs about a third
 more on a compute-bound step and less where the step waits on communication; QLoRA costs
 its dequantization over LoRA; mixed precision is faster.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")))
 >>> WHATIFS_BY_KEY["8bit-optimizer"].apply(s).training.optimizer
 'adamw-8bit'
@@ -44,14 +44,14 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine import changes
-from engine.changes import Change
-from engine.errors import EstimateError
-from engine.estimate import Estimate, estimate
-from engine.specs import Scenario
-from engine.steptime import step_time
+from memfit.engine import changes
+from memfit.engine.changes import Change
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import Estimate, estimate
+from memfit.engine.specs import Scenario
+from memfit.engine.steptime import step_time
 
-#: A what-if is a change of the registry (:mod:`engine.changes`): its ``key`` is the id.
+#: A what-if is a change of the registry (:mod:`memfit.engine.changes`): its ``key`` is the id.
 WhatIf = Change
 
 
@@ -106,7 +106,7 @@ def assess(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | st
 
 def assess_change(scenario: Scenario, current: Estimate, whatif: WhatIf) -> WhatIfResult | str:
     """:func:`assess` of a change that need not be one of :data:`WHATIFS` (the remedies of
-    :mod:`engine.explain`)."""
+    :mod:`memfit.engine.explain`)."""
     variant = whatif.attempt(scenario)
     if isinstance(variant, str):
         return variant
@@ -134,7 +134,8 @@ def evaluate(scenario: Scenario, current: Estimate, key: str) -> WhatIfResult | 
     return result if isinstance(result, WhatIfResult) else None
 
 
-#: The order :func:`combined` makes changes in: the registry's (:data:`engine.changes.CHANGES`).
+#: The order :func:`combined` makes changes in: the registry's
+#: (:data:`memfit.engine.changes.CHANGES`).
 #: What is trained comes first (an 8-bit optimizer then holds the adapters' moments, not
 #: the full model's); the compute precision before the attention kernel (flash needs 16-bit
 #: compute, and SDPA already runs it there); the optimizer before the sharding and offload

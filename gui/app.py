@@ -7,7 +7,7 @@ import sys
 from PySide6.QtCore import QCoreApplication
 from PySide6.QtWidgets import QApplication
 
-from engine.cli import version
+from memfit.engine.cli import version
 
 APP_NAME = "MemFit"
 ORG_NAME = "MemFit"
@@ -29,7 +29,7 @@ def make_app(argv: list[str] | None = None) -> QApplication:
 def run(argv: list[str] | None = None) -> int:
     """Open the main window and run the event loop; returns the exit status."""
     app = make_app(argv)
-    from gui.main_window import MainWindow, app_icon
+    from memfit.gui.main_window import MainWindow, app_icon
 
     app.setWindowIcon(app_icon())
     window = MainWindow()

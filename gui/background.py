@@ -26,8 +26,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
 
-from engine.errors import EstimateError
-from gui.forms import in_user_words
+from memfit.engine.errors import EstimateError
+from memfit.gui.forms import in_user_words
 
 #: ``keep_going(done, total)``: report progress; ``False`` means stop now
 KeepGoing = Callable[[int, int], bool]

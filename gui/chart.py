@@ -27,7 +27,7 @@ What is inside:
   name of each breakdown category, shared with anything that draws the same categories;
 * :func:`gib_text` -- bytes as the GiB (2^30 bytes) text the chart prints.
 
-The chart knows nothing about the engine beyond the :class:`~engine.estimate.Estimate`
+The chart knows nothing about the engine beyond the :class:`~memfit.engine.estimate.Estimate`
 result object, and never modifies it. Bytes stay integers until they are drawn: bar heights
 are pre-scaled to GiB here, because the axis' SI prefixes would be decimal.
 
@@ -50,11 +50,11 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.errors import EstimateError
-from engine.estimate import GIB, Estimate
-from engine.explain import explained
-from engine.model_state import CATEGORIES, MemoryItem
-from engine.stacks import load_stack
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import GIB, Estimate
+from memfit.engine.explain import explained
+from memfit.engine.model_state import CATEGORIES, MemoryItem
+from memfit.engine.stacks import load_stack
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour
 #: vision deficiencies. One colour per category, the same in every chart.
@@ -1182,7 +1182,7 @@ class BreakdownChart(QWidget):
 
     def export_context(self) -> ExportContext:
         """The caption, verdict and note an exported image or SVG carries (see
-        :mod:`gui.chart_export`); all ``""`` for an empty chart."""
+        :mod:`memfit.gui.chart_export`); all ``""`` for an empty chart."""
         current = self._current
         caption = scenario_caption(current) if current is not None else ""
         verdict = self.verdict_text() if not self.verdict_label.isHidden() else ""

@@ -1,4 +1,4 @@
-"""Exporting a :class:`~gui.chart.BreakdownChart` -- or any widget that holds pyqtgraph
+"""Exporting a :class:`~memfit.gui.chart.BreakdownChart` -- or any widget that holds pyqtgraph
 plots -- as an image, without any dialog.
 
 * :func:`chart_image` -- the whole chart (verdict banner, plot, note) as a ``QImage``, at
@@ -11,7 +11,7 @@ plots -- as an image, without any dialog.
   pixel size of the captioned image at one of them;
 * :func:`png_bytes`, :func:`svg_bytes` -- the chart, with its caption, encoded in memory;
 * :func:`export_png`, :func:`export_svg` -- those bytes saved as an editor saves
-  (:func:`engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
+  (:func:`memfit.engine.files.write_bytes`: a symbolic link is followed, a FIFO or device is
   refused, the file's mode is kept, the write is atomic).
 
 A scaled size draws the chart laid out as on screen, at more pixels per logical pixel; a
@@ -23,7 +23,7 @@ The SVG is the plot (``chart.plot_item``, or the graphics item given) through py
 ``SVGExporter`` -- under the caption and the verdict banner, over the chart's note, all as
 SVG text -- or the whole widget painted into Qt's ``QSvgGenerator`` where that exporter
 fails. The caption and verdict default to the chart's own (its ``export_context()``, see
-:class:`gui.chart.ExportContext`); ``""`` leaves one out. Each function restores whatever
+:class:`memfit.gui.chart.ExportContext`); ``""`` leaves one out. Each function restores whatever
 it changes (the widget's size) before it returns.
 """
 
@@ -40,8 +40,8 @@ from PySide6.QtGui import QFont, QFontMetrics, QImage, QImageWriter, QPainter, Q
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QWidget
 
-from engine.files import write_bytes
-from gui.chart import wrap_text
+from memfit.engine.files import write_bytes
+from memfit.gui.chart import wrap_text
 
 PathLike = str | os.PathLike[str]
 #: the margin around the caption, in logical pixels

@@ -1,10 +1,10 @@
 """Curves: memory and step time against the micro-batch and the sequence length.
 
 :func:`compute_curves` (no Qt; run it in a worker) evaluates the scenario at powers of two
-of the micro-batch and of the sequence length (:func:`engine.sweep.curve`), once without
+of the micro-batch and of the sequence length (:func:`memfit.engine.sweep.curve`), once without
 activation checkpointing and once with full checkpointing, and asks the solvers for the
-largest value that fits each (:func:`engine.solve.max_micro_batch`,
-:func:`engine.solve.max_sequence_length`). The axes reach the solver's answer when it
+largest value that fits each (:func:`memfit.engine.solve.max_micro_batch`,
+:func:`memfit.engine.solve.max_sequence_length`). The axes reach the solver's answer when it
 lies outside the usual range.
 
 :class:`CurvesView` draws them in a 2 x 2 grid of pyqtgraph plots -- memory and step time
@@ -33,12 +33,12 @@ from PySide6.QtCore import QEvent, QPointF, Qt, Slot
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.estimate import GIB
-from engine.solve import max_micro_batch, max_sequence_length
-from engine.specs import Scenario
-from engine.sweep import Point, curve
-from gui.chart import gib_text, rich_text
-from gui.plot_style import (
+from memfit.engine.estimate import GIB
+from memfit.engine.solve import max_micro_batch, max_sequence_length
+from memfit.engine.specs import Scenario
+from memfit.engine.sweep import Point, curve
+from memfit.gui.chart import gib_text, rich_text
+from memfit.gui.plot_style import (
     VERDICT_WORDS,
     capacity_colour,
     is_dark_background,
@@ -48,7 +48,7 @@ from gui.plot_style import (
     series_colour,
     style_plot,
 )
-from gui.sweep_map import NumberAxis
+from memfit.gui.sweep_map import NumberAxis
 
 FIELDS = ("micro_batch_size", "sequence_length")
 CHECKPOINTING = ("none", "full")

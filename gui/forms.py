@@ -1,4 +1,4 @@
-"""A form panel bound to the :class:`~gui.store.ScenarioStore`, without echo.
+"""A form panel bound to the :class:`~memfit.gui.store.ScenarioStore`, without echo.
 
 Each row binds one scenario field (its dotted path, e.g. ``training.micro_batch_size``) to
 a widget: user edits build a new scenario and hand it to the store; store changes update
@@ -15,7 +15,7 @@ decimal box its decimals to hold the value. Two kinds of rejected input exist:
   appears under the field it names, and the chart says its bars are out of date.
 
 Each row's tooltip says in words what the field is and what it changes in memory
-(:data:`gui.tooltips.TIPS`, unless the panel gives its own), then the accepted range of
+(:data:`memfit.gui.tooltips.TIPS`, unless the panel gives its own), then the accepted range of
 a number box.
 
 Rows can go into a folding section (:class:`Collapsible`, with :meth:`FormPanel.rows_in`);
@@ -50,12 +50,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import EstimateError
-from engine.specs import Scenario
-from gui.chart import rich_text
-from gui.store import ScenarioStore
-from gui.theme import error_color
-from gui.tooltips import TIPS, with_range
+from memfit.engine.errors import EstimateError
+from memfit.engine.specs import Scenario
+from memfit.gui.chart import rich_text
+from memfit.gui.store import ScenarioStore
+from memfit.gui.theme import error_color
+from memfit.gui.tooltips import TIPS, with_range
 
 Getter = Callable[[Scenario], Any]
 Setter = Callable[[Scenario, Any], Scenario]
@@ -173,7 +173,7 @@ def in_user_words(message: str | EstimateError) -> str:
     """The engine's ``message`` in the words of the panels: the field it names
     (``training.lora.rank: ...``) and every field its text names (``num_attention_heads``,
     ``gpus_per_node``) as their rows' labels; a field no row shows keeps its name. An
-    :class:`~engine.errors.EstimateError` gives its field as it is; a text is read as
+    :class:`~memfit.engine.errors.EstimateError` gives its field as it is; a text is read as
     ``field: detail`` when it has that form."""
     if isinstance(message, EstimateError):
         field, rest = message.field, message.detail

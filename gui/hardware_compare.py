@@ -1,7 +1,7 @@
 """The same run on other GPUs: how many each needs, how fast it goes, what it costs.
 
 :func:`compare` (no Qt; run it in a worker) takes the scenario to each GPU preset asked
-for and finds the fewest GPUs of it that fit (:func:`engine.solve.min_gpus`: the same
+for and finds the fewest GPUs of it that fit (:func:`memfit.engine.solve.min_gpus`: the same
 parallel layout, micro-batch and accumulation), then the step time there. Prices come
 only from what is known: the scenario's own price per GPU-hour for the scenario's GPU,
 else the GPU preset's; a price given for one GPU is never carried to another. Without a
@@ -34,12 +34,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import EstimateError
-from engine.presets import gpu_names, load_gpu
-from engine.solve import hardware_with, min_gpus
-from engine.specs import Scenario
-from engine.sweep import Point, describe, point
-from gui.chart import gib_text, rich_text
+from memfit.engine.errors import EstimateError
+from memfit.engine.presets import gpu_names, load_gpu
+from memfit.engine.solve import hardware_with, min_gpus
+from memfit.engine.specs import Scenario
+from memfit.engine.sweep import Point, describe, point
+from memfit.gui.chart import gib_text, rich_text
 
 #: ticked by default beside the scenario's own GPU
 COMMON_GPUS = ("h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb")

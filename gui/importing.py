@@ -1,12 +1,12 @@
 """Bringing the user's own run into the app: File > Import, drag and drop, paste, the
 model browser over the local Hugging Face cache.
 
-Everything is read by :mod:`engine.imports` (the CLI reads the same way); this module only
+Everything is read by :mod:`memfit.engine.imports` (the CLI reads the same way); this module only
 asks for the file, folder, text or cached model, applies the result to the store -- a
 scenario file opens as a document, anything else is one undoable edit -- and says what the
 import assumed and what MemFit cannot model.
 
-A model folder or a cached model is read off the GUI thread (:mod:`gui.background`): its
+A model folder or a cached model is read off the GUI thread (:mod:`memfit.gui.background`): its
 safetensors headers can take seconds. A window-modal progress dialog shows the header
 bytes read and has a Cancel that stops the reading at its next poll, leaving the
 scenario as it was. Imports asked for meanwhile (several dropped files) wait their turn,
@@ -39,17 +39,23 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.checkpoint import Cancelled, Progress, ReadCancelled
-from engine.errors import EstimateError
-from engine.files import read_bytes
-from engine.hf_config import supported_families
-from engine.imports import Imported, asks_for_read_as, import_cached, import_path, import_text
-from engine.specs import Scenario
-from gui.background import Channel, KeepGoing
+from memfit.engine.checkpoint import Cancelled, Progress, ReadCancelled
+from memfit.engine.errors import EstimateError
+from memfit.engine.files import read_bytes
+from memfit.engine.hf_config import supported_families
+from memfit.engine.imports import (
+    Imported,
+    asks_for_read_as,
+    import_cached,
+    import_path,
+    import_text,
+)
+from memfit.engine.specs import Scenario
+from memfit.gui.background import Channel, KeepGoing
 
 if TYPE_CHECKING:
-    from engine.hub_cache import CachedModel
-    from gui.main_window import MainWindow
+    from memfit.engine.hub_cache import CachedModel
+    from memfit.gui.main_window import MainWindow
 
 IMPORT_FILTER = (
     "Model and training configurations (*.json *.yaml *.yml);;"
@@ -71,7 +77,7 @@ def is_scenario_file(path: Path) -> bool:
 
 
 #: a background read: the base scenario, the look-alike family (or None), progress and
-#: cancel as :func:`engine.checkpoint.read_checkpoint` takes them
+#: cancel as :func:`memfit.engine.checkpoint.read_checkpoint` takes them
 Read = Callable[[Scenario, str | None, Progress, Cancelled], Imported]
 
 
@@ -247,7 +253,7 @@ class Importer(QObject):
                     return False
                 imported = read(family)
         except (EstimateError, OSError) as exc:
-            from gui.main_window import message_box
+            from memfit.gui.main_window import message_box
 
             message_box(self.window, QMessageBox.Icon.Warning, f"Could not import {name}:\n{exc}")
             return False
@@ -329,7 +335,7 @@ class Importer(QObject):
         self._next()
 
     def _could_not(self, name: str, problem: str) -> None:
-        from gui.main_window import message_box
+        from memfit.gui.main_window import message_box
 
         message_box(self.window, QMessageBox.Icon.Warning, f"Could not import {name}:\n{problem}")
 
@@ -383,7 +389,7 @@ class ModelBrowser(QDialog):
 
     def __init__(self, parent: QWidget | None = None, root: Path | None = None) -> None:
         super().__init__(parent)
-        from engine.hub_cache import cache_root, scan_cache
+        from memfit.engine.hub_cache import cache_root, scan_cache
 
         self.setWindowTitle("Local models")
         self.chosen: tuple[str, str | None] | None = None

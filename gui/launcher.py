@@ -1,5 +1,5 @@
 """The ``memfit`` console script: the app with no arguments, the CLI with any, and
-``memfit --selftest [DIR]`` (:mod:`gui.selftest`), the app's headless self-test.
+``memfit --selftest [DIR]`` (:mod:`memfit.gui.selftest`), the app's headless self-test.
 
 Only the no-argument and ``--selftest`` paths import Qt, so ``memfit estimate ...`` works
 where no display or Qt library is available.
@@ -15,17 +15,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--selftest":
         try:
-            from gui.selftest import main as selftest_main
+            from memfit.gui.selftest import main as selftest_main
         except ImportError as exc:  # Qt libraries missing on this machine
             print(f"memfit: error: the self-test cannot start: {exc}", file=sys.stderr)
             return 2
         return selftest_main(args[1:])
     if args:
-        from engine.cli import main as cli_main
+        from memfit.engine.cli import main as cli_main
 
         return cli_main(args)
     try:
-        from gui.app import run
+        from memfit.gui.app import run
     except ImportError as exc:  # Qt libraries missing on this machine
         print(f"memfit: error: the desktop app cannot start: {exc}", file=sys.stderr)
         return 2

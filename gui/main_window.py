@@ -3,12 +3,12 @@
 Layout: the left column holds the Model, Hardware, Training and Parallelism panels in a
 scroll area; the right side holds a notice bar (what could not be restored at start-up)
 over two tabs: *Memory* -- the what-if toggles, the breakdown chart and the item table --
-and *Tradeoffs* (:mod:`gui.tradeoffs`: the strategy map, curves, other GPUs and the
+and *Tradeoffs* (:mod:`memfit.gui.tradeoffs`: the strategy map, curves, other GPUs and the
 changes that make it fit). All of them read from and write to one
-:class:`~gui.store.ScenarioStore`.
+:class:`~memfit.gui.store.ScenarioStore`.
 
 The window always starts: a scenario the estimate rejects, a broken recovery file or
-settings file give a working window and a notice (:mod:`gui.session`). It never loses
+settings file give a working window and a notice (:mod:`memfit.gui.session`). It never loses
 edits: closing asks Save / Discard / Cancel, and the window's own recovery file is written
 at the first change of a burst and a moment after the last one, with the document's path
 and modified state; a clean close removes it, and a start restores the newest that a
@@ -57,16 +57,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import EstimateError
-from engine.estimate import GIB, Estimate
-from engine.files import write_text
-from engine.report import to_csv, to_json, to_markdown
-from engine.scenario_io import load_scenario, save_scenario
-from engine.specs import Scenario
-from engine.whatif import COMBINED_KEY, WhatIfResult
-from gui.assets import icon_path
-from gui.chart import BreakdownChart, Ghost, baseline_summary, rich_text
-from gui.chart_export import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import GIB, Estimate
+from memfit.engine.files import write_text
+from memfit.engine.presets import preset_problems
+from memfit.engine.report import to_csv, to_json, to_markdown
+from memfit.engine.scenario_io import load_scenario, save_scenario
+from memfit.engine.specs import Scenario
+from memfit.engine.whatif import COMBINED_KEY, WhatIfResult
+from memfit.gui.assets import icon_path
+from memfit.gui.chart import BreakdownChart, Ghost, baseline_summary, rich_text
+from memfit.gui.chart_export import (
     IMAGE_SIZES,
     ImageSize,
     captioned_image,
@@ -74,12 +75,12 @@ from gui.chart_export import (
     export_svg,
     image_pixels,
 )
-from gui.forms import FormPanel, in_user_words
-from gui.importing import Importer
-from gui.importing import is_scenario_file as _is_scenario_file
-from gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
-from gui.readout import HELP_TITLE, Readout, gib_cell, show_help, status_summary
-from gui.session import (
+from memfit.gui.forms import FormPanel, in_user_words
+from memfit.gui.importing import Importer
+from memfit.gui.importing import is_scenario_file as _is_scenario_file
+from memfit.gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
+from memfit.gui.readout import HELP_TITLE, Readout, gib_cell, show_help, status_summary
+from memfit.gui.session import (
     LEGACY_NAME,
     RECOVERY_FOLDER,
     MemorySettings,
@@ -98,11 +99,11 @@ from gui.session import (
     settings_location,
     settings_problem,
 )
-from gui.step_view import ActivationsView, StepTimelineView
-from gui.store import ScenarioStore, default_scenario
-from gui.theme import apply_theme, repolish_window
-from gui.tradeoffs import TradeoffsView
-from gui.whatif_bar import WhatIfBar
+from memfit.gui.step_view import ActivationsView, StepTimelineView
+from memfit.gui.store import ScenarioStore, default_scenario
+from memfit.gui.theme import apply_theme, repolish_window
+from memfit.gui.tradeoffs import TradeoffsView
+from memfit.gui.whatif_bar import WhatIfBar
 
 __all__ = ["MainWindow", "app_icon", "message_box"]
 
@@ -249,6 +250,8 @@ class MainWindow(QMainWindow):
         self.create_status_bar()
         self.connect_store()
         notes += self.read_settings()
+        # the user's own preset files that do not load: each named, the rest are listed
+        notes += preset_problems()
         for panel in self.panels:
             panel.refresh(self.store.scenario)  # shows the store's error, if any
         self.sync_view()
@@ -1102,7 +1105,7 @@ class MainWindow(QMainWindow):
     @Slot()
     def copy_summary(self) -> None:
         """Ctrl+Shift+M: the scenario, verdict, totals, breakdown and the shown what-ifs
-        as Markdown (:func:`engine.report.to_markdown`), for an issue or a chat."""
+        as Markdown (:func:`memfit.engine.report.to_markdown`), for an issue or a chat."""
         est = self.store.estimate
         if est is None:
             self.statusBar().showMessage("No summary: the scenario has no valid estimate", 5000)
@@ -1115,7 +1118,7 @@ class MainWindow(QMainWindow):
     # -- view ----------------------------------------------------------------------------
     @Slot()
     def in_user_words(self, message: str | EstimateError) -> str:
-        """The engine's ``message`` in the panels' words (:func:`gui.forms.in_user_words`):
+        """The engine's ``message`` in the panels' words (:func:`memfit.gui.forms.in_user_words`):
         ``training.lora.rank: ...`` reads ``LoRA rank: ...``."""
         return in_user_words(message)
 
@@ -1164,7 +1167,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def about(self) -> None:
-        from engine.cli import version
+        from memfit.engine.cli import version
 
         QMessageBox.about(
             self,

@@ -1,13 +1,13 @@
 """Make it fit: the changes that bring a scenario under its memory budget, fastest first.
 
 :func:`find_fixes` (no Qt; run it in a worker) estimates the scenario and, when it does not
-fit, asks :func:`engine.solve.make_it_fit` for the changes -- alone and combined, every
+fit, asks :func:`memfit.engine.solve.make_it_fit` for the changes -- alone and combined, every
 change of a combination needed -- that make it fit. The result, a :class:`FitResult`,
 holds the scenario's own total and step time, so each fix reads as a difference from it.
 
 :class:`FitView` shows one line about the scenario (its total against the budget) above a
 table of the fixes; double-clicking a row, or Apply on the selected one, emits
-:attr:`FitView.fixActivated` with that :class:`~engine.solve.Fix`. The view never edits a
+:attr:`FitView.fixActivated` with that :class:`~memfit.engine.solve.Fix`. The view never edits a
 scenario itself.
 """
 
@@ -31,12 +31,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.estimate import GIB, estimate
-from engine.solve import CHANGES, Fix, make_it_fit
-from engine.specs import Scenario
-from engine.steptime import StepTime
-from engine.sweep import describe
-from gui.chart import gib_text, rich_text
+from memfit.engine.estimate import GIB, estimate
+from memfit.engine.solve import CHANGES, Fix, make_it_fit
+from memfit.engine.specs import Scenario
+from memfit.engine.steptime import StepTime
+from memfit.engine.sweep import describe
+from memfit.gui.chart import gib_text, rich_text
 
 #: how many fixes to list, and how many changes one may combine
 TOP = 10

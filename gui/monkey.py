@@ -1,6 +1,6 @@
 """A monkey test of the real main window: random user actions through its real widgets.
 
-:class:`Monkey` drives a :class:`~gui.main_window.MainWindow` with seeded random actions,
+:class:`Monkey` drives a :class:`~memfit.gui.main_window.MainWindow` with seeded random actions,
 each the way a user does it:
 
 * spin boxes: select the text, type a value -- in range, out of range, or junk -- and
@@ -77,13 +77,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.presets import model_names
-from engine.scenario_io import save_scenario
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from gui.chart import VERDICTS, gib_text
-from gui.forms import Collapsible, FormPanel, Row
-from gui.lifetime import delete_now
-from gui.store import default_scenario
+from memfit.engine.presets import model_names
+from memfit.engine.scenario_io import save_scenario
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui.chart import VERDICTS, gib_text
+from memfit.gui.forms import Collapsible, FormPanel, Row
+from memfit.gui.lifetime import delete_now
+from memfit.gui.store import default_scenario
 
 Button = QMessageBox.StandardButton
 #: the buttons a message box may offer, in the order an answer is looked for
@@ -972,7 +972,7 @@ def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1
     actions on it; returns the :class:`MonkeyReport`."""
     from PySide6.QtCore import QSettings
 
-    from gui.main_window import MainWindow
+    from memfit.gui.main_window import MainWindow
 
     folder.mkdir(parents=True, exist_ok=True)
     settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)

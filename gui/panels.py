@@ -1,7 +1,7 @@
 """The input panels of the left column: model, hardware, training strategy, and
 parallelism with offload.
 
-The training strategy starts with the training stack (:mod:`engine.stacks`) and its
+The training strategy starts with the training stack (:mod:`memfit.engine.stacks`) and its
 Conventions section: one row per convention, each showing "from stack (its value)" until
 the scenario sets it, with a button that gives it back to the stack."""
 
@@ -26,18 +26,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import EstimateError
-from engine.estimate import GIB
-from engine.model_state import model_state
-from engine.params import count_parameters
-from engine.plan import resolve
-from engine.presets import gpu_names, load_gpu, load_model, model_names, preset_name_of
-from engine.scenario_io import custom_gpu, default_gpu_name, named_gpu
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import GIB
+from memfit.engine.model_state import model_state
+from memfit.engine.params import count_parameters
+from memfit.engine.plan import resolve
+from memfit.engine.presets import (
+    custom_names,
+    gpu_names,
+    load_gpu,
+    load_model,
+    model_names,
+    preset_name_of,
+)
+from memfit.engine.scenario_io import custom_gpu, default_gpu_name, named_gpu
+from memfit.engine.specs import (
     FREEZE_PARTS,
     LORA_TARGETS,
     OPTIMIZER_IMPLS,
-    STACKS,
     GpuSpec,
     HardwareSpec,
     ModelSpec,
@@ -45,17 +51,18 @@ from engine.specs import (
     TrainingSpec,
     target_names,
 )
-from engine.stacks import (
+from memfit.engine.stacks import (
     CONVENTION_FIELDS,
     ConventionField,
     Stack,
     as_built,
     conventions,
     load_stack,
+    loadable_stack_names,
     with_stack,
 )
-from gui.chart import rich_text
-from gui.forms import (
+from memfit.gui.chart import rich_text
+from memfit.gui.forms import (
     Collapsible,
     FormPanel,
     Getter,
@@ -67,8 +74,8 @@ from gui.forms import (
     section,
     training_field,
 )
-from gui.store import ScenarioStore
-from gui.tooltips import TARGET_TIPS, TIPS, WIDGET_TIPS
+from memfit.gui.store import ScenarioStore
+from memfit.gui.tooltips import TARGET_TIPS, TIPS, WIDGET_TIPS
 
 SIZE_BUCKETS = (
     ("Any size", 0, 10**15),
@@ -111,9 +118,9 @@ CUDA_CHOICES = (("CUDA 12, lazy loading", "cuda12-lazy"),
                 ("CUDA 11 (eager loading)", "cuda11-eager"))  # fmt: skip
 #: what a convention combo holds for "from the stack" (the scenario's field is None)
 FROM_STACK = "stack"
-#: the selective checkpointing policies of :mod:`engine.stacks`, in words
+#: the selective checkpointing policies of :mod:`memfit.engine.stacks`, in words
 POLICY_TEXT = {"attention-core": "attention core", "per-op": "per-op"}
-#: the conventions with a row of their own (:data:`engine.stacks.CONVENTION_FIELDS`), by
+#: the conventions with a row of their own (:data:`memfit.engine.stacks.CONVENTION_FIELDS`), by
 #: the row's path
 CONVENTION_ROWS = {f"training.{f.key}": f for f in CONVENTION_FIELDS if f.label}
 
@@ -142,6 +149,10 @@ def gpu_text(gpu: GpuSpec) -> str:
     """``H100 SXM 80GB (79.6 GiB)``: a GPU combo item."""
     return f"{short_gpu_name(gpu)} ({gpu.memory_bytes / GIB:.1f} GiB)"
 
+
+#: after a preset's text in a list: the preset is one of the user's own files
+#: (:func:`memfit.engine.locate.user_presets_dir`)
+YOURS = "  — your preset"
 
 #: the GPU combo's choice of a device with no preset
 CUSTOM_GPU = "custom"
@@ -317,6 +328,7 @@ class ModelPanel(FormPanel):
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Model", store, parent)
         self._presets = [(name, load_model(name)) for name in model_names()]
+        self._custom = custom_names("models")
         self._sizes = {name: count_parameters(m).total for name, m in self._presets}
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search presets (e.g. llama 8b)")
@@ -435,7 +447,7 @@ class ModelPanel(FormPanel):
                     continue
                 if not lo <= self._sizes[name] < hi or not all(w in text for w in words):
                     continue
-                self.preset.addItem(f"{m.label}  ({human_count(self._sizes[name])})", name)
+                self.preset.addItem(self._preset_text(name, m), name)
             if self.preset.count() == 0:
                 self.preset.addItem("No preset matches the filters", None)
         self._select_current()
@@ -445,8 +457,13 @@ class ModelPanel(FormPanel):
         model = self.store.scenario.model
         name = preset_name_of(model)
         if name:
-            return f"{model.label}  ({human_count(self._sizes[name])})"
+            return self._preset_text(name, model)
         return f"{model.label} (edited)"
+
+    def _preset_text(self, name: str, model: ModelSpec) -> str:
+        """``Llama 3 8B  (8.0B)``, and ``— your preset`` for one of the user's own."""
+        text = f"{model.label}  ({human_count(self._sizes[name])})"
+        return text + YOURS if name in self._custom else text
 
     def _select_current(self) -> None:
         """Show the current model in the preset combo: its preset's item, else an extra
@@ -525,7 +542,11 @@ class HardwarePanel(FormPanel):
         super().__init__("Hardware", store, parent)
         gpus = [load_gpu(n) for n in gpu_names()]
         #: the text of each fixed item while it is not current
-        self._gpu_texts = [*(gpu_text(g) for g in gpus), CUSTOM_TEXT]
+        mine = custom_names("gpus")
+        self._gpu_texts = [
+            *(gpu_text(g) + (YOURS if g.name in mine else "") for g in gpus),
+            CUSTOM_TEXT,
+        ]
         names = [*(g.name for g in gpus), CUSTOM_GPU]
         # the GPU's names are long ("NVIDIA GH200 Grace Hopper Superchip (96GB HBM3)"): its
         # row takes the panel's width, the label above the field
@@ -775,10 +796,10 @@ class TrainingPanel(FormPanel):
         stack = self.add_combo(
             "training.stack",
             "Training stack",
-            [(self._stacks[n].label if n in self._stacks else n, n) for n in STACKS],
+            [(self._stack_text(n), n) for n in loadable_stack_names()],
             _stack_field(),
         )
-        for index, name in enumerate(STACKS):
+        for index, name in enumerate(loadable_stack_names()):
             known = self._stacks.get(name)
             tip = stack_tip(known) if known else rich_text(f"{name}: its file cannot be read")
             stack.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
@@ -844,10 +865,15 @@ class TrainingPanel(FormPanel):
     def _read_stacks() -> dict[str, Stack]:
         """The stacks whose files can be read (a broken one is named, not fatal)."""
         out = {}
-        for name in STACKS:
+        for name in loadable_stack_names():
             with contextlib.suppress(EstimateError):
                 out[name] = load_stack(name)
         return out
+
+    def _stack_text(self, name: str) -> str:
+        """The stack's label, and ``— your preset`` for one of the user's own."""
+        text = self._stacks[name].label if name in self._stacks else name
+        return text + YOURS if name in custom_names("stacks") else text
 
     def _add_conventions(self) -> None:
         for path, f in CONVENTION_ROWS.items():

@@ -1,7 +1,7 @@
 """Colours and styling shared by the Tradeoffs plots, for light and dark palettes.
 
 * :func:`verdict_colour` -- the verdict colours of the breakdown chart's banner
-  (:data:`gui.chart.VERDICTS`), lightened on a dark background so that points stay
+  (:data:`memfit.gui.chart.VERDICTS`), lightened on a dark background so that points stay
   readable there;
 * :data:`SERIES_COLOURS` -- Okabe--Ito colours for two series (a darker and a lighter
   variant each, for light and dark backgrounds);
@@ -16,7 +16,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent
 from PySide6.QtGui import QBrush, QColor, QPalette
 
-from gui.chart import CAPACITY_COLOUR, VERDICTS
+from memfit.gui.chart import CAPACITY_COLOUR, VERDICTS
 
 #: verdict -> words in a legend
 VERDICT_WORDS = {"fits": "fits", "tight": "tight", "oom": "does not fit"}

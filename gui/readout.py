@@ -16,9 +16,9 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMessageBox, QToolButton, QWidget
 
-from engine.estimate import GIB, Estimate
-from gui.chart import gib_text
-from gui.store import ScenarioStore
+from memfit.engine.estimate import GIB, Estimate
+from memfit.gui.chart import gib_text
+from memfit.gui.store import ScenarioStore
 
 __all__ = [
     "HELP_TEXT",

@@ -12,8 +12,8 @@ exit status and the reason. The checks, in order:
 * ``estimate`` -- a preset scenario (the README's: Llama 3 8B, full fine-tuning on an
   L40S, every what-if shown) estimates, and the window shows that estimate;
 * ``png``, ``svg``, ``csv`` -- the chart and the breakdown exported into ``DIR`` through
-  :meth:`~gui.main_window.MainWindow.export_chart` and
-  :meth:`~gui.main_window.MainWindow.export_data`, then read back: the PNG decodes at the
+  :meth:`~memfit.gui.main_window.MainWindow.export_chart` and
+  :meth:`~memfit.gui.main_window.MainWindow.export_data`, then read back: the PNG decodes at the
   chart's size, the SVG parses, the CSV's items sum to the estimate's device bytes;
 * ``fonts`` -- text renders: a label drawn into an image has dark pixels, and "H" and "I"
   come out different (a machine without fonts draws nothing or the same box for both).
@@ -43,15 +43,16 @@ from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer
 from PySide6.QtGui import QColor, QFontInfo, QGuiApplication, QImage, QPalette
 from PySide6.QtWidgets import QLabel
 
-from engine.cli import version
-from engine.estimate import GIB, estimate
-from engine.files import write_text
-from engine.model_state import CATEGORIES
-from engine.presets import gpu_names, load_gpu, load_model, model_names, resources_dir
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
-from gui.app import make_app
-from gui.lifetime import delete_now
-from gui.main_window import MainWindow, app_icon
+from memfit.engine.cli import version
+from memfit.engine.estimate import GIB, estimate
+from memfit.engine.files import write_text
+from memfit.engine.locate import resources
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.presets import gpu_names, load_gpu, load_model, model_names
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+from memfit.gui.app import make_app
+from memfit.gui.lifetime import delete_now
+from memfit.gui.main_window import MainWindow, app_icon
 
 REPORT_NAME = "selftest.txt"
 PNG_NAME = "memfit-selftest.png"
@@ -151,7 +152,7 @@ def check_version() -> str:
 def check_resources() -> str:
     models, gpus = model_names(), gpu_names()
     if not models or not gpus:
-        raise CheckFailed(f"no presets under {resources_dir()}")
+        raise CheckFailed(f"no presets under {resources()}")
     if app_icon().pixmap(64, 64).isNull():
         raise CheckFailed("the SVG icon does not load (are Qt's SVG plugins missing?)")
     return f"{len(models)} model and {len(gpus)} GPU presets, the SVG icon"

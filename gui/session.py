@@ -31,7 +31,7 @@
   readable check (a file of an earlier version, or the check line itself damaged), every
   setting is expected, and those missing are named.
 
-Reads go through :func:`engine.files.read_json`, which never blocks.
+Reads go through :func:`memfit.engine.files.read_json`, which never blocks.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QLockFile, QSettings, QStandardPaths
 
-from engine.errors import EstimateError
-from engine.files import read_json, write_text
-from engine.scenario_io import load_scenario, scenario_from_dict, scenario_to_dict
-from engine.specs import Scenario
-from gui.store import default_scenario
+from memfit.engine.errors import EstimateError
+from memfit.engine.files import read_json, write_text
+from memfit.engine.scenario_io import load_scenario, scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import Scenario
+from memfit.gui.store import default_scenario
 
 AUTOSAVE_KEY = "memfit_autosave"
 AUTOSAVE_VERSION = 1
@@ -240,7 +240,7 @@ class RecoveryFile:
         return self._lock.isLocked()
 
     def write(self, text: str) -> None:
-        """Replace the file's content (as every save does: :func:`engine.files.write_text`);
+        """Replace the file's content (as every save does: :func:`memfit.engine.files.write_text`);
         a file another window has claimed since (its lock lost) is left to it, and this
         window takes a new name."""
         if not self.take():

@@ -1,16 +1,16 @@
 """The biggest block explained, and the step over time.
 
 * :class:`ActivationsView` -- the activations at the peak told apart by source
-  (:func:`engine.explain.explained`): one row per kind (saved tensors, logits and loss,
+  (:func:`memfit.engine.explain.explained`): one row per kind (saved tensors, logits and loss,
   checkpointed inputs, ...) with its share of the activations and the change that removes
   it, estimated; under each, its sources with their formulas (the tooltip names where each
   formula comes from);
 * :class:`StepTimelineView` -- the memory of every moment of the step the engine plays
-  (:attr:`engine.estimate.Estimate.timeline`), stacked by category, the forward, backward
+  (:attr:`memfit.engine.estimate.Estimate.timeline`), stacked by category, the forward, backward
   and optimizer step shaded, the peak marked, and the room the tensors have under the
   device capacity once the context and the allocator's slack are counted.
 
-Both follow the store (:class:`gui.store.ScenarioStore`) and work only while shown: a
+Both follow the store (:class:`memfit.gui.store.ScenarioStore`) and work only while shown: a
 hidden view is brought up to date when it is shown again.
 """
 
@@ -32,11 +32,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.estimate import GIB, Estimate
-from engine.explain import SourceGroup, explained
-from engine.timeline import Point
-from gui.chart import CATEGORY_COLOURS, CATEGORY_NAMES, gib_text, rich_text
-from gui.plot_style import (
+from memfit.engine.estimate import GIB, Estimate
+from memfit.engine.explain import SourceGroup, explained
+from memfit.engine.timeline import Point
+from memfit.gui.chart import CATEGORY_COLOURS, CATEGORY_NAMES, gib_text, rich_text
+from memfit.gui.plot_style import (
     capacity_colour,
     is_dark_background,
     line_label_fill,
@@ -44,7 +44,7 @@ from gui.plot_style import (
     palette_colours,
     style_plot,
 )
-from gui.store import ScenarioStore
+from memfit.gui.store import ScenarioStore
 
 __all__ = ["ActivationsView", "StepTimelineView", "moment_text", "remedy_text"]
 

@@ -1,6 +1,6 @@
 """The one source of truth of the app: the current scenario, its estimate, and undo.
 
-Panels call :meth:`ScenarioStore.edit` with a new frozen :class:`~engine.specs.Scenario`;
+Panels call :meth:`ScenarioStore.edit` with a new frozen :class:`~memfit.engine.specs.Scenario`;
 the store pushes an undo command, estimates once, and emits -- only when something really
 changed -- ``scenarioChanged``, then ``errorChanged``, then ``estimateChanged``.
 
@@ -8,7 +8,7 @@ The store holds any scenario, including one the engine rejects: then :attr:`esti
 ``None`` and :attr:`error` holds the engine's message, so nobody can show another
 scenario's estimate as this one's. A document is the scenario plus its file (``path``)
 and whether it differs from that file (``modified``); both survive a restart through the
-recovery file (:mod:`gui.session`).
+recovery file (:mod:`memfit.gui.session`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
-from engine.errors import EstimateError
-from engine.estimate import Estimate, estimate
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import Estimate, estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
 
 
 def default_scenario() -> Scenario:

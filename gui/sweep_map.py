@@ -2,14 +2,14 @@
 configuration.
 
 :class:`SweepMap` wraps one pyqtgraph plot. Each configuration of a sweep
-(:func:`engine.sweep.sweep`) is a dot at its device total per GPU (GiB, 2^30 bytes) and
+(:func:`memfit.engine.sweep.sweep`) is a dot at its device total per GPU (GiB, 2^30 bytes) and
 its training tokens per second -- or its cost per million tokens, where a price per
 GPU-hour is known -- coloured and shaped by its verdict (fits: circle, tight: triangle,
-does not fit: cross). The Pareto front (:func:`engine.sweep.pareto`: no other
+does not fit: cross). The Pareto front (:func:`memfit.engine.sweep.pareto`: no other
 configuration has both less memory and more speed) is a line; the budget and capacity
 are vertical lines; the current scenario is a star.
 
-Hovering a dot names its configuration (:func:`engine.sweep.describe`) with its memory,
+Hovering a dot names its configuration (:func:`memfit.engine.sweep.describe`) with its memory,
 speed, MFU and bound; clicking one emits :attr:`SweepMap.pointActivated` with it. The map
 applies nothing itself, and never while it is marked stale (its dots were swept around
 another scenario).
@@ -27,10 +27,10 @@ from PySide6.QtCore import QEvent, QPointF, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.estimate import GIB
-from engine.sweep import Point, describe, pareto
-from gui.chart import gib_text, rich_text, view_point
-from gui.plot_style import (
+from memfit.engine.estimate import GIB
+from memfit.engine.sweep import Point, describe, pareto
+from memfit.gui.chart import gib_text, rich_text, view_point
+from memfit.gui.plot_style import (
     VERDICT_WORDS,
     capacity_colour,
     is_dark_background,
@@ -102,7 +102,7 @@ class SweepMap(QWidget):
     Contract: :meth:`set_points` gives it a sweep's points (never modified);
     :meth:`set_current` the current scenario's position; :meth:`set_stale` marks the
     points as swept around another scenario; :meth:`set_metric` chooses the y axis.
-    Clicking a dot emits :attr:`pointActivated` with its :class:`~engine.sweep.Point`.
+    Clicking a dot emits :attr:`pointActivated` with its :class:`~memfit.engine.sweep.Point`.
     """
 
     pointActivated = Signal(object)  # engine.sweep.Point

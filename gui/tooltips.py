@@ -12,7 +12,7 @@ words here.
 
 from __future__ import annotations
 
-from engine.stacks import CONVENTION_FIELDS
+from memfit.engine.stacks import CONVENTION_FIELDS
 
 TIPS: dict[str, str] = {
     # -- model --------------------------------------------------------------------------

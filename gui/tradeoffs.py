@@ -2,23 +2,23 @@
 
 Four tabs, all about the store's current scenario:
 
-* **Map** -- a strategy sweep (:func:`engine.sweep.sweep` over
-  :func:`engine.sweep.default_space`) as a :class:`~gui.sweep_map.SweepMap`; it runs
+* **Map** -- a strategy sweep (:func:`memfit.engine.sweep.sweep` over
+  :func:`memfit.engine.sweep.default_space`) as a :class:`~memfit.gui.sweep_map.SweepMap`; it runs
   when asked (Sweep), in a worker thread, with a progress bar and Cancel. Clicking a dot
   makes its configuration the current scenario through the store (Ctrl+Z undoes). An
   edit while a sweep runs restarts it for the new scenario; an edit after it has
   finished marks the map out of date, unless the new scenario is one of its dots (a dot
   just applied, or the sweep's own scenario after an undo).
 * **Curves** -- memory and step time against the micro-batch and the sequence length
-  (:mod:`gui.curves`);
-* **Hardware** -- the same run on each ticked GPU preset (:mod:`gui.hardware_compare`);
+  (:mod:`memfit.gui.curves`);
+* **Hardware** -- the same run on each ticked GPU preset (:mod:`memfit.gui.hardware_compare`);
 * **Make it fit** -- the changes that bring the scenario under its budget, fastest first
-  (:mod:`gui.make_fit`); double-clicking one (or Apply) makes it the current scenario
+  (:mod:`memfit.gui.make_fit`); double-clicking one (or Apply) makes it the current scenario
   through the store, as a map dot does.
 
 Curves, the hardware table and the fixes follow the scenario by themselves: a moment
 after an edit, and only while they are shown, they are recomputed in a worker thread
-(:class:`~gui.background.Channel`); the window never waits for the engine. Each tab
+(:class:`~memfit.gui.background.Channel`); the window never waits for the engine. Each tab
 exports its plot as PNG or SVG and its data as CSV.
 """
 
@@ -48,18 +48,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.files import write_text
-from engine.presets import gpu_names
-from engine.solve import Fix
-from engine.specs import Scenario
-from engine.sweep import Point, Space, default_space, describe, pareto, points_csv, sweep
-from gui.background import Channel, KeepGoing
-from gui.chart_export import export_png, export_svg
-from gui.curves import Curves, CurvesView, compute_curves, curves_csv
-from gui.hardware_compare import COMMON_GPUS, HardwareRow, HardwareView, compare
-from gui.make_fit import FitResult, FitView, find_fixes
-from gui.store import ScenarioStore
-from gui.sweep_map import NO_SWEEP, SweepMap
+from memfit.engine.files import write_text
+from memfit.engine.presets import gpu_names
+from memfit.engine.solve import Fix
+from memfit.engine.specs import Scenario
+from memfit.engine.sweep import Point, Space, default_space, describe, pareto, points_csv, sweep
+from memfit.gui.background import Channel, KeepGoing
+from memfit.gui.chart_export import export_png, export_svg
+from memfit.gui.curves import Curves, CurvesView, compute_curves, curves_csv
+from memfit.gui.hardware_compare import COMMON_GPUS, HardwareRow, HardwareView, compare
+from memfit.gui.make_fit import FitResult, FitView, find_fixes
+from memfit.gui.store import ScenarioStore
+from memfit.gui.sweep_map import NO_SWEEP, SweepMap
 
 #: curves, the hardware table and the fixes are recomputed this long after the last edit
 FOLLOW_DELAY_MS = 250
@@ -153,7 +153,7 @@ class TradeoffsView(QWidget):
     """Map, curves and hardware comparison of the store's current scenario.
 
     ``space`` gives the sweep's space for a scenario (default
-    :func:`engine.sweep.default_space`). :attr:`message` carries short notes for the
+    :func:`memfit.engine.sweep.default_space`). :attr:`message` carries short notes for the
     status bar. :meth:`shutdown` stops the workers (the window is closing).
     """
 

@@ -1,11 +1,11 @@
 """The row of what-if toggles: each checked one adds a ghost bar with that change alone,
 and the toggle *All Together*, with two or more checked, adds one more: all of them made
-together (the engine's :func:`~engine.whatif.combined`, which skips -- and names -- changes
+together (the engine's :func:`~memfit.engine.whatif.combined`, which skips -- and names -- changes
 that conflict or do not apply with the others). The combined ghost is applied as one
 undoable step.
 
 A toggle that does not apply is disabled, and its tooltip says why (the engine's
-:func:`~engine.whatif.assess`); with no valid estimate of the current scenario every toggle
+:func:`~memfit.engine.whatif.assess`); with no valid estimate of the current scenario every toggle
 is disabled and no ghost is drawn. The toggles of :data:`ONLY_WHEN_OFFERED` are hidden
 instead: they undo a convention of the training stack that most stacks do not have.
 """
@@ -16,9 +16,9 @@ from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QLabel, QMenu, QToolButton, QWidget
 
-from engine.estimate import GIB, Estimate
-from engine.specs import Scenario
-from engine.whatif import (
+from memfit.engine.estimate import GIB, Estimate
+from memfit.engine.specs import Scenario
+from memfit.engine.whatif import (
     COMBINED_KEY,
     WHATIFS,
     WHATIFS_BY_KEY,
@@ -27,9 +27,9 @@ from engine.whatif import (
     combined,
     compute_text,
 )
-from gui.chart import Ghost, rich_text
-from gui.flow import FlowLayout
-from gui.store import ScenarioStore
+from memfit.gui.chart import Ghost, rich_text
+from memfit.gui.flow import FlowLayout
+from memfit.gui.store import ScenarioStore
 
 #: what-ifs shown only where they apply; the shown toggles close up, so no gap is left
 ONLY_WHEN_OFFERED = frozenset({"release-outputs", "release-previous-step", "gradient-bucket-view"})
@@ -252,7 +252,7 @@ class WhatIfBar(QWidget):
     @Slot(str)
     def apply(self, key: str) -> None:
         """Make the what-if ``key`` the current scenario (one undoable step); the key
-        :data:`~engine.whatif.COMBINED_KEY` makes every checked change that combines."""
+        :data:`~memfit.engine.whatif.COMBINED_KEY` makes every checked change that combines."""
         if key == COMBINED_KEY:
             together = self.combined
             if together is None:

@@ -25,7 +25,7 @@ if [ ! -x "$PY" ]; then
 fi
 
 # the pinned PyInstaller of pyproject's "package" extra (the editable install refreshes
-# the package metadata too, so the bundle's version is pyproject's)
+# the package metadata too, so the bundle's version is pyproject's; "strict" as install.sh)
 want=$("$PY" - <<'EOF'
 import re, tomllib
 extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["package"]
@@ -35,7 +35,8 @@ EOF
 have=$("$PY" -c 'from importlib.metadata import version; print(version("pyinstaller"))' 2>/dev/null || true)
 if [ "$have" != "$want" ]; then
   echo "installing PyInstaller $want into .venv"
-  "$PY" -m pip install -q --disable-pip-version-check -e ".[package]"
+  "$PY" -m pip install -q --disable-pip-version-check -e ".[package]" \
+    --config-settings editable_mode=strict
 fi
 
 start=$(date +%s)
@@ -47,8 +48,9 @@ else
   "$PY" -m PyInstaller --noconfirm --clean --log-level WARN \
     --distpath dist --workpath build/pyinstaller packaging/memfit.spec
   target=dist/memfit
-  # desktop integration travels with the bundle: dist/memfit/install-desktop.sh
-  cp packaging/memfit.desktop packaging/install-desktop.sh "$target/"
+  # desktop integration travels with the bundle: dist/memfit/install-desktop.sh (the
+  # desktop entry and the icons are the bundle's data)
+  cp packaging/install-desktop.sh "$target/"
 fi
 seconds=$(( $(date +%s) - start ))
 

@@ -1,8 +1,8 @@
-"""The frozen bundle's entry point: the ``memfit`` console script, ``gui.launcher:main``."""
+"""The frozen bundle's entry point: the ``memfit`` console script, ``memfit.gui.launcher:main``."""
 
 import sys
 
-from gui.launcher import main
+from memfit.gui.launcher import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,17 +24,19 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# the files, from a source checkout (packaging/) or from a bundle (its top folder)
-if [ -f "$here/../gui/icons/memfit.svg" ]; then
-  icons="$here/../gui/icons"
-elif [ -f "$here/_internal/gui/icons/memfit.svg" ]; then
-  icons="$here/_internal/gui/icons"
+# the files (resources/: the icons and the desktop entry), from a source checkout
+# (packaging/) or from a bundle (its top folder, the data under _internal/)
+if [ -f "$here/../resources/icons/memfit.svg" ]; then
+  resources="$here/../resources"
+elif [ -f "$here/_internal/memfit/resources/icons/memfit.svg" ]; then
+  resources="$here/_internal/memfit/resources"
   [ -n "$EXEC" ] || { [ -x "$here/memfit" ] && EXEC="$here/memfit"; }
 else
-  echo "install-desktop.sh: cannot find gui/icons next to $here" >&2
+  echo "install-desktop.sh: cannot find MemFit's resources/icons next to $here" >&2
   exit 2
 fi
-desktop_file="$here/memfit.desktop"
+icons="$resources/icons"
+desktop_file="$resources/desktop/memfit.desktop"
 
 data="${XDG_DATA_HOME:-$HOME/.local/share}"
 apps="$data/applications"

@@ -1,11 +1,11 @@
-"""Render the application icon from ``gui/icons/memfit.svg`` (the source) to the
+"""Render the application icon from ``resources/icons/memfit.svg`` (the source) to the
 files that desktops and installers want:
 
-* ``gui/icons/hicolor/<n>x<n>/apps/memfit.png`` for n in :data:`PNG_SIZES` -- the
+* ``resources/icons/hicolor/<n>x<n>/apps/memfit.png`` for n in :data:`PNG_SIZES` -- the
   freedesktop icon theme layout, installed by ``packaging/install-desktop.sh``;
-* ``gui/icons/memfit.ico`` -- Windows, one PNG-compressed image per size in
+* ``resources/icons/memfit.ico`` -- Windows, one PNG-compressed image per size in
   :data:`ICO_SIZES` (the form Windows has read since Vista);
-* ``gui/icons/memfit.icns`` -- macOS, PNG-compressed images under the icon types of
+* ``resources/icons/memfit.icns`` -- macOS, PNG-compressed images under the icon types of
   :data:`ICNS_TYPES`.
 
 The ICO and ICNS containers are assembled here rather than written through Qt's
@@ -29,7 +29,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
 from PySide6.QtGui import QGuiApplication, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
-ICONS = Path(__file__).resolve().parent.parent / "gui" / "icons"
+ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons"
 SOURCE = ICONS / "memfit.svg"
 PNG_SIZES = (16, 32, 48, 64, 128, 256, 512)
 ICO_SIZES = (16, 24, 32, 48, 64, 128, 256)

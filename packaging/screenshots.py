@@ -19,9 +19,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import QSettings
 
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from gui.app import make_app
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui.app import make_app
 
 #: the window sizes of the README's screenshots (width, height)
 SIZES = ((1024, 640), (1280, 800), (1920, 1080))
@@ -35,7 +35,7 @@ def shot_name(size: tuple[int, int], theme: str) -> str:
 
 def main(out: Path) -> list[Path]:
     app = make_app()
-    from gui.main_window import MainWindow
+    from memfit.gui.main_window import MainWindow
 
     out.mkdir(parents=True, exist_ok=True)
     scenario = Scenario(

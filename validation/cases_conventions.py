@@ -32,10 +32,19 @@ Every case records both ways of holding the outputs (its own is ``peak_allocated
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from engine.specs import STACKS
 from validation.cases import FAMILY, GQA, case_id, scenario
+
+#: the built-in stacks, read as the files of ``resources/stacks``: the harness runs in an
+#: environment of its own, where MemFit is not installed
+STACKS = tuple(
+    sorted(
+        p.stem
+        for p in (Path(__file__).resolve().parents[1] / "resources" / "stacks").glob("*.json")
+    )
+)
 
 #: decoder families only; MQA is Falcon-7B (one K/V head)
 MHA, MQA, MOE = "llama-2-7b", "falcon-7b", "mixtral-8x7b"

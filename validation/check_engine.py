@@ -21,8 +21,8 @@ DEFAULT = ROOT / "tests" / "validation" / "dataset.json"
 
 def engine_counts(scenario_dict: dict[str, Any]) -> dict[str, int]:
     """Total and trainable parameters as the engine sees ``scenario_dict``."""
-    from engine.model_state import model_state
-    from engine.scenario_io import scenario_from_dict
+    from memfit.engine.model_state import model_state
+    from memfit.engine.scenario_io import scenario_from_dict
 
     scenario = scenario_from_dict(scenario_dict)
     state = model_state(scenario.model, scenario.training)
@@ -31,7 +31,7 @@ def engine_counts(scenario_dict: dict[str, Any]) -> dict[str, int]:
 
 def compare(dataset: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """(cases that failed to load, one record per count mismatch)."""
-    from engine.errors import EstimateError
+    from memfit.engine.errors import EstimateError
 
     failed: list[str] = []
     mismatches: list[dict[str, Any]] = []

@@ -82,9 +82,9 @@ def as_run(scenario: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
 
 def compare(path: Path = DEFAULT) -> dict[str, Any]:
     """One row per measured case, and the summary of each figure."""
-    from engine.errors import EstimateError
-    from engine.estimate import estimate
-    from engine.scenario_io import scenario_from_dict
+    from memfit.engine.errors import EstimateError
+    from memfit.engine.estimate import estimate
+    from memfit.engine.scenario_io import scenario_from_dict
 
     known, traced = scenarios(), traced_peaks()
     rows: list[dict[str, Any]] = []

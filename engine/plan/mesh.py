@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import EstimateError
-from engine.overhead import Communicator
-from engine.specs import Scenario
+from memfit.engine.errors import EstimateError
+from memfit.engine.overhead import Communicator
+from memfit.engine.specs import Scenario
 
 P = "training.parallelism"
 

@@ -4,10 +4,10 @@ communicated and accumulated in.
 The training field ``precision`` names a recipe (``fp32``, ``bf16``, ``bf16-mixed``,
 ``fp16-mixed``, ``fp8-mixed``); the bytes each tensor takes under it also depend on the
 method, the sharding framework and the stack's conventions. :func:`precision_of` decides
-them once, and memory (:mod:`engine.timeline`, :mod:`engine.sharding`) and time
-(:mod:`engine.steptime`) read the result instead of testing the recipe's name.
+them once, and memory (:mod:`memfit.engine.timeline`, :mod:`memfit.engine.sharding`) and time
+(:mod:`memfit.engine.steptime`) read the result instead of testing the recipe's name.
 
->>> from engine.specs import TrainingSpec
+>>> from memfit.engine.specs import TrainingSpec
 >>> p = precision_of(TrainingSpec(precision="bf16-mixed"))
 >>> (p.mode, p.compute, p.master, p.gather, p.reduce)
 ('amp', 2, 4, 2, 4)
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import memo
-from engine.model_state import storage_bytes
-from engine.specs import TrainingSpec
+from memfit.engine import memo
+from memfit.engine.model_state import storage_bytes
+from memfit.engine.specs import TrainingSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class Precision:
     #: else 4 (fp32 master weights)
     master: int
     #: the trainable and the frozen (not quantized) weights as stored, under the stack's
-    #: conventions (:func:`engine.model_state.storage_bytes`)
+    #: conventions (:func:`memfit.engine.model_state.storage_bytes`)
     trained: int
     frozen: int
     #: a parameter gathered for compute (ZeRO-3 / FSDP): 4 under fp32, else 2; QLoRA's

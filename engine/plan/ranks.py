@@ -2,13 +2,13 @@
 
 A rank holds its tensor- and expert-parallel shard of the model (:func:`rank_model`); under
 pipeline parallelism each stage holds its layers, the first the embedding and the last the
-head (:func:`layout`, split as :func:`engine.plan.mesh.stage_layers` splits them). Stages
+head (:func:`layout`, split as :func:`memfit.engine.plan.mesh.stage_layers` splits them). Stages
 of the same shape share one :class:`RankSlot` key, so memory plays each shape once; the
 step time reads the layers each stage holds from the same slots.
 
->>> from engine.plan import resolve
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+>>> from memfit.engine.plan import resolve
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 >>> four = HardwareSpec(load_gpu("h100-sxm-80gb"), 4)
 >>> pp = TrainingSpec(parallelism=ParallelismSpec(pp=4))
 >>> plan = resolve(Scenario(load_model("llama-3-8b"), four, pp))
@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine import memo
-from engine.plan.mesh import Mesh, stage_layers
-from engine.sharding import tensor_parallel_shard
-from engine.specs import ModelSpec
-from engine.timeline import Stage
+from memfit.engine import memo
+from memfit.engine.plan.mesh import Mesh, stage_layers
+from memfit.engine.sharding import tensor_parallel_shard
+from memfit.engine.specs import ModelSpec
+from memfit.engine.timeline import Stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class RankSlot:
 @memo.cached(maxsize=512)
 def rank_model(model: ModelSpec, tp: int, ep: int) -> ModelSpec:
     """What one tensor- and expert-parallel rank holds
-    (:func:`engine.sharding.tensor_parallel_shard`)."""
+    (:func:`memfit.engine.sharding.tensor_parallel_shard`)."""
     return tensor_parallel_shard(model, tp, ep)
 
 

@@ -1,18 +1,19 @@
 """Resolve a scenario once: ``resolve(scenario) -> Plan``, what every answer starts from.
 
 A scenario says what the user asked for; the plan says what runs: the model as the
-training stack builds it (:func:`engine.stacks.built`), the stack's conventions resolved
-against the fields (:func:`engine.stacks.conventions`), one precision value
-(:func:`engine.plan.precision.precision_of`) and the device mesh
-(:func:`engine.plan.mesh.make_mesh`, which refuses sizes that do not divide). Memory
-(:mod:`engine.estimate`, :mod:`engine.batch`), time (:mod:`engine.steptime`), the changes
-(:mod:`engine.changes`) and the app read these from the plan instead of deriving them again.
+training stack builds it (:func:`memfit.engine.stacks.built`), the stack's conventions resolved
+against the fields (:func:`memfit.engine.stacks.conventions`), one precision value
+(:func:`memfit.engine.plan.precision.precision_of`) and the device mesh
+(:func:`memfit.engine.plan.mesh.make_mesh`, which refuses sizes that do not divide). Memory
+(:mod:`memfit.engine.estimate`, :mod:`memfit.engine.batch`), time (:mod:`memfit.engine.steptime`),
+the changes
+(:mod:`memfit.engine.changes`) and the app read these from the plan instead of deriving them again.
 
 A plan compares by identity: :func:`resolve` returns the same object for equal scenarios
 while it holds it, so caches below it key on the plan without hashing a scenario again.
 
->>> from engine.presets import load_gpu, load_model
->>> from engine.specs import HardwareSpec, Scenario
+>>> from memfit.engine.presets import load_gpu, load_model
+>>> from memfit.engine.specs import HardwareSpec, Scenario
 >>> two = HardwareSpec(load_gpu("rtx-4090"), gpus_per_node=2)
 >>> plan = resolve(Scenario(load_model("gpt2"), two))
 >>> (plan.mesh.dp, plan.precision.mode, plan.conventions.outputs_held)
@@ -25,12 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import memo
-from engine.plan.mesh import Mesh, make_mesh
-from engine.plan.precision import Precision, precision_of
-from engine.plan.ranks import RankSlot, layout, rank_model
-from engine.specs import ModelSpec, Scenario
-from engine.stacks import Conventions, built, conventions
+from memfit.engine import memo
+from memfit.engine.plan.mesh import Mesh, make_mesh
+from memfit.engine.plan.precision import Precision, precision_of
+from memfit.engine.plan.ranks import RankSlot, layout, rank_model
+from memfit.engine.specs import ModelSpec, Scenario
+from memfit.engine.stacks import Conventions, built, conventions
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,7 +52,7 @@ class Plan:
 
     def ranks(self) -> tuple[RankSlot, ...]:
         """The distinct groups of ranks: each pipeline stage with what it holds and plays
-        (:func:`engine.plan.ranks.layout`); raises the model's error where the tensor or
+        (:func:`memfit.engine.plan.ranks.layout`); raises the model's error where the tensor or
         expert split does not hold."""
         split = self.scenario.training.parallelism.pp_split
         return layout(self.rank_model(), self.mesh, split)
@@ -59,7 +60,7 @@ class Plan:
 
 @memo.cached(maxsize=4096)
 def resolve(scenario: Scenario) -> Plan:
-    """The plan of ``scenario`` (raises the :class:`~engine.errors.EstimateError` of a mesh
+    """The plan of ``scenario`` (raises the :class:`~memfit.engine.errors.EstimateError` of a mesh
     that does not divide)."""
     run = built(scenario)
     training = run.training

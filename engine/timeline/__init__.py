@@ -9,7 +9,8 @@ The step is what a PyTorch training loop does (``out = model(ids, labels=ids)``,
    (and under autocast the 16-bit weight copies, which autocast's cache holds until the
    forward ends, and those backward saved until the layer's backward) and passes on its
    output; inside a layer the transient tensors push the level higher for a moment
-   (:mod:`engine.graph` plays each layer op by op, :mod:`engine.layers` writes the ops);
+   (:mod:`memfit.engine.graph` plays each layer op by op, :mod:`memfit.engine.layers` writes the
+   ops);
    then the LM head and the loss;
 3. **backward** -- in reverse: each layer (recomputed first under checkpointing) frees
    what it saved and leaves its parameter gradients (``.grad``) behind;
@@ -36,19 +37,19 @@ point (:func:`_layer_by_layer`), which :attr:`Timeline.points` does, once, when 
 timeline is asked for (charts, ``--json``).
 
 **One plan for every shape.** Each kept point is a linear form in a few shape quantities:
-the shape terms of the block profiles (b s, b s^2, ... -- :data:`~engine.graph.TERMS`)
+the shape terms of the block profiles (b s, b s^2, ... -- :data:`~memfit.engine.graph.TERMS`)
 and the hidden-size tensors between blocks; a block's peak is the largest of its
 profile's forms, so a point that holds it is kept once per form. A :class:`StepPlan`
 holds these forms, built once per model, strategy (everything but the micro-batch size,
 sequence length and gradient accumulation) and rank share; :meth:`StepPlan.play`
 evaluates them at one shape (one matrix product) and :class:`Joint` at many shapes and
-for every pipeline stage at once (:mod:`engine.batch`). Building a plan costs more than
+for every pipeline stage at once (:mod:`memfit.engine.batch`). Building a plan costs more than
 playing a step point by point, so a step met once or twice is played point by point;
 from the third time on, its plan plays it.
 
->>> from engine.model_state import model_state
->>> from engine.presets import load_model
->>> from engine.specs import TrainingSpec
+>>> from memfit.engine.model_state import model_state
+>>> from memfit.engine.presets import load_model
+>>> from memfit.engine.specs import TrainingSpec
 >>> model, training = load_model("gpt2"), TrainingSpec(micro_batch_size=2)
 >>> timeline = step_timeline(model, training, model_state(model, training))
 >>> timeline.peak == max(timeline.points, key=lambda p: p.total)
@@ -63,12 +64,12 @@ from fractions import Fraction
 from functools import partial
 from operator import attrgetter
 
-from engine import memo
-from engine.model_state import ModelState
-from engine.specs import ModelSpec, TrainingSpec, window_masks
-from engine.timeline.blocks import _direct, _profile, block_result
-from engine.timeline.compiled import KINDS
-from engine.timeline.context import (
+from memfit.engine import memo
+from memfit.engine.model_state import ModelState
+from memfit.engine.specs import ModelSpec, TrainingSpec, window_masks
+from memfit.engine.timeline.blocks import _direct, _profile, block_result
+from memfit.engine.timeline.compiled import KINDS
+from memfit.engine.timeline.context import (
     Gather,
     Stage,
     checkpointed,
@@ -77,10 +78,10 @@ from engine.timeline.context import (
     recomputed_layers,
     step_layers,
 )
-from engine.timeline.points import Point, Timeline, _total
-from engine.timeline.sources import SOURCE_KINDS, Source
-from engine.timeline.stepplan import StepPlan, joint
-from engine.timeline.walk import _layer_by_layer, _points, step_sources
+from memfit.engine.timeline.points import Point, Timeline, _total
+from memfit.engine.timeline.sources import SOURCE_KINDS, Source
+from memfit.engine.timeline.stepplan import StepPlan, joint
+from memfit.engine.timeline.walk import _layer_by_layer, _points, step_sources
 
 __all__ = [
     "KINDS",
@@ -123,7 +124,7 @@ def step_timeline(
 ) -> Timeline:
     """Play one step; see the module docstring for what happens when.
 
-    With data-parallel sharding (:mod:`engine.sharding`) ``state`` is this rank's share,
+    With data-parallel sharding (:mod:`memfit.engine.sharding`) ``state`` is this rank's share,
     ``grad_share`` the share of each gradient kept as backward produces it (ZeRO-2/3
     reduce-scatter the rest away), ``optimizer_share`` the share of the optimizer's
     temporaries, and ``gather`` the all-gathered parameter units and communication
@@ -196,7 +197,7 @@ def step_plan(
 ) -> StepPlan:
     """The part of :func:`step_timeline` that holds for every shape, built once per model,
     strategy (:func:`strategy_key`) and rank share. The sequence length enters only
-    through whether a sliding window masks it (:func:`engine.specs.window_masks`)."""
+    through whether a sliding window masks it (:func:`memfit.engine.specs.window_masks`)."""
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
     key = _plan_key(*args)
     return _PLANS.get(key) or _PLANS.keep(key, StepPlan.build(*args))

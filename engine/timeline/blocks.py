@@ -1,5 +1,5 @@
-"""Each block of the step (a layer, the head and loss) built from :mod:`engine.layers` and
-played op by op (:func:`engine.graph.simulate`), or profiled once with symbolic sizes
+"""Each block of the step (a layer, the head and loss) built from :mod:`memfit.engine.layers` and
+played op by op (:func:`memfit.engine.graph.simulate`), or profiled once with symbolic sizes
 (:func:`_profile`): its peaks, what it keeps and hands on, its autocast copies."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from engine import memo
-from engine.graph import Block, BlockResult, Profile, Size, profile, simulate
-from engine.layers import Ctx
-from engine.specs import ModelSpec
-from engine.timeline.context import HEAD_LOGITS, _build
+from memfit.engine import memo
+from memfit.engine.graph import Block, BlockResult, Profile, Size, profile, simulate
+from memfit.engine.layers import Ctx
+from memfit.engine.specs import ModelSpec
+from memfit.engine.timeline.context import HEAD_LOGITS, _build
 
 #: (batch, sequence length / sp) at which every new profile is checked against the block
 #: simulated directly: odd sizes, so that a size that is not the linear form the profile
@@ -39,7 +39,7 @@ def _profile(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool
 ) -> tuple[Profile | None, Casts]:
     """A block for every batch and sequence length: built once with symbolic sizes
-    (:func:`engine.graph.profile`), checked against a direct simulation at
+    (:func:`memfit.engine.graph.profile`), checked against a direct simulation at
     :data:`HELD_OUT`, and the bytes of the autocast weight copies it makes and saves.
     ``None`` when the block's sizes are not linear forms of the shape terms: every shape
     of it is then simulated directly (:func:`_direct`)."""
@@ -77,7 +77,7 @@ def block_result(
     return _direct(model, ctx, kind, x_grad, chunked), copies
 
 
-#: the op names of :mod:`engine.layers` that are ``aten.mm`` in PyTorch, and those of the
+#: the op names of :mod:`memfit.engine.layers` that are ``aten.mm`` in PyTorch, and those of the
 #: attention kernels, for torchtitan's per-op policy
 _MM_OPS = ("mm", "lora_A", "lora_B")
 
@@ -107,7 +107,7 @@ def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
 
 def function_kept(block: Block) -> Size:
     """Bytes of the tensors custom autograd functions of ``block`` keep on their ``ctx``
-    (:attr:`~engine.graph.Block.kept_by_functions`): they live as long as the graph."""
+    (:attr:`~memfit.engine.graph.Block.kept_by_functions`): they live as long as the graph."""
     return sum((block.sizes[t] for t in sorted(block.kept_by_functions)), start=0)
 
 

@@ -1,6 +1,6 @@
 """The step compiled once with symbolic sizes (:class:`_Compiler`): its highest points as
 linear forms of the shape (:class:`_Forms`), which a
-:class:`~engine.timeline.stepplan.StepPlan` evaluates for any micro-batch and sequence
+:class:`~memfit.engine.timeline.stepplan.StepPlan` evaluates for any micro-batch and sequence
 length at once."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from engine.graph import TERMS, Profile, Size, _coefs
-from engine.specs import TrainingSpec
-from engine.timeline.context import Gather, carries_previous
+from memfit.engine.graph import TERMS, Profile, Size, _coefs
+from memfit.engine.specs import TrainingSpec
+from memfit.engine.timeline.context import Gather, carries_previous
 
 if TYPE_CHECKING:
-    from engine.timeline.stepplan import StepPlan
+    from memfit.engine.timeline.stepplan import StepPlan
 
 #: the moments of a step by (phase, label); results over many shapes name them by index
 KINDS = (
@@ -71,9 +71,9 @@ def _runs(layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
 
 
 #: the shape quantities every point of a step is a linear form in: the six
-#: :data:`~engine.graph.TERMS` (``one`` last), a hidden-size tensor between blocks
+#: :data:`~memfit.engine.graph.TERMS` (``one`` last), a hidden-size tensor between blocks
 #: (``b s h x res / sp``), the embedding's 1-byte dropout mask (``b s h / sp``), then the
-#: seven values (:class:`~engine.graph.BlockResult`: kept, forward peak, output, backward
+#: seven values (:class:`~memfit.engine.graph.BlockResult`: kept, forward peak, output, backward
 #: peak, input gradient, parameter gradients, held) of each block that is not folded in
 #: (a block without an integer profile: see :func:`_compile`)
 _ONE, _HIDDEN, _DROPOUT, _FIRST_BLOCK = len(TERMS) - 1, len(TERMS), len(TERMS) + 1, len(TERMS) + 2
@@ -134,7 +134,7 @@ _Candidate = tuple[int, int, int, int, int, np.ndarray, np.ndarray]
 
 
 class _Recipe(NamedTuple):
-    """What a :class:`~engine.timeline.stepplan.StepPlan` is compiled from, beyond its
+    """What a :class:`~memfit.engine.timeline.stepplan.StepPlan` is compiled from, beyond its
     model, context and profiles."""
 
     layers: Sequence[_Layer]

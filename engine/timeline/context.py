@@ -8,19 +8,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine.graph import Block
-from engine.layers import Ctx, bert_layer, decoder_layer, head_and_loss
-from engine.model_state import (
+from memfit.engine.graph import Block
+from memfit.engine.layers import Ctx, bert_layer, decoder_layer, head_and_loss
+from memfit.engine.model_state import (
     DTYPE_BYTES,
     FREEZE_COMPONENTS,
     ModelState,
     lora_targets,
     qkv_adapted,
 )
-from engine.params import model_tensors
-from engine.plan.precision import precision_of
-from engine.specs import ModelSpec, TrainingSpec, window_masks
-from engine.stacks import conventions
+from memfit.engine.params import model_tensors
+from memfit.engine.plan.precision import precision_of
+from memfit.engine.specs import ModelSpec, TrainingSpec, window_masks
+from memfit.engine.stacks import conventions
 
 
 def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
@@ -215,7 +215,7 @@ def plays_logits_point(training: TrainingSpec, stage: Stage, chunked: bool) -> b
 @dataclass(frozen=True, slots=True)
 class Gather:
     """Bytes that ZeRO-3 / FSDP keep gathered beyond the shards (see
-    :func:`engine.sharding.gather_buffers`): parameters live throughout the forward and
+    :func:`memfit.engine.sharding.gather_buffers`): parameters live throughout the forward and
     the backward; in the backward a layer's unsharded gradients (``grads``) and, from the
     first reduce-scatter on, its flat input (``reduce``); and ``unit`` -- under FSDP's
     SHARD_GRAD_OP -- per layer, from the layer's forward to its backward."""
@@ -234,7 +234,7 @@ class Gather:
 @dataclass(frozen=True, slots=True)
 class Stage:
     """A pipeline stage: does it hold the embedding, the LM head and loss, and how many
-    micro-batches' activations does it keep at once (see :func:`engine.estimate.inflight`).
+    micro-batches' activations does it keep at once (see :func:`memfit.engine.estimate.inflight`).
     Under the interleaved schedule the model a stage is played with is one virtual stage
     (a chunk of layers) and ``inflight`` counts chunks."""
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.timeline.sources import Source, _in_flight_source
+from memfit.engine.timeline.sources import Source, _in_flight_source
 
 CATS = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.timeline.context import TRAINED
+from memfit.engine.timeline.context import TRAINED
 
 #: the kind of a :class:`Source`: what a user can change to remove it
 SOURCE_KINDS = (

@@ -1,5 +1,6 @@
 """A step compiled for every shape (:class:`StepPlan`): the compiled forms of its highest
-points (:mod:`engine.timeline.compiled`), evaluated for a micro-batch and sequence length, the
+points (:mod:`memfit.engine.timeline.compiled`), evaluated for a micro-batch and sequence length,
+the
 step played point by point where the forms cannot say, and :class:`Joint`, the stages of a
 pipeline evaluated together."""
 
@@ -14,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from engine import memo
-from engine.graph import Profile, Size
-from engine.layers import CHUNK_ROWS, Ctx
-from engine.model_state import ModelState
-from engine.plan.precision import precision_of
-from engine.specs import ModelSpec, TrainingSpec
-from engine.stacks import conventions
-from engine.timeline.blocks import Casts, _direct, _function_kept, _per_op, _profile
-from engine.timeline.compiled import (
+from memfit.engine import memo
+from memfit.engine.graph import Profile, Size
+from memfit.engine.layers import CHUNK_ROWS, Ctx
+from memfit.engine.model_state import ModelState
+from memfit.engine.plan.precision import precision_of
+from memfit.engine.specs import ModelSpec, TrainingSpec
+from memfit.engine.stacks import conventions
+from memfit.engine.timeline.blocks import Casts, _direct, _function_kept, _per_op, _profile
+from memfit.engine.timeline.compiled import (
     _BLOCK,
     _DROPOUT,
     _FIRST_BLOCK,
@@ -33,7 +34,7 @@ from engine.timeline.compiled import (
     _Forms,
     _Recipe,
 )
-from engine.timeline.context import (
+from memfit.engine.timeline.context import (
     HEAD_LOGITS,
     Gather,
     Stage,
@@ -43,8 +44,8 @@ from engine.timeline.context import (
     plays_logits_point,
     step_layers,
 )
-from engine.timeline.points import Point, Timeline, _total
-from engine.timeline.sources import Source
+from memfit.engine.timeline.points import Point, Timeline, _total
+from memfit.engine.timeline.sources import Source
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -198,8 +199,8 @@ class StepPlan:
     # -- the shape ----------------------------------------------------------------------
 
     def terms(self, batch: Any, seq: Any) -> tuple[Any, ...]:
-        """The values of :data:`~engine.graph.TERMS` at ``batch`` x ``seq`` (the sequence
-        per context rank), as :meth:`engine.layers.Ctx.terms` gives them; integers, or
+        """The values of :data:`~memfit.engine.graph.TERMS` at ``batch`` x ``seq`` (the sequence
+        per context rank), as :meth:`memfit.engine.layers.Ctx.terms` gives them; integers, or
         arrays of one value per shape."""
         ctx = self.ctx
         tokens = batch * seq

@@ -7,15 +7,15 @@ import dataclasses
 from fractions import Fraction
 from typing import Any
 
-from engine.graph import BlockResult, _int
-from engine.model_state import (
+from memfit.engine.graph import BlockResult, _int
+from memfit.engine.model_state import (
     ModelState,
 )
-from engine.plan.precision import precision_of
-from engine.specs import ModelSpec, TrainingSpec
-from engine.stacks import conventions
-from engine.timeline.blocks import _function_kept, _per_op, block_result
-from engine.timeline.context import (
+from memfit.engine.plan.precision import precision_of
+from memfit.engine.specs import ModelSpec, TrainingSpec
+from memfit.engine.stacks import conventions
+from memfit.engine.timeline.blocks import _function_kept, _per_op, block_result
+from memfit.engine.timeline.context import (
     HEAD_LOGITS,
     Gather,
     Stage,
@@ -25,8 +25,8 @@ from engine.timeline.context import (
     plays_logits_point,
     step_layers,
 )
-from engine.timeline.points import Point
-from engine.timeline.sources import (
+from memfit.engine.timeline.points import Point
+from memfit.engine.timeline.sources import (
     _PREVIOUS_OUTPUT,
     Source,
     _grad_source,

@@ -42,7 +42,7 @@ its nodes with every alias expanded and its nesting, and refused at the first ex
 ``yaml.safe_load`` (no tags that build Python objects). A file the config names (a
 DeepSpeed config) is read only from the config's own folder, links followed, unless
 ``allow_outside_paths``; nothing such a file holds is ever shown. Every problem is an
-:class:`~engine.errors.EstimateError` naming the file's own key (``lora_r``,
+:class:`~memfit.engine.errors.EstimateError` naming the file's own key (``lora_r``,
 ``train.micro_batch_size``, ``zero_optimization.stage``) and the values it accepts.
 """
 
@@ -53,18 +53,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError, shown
-from engine.files import PathLike, read_text
-from engine.scenario_io import custom_gpu, scenario_from_dict, training_from_dict
-from engine.specs import HardwareSpec
-from engine.stacks import DEFAULTS as STACK_DEFAULT_FIELDS
-from engine.train_configs.accelerate import _accelerate
-from engine.train_configs.axolotl import _axolotl
-from engine.train_configs.common import ALLOW_FLAG, _Out, _Reader, preset_for
-from engine.train_configs.deepspeed import _deepspeed_file
-from engine.train_configs.hf import _training_arguments
-from engine.train_configs.litgpt import _litgpt
-from engine.train_configs.parse import (
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.files import PathLike, read_text
+from memfit.engine.scenario_io import custom_gpu, scenario_from_dict, training_from_dict
+from memfit.engine.specs import HardwareSpec
+from memfit.engine.stacks import DEFAULTS as STACK_DEFAULT_FIELDS
+from memfit.engine.train_configs.accelerate import _accelerate
+from memfit.engine.train_configs.axolotl import _axolotl
+from memfit.engine.train_configs.common import ALLOW_FLAG, _Out, _Reader, preset_for
+from memfit.engine.train_configs.deepspeed import _deepspeed_file
+from memfit.engine.train_configs.hf import _training_arguments
+from memfit.engine.train_configs.litgpt import _litgpt
+from memfit.engine.train_configs.parse import (
     _FIELD,
     FORMATS,
     MAX_CONFIG_BYTES,
@@ -75,7 +75,7 @@ from engine.train_configs.parse import (
     _parse,
     detect_format,
 )
-from engine.train_configs.torchtune import _preset_of_component, _torchtune
+from memfit.engine.train_configs.torchtune import _preset_of_component, _torchtune
 
 _READERS: dict[str, Callable[[_Reader], None]] = {
     "axolotl": _axolotl,
@@ -165,13 +165,13 @@ def apply(
       ``lora``, ``qlora``, ``parallelism``, ``offload`` sections are merged key by key.
       When the file implies a stack, ``training.stack`` is set and the stack's own choices
       of ordinary fields (``loss``, ``optimizer_impl``) replace the scenario's unless the
-      file sets them, as choosing a stack does (:func:`engine.stacks.with_stack`); every
+      file sets them, as choosing a stack does (:func:`memfit.engine.stacks.with_stack`); every
       other field the file does not set keeps the scenario's value;
     * ``hardware``: ``gpus_per_node`` / ``nodes`` where the file says;
     * ``model``: the scenario's, unless ``replace_model`` and the file names a preset
       (``imported.model_preset``), which then replaces it.
 
-    The result is checked with :func:`~engine.scenario_io.scenario_from_dict`; an error
+    The result is checked with :func:`~memfit.engine.scenario_io.scenario_from_dict`; an error
     in a field the import set names the file's key."""
     if not isinstance(scenario_data, Mapping):
         raise EstimateError(

@@ -3,9 +3,9 @@ or Megatron-LM section."""
 
 from __future__ import annotations
 
-from engine.errors import EstimateError, shown
-from engine.train_configs.common import _OFFLOAD_DEVICES, _fsdp, _Reader
-from engine.train_configs.deepspeed import _auto, _deepspeed_reference
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.train_configs.common import _OFFLOAD_DEVICES, _fsdp, _Reader
+from memfit.engine.train_configs.deepspeed import _auto, _deepspeed_reference
 
 _ACCELERATE_PRECISIONS = {
     "no": "fp32",

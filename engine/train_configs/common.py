@@ -12,12 +12,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine import memo
-from engine.errors import EstimateError, bounded, check_text, shown
-from engine.files import resolves_inside
-from engine.presets import load_model, model_names
-from engine.scenario_io import custom_gpu
-from engine.specs import (
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError, bounded, check_text, shown
+from memfit.engine.files import resolves_inside
+from memfit.engine.presets import load_model, model_names
+from memfit.engine.scenario_io import custom_gpu
+from memfit.engine.specs import (
     FreezeSpec,
     HardwareSpec,
     LoraSpec,

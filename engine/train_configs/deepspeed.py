@@ -7,10 +7,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EstimateError, check_text, shown
-from engine.files import read_text
-from engine.train_configs.common import _OFFLOAD_DEVICES, _named_file, _Out, _Reader, _unshown
-from engine.train_configs.parse import _FIELD, _SIGNATURES, MAX_CONFIG_BYTES, _parse
+from memfit.engine.errors import EstimateError, check_text, shown
+from memfit.engine.files import read_text
+from memfit.engine.train_configs.common import (
+    _OFFLOAD_DEVICES,
+    _named_file,
+    _Out,
+    _Reader,
+    _unshown,
+)
+from memfit.engine.train_configs.parse import _FIELD, _SIGNATURES, MAX_CONFIG_BYTES, _parse
 
 #: DeepSpeed settings whose value MemFit takes as DeepSpeed's default (its buckets)
 _DS_BUCKETS = (

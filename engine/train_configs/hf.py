@@ -3,8 +3,8 @@ LoRA config and bitsandbytes' quantization beside them."""
 
 from __future__ import annotations
 
-from engine.errors import EstimateError, shown
-from engine.train_configs.common import (
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.train_configs.common import (
     _attention,
     _fsdp,
     _hf_optimizer,
@@ -13,7 +13,7 @@ from engine.train_configs.common import (
     _sequence,
     _targets,
 )
-from engine.train_configs.deepspeed import _deepspeed_reference
+from memfit.engine.train_configs.deepspeed import _deepspeed_reference
 
 # --------------------------------------------------------------------------------------
 # transformers TrainingArguments / TRL SFTConfig

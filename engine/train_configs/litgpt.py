@@ -3,8 +3,8 @@ and the devices."""
 
 from __future__ import annotations
 
-from engine.errors import EstimateError, shown
-from engine.train_configs.common import _class_optimizer, _name_model, _Reader, _sequence
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.train_configs.common import _class_optimizer, _name_model, _Reader, _sequence
 
 # --------------------------------------------------------------------------------------
 # LitGPT

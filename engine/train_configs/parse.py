@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from engine.errors import EstimateError, shown
-from engine.files import MAX_DEPTH as FILE_DEPTH
-from engine.files import parse_json
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.files import MAX_DEPTH as FILE_DEPTH
+from memfit.engine.files import parse_json
 
 #: the formats :func:`import_training_config` reads
 FORMATS = ("axolotl", "training-arguments", "litgpt", "torchtune", "deepspeed", "accelerate")

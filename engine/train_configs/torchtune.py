@@ -3,8 +3,8 @@ and the distributed set-up."""
 
 from __future__ import annotations
 
-from engine.errors import EstimateError, shown
-from engine.train_configs.common import (
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.train_configs.common import (
     _TORCHTUNE_MODELS,
     _component_optimizer,
     _fsdp_offload,

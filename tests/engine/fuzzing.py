@@ -16,7 +16,7 @@ The kinds of case (:data:`KINDS`):
   of range, and 5,000-character ones;
 * ``special`` -- a path that is not a small regular file;
 * ``train-config`` -- a training config (YAML or JSON), ``--from-config``;
-* ``paste`` -- text pasted into the app: :func:`engine.imports.import_text`, in process.
+* ``paste`` -- text pasted into the app: :func:`memfit.engine.imports.import_text`, in process.
 
 :func:`run_case` runs one in this process under a time limit and sorts the outcome:
 
@@ -61,11 +61,11 @@ from typing import Any
 
 import yaml
 
-from engine.cli import main, make_parser
-from engine.errors import EstimateError
-from engine.imports import import_text
-from engine.presets import gpu_names, model_names
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.cli import main, make_parser
+from memfit.engine.errors import EstimateError
+from memfit.engine.imports import import_text
+from memfit.engine.presets import gpu_names, model_names
+from memfit.engine.scenario_io import scenario_from_dict
 
 DATA = Path(__file__).resolve().parent.parent / "validation"
 TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "fixtures" / "train_configs"

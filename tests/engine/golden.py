@@ -12,13 +12,13 @@ all of it and ``tests/engine/test_golden.py`` an evenly spread part on every run
 * :func:`answers` -- what the engine answers for one scenario dict: every item and total
   of ``estimate()``, every rank group, the timeline's highest point, the step time with
   every term and, when asked, the batched totals and step times at a few shapes -- or the
-  field and message of the :class:`~engine.errors.EstimateError` that refuses it;
+  field and message of the :class:`~memfit.engine.errors.EstimateError` that refuses it;
 * :func:`record`, :func:`dump` and :func:`load` -- the set as deterministic gzip-compressed
   JSON (sorted keys, no time stamp): the same code records the same bytes;
 * :func:`compare` -- every difference between the recorded answers and today's, and
   :func:`report` -- those differences in words, grouped by field.
 
-Each scenario is kept as its scenario dict (:func:`engine.scenario_io.scenario_to_dict`),
+Each scenario is kept as its scenario dict (:func:`memfit.engine.scenario_io.scenario_to_dict`),
 so the set does not depend on the drawer staying the same. Floats are kept as their
 ``repr``, which reads back to the same float (``-0.0`` and ``nan`` included).
 
@@ -41,14 +41,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from engine import specs
-from engine.batch import Totals, totals_over
-from engine.errors import EstimateError
-from engine.estimate import Estimate, estimate
-from engine.presets import gpu_names, model_names
-from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import Scenario
-from engine.steptime import StepTime, step_time, step_times
+from memfit.engine import specs
+from memfit.engine.batch import Totals, totals_over
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import Estimate, estimate
+from memfit.engine.presets import gpu_names, model_names
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import Scenario
+from memfit.engine.steptime import StepTime, step_time, step_times
 
 FORMAT = 1
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "golden.json.gz"

@@ -4,9 +4,9 @@ scenario from a preset, a GPU and the sections as a scenario file writes them.""
 import dataclasses
 from typing import Any
 
-from engine.layers import Ctx
-from engine.scenario_io import scenario_from_dict
-from engine.specs import ModelSpec, Scenario
+from memfit.engine.layers import Ctx
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.specs import ModelSpec, Scenario
 
 
 def tiny_model(**changes: object) -> ModelSpec:

@@ -3,7 +3,7 @@
 
 :data:`scenarios` draws scenario dicts over every preset, GPU and training setting
 (parallel layouts included); a draw the engine rejects must raise
-:class:`~engine.errors.EstimateError` naming a field, nothing else. For one that
+:class:`~memfit.engine.errors.EstimateError` naming a field, nothing else. For one that
 estimates, :func:`check_all` runs every invariant and returns the names of those it
 checked (each raises ``AssertionError`` with the numbers when it fails):
 
@@ -39,14 +39,14 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from engine.errors import EstimateError
-from engine.estimate import Estimate, _stages, estimate
-from engine.model_state import CATEGORIES, model_state
-from engine.plan import make_mesh, resolve
-from engine.presets import gpu_names, load_model, model_names
-from engine.scenario_io import scenario_from_dict
-from engine.sharding import DS_REDUCE_BUCKET, gather_buffers, shard, tensor_parallel_shard
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import Estimate, _stages, estimate
+from memfit.engine.model_state import CATEGORIES, model_state
+from memfit.engine.plan import make_mesh, resolve
+from memfit.engine.presets import gpu_names, load_model, model_names
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.sharding import DS_REDUCE_BUCKET, gather_buffers, shard, tensor_parallel_shard
+from memfit.engine.specs import (
     ATTENTION_KERNELS,
     FRAMEWORKS,
     FROZEN_DTYPES,
@@ -59,8 +59,8 @@ from engine.specs import (
     STACKS,
     Scenario,
 )
-from engine.stacks import built as stack_built
-from engine.timeline import (
+from memfit.engine.stacks import built as stack_built
+from memfit.engine.timeline import (
     SOURCE_KINDS,
     _direct,
     block_result,
@@ -280,7 +280,7 @@ def check_sharding(scenario: Scenario) -> None:
 def gathered_bound(scenario: Scenario) -> int:
     """What ZeRO-3 may add over ZeRO-1 at the peak, the stated exception of the sharding
     invariant there: the units ZeRO-3 / FSDP keep gathered beyond the shards, at their
-    largest (:func:`engine.sharding.gather_buffers`, for the model as its stack builds it),
+    largest (:func:`memfit.engine.sharding.gather_buffers`, for the model as its stack builds it),
     and DeepSpeed's reduce bucket, which ZeRO-3 allocates at ``min(reduce_bucket_size, n)``
     however few GPUs share the rest."""
     b = stack_built(scenario)

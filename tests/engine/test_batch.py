@@ -10,16 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import batch, memo
-from engine.batch import Totals, totals, totals_over
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.model_state import model_state
-from engine.plan import make_mesh
-from engine.presets import load_gpu, load_model
-from engine.scenario_io import scenario_from_dict
-from engine.sharding import shard, tensor_parallel_shard
-from engine.specs import (
+from memfit.engine import batch, memo
+from memfit.engine.batch import Totals, totals, totals_over
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.model_state import model_state
+from memfit.engine.plan import make_mesh
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.sharding import shard, tensor_parallel_shard
+from memfit.engine.specs import (
     MAX_DIM,
     FreezeSpec,
     HardwareSpec,
@@ -28,7 +28,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.timeline import KINDS, played_step, step_plan
+from memfit.engine.timeline import KINDS, played_step, step_plan
 from tests.engine.invariants import scenarios
 from tests.engine.test_timeline import CASES, CAST, attention_only, case
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from engine.cli import main, printable
-from engine.errors import EstimateError, shown
-from engine.hf_config import model_from_hf_config
-from engine.presets import load_gpu, load_model
-from engine.scenario_io import load_scenario, scenario_from_dict
-from engine.specs import (
+from memfit.engine.cli import main, printable
+from memfit.engine.errors import EstimateError, shown
+from memfit.engine.hf_config import model_from_hf_config
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.scenario_io import load_scenario, scenario_from_dict
+from memfit.engine.specs import (
     FreezeSpec,
     GpuSpec,
     HardwareSpec,

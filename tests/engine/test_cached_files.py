@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import model_from_folder, read_checkpoint
-from engine.cli import main
-from engine.errors import EstimateError
-from engine.hub_cache import NOT_HELD, find_model, scan_cache
-from engine.imports import import_cached, import_path
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.checkpoint import model_from_folder, read_checkpoint
+from memfit.engine.cli import main
+from memfit.engine.errors import EstimateError
+from memfit.engine.hub_cache import NOT_HELD, find_model, scan_cache
+from memfit.engine.imports import import_cached, import_path
+from memfit.engine.scenario_io import scenario_from_dict
 from tests.engine.test_checkpoint import CONFIG, model_folder, plain_tensors, write_safetensors
 from tests.engine.test_imports import cached
 

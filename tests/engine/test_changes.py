@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from engine import changes, solve, sweep, whatif
-from engine.changes import BY_ID, CHANGES, NotApplicable
-from engine.estimate import estimate
-from engine.explain import REMEDIES, REMEDY_IDS, explained
-from engine.specs import Scenario
+from memfit.engine import changes, solve, sweep, whatif
+from memfit.engine.changes import BY_ID, CHANGES, NotApplicable
+from memfit.engine.estimate import estimate
+from memfit.engine.explain import REMEDIES, REMEDY_IDS, explained
+from memfit.engine.specs import Scenario
 from tests.engine.helpers import preset_scenario
 
 

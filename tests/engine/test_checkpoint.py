@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 
-from engine import checkpoint
-from engine.checkpoint import (
+from memfit.engine import checkpoint
+from memfit.engine.checkpoint import (
     compare,
     model_from_folder,
     read_checkpoint,
     read_safetensors_header,
 )
-from engine.errors import EstimateError
-from engine.hf_config import model_from_hf_config
-from engine.hub_cache import find_model
-from engine.params import count_parameters
+from memfit.engine.errors import EstimateError
+from memfit.engine.hf_config import model_from_hf_config
+from memfit.engine.hub_cache import find_model
+from memfit.engine.params import count_parameters
 
 BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1, "I64": 8}
 CONFIG: dict[str, Any] = {

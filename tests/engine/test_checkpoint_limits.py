@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 
-from engine import checkpoint
-from engine.checkpoint import (
+from memfit.engine import checkpoint
+from memfit.engine.checkpoint import (
     MAX_ELEMENTS,
     ReadCancelled,
     model_from_folder,
     read_checkpoint,
     read_safetensors_header,
 )
-from engine.cli import main
-from engine.errors import EstimateError
-from engine.imports import import_cached, import_path
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.cli import main
+from memfit.engine.errors import EstimateError
+from memfit.engine.imports import import_cached, import_path
+from memfit.engine.scenario_io import scenario_from_dict
 from tests.engine.test_checkpoint import (
     CONFIG,
     model_folder,

@@ -5,10 +5,10 @@ nothing, checkpointed or not, and is not run again in backward."""
 
 from typing import Any
 
-from engine.estimate import estimate
-from engine.specs import Scenario
-from engine.stacks import built
-from engine.timeline import embedding_output_grad
+from memfit.engine.estimate import estimate
+from memfit.engine.specs import Scenario
+from memfit.engine.stacks import built
+from memfit.engine.timeline import embedding_output_grad
 from tests.engine.helpers import preset_scenario
 from tests.engine.invariants import (
     _peak_activations,
@@ -109,7 +109,7 @@ def test_a_layer_autograd_does_not_record_is_not_recomputed_in_time_either() -> 
     body on LitGPT's model runs no forward again under full checkpointing (the same time as
     without it), while the same body built by transformers, whose checkpointing makes the
     embedding's output require grad, recomputes every layer."""
-    from engine.steptime import step_time
+    from memfit.engine.steptime import step_time
 
     def times(**training: Any) -> tuple[float, float]:
         none = step_time(frozen_body("llama-3-8b", **training)).step_time_s

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.presets import model_names
+from memfit.engine.cli import main
+from memfit.engine.presets import model_names
 
 METHODS = ("full", "lora", "qlora")
 
@@ -178,7 +178,7 @@ def test_console_script_has_no_traceback(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "engine",
+            "memfit.engine",
             "estimate",
             "--model",
             "gpt2",
@@ -197,7 +197,10 @@ def test_console_script_has_no_traceback(tmp_path: Path) -> None:
 
 def test_version_is_printed() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "engine", "--version"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "memfit.engine", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0
     assert re.fullmatch(r"MemFit \d+\.\d+\.\d+\S*\n", proc.stdout), proc.stdout

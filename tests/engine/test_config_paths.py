@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.errors import EstimateError
-from engine.imports import import_path
-from engine.scenario_io import scenario_from_dict
-from engine.train_configs import ImportedConfig, import_training_config
+from memfit.engine.cli import main
+from memfit.engine.errors import EstimateError
+from memfit.engine.imports import import_path
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.train_configs import ImportedConfig, import_training_config
 
 SECRET = "hf_TopSecretToken0123456789abcdef"
 DEFAULT = scenario_from_dict(

@@ -11,15 +11,15 @@ import json
 
 import pytest
 
-from engine import memo
-from engine.changes import BY_ID
-from engine.cli import main
-from engine.estimate import estimate
-from engine.explain import REMEDIES, TITLES, activation_sources, explained, remedy
-from engine.model_state import model_state
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.timeline import SOURCE_KINDS, played_step, step_timeline
+from memfit.engine import memo
+from memfit.engine.changes import BY_ID
+from memfit.engine.cli import main
+from memfit.engine.estimate import estimate
+from memfit.engine.explain import REMEDIES, TITLES, activation_sources, explained, remedy
+from memfit.engine.model_state import model_state
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.timeline import SOURCE_KINDS, played_step, step_timeline
 
 GIB = 2**30
 

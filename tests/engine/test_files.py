@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.files import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.files import (
     MAX_READ_BYTES,
     FileRefused,
     parse_json,
@@ -17,7 +17,7 @@ from engine.files import (
     write_bytes,
     write_text,
 )
-from engine.scenario_io import load_scenario, save_scenario, scenario_from_dict
+from memfit.engine.scenario_io import load_scenario, save_scenario, scenario_from_dict
 
 SCENARIO = {"memfit_scenario": 1, "model": {"preset": "gpt2"}, "hardware": {"gpu": "l4"}}
 
@@ -205,7 +205,7 @@ def test_a_save_removes_stale_temporary_files_of_its_target_only(tmp_path: Path)
 
 KILLED_SAVE = """
 import os, signal, sys
-from engine import files
+from memfit.engine import files
 def killed(src, dst):
     os.kill(os.getpid(), signal.SIGKILL)
 files.os.replace = killed

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.presets import model_names
+from memfit.engine.presets import model_names
 from tests.engine.golden import (
     ABSENT,
     GOLDEN,

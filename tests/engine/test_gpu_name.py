@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.presets import load_gpu, load_model
-from engine.report import to_markdown
-from engine.scenario_io import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.report import to_markdown
+from memfit.engine.scenario_io import (
     custom_gpu,
     default_gpu_name,
     load_scenario,
@@ -20,7 +20,7 @@ from engine.scenario_io import (
     scenario_from_dict,
     scenario_to_dict,
 )
-from engine.specs import GPU_NAME_CHARS, GpuSpec, HardwareSpec, Scenario
+from memfit.engine.specs import GPU_NAME_CHARS, GpuSpec, HardwareSpec, Scenario
 
 
 def scenario(gpu: GpuSpec, memory_gib: float | None = None) -> Scenario:

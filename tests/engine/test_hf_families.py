@@ -25,15 +25,15 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from engine.cli import format_table, main
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.hf_config import MULTIMODAL, READERS, REFUSED, model_from_hf_config
-from engine.params import count_parameters
-from engine.presets import load_gpu, load_model
-from engine.report import to_markdown
-from engine.scenario_io import load_scenario, scenario_from_dict, scenario_to_dict
-from engine.specs import HardwareSpec, ModelSpec, Scenario
+from memfit.engine.cli import format_table, main
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.hf_config import MULTIMODAL, READERS, REFUSED, model_from_hf_config
+from memfit.engine.params import count_parameters
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.report import to_markdown
+from memfit.engine.scenario_io import load_scenario, scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import HardwareSpec, ModelSpec, Scenario
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import hub_cache
-from engine.errors import EstimateError
-from engine.hub_cache import cache_root, find_model, scan_cache
+from memfit.engine import hub_cache
+from memfit.engine.errors import EstimateError
+from memfit.engine.hub_cache import cache_root, find_model, scan_cache
 
 C1 = "1" * 40
 C2 = "2" * 40

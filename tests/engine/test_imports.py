@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.errors import EstimateError
-from engine.imports import import_cached, import_path, import_text
-from engine.presets import load_gpu, load_model
-from engine.scenario_io import save_scenario, scenario_to_dict
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
+from memfit.engine.cli import main
+from memfit.engine.errors import EstimateError
+from memfit.engine.imports import import_cached, import_path, import_text
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.scenario_io import save_scenario, scenario_to_dict
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
 from tests.engine.test_checkpoint import CONFIG, ENGINE_COUNT, model_folder, plain_tensors
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from engine.cli import main, make_parser
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.files import MAX_DEPTH, parse_json
-from engine.imports import import_text
-from engine.presets import load_gpu, load_model
-from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import (
+from memfit.engine.cli import main, make_parser
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.files import MAX_DEPTH, parse_json
+from memfit.engine.imports import import_text
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import (
     GpuSpec,
     HardwareSpec,
     LoraSpec,
@@ -31,7 +31,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.train_configs import import_training_config
+from memfit.engine.train_configs import import_training_config
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

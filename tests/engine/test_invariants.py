@@ -5,8 +5,8 @@ from typing import Any
 
 from hypothesis import given, seed, settings
 
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict
 from tests.engine.invariants import _peak_activations, check_all, check_checkpointing, scenarios
 
 #: the draw CI checks, the same on every run (the benchmark draws a fresh one)

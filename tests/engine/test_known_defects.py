@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.estimate import estimate
+from memfit.engine.estimate import estimate
 from tests.engine.helpers import preset_scenario
 
 

@@ -1,4 +1,4 @@
-"""engine.memo: every cache of the engine is registered, ``memo.clear()`` empties every one,
+"""memfit.engine.memo: every cache of the engine is registered, ``memo.clear()`` empties every one,
 an answer is the same before and after a clear, and threads that share the caches get the
 answers one thread gets."""
 
@@ -18,20 +18,20 @@ from typing import Any
 
 import pytest
 
-import engine
-from engine import memo
-from engine.batch import totals_over
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.specs import Scenario
-from engine.steptime import step_time, step_times
+import memfit.engine as engine
+from memfit.engine import memo
+from memfit.engine.batch import totals_over
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.specs import Scenario
+from memfit.engine.steptime import step_time, step_times
 from tests.engine.helpers import preset_scenario, tiny_model
 
 ENGINE = Path(engine.__file__).resolve().parent
 MODULES = [
     importlib.import_module(m.name)
-    for m in pkgutil.walk_packages(engine.__path__, "engine.")
-    if m.name != "engine.__main__"  # runs the command line
+    for m in pkgutil.walk_packages(engine.__path__, "memfit.engine.")
+    if m.name != "memfit.engine.__main__"  # runs the command line
 ]
 #: a cache written without the registry: functools' decorators, anywhere but engine.memo
 UNREGISTERED = re.compile(
@@ -166,7 +166,11 @@ def test_the_engine_keeps_nothing_in_a_module_dict_of_its_own() -> None:
 def test_clear_empties_every_cache_and_the_answers_stay_the_same() -> None:
     first = workload()
     held = {name for name, n in memo.sizes().items() if n}
-    assert {"engine.estimate._prepared", "engine.steptime._MEMOS", "engine.timeline._PLANS"} <= held
+    assert {
+        "memfit.engine.estimate._prepared",
+        "memfit.engine.steptime._MEMOS",
+        "memfit.engine.timeline._PLANS",
+    } <= held
     memo.clear()
     assert set(memo.sizes().values()) == {0}
     assert [name for name, cache, _ in every_cache() if size(cache)] == []
@@ -175,14 +179,14 @@ def test_clear_empties_every_cache_and_the_answers_stay_the_same() -> None:
 
 def test_clear_of_names_empties_those_caches_only() -> None:
     workload()
-    memo.clear("engine.batch", "engine.steptime._MEMOS")
+    memo.clear("memfit.engine.batch", "memfit.engine.steptime._MEMOS")
     sizes = memo.sizes()
-    assert sizes["engine.batch.totals"] == sizes["engine.batch._STRATEGIES"] == 0
-    assert sizes["engine.steptime._MEMOS"] == 0
-    assert sizes["engine.steptime._layer"] > 0
-    assert sizes["engine.estimate._prepared"] > 0
-    with pytest.raises(ValueError, match=r"no engine cache is called 'engine\.batc'"):
-        memo.clear("engine.batc")
+    assert sizes["memfit.engine.batch.totals"] == sizes["memfit.engine.batch._STRATEGIES"] == 0
+    assert sizes["memfit.engine.steptime._MEMOS"] == 0
+    assert sizes["memfit.engine.steptime._layer"] > 0
+    assert sizes["memfit.engine.estimate._prepared"] > 0
+    with pytest.raises(ValueError, match=r"no engine cache is called 'memfit\.engine\.batc'"):
+        memo.clear("memfit.engine.batc")
 
 
 def test_a_table_keeps_the_first_entry_and_starts_afresh_when_full() -> None:

@@ -9,10 +9,10 @@ from math import ceil
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.model_state import model_state, nf4_bytes
-from engine.presets import load_model
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.model_state import model_state, nf4_bytes
+from memfit.engine.presets import load_model
+from memfit.engine.specs import (
     METHODS,
     OPTIMIZERS,
     PRECISIONS,

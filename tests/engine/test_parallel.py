@@ -6,17 +6,17 @@ import importlib
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.graph import simulate
-from engine.layers import decoder_layer
-from engine.model_state import model_state
-from engine.overhead import MIB, NCCL_COMMUNICATOR_MIB, NCCL_P2P_MIB
-from engine.plan import make_mesh
-from engine.presets import load_gpu, load_model
-from engine.rank import inflight
-from engine.sharding import DS_REDUCE_BUCKET, shard, tensor_parallel_shard
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.graph import simulate
+from memfit.engine.layers import decoder_layer
+from memfit.engine.model_state import model_state
+from memfit.engine.overhead import MIB, NCCL_COMMUNICATOR_MIB, NCCL_P2P_MIB
+from memfit.engine.plan import make_mesh
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.rank import inflight
+from memfit.engine.sharding import DS_REDUCE_BUCKET, shard, tensor_parallel_shard
+from memfit.engine.specs import (
     HardwareSpec,
     ModelSpec,
     OffloadSpec,
@@ -24,7 +24,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.timeline import Stage, step_timeline
+from memfit.engine.timeline import Stage, step_timeline
 from tests.engine.helpers import full_ctx
 
 N = 8_030_261_248  # Llama 3 8B
@@ -218,7 +218,9 @@ def test_expert_parallel_rank_holds_its_experts_and_shards_their_states() -> Non
     model = tensor_parallel_shard(s.model, 1, 8)
     assert model.local_experts == 1
     experts = 32 * 3 * 4096 * 14336  # one expert per layer on this rank
-    total = sum(g.total for g in __import__("engine.params").params.model_tensors(model))
+    total = sum(
+        g.total for g in __import__("memfit.engine.params").engine.params.model_tensors(model)
+    )
     dense = total - experts
     # ZeRO-1: dense states over dp = 8; the rank's expert is replicated dp / ep = 1 times
     states = state_of(s)["optimizer_states"]
@@ -400,7 +402,7 @@ def test_megatron_optimizer_offload_keeps_the_main_grad_buffer_on_the_gpu() -> N
     ],
 )
 def test_stage_layers(layers: int, stages: int, expected: list[int]) -> None:
-    from engine.plan import stage_layers
+    from memfit.engine.plan import stage_layers
 
     split = "even" if layers % stages == 0 and stages == 4 else "balanced"
     assert stage_layers(layers, stages, split) == expected
@@ -456,7 +458,9 @@ def test_deep_pipelines_play_each_stage_shape_once(monkeypatch: pytest.MonkeyPat
     """pp 1,024 took 3.6 s per edit in the app: every stage was played in full. Stages of
     one shape are played once; 1,024 stages of one layer each are three shapes (first,
     middle, last) and 1,024 rank groups."""
-    est_module = importlib.import_module("engine.estimate")  # the package's name is the function
+    est_module = importlib.import_module(
+        "memfit.engine.estimate"
+    )  # the package's name is the function
     calls = []
     real = est_module.rank_play
 

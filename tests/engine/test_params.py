@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.hf_config import model_from_hf_config
-from engine.params import count_parameters, model_tensors
-from engine.presets import load_model, model_names
+from memfit.engine.hf_config import model_from_hf_config
+from memfit.engine.params import count_parameters, model_tensors
+from memfit.engine.presets import load_model, model_names
 from tests.engine.helpers import tiny_model
 
 # The totals the engine-foundation issue requires; where each is published is recorded in

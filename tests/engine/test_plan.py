@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.plan import resolve
-from engine.plan.precision import precision_of
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.plan import resolve
+from memfit.engine.plan.precision import precision_of
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from tests.engine.helpers import preset_scenario
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
@@ -87,7 +87,7 @@ def test_only_the_plan_builds_the_mesh() -> None:
 
 
 def test_no_module_decides_bytes_from_the_recipes_name() -> None:
-    """The bytes of a tensor class follow from :func:`engine.plan.precision.precision_of`; an
+    """The bytes of a tensor class follow from :func:`memfit.engine.plan.precision.precision_of`; an
     inline ``2 if precision == "bf16" else 4`` beside it would drift."""
     rule = re.compile(r"\b[1248] if [\w.]*precision [=!]= \"[\w-]+\" else [1248]\b")
     found = {name for name, text in _sources().items() if rule.search(text)}
@@ -110,7 +110,7 @@ def test_only_the_plan_lays_out_the_stages_and_the_rank_shards() -> None:
 def test_the_step_time_plays_the_stages_memory_plays() -> None:
     """An uneven pipeline split (torchtitan's balanced split counts the embedding and the
     head as a layer each): the step time's layers per rank are the plan's slots."""
-    from engine.steptime import _plan, plan_key
+    from memfit.engine.steptime import _plan, plan_key
 
     pp = ParallelismSpec(pp=3, pp_split="balanced")
     s = Scenario(load_model("llama-3-8b"), HardwareSpec(load_gpu("h100-sxm-80gb"), 3),
@@ -127,7 +127,7 @@ def test_the_batched_path_builds_on_the_rank_module_not_on_the_estimates_insides
     private = {
         alias.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "engine.estimate"
+        if isinstance(node, ast.ImportFrom) and node.module == "memfit.engine.estimate"
         for alias in node.names
         if alias.name.startswith("_")
     }

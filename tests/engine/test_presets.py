@@ -5,11 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from engine import memo
-from engine.errors import EstimateError
-from engine.params import count_parameters
-from engine.presets import build_strict, gpu_names, load_gpu, load_model, model_names, resources_dir
-from engine.specs import GpuSpec, ModelSpec
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError
+from memfit.engine.locate import resources as resources_dir
+from memfit.engine.params import count_parameters
+from memfit.engine.presets import (
+    build_strict,
+    gpu_names,
+    load_gpu,
+    load_model,
+    model_names,
+)
+from memfit.engine.specs import GpuSpec, ModelSpec
 
 FAMILIES = {
     "llama",
@@ -106,12 +113,12 @@ def test_broken_preset_file_names_the_file(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "bad.json").write_text("{not json")
     monkeypatch.setenv("MEMFIT_RESOURCES", str(tmp_path))
-    memo.clear("engine.presets")
+    memo.clear()
     try:
         with pytest.raises(EstimateError, match=r"preset file bad\.json cannot be read"):
             load_model("bad")
     finally:
-        memo.clear("engine.presets")
+        memo.clear()
 
 
 def _validation_configs() -> dict[str, dict[str, object]]:
@@ -137,7 +144,7 @@ def test_a_preset_reads_as_its_checkpoints_config(name: str) -> None:
     ``config.json`` gives the preset's every field (falcon-7b lacked ``sdpa_math``, so its
     SDPA attention was costed as the flash kernel although transformers runs the math
     fallback for it)."""
-    from engine.hf_config import model_from_hf_config
+    from memfit.engine.hf_config import model_from_hf_config
 
     preset = load_model(name)
     read = model_from_hf_config(_validation_configs()[name])

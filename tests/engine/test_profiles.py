@@ -7,12 +7,12 @@ import dataclasses
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import EstimateError
-from engine.graph import Lin, larger
-from engine.layers import CHUNK_ROWS
-from engine.presets import load_model, model_names
-from engine.sharding import tensor_parallel_shard
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.graph import Lin, larger
+from memfit.engine.layers import CHUNK_ROWS
+from memfit.engine.presets import load_model, model_names
+from memfit.engine.sharding import tensor_parallel_shard
+from memfit.engine.specs import (
     ATTENTION_KERNELS,
     PRECISIONS,
     LoraSpec,
@@ -20,7 +20,7 @@ from engine.specs import (
     ParallelismSpec,
     TrainingSpec,
 )
-from engine.timeline import _direct, _profile, block_result, make_ctx
+from memfit.engine.timeline import _direct, _profile, block_result, make_ctx
 
 layouts = st.fixed_dictionaries(
     {

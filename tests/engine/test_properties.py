@@ -5,11 +5,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.presets import gpu_names, model_names
-from engine.scenario_io import scenario_from_dict
-from engine.specs import FRAMEWORKS, METHODS, OPTIMIZERS, PP_SCHEDULES, PP_SPLITS, PRECISIONS
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.presets import gpu_names, model_names
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.specs import FRAMEWORKS, METHODS, OPTIMIZERS, PP_SCHEDULES, PP_SPLITS, PRECISIONS
 from tests.engine.fuzzing import DEEP, HUGE
 
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from engine.estimate import GIB, Estimate, estimate
-from engine.model_state import CATEGORIES
-from engine.presets import load_gpu, load_model
-from engine.report import rows, to_csv, to_json, to_markdown
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.whatif import WhatIfResult, assess
+from memfit.engine.estimate import GIB, Estimate, estimate
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.report import rows, to_csv, to_json, to_markdown
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.whatif import WhatIfResult, assess
 
 KEYS = ("checkpointing", "8bit-optimizer", "qlora")
 

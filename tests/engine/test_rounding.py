@@ -1,18 +1,18 @@
 """The allocator's rounding counts the blocks a rank keeps on its GPU, as it keeps them
-(:func:`engine.sharding.resident_blocks`): each parameter tensor over 1 MiB, in its
+(:func:`memfit.engine.sharding.resident_blocks`): each parameter tensor over 1 MiB, in its
 storage, sharded or packed as the rank holds it; nothing for what is offloaded."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from engine.estimate import Estimate, estimate
-from engine.model_state import nf4_bytes
-from engine.overhead import MIB
-from engine.params import model_tensors
-from engine.plan import make_mesh
-from engine.presets import load_model
-from engine.sharding import resident_blocks
+from memfit.engine.estimate import Estimate, estimate
+from memfit.engine.model_state import nf4_bytes
+from memfit.engine.overhead import MIB
+from memfit.engine.params import model_tensors
+from memfit.engine.plan import make_mesh
+from memfit.engine.presets import load_model
+from memfit.engine.sharding import resident_blocks
 from tests.engine.helpers import preset_scenario
 
 GIB = 1 << 30

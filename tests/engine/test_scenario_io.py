@@ -6,15 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.presets import load_gpu, load_model
-from engine.scenario_io import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.scenario_io import (
     load_scenario,
     save_scenario,
     scenario_from_dict,
     scenario_to_dict,
 )
-from engine.specs import FreezeSpec, HardwareSpec, LoraSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.specs import (
+    FreezeSpec,
+    HardwareSpec,
+    LoraSpec,
+    ParallelismSpec,
+    Scenario,
+    TrainingSpec,
+)
 
 DESIGN_EXAMPLE = {
     "memfit_scenario": 1,
@@ -149,7 +156,7 @@ def test_failed_save_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Monk
     def boom(*args: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("engine.scenario_io.os.replace", boom)
+    monkeypatch.setattr("memfit.engine.scenario_io.os.replace", boom)
     with pytest.raises(OSError):
         save_scenario(s, path)
     assert path.read_text() == "old"

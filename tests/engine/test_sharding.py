@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.model_state import model_state, nf4_bytes
-from engine.plan import make_mesh
-from engine.presets import load_gpu, load_model
-from engine.sharding import shard
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.model_state import model_state, nf4_bytes
+from memfit.engine.plan import make_mesh
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.sharding import shard
+from memfit.engine.specs import (
     HardwareSpec,
     OffloadSpec,
     ParallelismSpec,
@@ -192,8 +192,8 @@ def test_parameter_offload_needs_zero3() -> None:
 
 
 def test_tensor_parallel_rank_holds_its_share_of_the_weights() -> None:
-    from engine.params import count_parameters
-    from engine.sharding import tensor_parallel_shard
+    from memfit.engine.params import count_parameters
+    from memfit.engine.sharding import tensor_parallel_shard
 
     model = load_model("llama-3-8b")
     rank = tensor_parallel_shard(model, 2)
@@ -205,9 +205,9 @@ def test_tensor_parallel_rank_holds_its_share_of_the_weights() -> None:
 
 
 def test_tensor_parallel_keeps_hidden_size_activations_whole() -> None:
-    from engine.graph import simulate
-    from engine.layers import decoder_layer
-    from engine.sharding import tensor_parallel_shard
+    from memfit.engine.graph import simulate
+    from memfit.engine.layers import decoder_layer
+    from memfit.engine.sharding import tensor_parallel_shard
     from tests.engine.helpers import full_ctx
 
     model = load_model("llama-3-8b")

@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from engine import solve, sweep
-from engine.cli import main
-from engine.estimate import estimate
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, LoraSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.steptime import step_time
+from memfit.engine import solve, sweep
+from memfit.engine.cli import main
+from memfit.engine.estimate import estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, LoraSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.steptime import step_time
 
 
 def scenario(model: str, gpu: str, gpus: int = 1, **training: object) -> Scenario:
@@ -269,7 +269,7 @@ def test_a_default_sweep_equals_one_estimate_per_configuration() -> None:
     ZeRO stage, offload) and the configurations it leaves out are the invalid ones."""
     import random
 
-    from engine.errors import EstimateError
+    from memfit.engine.errors import EstimateError
 
     s = scenario("llama-3-8b", "h100-sxm-80gb", 8, micro_batch_size=2,
                  gradient_accumulation_steps=4, sequence_length=8192)  # fmt: skip
@@ -291,9 +291,9 @@ def test_a_default_sweep_equals_one_estimate_per_configuration() -> None:
 def test_make_it_fit_and_the_what_ifs_offer_zero_by_one_rule() -> None:
     # all eight GPUs in tensor parallelism leave a shard group of one: the what-if says
     # why ZeRO-3 does not apply, and make-it-fit does not offer a stage that shards nothing
-    from engine.changes import nothing_to_shard
-    from engine.solve import CHANGES
-    from engine.whatif import WHATIFS_BY_KEY
+    from memfit.engine.changes import nothing_to_shard
+    from memfit.engine.solve import CHANGES
+    from memfit.engine.whatif import WHATIFS_BY_KEY
     from tests.engine.helpers import preset_scenario
 
     s = preset_scenario("llama-3-8b", "h100-sxm-80gb", {"parallelism": {"tp": 8}}, gpus_per_node=8)

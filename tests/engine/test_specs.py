@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, LoraSpec, ModelSpec, Scenario, TrainingSpec
+from memfit.engine.errors import EstimateError
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, LoraSpec, ModelSpec, Scenario, TrainingSpec
 
 
 def test_error_is_a_value_error_naming_field_value_and_range() -> None:

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.model_state import model_state
-from engine.presets import resources_dir
-from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import STACKS, LoraSpec
-from engine.stacks import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.locate import resources as resources_dir
+from memfit.engine.model_state import model_state
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import STACKS, LoraSpec
+from memfit.engine.stacks import (
     CONVENTION_FIELDS,
     CONVENTIONS,
     REQUIRED,
@@ -235,7 +235,7 @@ def test_every_stack_loads_and_estimates() -> None:
 
 
 def test_the_release_outputs_whatif_follows_the_held_convention() -> None:
-    from engine.whatif import WHATIFS_BY_KEY, assess
+    from memfit.engine.whatif import WHATIFS_BY_KEY, assess
 
     release = WHATIFS_BY_KEY["release-outputs"]
     trainer = scenario_from_dict(scenario())
@@ -268,7 +268,7 @@ def test_an_optimizer_in_backward_keeps_no_gradient_buffer() -> None:
 
 
 def test_first_k_layers_checkpoints_the_first_k_of_a_stage() -> None:
-    from engine.timeline import checkpointed
+    from memfit.engine.timeline import checkpointed
 
     t = scenario_from_dict(
         scenario(activation_checkpointing="first-k-layers", checkpoint_every_k=3)
@@ -287,7 +287,7 @@ def test_first_k_layers_checkpoints_the_first_k_of_a_stage() -> None:
 
 
 def test_make_it_fit_can_release_held_outputs() -> None:
-    from engine.solve import CHANGES_BY_KEY
+    from memfit.engine.solve import CHANGES_BY_KEY
 
     release = CHANGES_BY_KEY["release-outputs"]
     assert not release.applies(scenario_from_dict(scenario()))  # the Trainer releases them
@@ -369,8 +369,8 @@ def test_the_previous_step_lives_on_where_the_loop_rebinds_its_variables() -> No
 
 
 def test_freeing_the_previous_step_is_offered_where_the_loop_carries_it() -> None:
-    from engine.solve import CHANGES_BY_KEY
-    from engine.whatif import WHATIFS_BY_KEY, assess
+    from memfit.engine.solve import CHANGES_BY_KEY
+    from memfit.engine.whatif import WHATIFS_BY_KEY, assess
 
     free = WHATIFS_BY_KEY["release-previous-step"]
     trainer = scenario_from_dict(scenario(method="qlora", precision="bf16"))
@@ -427,8 +427,8 @@ def test_ddp_buckets_hold_only_what_trains() -> None:
 
 
 def test_bucket_views_are_a_change_the_what_ifs_and_make_it_fit_offer() -> None:
-    from engine.solve import CHANGES_BY_KEY
-    from engine.whatif import WhatIfResult, assess
+    from memfit.engine.solve import CHANGES_BY_KEY
+    from memfit.engine.whatif import WhatIfResult, assess
 
     sc = scenario_from_dict(_ddp())
     result = assess(sc, estimate(sc), "gradient-bucket-view")
@@ -443,7 +443,7 @@ def test_bucket_views_are_a_change_the_what_ifs_and_make_it_fit_offer() -> None:
 def test_ddp_bucket_copies_cost_memory_traffic_and_views_save_it() -> None:
     """The copies into the buckets and back are a read and a write of the gradients each
     way, on the compute stream: the step time counts them where the buckets are copies."""
-    from engine.steptime import step_time
+    from memfit.engine.steptime import step_time
 
     copied = step_time(scenario_from_dict(_ddp()))
     views = step_time(scenario_from_dict(_ddp(gradient_as_bucket_view=True)))

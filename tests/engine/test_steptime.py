@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.params import count_parameters, model_tensors
-from engine.presets import load_gpu, load_model
-from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.specs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.params import count_parameters, model_tensors
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import (
     HardwareSpec,
     LoraSpec,
     OffloadSpec,
@@ -20,7 +20,7 @@ from engine.specs import (
     Scenario,
     TrainingSpec,
 )
-from engine.steptime import BOUNDS, step_time
+from memfit.engine.steptime import BOUNDS, step_time
 
 
 def scenario(model: str = "llama-3-8b", gpu: str = "h100-sxm-80gb", gpus: int = 1,
@@ -235,7 +235,7 @@ def test_new_fields_round_trip_and_are_checked() -> None:
 
 
 def test_every_preset_pair_has_a_finite_time() -> None:
-    from engine.presets import gpu_names, model_names
+    from memfit.engine.presets import gpu_names, model_names
 
     for name in model_names():
         for gpu in ("h100-sxm-80gb", "rtx-4090", "mi300x"):
@@ -275,7 +275,7 @@ def test_every_training_field_but_the_shape_keys_the_plan() -> None:
     later."""
     from dataclasses import fields
 
-    from engine.steptime import SHAPE_FIELDS, plan_key
+    from memfit.engine.steptime import SHAPE_FIELDS, plan_key
 
     base = TrainingSpec()
     names = {f.name for f in fields(TrainingSpec)}
@@ -329,9 +329,9 @@ def test_a_stage_block_is_not_shared_by_plans_that_differ_in_what_it_reads() -> 
     of the layers (3 of 7 here, the per-op share of a 7-layer model whose attention and
     MLP matrices are all h x h), yet per-op does not run the attention kernel again: a
     block cached under the share alone gave the per-op step the every-k time."""
-    from engine import memo
-    from engine.specs import ModelSpec
-    from engine.steptime import per_op_recompute_share
+    from memfit.engine import memo
+    from memfit.engine.specs import ModelSpec
+    from memfit.engine.steptime import per_op_recompute_share
 
     model = ModelSpec(
         "seven", num_layers=7, hidden_size=512, num_attention_heads=8,
@@ -355,7 +355,7 @@ def test_an_activation_written_in_python_ops_costs_its_ops_in_time() -> None:
     time prices the same ops (engine.layers.activation_traffic): a model that runs the
     fused GELU instead is cheaper in both. On an H200 GPT-2 small (b16, s1024) took
     0.108 s a step; pricing the fused GELU gave 0.044 s, these ops 0.075 s."""
-    from engine.layers import activation_traffic
+    from memfit.engine.layers import activation_traffic
 
     assert activation_traffic("gelu", "amp") == (0, 0)
     assert activation_traffic("silu", "half") == (0, 0)
@@ -373,8 +373,8 @@ def test_qlora_dequantization_costs_in_time_what_its_ops_move() -> None:
     quant state's dtype is fp32 the memory walk has a second, fp32 copy alive for the cast
     (Lightning's plugin), and a quantized LM head is dequantized too. The step time prices
     the same ops (engine.layers.dequant_traffic): both cost time."""
-    from engine.layers import dequant_traffic
-    from engine.specs import QuantSpec
+    from memfit.engine.layers import dequant_traffic
+    from memfit.engine.specs import QuantSpec
 
     assert dequant_traffic(0) == 2.5  # the 4-bit code read, 16 bits written
     assert dequant_traffic(4) == 10.5  # fp32 written, read and cast to 16 bits

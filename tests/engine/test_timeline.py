@@ -9,17 +9,17 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from engine import memo
-from engine.estimate import estimate
-from engine.graph import simulate
-from engine.layers import Ctx, decoder_layer
-from engine.model_state import model_state
-from engine.plan import resolve
-from engine.presets import load_gpu, load_model, model_names
-from engine.scenario_io import scenario_from_dict
-from engine.sharding import tensor_parallel_shard
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.timeline import (
+from memfit.engine import memo
+from memfit.engine.estimate import estimate
+from memfit.engine.graph import simulate
+from memfit.engine.layers import Ctx, decoder_layer
+from memfit.engine.model_state import model_state
+from memfit.engine.plan import resolve
+from memfit.engine.presets import load_gpu, load_model, model_names
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.sharding import tensor_parallel_shard
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.timeline import (
     Gather,
     Point,
     Stage,
@@ -327,7 +327,9 @@ def case(data: dict[str, object]) -> Scenario:
 def rank_timelines(scenario: Scenario) -> list[Timeline]:
     """The played step of every pipeline stage of ``scenario``, by its compiled plan (a
     plan is compiled on its third play)."""
-    est_module = importlib.import_module("engine.estimate")  # the package's name is the function
+    est_module = importlib.import_module(
+        "memfit.engine.estimate"
+    )  # the package's name is the function
     plan = resolve(scenario)
     for _ in range(3):
         stages = est_module._stages(plan.scenario, plan.rank_model(), plan.mesh, plan.ranks())

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict, scenario_to_dict
-from engine.stacks import load_stack
-from engine.train_configs import (
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.stacks import load_stack
+from memfit.engine.train_configs import (
     FORMATS,
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -767,7 +767,7 @@ def test_a_10_mb_file_of_junk_is_refused_before_it_is_read(tmp_path: Path) -> No
 def test_without_libyaml_the_same_checks_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    import engine.train_configs.parse as tc
+    import memfit.engine.train_configs.parse as tc
 
     monkeypatch.setattr(tc, "_EVENTS_LOADER", yaml.SafeLoader)
     imported = import_training_config(FIXTURES / "torchtune-llama3_1-8b-qlora-single-device.yaml")

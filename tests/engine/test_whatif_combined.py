@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from engine.estimate import estimate
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.steptime import step_time
-from engine.whatif import (
+from memfit.engine.estimate import estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.steptime import step_time
+from memfit.engine.whatif import (
     COMBINE_ORDER,
     COMBINED_KEY,
     WHATIFS,
@@ -180,8 +180,8 @@ def test_all_offered_changes_together_are_one_valid_scenario() -> None:
 def test_a_change_the_engine_rejects_with_the_others_is_skipped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import engine.whatif as whatif
-    from engine.errors import EstimateError
+    import memfit.engine.whatif as whatif
+    from memfit.engine.errors import EstimateError
 
     base = scenario(method="full")
     current = estimate(base)

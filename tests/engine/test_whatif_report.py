@@ -7,12 +7,19 @@ import json
 
 import pytest
 
-from engine.estimate import Estimate, estimate
-from engine.model_state import CATEGORIES
-from engine.presets import load_gpu, load_model
-from engine.report import rows, shows_host, shows_ranks, to_csv, to_json, to_markdown
-from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.whatif import WHATIFS, WHATIFS_BY_KEY, WhatIfResult, assess, compute_text, evaluate
+from memfit.engine.estimate import Estimate, estimate
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.report import rows, shows_host, shows_ranks, to_csv, to_json, to_markdown
+from memfit.engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.whatif import (
+    WHATIFS,
+    WHATIFS_BY_KEY,
+    WhatIfResult,
+    assess,
+    compute_text,
+    evaluate,
+)
 
 
 def scenario(**training: object) -> Scenario:
@@ -53,7 +60,7 @@ def test_saved_bytes_and_costs() -> None:
 def test_step_time_changes_are_modelled() -> None:
     """The factor is the ratio of the two modelled step times: checkpointing re-runs the
     forward (about +1/3 of a compute-bound step), mixed precision is faster than fp32."""
-    from engine.steptime import step_time
+    from memfit.engine.steptime import step_time
 
     base = scenario(method="full", micro_batch_size=4, sequence_length=4096)
     ckpt = assess(base, estimate(base), "checkpointing")

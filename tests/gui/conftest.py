@@ -1,7 +1,7 @@
 """GUI test setup: no message box or dialog ever blocks a test; a ``window`` to drive;
 every window a test opens is closed and freed when it ends.
 
-Every ``QMessageBox.exec`` is answered by :class:`~gui.monkey.MessageBoxes`: with the
+Every ``QMessageBox.exec`` is answered by :class:`~memfit.gui.monkey.MessageBoxes`: with the
 answers a test queues, else Discard (when offered) or OK. What each box said, and in which
 text format, is recorded for the test to check. Any other modal dialog a test does not
 answer itself (by patching its ``exec``) fails the test: a real modal loop offscreen may
@@ -21,9 +21,9 @@ from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
-from gui.store import default_scenario
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
+from memfit.gui.store import default_scenario
 from tests.gui.helpers import free_top_levels
 
 

@@ -12,10 +12,10 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QDialog, QInputDialog, QWidget
 
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from gui.lifetime import delete_now
-from gui.main_window import MainWindow
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui.lifetime import delete_now
+from memfit.gui.main_window import MainWindow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def type_into(spin: QAbstractSpinBox, text: str) -> None:
 def field_mismatches(window: MainWindow) -> list[str]:
     """Visible rows whose widget does not show the scenario's value (and holds no
     rejected value with its error)."""
-    from gui.monkey import agree
+    from memfit.gui.monkey import agree
 
     out = []
     for panel in window.panels:

@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from gui.app import version
+from memfit.gui.app import version
 from tests.gui.helpers import run_offscreen
 
 SMOKE = """
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
-from gui.app import make_app
-from gui.main_window import MainWindow
+from memfit.gui.app import make_app
+from memfit.gui.main_window import MainWindow
 
 make_app()  # the launcher reuses it; the timer needs its event loop
 
@@ -22,7 +22,7 @@ def close_all():
     app.quit()
 
 QTimer.singleShot(500, close_all)
-from gui.launcher import main
+from memfit.gui.launcher import main
 raise SystemExit(main([]))
 """
 

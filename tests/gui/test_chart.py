@@ -15,12 +15,12 @@ from PySide6.QtGui import QColor, QFontMetrics, QImage, QPalette
 from PySide6.QtWidgets import QApplication, QLabel
 from pytestqt.qtbot import QtBot
 
-from engine.estimate import Estimate, estimate
-from engine.model_state import CATEGORIES
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
-from gui import chart_export
-from gui.chart import (
+from memfit.engine.estimate import Estimate, estimate
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui import chart_export
+from memfit.gui.chart import (
     CATEGORY_COLOURS,
     GIB,
     BreakdownChart,
@@ -30,7 +30,7 @@ from gui.chart import (
     shown_groups,
     tick_lines,
 )
-from gui.chart_export import chart_image, export_png, export_svg
+from memfit.gui.chart_export import chart_image, export_png, export_svg
 
 SIZE = QSize(900, 560)
 
@@ -602,7 +602,7 @@ def test_the_banner_says_what_its_verdict_means(chart: BreakdownChart) -> None:
 
 
 def test_the_activations_segment_says_where_they_come_from(chart: BreakdownChart) -> None:
-    from engine.explain import explained
+    from memfit.engine.explain import explained
 
     e = est("llama-3-8b", "h100-sxm-80gb", method="lora", precision="bf16-mixed")
     assert e.breakdown["activations"] > 0  # the peak is in backward

@@ -17,13 +17,13 @@ from PySide6.QtCore import QRectF, QSettings, QSize
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
-from engine.estimate import GIB, Estimate, estimate
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from gui import chart_export
-from gui.chart import CUT_MARK, BreakdownChart, Ghost, axis_top, gib_text, scenario_caption
-from gui.chart_export import export_png, export_svg, png_bytes
-from gui.main_window import MainWindow
+from memfit.engine.estimate import GIB, Estimate, estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui import chart_export
+from memfit.gui.chart import CUT_MARK, BreakdownChart, Ghost, axis_top, gib_text, scenario_caption
+from memfit.gui.chart_export import export_png, export_svg, png_bytes
+from memfit.gui.main_window import MainWindow
 
 SIZES = [QSize(1280, 800), QSize(1024, 640)]
 

@@ -14,14 +14,14 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMenu
 from pytestqt.qtbot import QtBot
 
-from engine.estimate import GIB, Estimate, estimate
-from engine.model_state import CATEGORIES
-from engine.presets import load_gpu, load_model
-from engine.specs import Scenario
-from engine.whatif import COMBINED_KEY, WhatIfResult, combined
-from gui.chart import BASELINE_PATTERN, CATEGORY_COLOURS, BreakdownChart, Ghost, gib_text
-from gui.main_window import MainWindow
-from gui.whatif_bar import COMBINED_LABEL
+from memfit.engine.estimate import GIB, Estimate, estimate
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import Scenario
+from memfit.engine.whatif import COMBINED_KEY, WhatIfResult, combined
+from memfit.gui.chart import BASELINE_PATTERN, CATEGORY_COLOURS, BreakdownChart, Ghost, gib_text
+from memfit.gui.main_window import MainWindow
+from memfit.gui.whatif_bar import COMBINED_LABEL
 from tests.gui.helpers import bad_mesh, type_into
 from tests.gui.test_chart import double_click
 from tests.gui.test_chart_labels import (

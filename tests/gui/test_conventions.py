@@ -16,18 +16,23 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QComboBox, QToolButton
 from pytestqt.qtbot import QtBot
 
-import engine.stacks
-from engine import memo
-from engine.errors import EstimateError
-from engine.presets import load_model
-from engine.scenario_io import load_scenario, save_scenario, scenario_from_dict, scenario_to_dict
-from engine.specs import STACKS, Scenario
-from engine.stacks import as_built, conventions, load_stack, with_stack
-from engine.whatif import WHATIFS
-from gui.main_window import MainWindow
-from gui.panels import FROM_STACK, TrainingPanel, conventions_summary
-from gui.store import ScenarioStore, default_scenario
-from gui.whatif_bar import WhatIfBar
+import memfit.engine.stacks
+from memfit.engine import memo
+from memfit.engine.errors import EstimateError
+from memfit.engine.presets import load_model
+from memfit.engine.scenario_io import (
+    load_scenario,
+    save_scenario,
+    scenario_from_dict,
+    scenario_to_dict,
+)
+from memfit.engine.specs import STACKS, Scenario
+from memfit.engine.stacks import as_built, conventions, load_stack, with_stack
+from memfit.engine.whatif import WHATIFS
+from memfit.gui.main_window import MainWindow
+from memfit.gui.panels import FROM_STACK, TrainingPanel, conventions_summary
+from memfit.gui.store import ScenarioStore, default_scenario
+from memfit.gui.whatif_bar import WhatIfBar
 from tests.gui.helpers import bad_mesh, field_mismatches, ini
 
 CONVENTION_ROWS = (
@@ -490,16 +495,16 @@ def test_an_invalid_scenario_still_shows_its_conventions(panel: TrainingPanel) -
 def test_a_stack_file_that_cannot_be_read_is_named_not_fatal(
     qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = engine.stacks.load_stack
+    real = memfit.engine.stacks.load_stack
 
-    def broken(name: str) -> engine.stacks.Stack:
+    def broken(name: str) -> memfit.engine.stacks.Stack:
         if name == "axolotl":
             raise EstimateError("stacks/axolotl.json", "cannot be read: broken")
         return real(name)
 
-    monkeypatch.setattr(engine.stacks, "load_stack", broken)
-    monkeypatch.setattr("gui.panels.load_stack", broken)
-    memo.clear("engine.stacks.conventions")
+    monkeypatch.setattr(memfit.engine.stacks, "load_stack", broken)
+    monkeypatch.setattr("memfit.gui.panels.load_stack", broken)
+    memo.clear("memfit.engine.stacks.conventions")
     store = ScenarioStore(on_stack("hf-trainer"))
     panel = TrainingPanel(store)
     qtbot.addWidget(panel)
@@ -512,7 +517,7 @@ def test_a_stack_file_that_cannot_be_read_is_named_not_fatal(
         "from stack (unknown)"
     )
     assert "cannot be read" in stack.toolTip()
-    memo.clear("engine.stacks.conventions")
+    memo.clear("memfit.engine.stacks.conventions")
 
 
 def test_a_file_with_an_unknown_stack_is_refused_with_its_reason(
@@ -629,8 +634,8 @@ def test_lora_targets_given_as_module_names_check_their_roles(qtbot: QtBot, tmp_
 
 
 def test_the_model_panel_counts_the_model_litgpt_builds(qtbot: QtBot) -> None:
-    from engine.params import count_parameters
-    from gui.panels import ModelPanel
+    from memfit.engine.params import count_parameters
+    from memfit.gui.panels import ModelPanel
 
     tied = load_model("llama-3.2-1b")
     assert tied.tie_word_embeddings

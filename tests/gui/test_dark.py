@@ -10,8 +10,8 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor, QImage, QPalette
 from PySide6.QtWidgets import QApplication, QWidget
 
-from gui.main_window import MainWindow
-from gui.theme import contrast
+from memfit.gui.main_window import MainWindow
+from memfit.gui.theme import contrast
 
 
 def switch(window: MainWindow, theme: str) -> None:
@@ -127,7 +127,7 @@ def test_a_window_started_in_dark_has_dark_toggles(qtbot: object, tmp_path: obje
 
     from PySide6.QtCore import QSettings
 
-    from gui.store import default_scenario
+    from memfit.gui.store import default_scenario
 
     folder = Path(str(tmp_path))
     settings = QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat)

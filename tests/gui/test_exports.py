@@ -16,12 +16,12 @@ from PySide6.QtCore import QRect, QSize
 from PySide6.QtGui import QGuiApplication, QImage, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog
 
-from engine.estimate import GIB
-from engine.model_state import CATEGORIES
-from engine.presets import load_model
-from engine.specs import ParallelismSpec
-from gui import chart_export
-from gui.chart_export import (
+from memfit.engine.estimate import GIB
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.presets import load_model
+from memfit.engine.specs import ParallelismSpec
+from memfit.gui import chart_export
+from memfit.gui.chart_export import (
     CAPTION_MARGIN,
     IMAGE_SIZES,
     ImageSize,
@@ -29,7 +29,7 @@ from gui.chart_export import (
     chart_image,
     layout_for,
 )
-from gui.main_window import SVG_FILTER, MainWindow
+from memfit.gui.main_window import SVG_FILTER, MainWindow
 
 PIXELS = re.compile(r": (\d+) x (\d+) px \(\*\.png\)$")
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QLabel
 
-from engine.presets import gpu_names, load_model
-from engine.scenario_io import scenario_to_dict
-from gui.chart import rich_text
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
-from gui.store import default_scenario
+from memfit.engine.presets import gpu_names, load_model
+from memfit.engine.scenario_io import scenario_to_dict
+from memfit.gui.chart import rich_text
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
+from memfit.gui.store import default_scenario
 from tests.gui.helpers import field_mismatches, type_into
 
 

@@ -13,9 +13,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from gui import chart_export
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
+from memfit.gui import chart_export
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
 
 KINDS = [("chart.png", "export_chart"), ("chart.svg", "export_chart"), ("data.csv", "export_data")]
 

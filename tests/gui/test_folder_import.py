@@ -13,9 +13,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QPushButton
 from pytestqt.qtbot import QtBot
 
-from engine import checkpoint
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
+from memfit.engine import checkpoint
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
 from tests.engine.test_checkpoint import CONFIG, model_folder, plain_tensors
 from tests.engine.test_checkpoint_limits import many_tensors
 from tests.gui.helpers import answer_read_as

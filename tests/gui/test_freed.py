@@ -1,4 +1,4 @@
-"""Closed windows are freed: :func:`gui.lifetime.delete_now` at once, and the windows a test
+"""Closed windows are freed: :func:`memfit.gui.lifetime.delete_now` at once, and the windows a test
 opens when it ends (``windows_freed`` in the conftest), so they never pile up and slow
 the tests after it."""
 
@@ -9,8 +9,8 @@ import shiboken6
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from gui.lifetime import delete_now
-from gui.main_window import MainWindow
+from memfit.gui.lifetime import delete_now
+from memfit.gui.main_window import MainWindow
 from tests.gui.helpers import cluster, ini
 
 #: the windows :func:`test_a_test_leaves_windows_open` leaves, for the test after it

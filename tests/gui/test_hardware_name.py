@@ -10,10 +10,10 @@ from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QComboBox, QLineEdit
 from pytestqt.qtbot import QtBot
 
-from engine.report import to_markdown
-from engine.scenario_io import load_scenario
-from gui.chart import scenario_caption
-from gui.main_window import MainWindow
+from memfit.engine.report import to_markdown
+from memfit.engine.scenario_io import load_scenario
+from memfit.gui.chart import scenario_caption
+from memfit.gui.main_window import MainWindow
 
 
 def gpu_combo(window: MainWindow) -> QComboBox:

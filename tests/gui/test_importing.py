@@ -12,11 +12,11 @@ from PySide6.QtGui import QDropEvent, QGuiApplication
 from PySide6.QtWidgets import QDialog
 from pytestqt.qtbot import QtBot
 
-from engine.presets import load_model
-from engine.scenario_io import save_scenario
-from gui.importing import ModelBrowser, is_scenario_file
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
+from memfit.engine.presets import load_model
+from memfit.engine.scenario_io import save_scenario
+from memfit.gui.importing import ModelBrowser, is_scenario_file
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
 from tests.engine.test_checkpoint import CONFIG, ENGINE_COUNT, model_folder, plain_tensors
 from tests.engine.test_imports import cached
 from tests.gui.helpers import answer_read_as
@@ -190,8 +190,8 @@ def test_an_empty_cache_says_where_it_looked(
 def test_every_supported_family_dropped_on_the_window_estimates(
     window: MainWindow, config: str
 ) -> None:
-    from engine.hf_config import model_from_hf_config
-    from engine.params import count_parameters
+    from memfit.engine.hf_config import model_from_hf_config
+    from memfit.engine.params import count_parameters
 
     path = FIXTURES / "hf_configs" / config
     mime = QMimeData()

@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from PySide6.QtTest import QTest
 
-from gui.main_window import MainWindow
+from memfit.gui.main_window import MainWindow
 
 
 def first_offered(window: MainWindow) -> str:
@@ -89,8 +89,8 @@ def test_error_text_keeps_wcag_aa_contrast_in_both_themes(window: MainWindow) ->
     from PySide6.QtGui import QPalette
     from PySide6.QtWidgets import QApplication
 
-    from gui.forms import ErrorLabel
-    from gui.theme import contrast
+    from memfit.gui.forms import ErrorLabel
+    from memfit.gui.theme import contrast
 
     label = next(r.error for r in window.training_panel.rows.values())
     assert isinstance(label, ErrorLabel)

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QStyleOptionSpinBox,
 )
 
-from gui.main_window import MainWindow
+from memfit.gui.main_window import MainWindow
 
 FIRST_SCREEN = (
     "hardware.gpu",

@@ -11,17 +11,17 @@ import pytest
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QImage
 
-from engine.estimate import estimate
-from engine.params import count_parameters
-from engine.presets import load_gpu, load_model
-from engine.report import to_csv, to_markdown
-from engine.scenario_io import save_scenario
-from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
-from engine.whatif import WHATIFS
-from gui.chart import gib_text
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
-from gui.store import default_scenario
+from memfit.engine.estimate import estimate
+from memfit.engine.params import count_parameters
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.report import to_csv, to_markdown
+from memfit.engine.scenario_io import save_scenario
+from memfit.engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.whatif import WHATIFS
+from memfit.gui.chart import gib_text
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
+from memfit.gui.store import default_scenario
 
 
 @pytest.fixture

@@ -13,14 +13,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
-from engine.estimate import GIB, estimate
-from engine.presets import load_gpu, load_model
-from engine.solve import fits, make_it_fit
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
-from engine.steptime import step_time
-from gui.main_window import MainWindow
-from gui.make_fit import MINUS, find_fixes
-from gui.tradeoffs import TradeoffsView
+from memfit.engine.estimate import GIB, estimate
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.solve import fits, make_it_fit
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+from memfit.engine.steptime import step_time
+from memfit.gui.main_window import MainWindow
+from memfit.gui.make_fit import MINUS, find_fixes
+from memfit.gui.tradeoffs import TradeoffsView
 from tests.gui.helpers import bad_mesh
 
 WAIT_MS = 60_000

@@ -7,8 +7,8 @@ file's content shown (``benchmarks/monkey.py`` runs thousands)."""
 import dataclasses
 from pathlib import Path
 
-from gui.main_window import MainWindow
-from gui.monkey import Monkey, run_monkey
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import Monkey, run_monkey
 
 
 def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

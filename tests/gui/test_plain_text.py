@@ -5,7 +5,7 @@ into every text field of a scenario the spec accepts (the model's names and sour
 GPU's name and the rest of its texts), the scenario's file name, a notice and a config's
 ``model_type``; then every widget of the window and of the dialogs it opens is walked
 (labels, tooltips of widgets, actions, tabs, items and chart items, the chart's texts,
-message boxes, the read-as prompt): none renders it (:func:`gui.monkey.rendered_markup`).
+message boxes, the read-as prompt): none renders it (:func:`memfit.gui.monkey.rendered_markup`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QApplication, QDialog, QInputDialog, QLabel
 from pytestqt.qtbot import QtBot
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.scenario_io import save_scenario
-from engine.specs import GPU_NAME_CHARS, GpuSpec, HardwareSpec, ModelSpec, Scenario
-from engine.sweep import Space
-from gui.main_window import MainWindow
-from gui.monkey import MARKUP_SIGNS, MessageBoxes, rendered_markup
-from gui.store import default_scenario
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import save_scenario
+from memfit.engine.specs import GPU_NAME_CHARS, GpuSpec, HardwareSpec, ModelSpec, Scenario
+from memfit.engine.sweep import Space
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MARKUP_SIGNS, MessageBoxes, rendered_markup
+from memfit.gui.store import default_scenario
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

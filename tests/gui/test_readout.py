@@ -8,10 +8,10 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QMenu
 from pytestqt.qtbot import QtBot
 
-from gui.chart import VERDICTS
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
-from gui.readout import (
+from memfit.gui.chart import VERDICTS
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
+from memfit.gui.readout import (
     HELP_TEXT,
     VERDICT_WORDS,
     Readout,
@@ -19,7 +19,7 @@ from gui.readout import (
     overhead_split,
     status_summary,
 )
-from gui.store import ScenarioStore, default_scenario
+from memfit.gui.store import ScenarioStore, default_scenario
 from tests.gui.helpers import bad_mesh
 
 

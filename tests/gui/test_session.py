@@ -23,11 +23,11 @@ from PySide6.QtCore import QByteArray, QLockFile, QSettings, QSysInfo
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
-from engine.scenario_io import load_scenario, save_scenario, scenario_to_dict
-from gui.main_window import MainWindow
-from gui.monkey import MessageBoxes
-from gui.session import MemorySettings
-from gui.store import ScenarioStore, default_scenario
+from memfit.engine.scenario_io import load_scenario, save_scenario, scenario_to_dict
+from memfit.gui.main_window import MainWindow
+from memfit.gui.monkey import MessageBoxes
+from memfit.gui.session import MemorySettings
+from memfit.gui.store import ScenarioStore, default_scenario
 from tests.gui.helpers import ROOT, bad_mesh, ini, run_offscreen
 
 Button = QMessageBox.StandardButton
@@ -175,9 +175,9 @@ def test_the_document_file_gone_since_a_discarded_close(start, tmp_path: Path, h
 FIFO_START = """
 import os, sys
 from pathlib import Path
-from gui.app import make_app
+from memfit.gui.app import make_app
 make_app()
-from gui.main_window import MainWindow
+from memfit.gui.main_window import MainWindow
 folder = Path(sys.argv[1])
 os.mkfifo(folder / "last.memfit.json")
 os.mkfifo(folder / "MemFit.conf")
@@ -358,9 +358,9 @@ WINDOW_PROCESS = """
 import os, signal, sys, time
 from pathlib import Path
 from PySide6.QtCore import QSettings
-from gui.app import make_app
+from memfit.gui.app import make_app
 app = make_app()
-from gui.main_window import MainWindow
+from memfit.gui.main_window import MainWindow
 folder = Path(sys.argv[1])
 window = MainWindow(settings=QSettings(str(folder / "s.ini"), QSettings.Format.IniFormat),
                     data_dir=folder)

@@ -18,9 +18,9 @@ from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtWidgets import QSplitter
 from pytestqt.qtbot import QtBot
 
-from engine.scenario_io import save_scenario
-from gui.main_window import MainWindow
-from gui.store import default_scenario
+from memfit.engine.scenario_io import save_scenario
+from memfit.gui.main_window import MainWindow
+from memfit.gui.store import default_scenario
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,14 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
-from engine.estimate import estimate
-from engine.model_state import CATEGORIES
-from engine.scenario_io import save_scenario
-from gui.chart import CATEGORY_COLOURS, STALE_ALPHA, BreakdownChart, Ghost
-from gui.forms import in_user_words
-from gui.main_window import MainWindow
-from gui.readout import status_summary
-from gui.store import default_scenario
+from memfit.engine.estimate import estimate
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.scenario_io import save_scenario
+from memfit.gui.chart import CATEGORY_COLOURS, STALE_ALPHA, BreakdownChart, Ghost
+from memfit.gui.forms import in_user_words
+from memfit.gui.main_window import MainWindow
+from memfit.gui.readout import status_summary
+from memfit.gui.store import default_scenario
 from tests.gui.helpers import bad_mesh, ini, type_into
 
 

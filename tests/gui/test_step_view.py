@@ -12,12 +12,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from engine.estimate import GIB, estimate
-from engine.explain import explained
-from engine.presets import load_gpu, load_model
-from engine.specs import HardwareSpec, Scenario, TrainingSpec
-from gui.main_window import MainWindow
-from gui.step_view import OUT_OF_DATE, moment_text
+from memfit.engine.estimate import GIB, estimate
+from memfit.engine.explain import explained
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+from memfit.gui.main_window import MainWindow
+from memfit.gui.step_view import OUT_OF_DATE, moment_text
 from tests.gui.helpers import bad_mesh
 
 LONG = Scenario(

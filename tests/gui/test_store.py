@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from engine.presets import load_model
-from gui.store import ScenarioStore, default_scenario
+from memfit.engine.presets import load_model
+from memfit.gui.store import ScenarioStore, default_scenario
 
 
 def test_emits_only_on_real_change(qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -47,7 +47,7 @@ def test_a_rejected_scenario_has_no_estimate(qtbot) -> None:  # type: ignore[no-
 def test_an_engine_failure_is_an_error_not_a_crash(qtbot, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import sys
 
-    from gui import store as store_module
+    from memfit.gui import store as store_module
 
     def broken(_scenario: object) -> None:
         raise ZeroDivisionError("division by zero")

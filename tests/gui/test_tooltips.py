@@ -1,5 +1,5 @@
 """Every input of the left column says in words what it is and what it changes in memory,
-then the accepted range of a number box (:mod:`gui.tooltips`)."""
+then the accepted range of a number box (:mod:`memfit.gui.tooltips`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.forms import FormPanel
-from gui.main_window import MainWindow
-from gui.tooltips import TIPS
+from memfit.gui.forms import FormPanel
+from memfit.gui.main_window import MainWindow
+from memfit.gui.tooltips import TIPS
 
 BARE_RANGE = re.compile(r"^[\w .,/()-]*:?\s*[\d,.]+ to [\d,.e+]+.*$")
 

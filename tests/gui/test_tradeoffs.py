@@ -15,17 +15,17 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
-from engine.errors import EstimateError
-from engine.estimate import GIB
-from engine.solve import max_micro_batch, max_sequence_length, min_gpus
-from engine.sweep import Space, default_space, describe, pareto, sweep
-from gui.background import Channel
-from gui.curves import FIELDS, with_checkpointing
-from gui.forms import in_user_words
-from gui.hardware_compare import on_gpu
-from gui.main_window import MainWindow
-from gui.sweep_map import SweepMap
-from gui.tradeoffs import TradeoffsView
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import GIB
+from memfit.engine.solve import max_micro_batch, max_sequence_length, min_gpus
+from memfit.engine.sweep import Space, default_space, describe, pareto, sweep
+from memfit.gui.background import Channel
+from memfit.gui.curves import FIELDS, with_checkpointing
+from memfit.gui.forms import in_user_words
+from memfit.gui.hardware_compare import on_gpu
+from memfit.gui.main_window import MainWindow
+from memfit.gui.sweep_map import SweepMap
+from memfit.gui.tradeoffs import TradeoffsView
 from tests.gui.helpers import bad_mesh, cluster
 
 #: a dozen configurations: fast enough for every test

@@ -8,9 +8,9 @@ from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 from pytestqt.qtbot import QtBot
 
-from gui.chart import SHORT_Y_LABEL, Y_LABEL
-from gui.flow import FlowLayout
-from gui.main_window import MainWindow
+from memfit.gui.chart import SHORT_Y_LABEL, Y_LABEL
+from memfit.gui.flow import FlowLayout
+from memfit.gui.main_window import MainWindow
 
 
 def _rows(widgets: list[QWidget]) -> list[int]:

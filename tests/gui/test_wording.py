@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gui.forms import in_user_words
-from gui.main_window import MainWindow
+from memfit.gui.forms import in_user_words
+from memfit.gui.main_window import MainWindow
 from tests.gui.helpers import bad_mesh
 
 
@@ -50,7 +50,7 @@ def test_a_refusal_gives_its_field_without_reading_it_back_from_the_text(
     """The store keeps the engine's refusal with its field; the panels name the field from
     it, so a field whose detail holds ``": "`` or a field path no row shows is named as the
     engine gave it (nothing parses the message back into a field)."""
-    from engine.errors import EstimateError
+    from memfit.engine.errors import EstimateError
 
     window.store.reset(bad_mesh())
     refusal = window.store.refusal

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "packaging"))
 import render_icons  # noqa: E402
 
-ICONS = ROOT / "gui" / "icons"
-DESKTOP = ROOT / "packaging" / "memfit.desktop"
+ICONS = ROOT / "resources" / "icons"
+DESKTOP = ROOT / "resources" / "desktop" / "memfit.desktop"
 INSTALL = ROOT / "packaging" / "install-desktop.sh"
 
 
@@ -108,7 +108,11 @@ def test_desktop_entry_names_the_app_its_icon_and_window() -> None:
     # the window manager matches windows to the entry by the name the app gives itself
     # (pytest-qt's application is not made by make_app, so ask a fresh process)
     app_says = subprocess.run(
-        [sys.executable, "-c", "from gui.app import make_app; print(make_app().desktopFileName())"],
+        [
+            sys.executable,
+            "-c",
+            "from memfit.gui.app import make_app; print(make_app().desktopFileName())",
+        ],
         capture_output=True,
         text=True,
         env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
@@ -150,9 +154,11 @@ def test_install_desktop_from_source_and_uninstall(tmp_path: Path) -> None:
 
 def test_install_desktop_from_a_bundle_starts_that_bundle(tmp_path: Path) -> None:
     bundle = tmp_path / "my apps" / "memfit"  # a space, to see the Exec line quoted
-    shutil.copytree(ICONS, bundle / "_internal" / "gui" / "icons")
+    # the bundle's data as the spec lays it out: resources/ under _internal/memfit/
+    data_dir = bundle / "_internal" / "memfit" / "resources"
+    shutil.copytree(ICONS, data_dir / "icons")
+    shutil.copytree(DESKTOP.parent, data_dir / "desktop")
     shutil.copy(INSTALL, bundle)
-    shutil.copy(DESKTOP, bundle)
     program = bundle / "memfit"
     program.write_text("#!/bin/sh\n")
     program.chmod(program.stat().st_mode | stat.S_IXUSR)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtGui import QImage
 
-from engine.estimate import estimate
-from gui import selftest
-from gui.main_window import MainWindow
+from memfit.engine.estimate import estimate
+from memfit.gui import selftest
+from memfit.gui.main_window import MainWindow
 
 CHECKS = ["platform", "version", "resources", "window", "estimate", "png", "svg", "csv", "fonts"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ def test_the_command_runs_headless_and_leaves_the_home_alone(tmp_path: Path) -> 
     home.mkdir()
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "gui.launcher", "--selftest", str(out)],
+        [sys.executable, "-m", "memfit.gui.launcher", "--selftest", str(out)],
         capture_output=True,
         text=True,
         env=clean_env(home),
@@ -117,7 +117,7 @@ def test_the_command_runs_headless_and_leaves_the_home_alone(tmp_path: Path) -> 
 
 def test_the_first_paint_probe_prints_a_time(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "gui.launcher", "--selftest", "--first-paint-probe"],
+        [sys.executable, "-m", "memfit.gui.launcher", "--selftest", "--first-paint-probe"],
         capture_output=True,
         text=True,
         env=clean_env(tmp_path),

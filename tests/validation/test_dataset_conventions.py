@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.scenario_io import scenario_from_dict
 
 DATASET = Path(__file__).with_name("dataset_conventions.json")
 ROOT = Path(__file__).resolve().parents[2]

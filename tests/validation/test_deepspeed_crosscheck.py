@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from engine.estimate import estimate
-from engine.model_state import model_state
-from engine.params import count_parameters, largest_layer_params
-from engine.plan import make_mesh
-from engine.presets import load_gpu, load_model
-from engine.sharding import shard
-from engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.engine.estimate import estimate
+from memfit.engine.model_state import model_state
+from memfit.engine.params import count_parameters, largest_layer_params
+from memfit.engine.plan import make_mesh
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.sharding import shard
+from memfit.engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 
 FIXTURE = json.loads((Path(__file__).parent / "deepspeed_estimates.json").read_text())
 RECORDS = FIXTURE["records"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict
 from tests.validation.traced import as_traced, traced_peak
 
 CASES = json.loads((Path(__file__).parent / "dataset_activations.json").read_text())

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict
 from tests.validation.traced import as_traced, traced_peak
 
 HERE = Path(__file__).parent

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict
 from tests.validation.traced import as_traced
 
 CASES = [

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from engine.estimate import estimate
-from engine.scenario_io import scenario_from_dict
-from engine.stacks import conventions
+from memfit.engine.estimate import estimate
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.stacks import conventions
 
 DATASET = Path(__file__).with_name("dataset_litgpt.json")
 #: the worst and the median |relative error| of the allocated peak (observed: 0.7 %, 0.04 %)

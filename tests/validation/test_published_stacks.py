@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EstimateError
-from engine.estimate import GIB, estimate
-from engine.scenario_io import scenario_from_dict
-from engine.specs import STACKS
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import GIB, estimate
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.specs import STACKS
 
 CASES = json.loads((Path(__file__).parent / "published.json").read_text(encoding="utf-8"))
 #: the estimate's total each kind of published figure is compared with

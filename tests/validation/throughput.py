@@ -8,8 +8,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.scenario_io import scenario_from_dict
-from engine.steptime import step_time
+from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.steptime import step_time
 
 DATA = Path(__file__).resolve().parent / "throughput.json"
 #: pairs whose measured throughputs differ by less than this are within the run-to-run
