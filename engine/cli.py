@@ -70,6 +70,7 @@ from memfit.engine.specs import (
     OFFLOAD_TARGETS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
+    PARALLEL_AXES,
     PP_SCHEDULES,
     PRECISIONS,
     Scenario,
@@ -121,10 +122,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "double_quant": (("training", "qlora", "double_quant"), bool),
     "trainable": (("training", "freeze", "trainable"), _csv),
     "last_layers": (("training", "freeze", "last_layers"), int),
-    "tp": (("training", "parallelism", "tp"), int),
-    "pp": (("training", "parallelism", "pp"), int),
-    "cp": (("training", "parallelism", "cp"), int),
-    "ep": (("training", "parallelism", "ep"), int),
+    **{axis.key: (("training", "parallelism", axis.key), int) for axis in PARALLEL_AXES},
     "zero": (("training", "parallelism", "zero_stage"), int),
     "vpp": (("training", "parallelism", "vpp"), int),
     "pp_schedule": (("training", "parallelism", "pp_schedule"), str),
@@ -453,10 +451,8 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
     t.add_argument("--trainable", metavar="A,B", help="parts left trainable by --method freeze")
     t.add_argument("--last-layers", type=int, help="last N layers trainable (--method freeze)")
-    t.add_argument("--tp", type=int)
-    t.add_argument("--pp", type=int)
-    t.add_argument("--cp", type=int)
-    t.add_argument("--ep", type=int)
+    for axis in PARALLEL_AXES:
+        t.add_argument(f"--{axis.key}", type=int, metavar="N", help=f"{axis.label}: {axis.help}")
     t.add_argument("--zero", type=int, metavar="STAGE")
     t.add_argument("--pp-schedule", choices=PP_SCHEDULES)
     t.add_argument("--vpp", type=int, help="virtual stages per rank (interleaved-1f1b)")

@@ -197,7 +197,7 @@ class Estimate:
             "host_items": [
                 {"name": i.name, "category": i.category, "bytes": i.bytes} for i in self.host_items
             ],
-            "mesh": dataclasses.asdict(self.mesh) if self.mesh else None,
+            "mesh": self.mesh.as_dict() if self.mesh else None,
             "time": self.time.as_dict(),
             "stack": self.conventions.stack,
             "conventions": [

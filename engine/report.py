@@ -34,7 +34,7 @@ from typing import Any
 
 from memfit.engine.estimate import GIB, Estimate, RankGroup
 from memfit.engine.model_state import CATEGORIES
-from memfit.engine.specs import ModelSpec
+from memfit.engine.specs import PARALLEL_AXES, ModelSpec
 from memfit.engine.whatif import WhatIfResult
 
 COLUMNS = ("category", "item", "bytes", "gib", "formula", "source")
@@ -285,10 +285,11 @@ def mesh_text(est: Estimate) -> str:
         return ""
     par = est.scenario.training.parallelism
     schedule = f" ({par.pp_schedule})" if m.pp > 1 else ""
+    world = " x ".join(f"{a.key} {m.size(a.key)}" for a in PARALLEL_AXES if a.in_world)
+    inner = " | ".join(f"{a.key} {m.size(a.key)}" for a in PARALLEL_AXES if not a.in_world)
     return (
-        f"world {m.world} = tp {m.tp} x pp {m.pp} x cp {m.cp} x dp {m.dp} | "
-        f"vpp {m.vpp}{schedule} | ep {m.ep} | ZeRO shard group {m.shard}"
-        + (" (within a node)" if par.hybrid_shard else "")
+        f"world {m.world} = {world} x dp {m.dp} | vpp {m.vpp}{schedule} | {inner} | "
+        f"ZeRO shard group {m.shard}" + (" (within a node)" if par.hybrid_shard else "")
     )
 
 

@@ -114,7 +114,7 @@ def gpu_counts(scenario: Scenario, limit: int = MAX_GPUS) -> list[tuple[int, int
     :data:`SERVER_GPUS` (or its own size, if larger)."""
     hw, par = scenario.hardware, scenario.training.parallelism
     node = hw.gpus_per_node if hw.nodes > 1 else max(hw.gpus_per_node, SERVER_GPUS)
-    unit = par.tp * par.pp * par.cp
+    unit = par.model_parallel
     out = [(n, 1) for n in range(unit, node, unit)]
     out += [(node, k) for k in range(1, limit // node + 1) if (node * k) % unit == 0]
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -670,6 +671,81 @@ class FreezeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelAxis:
+    """One way of splitting a step over GPUs: a size field of :class:`ParallelismSpec`,
+    described once for everything that checks, shows, asks for, sweeps or multiplies it --
+    the spec's check, the mesh and its communicators, the CLI's flags, the app's rows and
+    tooltips, the report's and the chart's mesh, the sweep's axes and columns, the solvers'
+    GPU counts. What it does to memory and to time is the sharding's, the layers' and the
+    step time's (:mod:`memfit.engine.sharding`, :mod:`memfit.engine.steptime`)."""
+
+    #: the field of :class:`ParallelismSpec` and the mesh's size; the CLI's ``--KEY``, the
+    #: sweep's CSV column
+    key: str
+    #: the app's row
+    label: str
+    #: what it splits, in sentences after the label: the app's tooltip and the CLI's help
+    help: str
+    #: the NCCL communicator of its group (:meth:`memfit.engine.plan.mesh.Mesh.communicators`)
+    group: str
+    #: the world is the product of these sizes and the data-parallel size; an axis that is
+    #: not (expert parallel) splits the data-parallel ranks further
+    in_world: bool = True
+    #: its group talks point to point: a send and a receive communicator (the pipeline)
+    point_to_point: bool = False
+    #: the sizes a default sweep tries: powers of two up to a node (``node``), up to 8
+    #: (``8``), up to 8 for sequences of 8k and more (``long``); ``""``: the scenario's own
+    sweep: str = ""
+    #: what the size must divide beyond the world: given the scenario and the size, what
+    #: is wrong (the message of an :class:`EstimateError` naming the field) or None. The
+    #: mesh runs it right after the world's product
+    #: (:func:`memfit.engine.plan.mesh.make_mesh`, which keeps the checks of tp, pp, cp and
+    #: ep, reported in the order they always were)
+    check: Callable[[Scenario, int], str | None] | None = None
+
+
+#: every parallel axis, in the order the mesh names them (``tp x pp x cp x dp``)
+PARALLEL_AXES = (
+    ParallelAxis(
+        "tp",
+        "Tensor parallel",
+        "each layer's weight matrices and most of its activations split over tp GPUs. "
+        "tp x pp x cp must divide the GPU count.",
+        "tensor parallel",
+        sweep="node",
+    ),
+    ParallelAxis(
+        "pp",
+        "Pipeline parallel",
+        "the layers split into pp stages, one per GPU group, each holding its layers' state "
+        "and the activations of its micro-batches in flight. pp x virtual stages must "
+        "divide the layers.",
+        "pipeline",
+        point_to_point=True,
+        sweep="8",
+    ),
+    ParallelAxis(
+        "cp",
+        "Context parallel",
+        "the sequence split into 2 x cp chunks (ring attention), so each GPU keeps the "
+        "activations of its part only.",
+        "context",
+        sweep="long",
+    ),
+    ParallelAxis(
+        "ep",
+        "Expert parallel",
+        "the experts of an MoE model spread over ep GPUs, each keeping its experts' weights "
+        "and states. Must divide the experts and the data-parallel size.",
+        "expert parallel",
+        in_world=False,
+    ),
+)
+#: the axes whose sizes multiply into the world, by key
+WORLD_AXES = tuple(a.key for a in PARALLEL_AXES if a.in_world)
+
+
+@dataclass(frozen=True, slots=True)
 class ParallelismSpec:
     """How the GPUs split the work; the data-parallel size is what is left over.
 
@@ -701,8 +777,8 @@ class ParallelismSpec:
     def __post_init__(self) -> None:
         f = "training.parallelism."
         check_fields(self, f)
-        for name in ("tp", "pp", "cp", "ep"):
-            check_int(f + name, getattr(self, name), 1, 65536)
+        for axis in PARALLEL_AXES:
+            check_int(f + axis.key, getattr(self, axis.key), 1, 65536)
         check_int(f + "zero_stage", self.zero_stage, 0, 3)
         check_int(f + "vpp", self.vpp, 1, 1024)
         check_choice(f + "pp_schedule", self.pp_schedule, PP_SCHEDULES)
@@ -724,6 +800,19 @@ class ParallelismSpec:
     @property
     def is_trivial(self) -> bool:
         return self == ParallelismSpec()
+
+    def size(self, key: str) -> int:
+        """The size of the parallel axis ``key`` (one of :data:`PARALLEL_AXES`)."""
+        value: int = getattr(self, key)
+        return value
+
+    @property
+    def model_parallel(self) -> int:
+        """The GPUs one data-parallel replica spans: the product of the world's axes."""
+        out = 1
+        for key in WORLD_AXES:
+            out *= self.size(key)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,17 +25,22 @@ import dataclasses
 import functools
 import io
 import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from memfit.engine import changes, specs
 from memfit.engine.batch import totals, totals_over
 from memfit.engine.errors import EstimateError
 from memfit.engine.scenario_io import scenario_to_dict
 from memfit.engine.solve import hardware_with
-from memfit.engine.specs import Scenario
+from memfit.engine.specs import PARALLEL_AXES, WORLD_AXES, Scenario
 from memfit.engine.steptime import StepTime, step_time, step_times
 
+#: the parallel axes a sweep varies (:attr:`memfit.engine.specs.ParallelAxis.sweep`): its
+#: CSV has a column for each
+SWEPT_AXES = tuple(a.key for a in PARALLEL_AXES if a.sweep)
 #: the columns of a sweep's CSV
 ROW_FIELDS = (
     "gpu",
@@ -44,9 +49,7 @@ ROW_FIELDS = (
     "optimizer",
     "checkpointing",
     "zero_stage",
-    "tp",
-    "pp",
-    "cp",
+    *SWEPT_AXES,
     "offload",
     "micro_batch_size",
     "gradient_accumulation_steps",
@@ -71,12 +74,15 @@ class Space:
     optimizers: tuple[str, ...] = ()
     checkpointing: tuple[str, ...] = ()
     zero_stages: tuple[int, ...] = ()
-    tp: tuple[int, ...] = ()
-    pp: tuple[int, ...] = ()
-    cp: tuple[int, ...] = ()
+    #: the sizes of each parallel axis swept, by its key (``(("tp", (1, 2)),)``)
+    parallel: tuple[tuple[str, tuple[int, ...]], ...] = ()
     offload: tuple[str, ...] = ()
     micro_batches: tuple[int, ...] = ()
     hardware: tuple[Hardware, ...] = ()
+
+    def sizes(self, key: str) -> tuple[int, ...]:
+        """The sizes the parallel axis ``key`` takes (empty: the scenario's)."""
+        return dict(self.parallel).get(key, ())
 
 
 def _powers(limit: int) -> tuple[int, ...]:
@@ -90,7 +96,7 @@ def _powers(limit: int) -> tuple[int, ...]:
 def global_batch(scenario: Scenario) -> int:
     """Sequences per optimizer step: micro-batch x accumulation x data-parallel size."""
     t, p = scenario.training, scenario.training.parallelism
-    dp = scenario.hardware.world_size // (p.tp * p.pp * p.cp)
+    dp = scenario.hardware.world_size // p.model_parallel
     return t.micro_batch_size * t.gradient_accumulation_steps * max(1, dp)
 
 
@@ -118,18 +124,18 @@ def default_space(scenario: Scenario) -> Space:
     ckpt = changes.pick(CHECKPOINTING_CHANGES)
     checkpointing = ("none", *(str(c.value("activation_checkpointing")) for c in ckpt))
     world = hw.world_size
-    sizes = _powers(8)
-    tp = tuple(n for n in sizes if n <= hw.gpus_per_node and world % n == 0)
-    pp = tuple(n for n in sizes if world % n == 0)
-    cp = tuple(n for n in sizes if world % n == 0) if t.sequence_length >= 8192 else (1,)
+    dividing = tuple(n for n in _powers(8) if world % n == 0)
+    rules = {
+        "node": tuple(n for n in dividing if n <= hw.gpus_per_node),
+        "8": dividing,
+        "long": dividing if t.sequence_length >= 8192 else (1,),
+    }
     return Space(
         precisions=precisions,
         optimizers=optimizers,
         checkpointing=checkpointing,
         zero_stages=(0, 1, 2, 3),
-        tp=tp,
-        pp=pp,
-        cp=cp,
+        parallel=tuple((a.key, rules[a.sweep]) for a in PARALLEL_AXES if a.sweep),
         offload=("none", "cpu"),
         micro_batches=_powers(min(64, global_batch(scenario))),
     )
@@ -155,30 +161,31 @@ def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strat
         base_hw = hardware_with(scenario, gpu).hardware
         base_hw = dataclasses.replace(base_hw, gpus_per_node=per_node, nodes=nodes)
         world = per_node * nodes
-        for precision, optimizer, ckpt, zero, tp, pp, cp, offload in itertools.product(
+        axes = [space.sizes(a.key) or (par.size(a.key),) for a in PARALLEL_AXES]
+        choices: list[Sequence[Any]] = [
             space.precisions or (t.precision,),
             space.optimizers or (t.optimizer,),
             space.checkpointing or (t.activation_checkpointing,),
             space.zero_stages or (par.zero_stage,),
-            space.tp or (par.tp,),
-            space.pp or (par.pp,),
-            space.cp or (par.cp,),
+            *axes,
             space.offload or (t.offload.optimizer,),
-        ):
-            if world % (tp * pp * cp):
+        ]
+        for combo in itertools.product(*choices):
+            precision, optimizer, ckpt, zero, *sizes, offload = combo
+            chosen = {a.key: n for a, n in zip(PARALLEL_AXES, sizes, strict=True)}
+            model_parallel = math.prod(chosen[key] for key in WORLD_AXES)
+            if world % model_parallel:
                 continue
-            dp = world // (tp * pp * cp)
+            dp = world // model_parallel
             shapes = [(m, seq, batch // (m * dp)) for m in micros if batch % (m * dp) == 0]
             if not shapes:
                 continue
             try:
                 new_par = dataclasses.replace(
                     par,
-                    tp=tp,
-                    pp=pp,
-                    cp=cp,
+                    **chosen,
                     zero_stage=zero,
-                    sequence_parallel=par.sequence_parallel and tp > 1,
+                    sequence_parallel=par.sequence_parallel and chosen["tp"] > 1,
                 )
                 training = dataclasses.replace(
                     t,
@@ -277,9 +284,7 @@ class Point:
             "optimizer": t.optimizer,
             "checkpointing": t.activation_checkpointing,
             "zero_stage": p.zero_stage,
-            "tp": p.tp,
-            "pp": p.pp,
-            "cp": p.cp,
+            **{key: p.size(key) for key in SWEPT_AXES},
             "offload": t.offload.optimizer,
             "micro_batch_size": t.micro_batch_size,
             "gradient_accumulation_steps": t.gradient_accumulation_steps,
@@ -302,9 +307,9 @@ def describe(scenario: Scenario) -> str:
         parts.append(f"ckpt {t.activation_checkpointing}")
     if p.zero_stage:
         parts.append(f"ZeRO-{p.zero_stage}")
-    for name in ("tp", "pp", "cp", "ep"):
-        if getattr(p, name) > 1:
-            parts.append(f"{name} {getattr(p, name)}")
+    for axis in PARALLEL_AXES:
+        if p.size(axis.key) > 1:
+            parts.append(f"{axis.key} {p.size(axis.key)}")
     if t.offload.optimizer != "none":
         parts.append(f"offload {t.offload.optimizer}")
     parts.append(f"mb {t.micro_batch_size} x {t.gradient_accumulation_steps}")
@@ -392,9 +397,7 @@ def _settings(p: Point) -> int:
     return (
         (t.activation_checkpointing != "none")
         + (par.zero_stage > 0)
-        + (par.tp > 1)
-        + (par.pp > 1)
-        + (par.cp > 1)
+        + sum(par.size(key) > 1 for key in SWEPT_AXES)
         + (t.offload.optimizer != "none")
     )
 

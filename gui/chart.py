@@ -54,6 +54,7 @@ from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import GIB, Estimate
 from memfit.engine.explain import explained
 from memfit.engine.model_state import CATEGORIES, MemoryItem
+from memfit.engine.specs import PARALLEL_AXES
 from memfit.engine.stacks import load_stack
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour
@@ -199,9 +200,7 @@ def scenario_caption(est: Estimate) -> str:
     t, hw = s.training, s.hardware
     p = t.parallelism
     details = [f"{hw.nodes} nodes x {hw.gpus_per_node}"] if hw.nodes > 1 else []
-    mesh = [
-        f"{name} {getattr(p, name)}" for name in ("tp", "pp", "cp", "ep") if getattr(p, name) > 1
-    ]
+    mesh = [f"{a.key} {p.size(a.key)}" for a in PARALLEL_AXES if p.size(a.key) > 1]
     mesh += [f"ZeRO-{p.zero_stage}"] if p.zero_stage else []
     details += [", ".join(mesh)] if mesh else []
     gpus = f"{hw.world_size} x {hw.gpu.display_name}"

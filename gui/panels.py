@@ -44,6 +44,7 @@ from memfit.engine.specs import (
     FREEZE_PARTS,
     LORA_TARGETS,
     OPTIMIZER_IMPLS,
+    PARALLEL_AXES,
     GpuSpec,
     HardwareSpec,
     ModelSpec,
@@ -1065,6 +1066,14 @@ def _schedule_field() -> tuple[Any, Any]:
     return get, set_
 
 
+#: the rows of the parallelism panel: the scenario paths start so
+PAR = "training.parallelism."
+
+
+def parallelism_field(name: str) -> tuple[Any, Any]:
+    return training_field("parallelism." + name)
+
+
 class ParallelismPanel(FormPanel):
     """How the GPUs split the run (framework, data and model parallelism) and what leaves
     the GPU (offload). Options that only matter with another setting (the schedule with
@@ -1078,11 +1087,7 @@ class ParallelismPanel(FormPanel):
         self.mesh.setObjectName("meshSummary")
         self.mesh.setWordWrap(True)
         self.header.addWidget(self.mesh)
-        par = "training.parallelism."
-
-        def field(name: str) -> tuple[Any, Any]:
-            return training_field("parallelism." + name)
-
+        par, field = PAR, parallelism_field
         self.add_combo(
             par + "framework",
             "Framework",
@@ -1102,55 +1107,17 @@ class ParallelismPanel(FormPanel):
             field("hybrid_shard"),
         ).setText("shard within a node")
         section(self.form, "Model parallel")
-        for name, label in (("tp", "Tensor parallel"), ("pp", "Pipeline parallel")):
-            self.add_spin(par + name, label, 1, 65536, field(name))
-            if name == "tp":
-                self.add_check(
-                    par + "sequence_parallel",
-                    "Sequence parallel",
-                    field("sequence_parallel"),
-                ).setText("split over tp ranks")
-        self.add_combo(
-            par + "pp_schedule",
-            "Schedule",
-            SCHEDULE_CHOICES,
-            _schedule_field(),
-        )
-        self.add_combo(
-            par + "pp_split",
-            "Stage split",
-            SPLIT_CHOICES,
-            field("pp_split"),
-        )
-        self.add_spin(
-            par + "vpp",
-            "Virtual stages",
-            1,
-            1024,
-            field("vpp"),
-        )
-        self.add_spin(
-            par + "cp",
-            "Context parallel",
-            1,
-            65536,
-            field("cp"),
-        )
-        self.add_spin(
-            par + "ep",
-            "Expert parallel",
-            1,
-            65536,
-            field("ep"),
-        )
-        self.add_double(
-            par + "expert_capacity_factor",
-            "Expert capacity",
-            1.0,
-            64.0,
-            field("expert_capacity_factor"),
-            suffix=" x",
-        ).setSingleStep(0.25)
+        # each parallel axis (engine.specs.PARALLEL_AXES) a row, and after it the settings
+        # that belong to it
+        companions = {
+            "tp": self._add_tp_rows,
+            "pp": self._add_pp_rows,
+            "ep": self._add_ep_rows,
+        }
+        for axis in PARALLEL_AXES:
+            self.add_spin(par + axis.key, axis.label, 1, 65536, field(axis.key))
+            if axis.key in companions:
+                companions[axis.key]()
         section(self.form, "Offload")
         for name, label in (("optimizer", "Optimizer"), ("parameters", "Parameters")):
             self.add_combo(
@@ -1166,6 +1133,30 @@ class ParallelismPanel(FormPanel):
             training_field("offload.activations"),
         )
         self.after_refresh(store.scenario)
+
+    def _add_tp_rows(self) -> None:
+        self.add_check(
+            PAR + "sequence_parallel",
+            "Sequence parallel",
+            parallelism_field("sequence_parallel"),
+        ).setText("split over tp ranks")
+
+    def _add_pp_rows(self) -> None:
+        self.add_combo(PAR + "pp_schedule", "Schedule", SCHEDULE_CHOICES, _schedule_field())
+        self.add_combo(
+            PAR + "pp_split", "Stage split", SPLIT_CHOICES, parallelism_field("pp_split")
+        )
+        self.add_spin(PAR + "vpp", "Virtual stages", 1, 1024, parallelism_field("vpp"))
+
+    def _add_ep_rows(self) -> None:
+        self.add_double(
+            PAR + "expert_capacity_factor",
+            "Expert capacity",
+            1.0,
+            64.0,
+            parallelism_field("expert_capacity_factor"),
+            suffix=" x",
+        ).setSingleStep(0.25)
 
     def after_refresh(self, scenario: Scenario) -> None:
         p = scenario.training.parallelism
@@ -1187,10 +1178,14 @@ class ParallelismPanel(FormPanel):
         except EstimateError:
             self.mesh.setText(f"{gpus}: this split does not work (see below)")
             return
-        extra = [f"ep {m.ep}"] if m.ep > 1 else []
+        extra = [
+            f"{a.key} {m.size(a.key)}"
+            for a in PARALLEL_AXES
+            if not a.in_world and m.size(a.key) > 1
+        ]
         if p.zero_stage and m.shard > 1:
             extra.append(f"ZeRO shards over {m.shard} GPUs")
+        split = " × ".join(f"{a.key} {m.size(a.key)}" for a in PARALLEL_AXES if a.in_world)
         self.mesh.setText(
-            f"{gpus} = tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {m.dp}"
-            + (f"<br>{' · '.join(extra)}" if extra else "")
+            f"{gpus} = {split} × dp {m.dp}" + (f"<br>{' · '.join(extra)}" if extra else "")
         )

@@ -12,6 +12,7 @@ words here.
 
 from __future__ import annotations
 
+from memfit.engine.specs import PARALLEL_AXES
 from memfit.engine.stacks import CONVENTION_FIELDS
 
 TIPS: dict[str, str] = {
@@ -124,6 +125,8 @@ TIPS: dict[str, str] = {
     "training.loss_chunks": "Chunks of the sequence the LM head and the loss run in, one at "
     "a time (logits per chunk only).",
     # -- parallelism and offload ---------------------------------------------------------
+    # -- the parallel axes: engine.specs.PARALLEL_AXES ---------------------------------------
+    **{f"training.parallelism.{a.key}": f"{a.label}: {a.help}" for a in PARALLEL_AXES},
     "training.parallelism.framework": "How the framework lays out mixed-precision state: "
     "PyTorch keeps fp32 weights and gradients; DeepSpeed 16-bit weights and gradients "
     "plus an fp32 master copy; Megatron 16-bit weights and an fp32 gradient buffer.",
@@ -133,14 +136,9 @@ TIPS: dict[str, str] = {
     "training.parallelism.hybrid_shard": "FSDP HYBRID_SHARD: shard within a node and "
     "replicate across nodes; shards are as large as on one node, with less traffic "
     "between nodes.",
-    "training.parallelism.tp": "Tensor parallel: each layer's weight matrices and most of "
-    "its activations split over tp GPUs. tp x pp x cp must divide the GPU count.",
     "training.parallelism.sequence_parallel": "Split the norm and dropout activations, "
     "which tensor parallel leaves whole, over the tensor-parallel ranks too (Korthikanti "
     "et al. 2022).",
-    "training.parallelism.pp": "Pipeline parallel: the layers split into pp stages, one per "
-    "GPU group, each holding its layers' state and the activations of its micro-batches "
-    "in flight. pp x virtual stages must divide the layers.",
     "training.parallelism.pp_schedule": "Pipeline schedule: how many micro-batches each "
     "stage holds at once. GPipe runs all forwards first (all in flight); 1F1B at most pp "
     "on the first stage (Narayanan et al. 2021).",
@@ -149,11 +147,6 @@ TIPS: dict[str, str] = {
     "uneven split (torchtitan's default).",
     "training.parallelism.vpp": "Model chunks per pipeline rank (interleaved 1F1B): a "
     "smaller bubble for more micro-batches in flight. pp x vpp must divide the layers.",
-    "training.parallelism.cp": "Context parallel: the sequence split into 2 x cp chunks "
-    "(ring attention), so each GPU keeps the activations of its part only.",
-    "training.parallelism.ep": "Expert parallel (MoE models): the experts spread over ep "
-    "GPUs, each keeping its experts' weights and states. Must divide the experts and the "
-    "data-parallel size.",
     "training.parallelism.expert_capacity_factor": "Tokens the busiest expert rank "
     "receives, relative to a balanced router (1.0): its expert activations grow with it.",
     "training.offload.optimizer": "ZeRO-Offload: the optimizer states and gradients live "

@@ -8,22 +8,48 @@ from dataclasses import dataclass
 
 from memfit.engine.errors import EstimateError
 from memfit.engine.overhead import Communicator
-from memfit.engine.specs import Scenario
+from memfit.engine.specs import PARALLEL_AXES, WORLD_AXES, Scenario
 
 P = "training.parallelism"
 
 
+#: each axis's place in :attr:`Mesh.sizes`
+_INDEX = {axis.key: i for i, axis in enumerate(PARALLEL_AXES)}
+
+
 @dataclass(frozen=True, slots=True)
 class Mesh:
+    """The parallel groups of a scenario: the size of each parallel axis
+    (:data:`memfit.engine.specs.PARALLEL_AXES`), the data-parallel size left over, the
+    ranks that share one set of ZeRO shards and the virtual pipeline stages."""
+
     world: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
+    #: the size of each axis of :data:`memfit.engine.specs.PARALLEL_AXES`, in its order
+    sizes: tuple[int, ...]
     dp: int
     #: ranks that share one set of ZeRO shards (dp, or the ranks of a node: HYBRID_SHARD)
     shard: int = 1
     vpp: int = 1
+
+    def size(self, key: str) -> int:
+        """The size of the parallel axis ``key``."""
+        return self.sizes[_INDEX[key]]
+
+    @property
+    def tp(self) -> int:
+        return self.sizes[_INDEX["tp"]]
+
+    @property
+    def pp(self) -> int:
+        return self.sizes[_INDEX["pp"]]
+
+    @property
+    def cp(self) -> int:
+        return self.sizes[_INDEX["cp"]]
+
+    @property
+    def ep(self) -> int:
+        return self.sizes[_INDEX["ep"]]
 
     @property
     def expert_dp(self) -> int:
@@ -31,17 +57,29 @@ class Mesh:
         dp x cp / ep times."""
         return self.dp * self.cp // self.ep
 
+    def as_dict(self) -> dict[str, int]:
+        """The JSON form: ``world``, each axis's size by its key, ``dp``, ``shard``,
+        ``vpp``."""
+        axes = {axis.key: n for axis, n in zip(PARALLEL_AXES, self.sizes, strict=True)}
+        return {"world": self.world, **axes, "dp": self.dp, "shard": self.shard, "vpp": self.vpp}
+
     def communicators(self) -> tuple[Communicator, ...]:
         """The NCCL communicators one rank belongs to: one per process group of more than
-        one rank, and a send and a receive pair under pipeline parallelism."""
-        groups = {"data parallel": self.dp, "tensor parallel": self.tp, "context": self.cp}
-        groups["expert parallel"] = self.ep
+        one rank, and a send and a receive pair for an axis that talks point to point
+        (the pipeline)."""
+        groups = {"data parallel": self.dp}
+        pairs = []
+        for axis, n in zip(PARALLEL_AXES, self.sizes, strict=True):
+            if axis.point_to_point:
+                pairs += [axis.group] if n > 1 else []
+            else:
+                groups[axis.group] = n
         if self.shard not in (1, self.dp, self.dp * self.cp):
             groups["shard (within a node)"] = self.shard
         out = [Communicator(name, n) for name, n in groups.items() if n > 1]
-        if self.pp > 1:  # PyTorch makes one communicator per send/receive pair
+        for group in pairs:  # PyTorch makes one communicator per send/receive pair
             out += [
-                Communicator(f"pipeline {d}", 2, point_to_point=True) for d in ("send", "receive")
+                Communicator(f"{group} {d}", 2, point_to_point=True) for d in ("send", "receive")
             ]
         return tuple(out)
 
@@ -57,13 +95,18 @@ def make_mesh(scenario: Scenario) -> Mesh:
     p, m, training = scenario.training.parallelism, scenario.model, scenario.training
     hw = scenario.hardware
     world = hw.world_size
-    model_parallel = p.tp * p.pp * p.cp
+    model_parallel = p.model_parallel
     if world % model_parallel:
         raise EstimateError(
             P,
-            f"tp x pp x cp = {model_parallel} must divide the {world} GPUs (gpus_per_node x nodes)",
+            f"{' x '.join(WORLD_AXES)} = {model_parallel} must divide the {world} GPUs "
+            "(gpus_per_node x nodes)",
         )
     dp = world // model_parallel
+    for axis in PARALLEL_AXES:
+        wrong = axis.check(scenario, p.size(axis.key)) if axis.check else None
+        if wrong:
+            raise EstimateError(f"{P}.{axis.key}", wrong)
     if m.num_attention_heads % p.tp:
         raise EstimateError(
             f"{P}.tp",
@@ -149,7 +192,7 @@ def make_mesh(scenario: Scenario) -> Mesh:
             "offloads the inputs of checkpointed layers: needs activation_checkpointing "
             "full or every-k-layers",
         )
-    return Mesh(world, p.tp, p.pp, p.cp, p.ep, dp, shard, p.vpp)
+    return Mesh(world, tuple(p.size(a.key) for a in PARALLEL_AXES), dp, shard, p.vpp)
 
 
 def stage_layers(layers: int, stages: int, split: str = "even") -> list[int]:

@@ -139,8 +139,12 @@ def test_make_it_fit_returns_fitting_minimal_changes_fastest_first() -> None:
 
 def test_sweep_points_equal_single_estimates_and_keep_the_global_batch() -> None:
     s = scenario("qwen2.5-0.5b", "l4", 4, micro_batch_size=2, gradient_accumulation_steps=4)
-    space = sweep.Space(checkpointing=("none", "full"), zero_stages=(0, 3), tp=(1, 2),
-                        micro_batches=(1, 2, 4, 8))  # fmt: skip
+    space = sweep.Space(
+        checkpointing=("none", "full"),
+        zero_stages=(0, 3),
+        parallel=(("tp", (1, 2)),),
+        micro_batches=(1, 2, 4, 8),
+    )
     points = sweep.sweep(s, space)
     assert len(points) >= 8
     batch = sweep.global_batch(s)
