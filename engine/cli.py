@@ -451,8 +451,9 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
     t.add_argument("--trainable", metavar="A,B", help="parts left trainable by --method freeze")
     t.add_argument("--last-layers", type=int, help="last N layers trainable (--method freeze)")
-    for axis in PARALLEL_AXES:
-        t.add_argument(f"--{axis.key}", type=int, metavar="N", help=f"{axis.label}: {axis.help}")
+    for axis in PARALLEL_AXES:  # a flag's words are joined by "-" (its field's by "_")
+        flag = "--" + axis.key.replace("_", "-")
+        t.add_argument(flag, type=int, metavar="N", help=f"{axis.label}: {axis.help}")
     t.add_argument("--zero", type=int, metavar="STAGE")
     t.add_argument("--pp-schedule", choices=PP_SCHEDULES)
     t.add_argument("--vpp", type=int, help="virtual stages per rank (interleaved-1f1b)")

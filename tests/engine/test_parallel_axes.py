@@ -84,7 +84,7 @@ def test_the_cli_has_a_flag_for_each_axis() -> None:
         assert FIELDS[axis.key] == (("training", "parallelism", axis.key), int)
     help_text = parser._subparsers._group_actions[0].choices["estimate"].format_help()  # type: ignore[union-attr]
     for axis in PARALLEL_AXES:
-        assert f"--{axis.key} N" in help_text
+        assert f"--{axis.key.replace('_', '-')} N" in help_text
 
 
 def test_the_sweep_varies_and_reports_the_swept_axes() -> None:
