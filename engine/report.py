@@ -279,16 +279,20 @@ def to_json(
 
 
 def mesh_text(est: Estimate) -> str:
-    """``world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 | ep 1 | ZeRO shard group 1``."""
+    """``world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 | ZeRO shard group 1`` (and
+    ``| ep 4`` before the shard group, where experts are split)."""
     m = est.mesh
     if m is None:
         return ""
     par = est.scenario.training.parallelism
     schedule = f" ({par.pp_schedule})" if m.pp > 1 else ""
     world = " x ".join(f"{a.key} {m.size(a.key)}" for a in PARALLEL_AXES if a.in_world)
-    inner = " | ".join(f"{a.key} {m.size(a.key)}" for a in PARALLEL_AXES if not a.in_world)
+    # the axes that split the data-parallel ranks, where they do
+    inner = "".join(
+        f" | {a.key} {m.size(a.key)}" for a in PARALLEL_AXES if not a.in_world and m.size(a.key) > 1
+    )
     return (
-        f"world {m.world} = {world} x dp {m.dp} | vpp {m.vpp}{schedule} | {inner} | "
+        f"world {m.world} = {world} x dp {m.dp} | vpp {m.vpp}{schedule}{inner} | "
         f"ZeRO shard group {m.shard}" + (" (within a node)" if par.hybrid_shard else "")
     )
 

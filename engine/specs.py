@@ -702,6 +702,9 @@ class ParallelAxis:
     #: (:func:`memfit.engine.plan.mesh.make_mesh`, which keeps the checks of tp, pp, cp and
     #: ep, reported in the order they always were)
     check: Callable[[Scenario, int], str | None] | None = None
+    #: the app's section it is asked for in: "model" (model parallel) or "data" (data
+    #: parallel: an axis that splits the data-parallel ranks' work or state)
+    section: str = "model"
 
 
 #: every parallel axis, in the order the mesh names them (``tp x pp x cp x dp``)

@@ -1106,18 +1106,9 @@ class ParallelismPanel(FormPanel):
             "Hybrid shard",
             field("hybrid_shard"),
         ).setText("shard within a node")
+        self._add_axes("data")
         section(self.form, "Model parallel")
-        # each parallel axis (engine.specs.PARALLEL_AXES) a row, and after it the settings
-        # that belong to it
-        companions = {
-            "tp": self._add_tp_rows,
-            "pp": self._add_pp_rows,
-            "ep": self._add_ep_rows,
-        }
-        for axis in PARALLEL_AXES:
-            self.add_spin(par + axis.key, axis.label, 1, 65536, field(axis.key))
-            if axis.key in companions:
-                companions[axis.key]()
+        self._add_axes("model")
         section(self.form, "Offload")
         for name, label in (("optimizer", "Optimizer"), ("parameters", "Parameters")):
             self.add_combo(
@@ -1133,6 +1124,21 @@ class ParallelismPanel(FormPanel):
             training_field("offload.activations"),
         )
         self.after_refresh(store.scenario)
+
+    def _add_axes(self, section: str) -> None:
+        """A row for each parallel axis of ``section`` (engine.specs.PARALLEL_AXES), and
+        after it the settings that belong to it."""
+        companions = {
+            "tp": self._add_tp_rows,
+            "pp": self._add_pp_rows,
+            "ep": self._add_ep_rows,
+        }
+        for axis in PARALLEL_AXES:
+            if axis.section != section:
+                continue
+            self.add_spin(PAR + axis.key, axis.label, 1, 65536, parallelism_field(axis.key))
+            if axis.key in companions:
+                companions[axis.key]()
 
     def _add_tp_rows(self) -> None:
         self.add_check(

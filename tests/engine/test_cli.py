@@ -258,7 +258,7 @@ def test_per_rank_table_marks_the_worst_group() -> None:
     code, text = run(*PIPELINE, "--set", "training.parallelism.sequence_parallel=true")
     assert code == 0
     data = json.loads(run(*PIPELINE, "--sequence-parallel", "--json")[1])
-    assert "mesh: world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 (1f1b) | ep 1" in text
+    assert "mesh: world 16 = tp 8 x pp 2 x cp 1 x dp 1 | vpp 1 (1f1b) | ZeRO shard" in text
     lines = text.splitlines()
     assert "Per rank group, per GPU, GiB (2^30 B)" in lines
     rows = {
@@ -292,7 +292,7 @@ def test_one_node_of_eight_gets_the_table_and_host_ram() -> None:
     code, text = run(*OFFLOAD, "--set", "hardware.host_memory_gib=512")
     assert code == 0
     data = json.loads(run(*OFFLOAD, "--host-memory-gib", "512", "--json")[1])
-    assert "mesh: world 8 = tp 1 x pp 1 x cp 1 x dp 8 | vpp 1 | ep 1 | ZeRO shard group 8" in text
+    assert "mesh: world 8 = tp 1 x pp 1 x cp 1 x dp 8 | vpp 1 | ZeRO shard group 8" in text
     assert any(line.startswith("* all ranks") for line in text.splitlines())
     per_node = data["host"]["per_node_bytes"]
     assert per_node == 8 * data["ranks"][0]["host_bytes"] > 0

@@ -71,7 +71,7 @@ def test_the_mesh_and_its_json_read_the_registry() -> None:
         "pipeline receive",
     ]
     assert mesh_text(estimate(s)).startswith("world 16 = tp 2 x pp 2 x cp 1 x dp 4 | vpp 1")
-    assert "| ep 4 |" in mesh_text(estimate(s))
+    assert "| vpp 1 (1f1b) | ep 4 | ZeRO shard group 4" in mesh_text(estimate(s))
     with pytest.raises(EstimateError, match=r"tp x pp x cp = 32 must divide the 16 GPUs"):
         resolve(moe(tp=8, pp=4))
 

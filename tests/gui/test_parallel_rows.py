@@ -36,3 +36,10 @@ def test_a_row_for_each_axis_with_its_words(qtbot: QtBot) -> None:
     ep = paths.index("training.parallelism.ep")
     assert paths[ep + 1] == "training.parallelism.expert_capacity_factor"
     assert panel.mesh.text().endswith("= tp 1 × pp 1 × cp 1 × dp 1")
+    # an axis of the data-parallel section comes after hybrid shard, before model parallel
+    for axis in PARALLEL_AXES:
+        row = paths.index(f"training.parallelism.{axis.key}")
+        if axis.section == "data":
+            assert paths.index("training.parallelism.hybrid_shard") < row < tp
+        else:
+            assert row >= tp
