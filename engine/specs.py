@@ -707,6 +707,21 @@ class ParallelAxis:
     section: str = "model"
 
 
+def _replicate_wrong(scenario: Scenario, replicas: int) -> str | None:
+    """What is wrong with ``replicas`` groups of ZeRO shards (see :data:`PARALLEL_AXES`)."""
+    p = scenario.training.parallelism
+    if replicas == 1:
+        return None
+    if p.zero_stage == 0:
+        return f"got {replicas}, which needs zero_stage >= 1 (there is no shard to replicate)"
+    if p.hybrid_shard:
+        return f"got {replicas} with hybrid_shard: choose one (hybrid_shard replicates per node)"
+    ranks = scenario.hardware.world_size // p.model_parallel * p.cp
+    if ranks % replicas:
+        return f"got {replicas}, expected a divisor of dp x cp = {ranks}"
+    return None
+
+
 #: every parallel axis, in the order the mesh names them (``tp x pp x cp x dp``)
 PARALLEL_AXES = (
     ParallelAxis(
@@ -743,7 +758,22 @@ PARALLEL_AXES = (
         "expert parallel",
         in_world=False,
     ),
+    ParallelAxis(
+        "dp_replicate",
+        "Shard replicas",
+        "the data-parallel GPUs in this many groups, each holding one whole set of "
+        "ZeRO/FSDP shards: shards over dp x cp / replicas GPUs, gradients all-reduced "
+        "between the groups (HSDP: FSDP2 on a 2-D mesh, torchtitan's "
+        "data_parallel_replicate_degree, DeepSpeed's MiCS). Needs a ZeRO stage; must divide "
+        "dp x cp.",
+        "replicate",
+        in_world=False,
+        check=_replicate_wrong,
+        section="data",
+    ),
 )
+
+
 #: the axes whose sizes multiply into the world, by key
 WORLD_AXES = tuple(a.key for a in PARALLEL_AXES if a.in_world)
 
@@ -761,7 +791,8 @@ class ParallelismSpec:
     ``pp_split`` "balanced" lets the layers split unevenly, counting the embedding and the
     LM head as a layer each (torchtitan's default split). ``expert_capacity_factor`` is the
     share of tokens the busiest expert rank receives, relative to a perfectly balanced
-    router (1.0).
+    router (1.0). ``dp_replicate`` splits the data-parallel ranks into groups that each
+    hold one whole set of ZeRO shards (HSDP with a replicate degree of one's choosing).
     """
 
     tp: int = 1
@@ -776,6 +807,7 @@ class ParallelismSpec:
     framework: str = "pytorch"
     hybrid_shard: bool = False
     expert_capacity_factor: float = 1.0
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
         f = "training.parallelism."

@@ -857,7 +857,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     # per stage: the layers it holds (the first holds the embedding, the last the head)
     per_rank = tuple(slot.model.num_layers for slot in resolved.ranks())
     dp_ring = _ring(mesh.dp, mesh.tp * mesh.cp, scenario, dev)
-    if par.hybrid_shard and mesh.shard < mesh.dp:
+    if (par.hybrid_shard or par.dp_replicate > 1) and mesh.shard < mesh.dp:
         shard_ring = _ring(mesh.shard, mesh.tp * mesh.cp, scenario, dev)
         rep_ring: _Ring | None = _ring(
             mesh.dp // mesh.shard, mesh.tp * mesh.cp * mesh.shard, scenario, dev

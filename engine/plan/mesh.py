@@ -177,6 +177,8 @@ def make_mesh(scenario: Scenario) -> Mesh:
                 f"tp = {p.tp} must divide the {hw.gpus_per_node} GPUs of a node",
             )
         shard = _gcd(dp * p.cp, hw.gpus_per_node // p.tp)
+    elif p.dp_replicate > 1:  # HSDP: each replica group holds one whole set of shards
+        shard = dp * p.cp // p.dp_replicate
     offload = training.offload
     if offload.parameters != "none" and p.zero_stage < 3:
         raise EstimateError(

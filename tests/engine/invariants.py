@@ -90,6 +90,7 @@ parallel = st.one_of(
             "sequence_parallel": st.booleans(),
             "expert_capacity_factor": st.sampled_from([1.0, 1.25]),
             "pp_split": st.sampled_from(["even", "balanced"]),
+            "dp_replicate": st.sampled_from([1, 1, 1, 2, 4]),
         }
     ).map(_with_schedule),
 )

@@ -25,6 +25,7 @@ from memfit.engine.specs import (
     Scenario,
     TrainingSpec,
 )
+from memfit.engine.steptime import step_time
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,10 +44,10 @@ def moe(**parallelism: int) -> Scenario:
 
 def test_the_registry_names_each_field_once() -> None:
     keys = [a.key for a in PARALLEL_AXES]
-    assert keys == ["tp", "pp", "cp", "ep"]
+    assert keys == ["tp", "pp", "cp", "ep", "dp_replicate"]
     assert WORLD_AXES == ("tp", "pp", "cp")
-    spec = ParallelismSpec(tp=2, pp=4, cp=2, ep=8)
-    assert [spec.size(k) for k in keys] == [2, 4, 2, 8]
+    spec = ParallelismSpec(tp=2, pp=4, cp=2, ep=8, dp_replicate=2)
+    assert [spec.size(k) for k in keys] == [2, 4, 2, 8, 2]
     assert spec.model_parallel == 16
     for axis in PARALLEL_AXES:
         with pytest.raises(EstimateError, match=rf"training\.parallelism\.{axis.key}: got 0"):
@@ -56,11 +57,11 @@ def test_the_registry_names_each_field_once() -> None:
 def test_the_mesh_and_its_json_read_the_registry() -> None:
     s = moe(tp=2, pp=2, ep=4)
     mesh = resolve(s).mesh
-    assert mesh.sizes == (2, 2, 1, 4) and mesh.dp == 4
-    assert [mesh.size(a.key) for a in PARALLEL_AXES] == [mesh.tp, mesh.pp, mesh.cp, mesh.ep]
+    assert mesh.sizes == (2, 2, 1, 4, 1) and mesh.dp == 4
+    assert [mesh.size(k) for k in ("tp", "pp", "cp", "ep")] == [mesh.tp, mesh.pp, mesh.cp, mesh.ep]
     # the JSON shape of the mesh is the one it always had
     assert list(estimate(s).to_dict()["mesh"]) == [
-        "world", "tp", "pp", "cp", "ep", "dp", "shard", "vpp"
+        "world", "tp", "pp", "cp", "ep", "dp_replicate", "dp", "shard", "vpp"
     ]  # fmt: skip
     names = [c.name for c in mesh.communicators()]
     assert names == [
@@ -72,13 +73,16 @@ def test_the_mesh_and_its_json_read_the_registry() -> None:
     ]
     assert mesh_text(estimate(s)).startswith("world 16 = tp 2 x pp 2 x cp 1 x dp 4 | vpp 1")
     assert "| vpp 1 (1f1b) | ep 4 | ZeRO shard group 4" in mesh_text(estimate(s))
+    assert "dp_replicate" not in mesh_text(estimate(s))  # one replica: not shown
     with pytest.raises(EstimateError, match=r"tp x pp x cp = 32 must divide the 16 GPUs"):
         resolve(moe(tp=8, pp=4))
 
 
 def test_the_cli_has_a_flag_for_each_axis() -> None:
     parser = make_parser()
-    args = parser.parse_args(["estimate", *(x for a in PARALLEL_AXES for x in (f"--{a.key}", "2"))])
+    flags = [f"--{a.key.replace('_', '-')}" for a in PARALLEL_AXES]
+    assert "--dp-replicate" in flags
+    args = parser.parse_args(["estimate", *(x for flag in flags for x in (flag, "2"))])
     for axis in PARALLEL_AXES:
         assert getattr(args, axis.key) == 2
         assert FIELDS[axis.key] == (("training", "parallelism", axis.key), int)
@@ -120,3 +124,55 @@ def test_no_module_lists_the_axes_again() -> None:
         if "__pycache__" not in p.parts and LISTING.search(p.read_text(encoding="utf-8"))
     ]
     assert found == []
+
+
+def llama(nodes: int = 2, **parallelism: object) -> Scenario:
+    return Scenario(
+        load_model("llama-3-8b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=nodes),
+        TrainingSpec(micro_batch_size=2, parallelism=ParallelismSpec(**parallelism)),  # type: ignore[arg-type]
+    )
+
+
+def by_category(s: Scenario) -> dict[str, int]:
+    est = estimate(s)
+    return {
+        c: sum(i.bytes for i in est.items if i.category == c)
+        for c in ("parameters", "gradients", "optimizer_states")
+    }
+
+
+def test_shard_replicas_shard_over_the_rest_of_the_data_parallel_ranks() -> None:
+    """HSDP with a replicate degree (FSDP2 on a 2-D mesh, torchtitan's
+    data_parallel_replicate_degree): the data-parallel ranks in ``dp_replicate`` groups,
+    each holding one whole set of shards. On 2 nodes of 8 GPUs, 2 replicas shard as
+    FSDP's HYBRID_SHARD does (over the 8 GPUs of a node): the same model state and the
+    same step time; fewer replicas shard over more GPUs and hold less."""
+    replicas = llama(zero_stage=3, dp_replicate=2)
+    hybrid = llama(zero_stage=3, hybrid_shard=True)
+    assert resolve(replicas).mesh.shard == resolve(hybrid).mesh.shard == 8
+    assert by_category(replicas) == by_category(hybrid)
+    assert step_time(replicas).step_time_s == step_time(hybrid).step_time_s
+    assert "| vpp 1 | dp_replicate 2 | ZeRO shard group 8" in mesh_text(estimate(replicas))
+    # its own communicator: the replicate group
+    assert ("replicate", 2) in [(c.name, c.ranks) for c in resolve(replicas).mesh.communicators()]
+    held = [estimate(llama(zero_stage=3, dp_replicate=r)).allocated_bytes for r in (1, 2, 4, 8, 16)]
+    assert held == sorted(held) and len(set(held)) == 5
+    # one replica is plain ZeRO over every data-parallel rank
+    assert estimate(llama(zero_stage=3, dp_replicate=1)) == estimate(llama(zero_stage=3))
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "message"),
+    [
+        ({"zero_stage": 0, "dp_replicate": 2}, "got 2, which needs zero_stage >= 1"),
+        ({"zero_stage": 3, "dp_replicate": 2, "hybrid_shard": True}, "got 2 with hybrid_shard"),
+        ({"zero_stage": 3, "dp_replicate": 3}, r"got 3, expected a divisor of dp x cp = 16"),
+        ({"zero_stage": 3, "dp_replicate": 0}, r"got 0, expected an integer in \[1, 65536\]"),
+    ],
+)
+def test_shard_replicas_refused_with_the_field_named(
+    parallelism: dict[str, object], message: str
+) -> None:
+    with pytest.raises(EstimateError, match=r"training\.parallelism\.dp_replicate: " + message):
+        resolve(llama(**parallelism))
