@@ -19,12 +19,10 @@ from memfit.engine.plan.mesh import Mesh
 from memfit.engine.sharding import Sharded, shard
 from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec, window_masks
 from memfit.engine.timeline import (
-    _PLAYED_FIRST,
     Gather,
     Stage,
     StepPlan,
     Timeline,
-    played_step,
     step_plan,
     step_timeline,
     strategy_key,
@@ -71,17 +69,16 @@ def _entry(
 ) -> list[Any]:
     """This rank's share of the model state (``model`` is what the rank holds, ``part``
     its pipeline stage's part: :func:`memfit.engine.sharding.shard`), the plan of its step once
-    there is one (:func:`memfit.engine.timeline.step_plan`) and how often it was played, kept
-    for every shape of the strategy: neither reads the micro-batch size, sequence length
-    or gradient accumulation, but the plan whether a sliding window masks the
-    sequence."""
+    there is one (:func:`memfit.engine.timeline.step_plan`), kept for every shape of the
+    strategy: neither reads the micro-batch size, sequence length or gradient
+    accumulation, but the plan whether a sliding window masks the sequence."""
     training = scenario.training
     masked = window_masks(model, training.sequence_length)
     key = (model, mesh, part, stage, chunk, masked, strategy_key(training))
     found = _SHARES.get(key)
     if found is None:
         sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
-        found = _SHARES.keep(key, [sharded, None, 0])
+        found = _SHARES.keep(key, [sharded, None])
     return found
 
 
@@ -145,9 +142,6 @@ def rank_play(
     entry = _entry(scenario, model, mesh, part, stage, chunk)
     sharded: Sharded = entry[0]
     args = _step_args(scenario, sharded, stage, chunk or model)
-    entry[2] += 1
-    if entry[1] is None and entry[2] <= _PLAYED_FIRST:  # cheaper than compiling a plan
-        return sharded, played_step(*args)
     if entry[1] is None:
         entry[1] = step_plan(*args)
     return sharded, step_timeline(*args, entry[1])

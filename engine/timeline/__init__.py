@@ -36,6 +36,14 @@ to the byte, and the same moment: the first of equal highest points -- as playin
 point (:func:`_layer_by_layer`), which :attr:`Timeline.points` does, once, when the whole
 timeline is asked for (charts, ``--json``).
 
+**One description.** The step is written once, in
+:class:`~memfit.engine.timeline.compiled._Compiler`: played with every layer a run of its
+own, it gives every point as linear forms with the sources of its activations
+(:meth:`StepPlan.every`); with runs, the candidates for the highest point
+(:meth:`StepPlan.forms`). Every point at one shape (:func:`_layer_by_layer`, what
+``explain`` reads) and the highest point at one or many shapes (:meth:`StepPlan.play`,
+:class:`Joint`) are evaluations of the same forms.
+
 **One plan for every shape.** Each kept point is a linear form in a few shape quantities:
 the shape terms of the block profiles (b s, b s^2, ... -- :data:`~memfit.engine.graph.TERMS`)
 and the hidden-size tensors between blocks; a block's peak is the largest of its
@@ -43,9 +51,7 @@ profile's forms, so a point that holds it is kept once per form. A :class:`StepP
 holds these forms, built once per model, strategy (everything but the micro-batch size,
 sequence length and gradient accumulation) and rank share; :meth:`StepPlan.play`
 evaluates them at one shape (one matrix product) and :class:`Joint` at many shapes and
-for every pipeline stage at once (:mod:`memfit.engine.batch`). Building a plan costs more than
-playing a step point by point, so a step met once or twice is played point by point;
-from the third time on, its plan plays it.
+for every pipeline stage at once (:mod:`memfit.engine.batch`).
 
 >>> from memfit.engine.model_state import model_state
 >>> from memfit.engine.presets import load_model
@@ -63,6 +69,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from functools import partial
 from operator import attrgetter
+from typing import Any
 
 from memfit.engine import memo
 from memfit.engine.model_state import ModelState
@@ -81,13 +88,11 @@ from memfit.engine.timeline.context import (
 from memfit.engine.timeline.points import Point, Timeline, _total
 from memfit.engine.timeline.sources import SOURCE_KINDS, Source
 from memfit.engine.timeline.stepplan import StepPlan, joint
-from memfit.engine.timeline.walk import _layer_by_layer, _points, step_sources
 
 __all__ = [
     "KINDS",
     "SHAPE_FIELDS",
     "SOURCE_KINDS",
-    "_PLAYED_FIRST",
     "Gather",
     "Point",
     "Source",
@@ -106,6 +111,7 @@ __all__ = [
     "recomputed_layers",
     "step_layers",
     "step_plan",
+    "step_sources",
     "step_timeline",
     "strategy_key",
 ]
@@ -132,19 +138,12 @@ def step_timeline(
     step (Megatron's fp32 ``main_grad``, DeepSpeed's fp32 partition and reduce bucket).
     With ``offload.activations = "cpu"`` the inputs of checkpointed layers wait in host
     memory, not on the GPU. ``plan`` is :func:`step_plan` of the same arguments, when the
-    caller has it. A step is played point by point the first two times its plan's key is
-    met (that costs less than compiling a plan); the third time, its plan is built and
-    compiled, and plays it from then on.
+    caller has it. The plan is built once per model, strategy and rank share, and plays the
+    step at every shape.
     """
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
     replay = partial(_points, *args)
-    if plan is None:
-        key = _plan_key(*args)
-        plan = _PLANS.get(key)
-        if plan is None:
-            if _PLAYS.tally(key) <= _PLAYED_FIRST:  # cheaper than compiling a plan
-                return played_step(*args)
-            plan = _PLANS.keep(key, StepPlan.build(*args))
+    plan = plan or step_plan(*args)
     seq = training.sequence_length // training.parallelism.cp
     return plan.play(training.micro_batch_size, seq, replay, partial(step_sources, *args))
 
@@ -164,8 +163,6 @@ def strategy_key(training: TrainingSpec) -> tuple[object, ...]:
 
 _PLANS_KEPT = 2048
 _PLANS: memo.Table[tuple[object, ...], StepPlan] = memo.Table(f"{__name__}._PLANS", _PLANS_KEPT)
-#: how often each plan key was played point by point
-_PLAYS: memo.Table[tuple[object, ...], int] = memo.Table(f"{__name__}._PLAYS", 4 * _PLANS_KEPT)
 
 
 def _plan_key(
@@ -203,8 +200,47 @@ def step_plan(
     return _PLANS.get(key) or _PLANS.keep(key, StepPlan.build(*args))
 
 
-#: how many times a step is played point by point before its plan is compiled
-_PLAYED_FIRST = 2
+def _layer_by_layer(
+    model: ModelSpec,
+    training: TrainingSpec,
+    state: ModelState,
+    grad_share: Fraction = Fraction(1),
+    optimizer_share: Fraction = Fraction(1),
+    gather: Gather = Gather(),
+    stage: Stage = Stage(),
+    grad_buffer: int = 0,
+    *,
+    ledger: list[tuple[Source, ...]] | None = None,
+) -> tuple[tuple[Point, ...], int, int, int, int]:
+    """Every point of one step (see :func:`step_timeline` for the arguments): what
+    :attr:`Timeline.points` holds -- its plan's every point evaluated at the shape
+    (:meth:`StepPlan.points_at`) -- what one micro-batch keeps, the logits held, the model
+    state's parameters and the optimizer's temporaries. With a ``ledger``, each point's
+    activations told apart by where they come from (:class:`Source`), one tuple per
+    point, are appended to it: what :func:`step_sources` returns."""
+    args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
+    plan = step_plan(*args)
+    seq = training.sequence_length // training.parallelism.cp
+    points, per_microbatch, held, sources = plan.points_at(
+        training.micro_batch_size, seq, explain=ledger is not None
+    )
+    if ledger is not None:
+        ledger.extend(sources)
+    return points, per_microbatch, held, plan.params, plan.temp
+
+
+def step_sources(*args: Any) -> tuple[tuple[Source, ...], ...]:
+    """Each point's activations (:func:`_layer_by_layer`, same arguments) told apart by
+    where they come from: the sources of a point add up to its activations, to the byte."""
+    ledger: list[tuple[Source, ...]] = []
+    _layer_by_layer(*args, ledger=ledger)
+    return tuple(ledger)
+
+
+def _points(*args: Any) -> tuple[Point, ...]:
+    """Every point of the step (:func:`_layer_by_layer`)."""
+    points: tuple[Point, ...] = _layer_by_layer(*args)[0]
+    return points
 
 
 def played_step(
@@ -217,7 +253,8 @@ def played_step(
     stage: Stage = Stage(),
     grad_buffer: int = 0,
 ) -> Timeline:
-    """:func:`step_timeline` played point by point, without a plan."""
+    """:func:`step_timeline` from its every point (:func:`_layer_by_layer`), not from the
+    candidates for its highest point."""
     args = (model, training, state, grad_share, optimizer_share, gather, stage, grad_buffer)
     return _from_points(
         *_layer_by_layer(*args), partial(_points, *args), partial(step_sources, *args)

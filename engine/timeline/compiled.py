@@ -1,12 +1,13 @@
-"""The step compiled once with symbolic sizes (:class:`_Compiler`): its highest points as
-linear forms of the shape (:class:`_Forms`), which a
-:class:`~memfit.engine.timeline.stepplan.StepPlan` evaluates for any micro-batch and sequence
-length at once."""
+"""The step written once, played with symbolic sizes (:class:`_Compiler`): every point
+(the timeline, explain) or its highest points as linear forms of the shape
+(:class:`_Forms`), which a :class:`~memfit.engine.timeline.stepplan.StepPlan` evaluates
+for any micro-batch and sequence length at once."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -14,6 +15,16 @@ import numpy as np
 from memfit.engine.graph import TERMS, Profile, Size, _coefs
 from memfit.engine.specs import TrainingSpec
 from memfit.engine.timeline.context import Gather, carries_previous
+from memfit.engine.timeline.sources import (
+    _PREVIOUS_OUTPUT,
+    Source,
+    _grad_source,
+    _head_source,
+    _input_sources,
+    _output_source,
+    _previous_sources,
+    _work_source,
+)
 
 if TYPE_CHECKING:
     from memfit.engine.timeline.stepplan import StepPlan
@@ -149,22 +160,84 @@ class _Recipe(NamedTuple):
     logits_block: int
 
 
+#: a source of a point's activations, its bytes not evaluated yet: the source with 0
+#: bytes and its value (a form, a :class:`_Max`, or an integer)
+_Deferred = tuple[Any, Any]
+#: a point of the step played whole (:attr:`_Compiler.every`): kind, layer, parameters,
+#: gradient buffers, the form of its gradients before the share, its activations (a form
+#: or a :class:`_Max`) and its sources
+_Entry = tuple[int, int, int, int, Any, Any, tuple[Any, ...]]
+
+
+def _inputs_why(batch: Any, rope: Any, bool_mask: Any, mask: Any) -> list[_Deferred]:
+    """The inputs' sources (:func:`_input_sources`), their bytes deferred."""
+    templates = _input_sources(0, 0, 0, 0)
+    return list(zip(templates, (batch, rope, bool_mask, mask), strict=True))
+
+
+class _KeptForms:
+    """What the layers so far keep, by kind, as the walk's ledger counts it
+    (:class:`~memfit.engine.timeline.sources._Kept`), its bytes deferred: the additions in
+    order, which a point sees up to where it was played (:class:`_KeptAt`)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        #: (key, bytes, layers) added, or (key,) where every other part is forgotten
+        self.entries: list[tuple[Any, ...]] = []
+
+    def add(self, key: str, value: Any, layers: int) -> None:
+        self.entries.append((key, value, layers))
+
+    def only(self, key: str) -> None:
+        self.entries.append((key,))
+
+    def sources(self) -> tuple[_KeptAt]:
+        return (_KeptAt(self, len(self.entries)),)
+
+
+class _KeptAt:
+    """The kept parts a point sees: the additions of :class:`_KeptForms` before it."""
+
+    __slots__ = ("kept", "upto")
+
+    def __init__(self, kept: _KeptForms, upto: int) -> None:
+        self.kept, self.upto = kept, upto
+
+
 class _Compiler:
-    """The step played once with symbolic sizes, as :func:`_layer_by_layer` plays it point
-    for point (:meth:`run`): the points that can be its highest -- every point outside
-    runs, and both ends of every run's later repetitions (see the module docstring) --
-    with their bytes as linear forms over the shape quantities; what one micro-batch
-    keeps, the other micro-batches in flight and the logits held; and for each run whose
-    floored gradient share is not affine, the growth of its gradients and the fall of the
-    rest per repetition (it is monotone only where they differ by a byte or more).
+    """The step, written once: played with symbolic sizes (:meth:`run`), every point's
+    bytes a linear form over the shape quantities.
+
+    Two plays of the same description:
+
+    * **every point** (``every``): each layer a run of its own, every point in order with
+      the sources of its activations (the explain ledger) -- what
+      :meth:`~memfit.engine.timeline.stepplan.StepPlan.points_at` evaluates at a shape:
+      the timeline's points, ``explain``, and the reference the other play is held to;
+    * **the candidates for the highest point**: the points that can be it -- every point
+      outside runs, and both ends of every run's later repetitions (see the module
+      docstring) -- what one matrix product evaluates at one or many shapes; with what
+      one micro-batch keeps, the other micro-batches in flight and the logits held; and
+      for each run whose floored gradient share is not affine, the growth of its
+      gradients and the fall of the rest per repetition (it is monotone only where they
+      differ by a byte or more).
 
     A block with an integer profile is folded in: its values are the profile's forms
     (its peaks a :class:`_Max` of them); the values of the ``unfolded`` ones are shape
     quantities of their own. The forms are int64 vectors where ``dtype`` says they fit,
     else Python integers."""
 
-    def __init__(self, plan: StepPlan, dtype: type) -> None:
+    def __init__(
+        self, plan: StepPlan, dtype: type, every: bool = False, ledger: bool = False
+    ) -> None:
         recipe = plan.recipe
+        #: every point, in order, not the candidates of the highest: each layer its own
+        #: run; with ``ledger``, each point with the sources of its activations (explain)
+        self.every, self.ledger = every, every and ledger
+        self.played: list[_Entry] = []
+        self.fixed_why: list[_Deferred] = []
+        self.kept_why = _KeptForms()
         layers, head, training, gather = recipe.layers, recipe.head, recipe.training, recipe.gather
         grad_buffer, opt, per_op = recipe.grad_buffer, recipe.opt, recipe.per_op
         trains_embeddings, function_kept_of = recipe.trains_embeddings, recipe.function_kept_of
@@ -226,7 +299,20 @@ class _Compiler:
             v[j] = int(a)
         return v
 
-    def add(self, kind: int, layer: int, p: int, g: int, grads: np.ndarray, a: Any) -> None:
+    def add(
+        self,
+        kind: int,
+        layer: int,
+        p: int,
+        g: int,
+        grads: np.ndarray,
+        a: Any,
+        own: tuple[_Deferred, ...] = (),
+    ) -> None:
+        if self.every:
+            why = (*self.fixed_why, *self.kept_why.sources(), *own) if self.ledger else ()
+            self.played.append((kind, layer, p, g, grads, a, why))
+            return
         for f in a.forms if isinstance(a, _Max) else [a]:
             self.cands.append((kind, layer, p, self.opt, g, grads, f))
 
@@ -235,14 +321,25 @@ class _Compiler:
         extra: int = gather.grads + reducing if gather.active else 0
         return int(self.grad_buffer) + extra
 
+    def runs(self, layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
+        """The layers as runs (:func:`_runs`); every point: each layer a run of its own."""
+        if self.every:
+            return tuple((start + step * i, (layer,), 1) for i, layer in enumerate(layers))
+        return _runs(layers, start, step)
+
+    def why(self, template: Callable[[], Source], value: Any) -> tuple[_Deferred, ...]:
+        """A source of a point's activations (``template()``, made with the ledger only),
+        its bytes ``value``."""
+        return ((template(), value),) if self.ledger else ()
+
     def run(self) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
         model, ctx, stage, training = self.model, self.ctx, self.stage, self.training
         tokens, pairs, nothing = self.tokens, self.pairs, self.nothing
         rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
         eager = ctx.attention == "eager"
-        base = (16 + rope) * tokens + (pairs if ctx.masked and not eager else nothing)
-        # the previous step's graph (what custom functions keep) and model output, as
-        # _layer_by_layer counts them
+        bool_mask = pairs if ctx.masked and not eager else nothing
+        base = (16 + rope) * tokens + bool_mask
+        # the previous step's graph (what custom functions keep) and model output
         graph_kept = old_output = nothing
         if carries_previous(training, stage):
             for b, on, _, _ in self.layers:
@@ -251,12 +348,23 @@ class _Compiler:
                     old_output = old_output + self.linear(b, 6)
             graph_kept = graph_kept + self.saved_form(self.function_kept_of[self.head])
             old_output = old_output + self.linear(self.head, 6)
-        fixed = base + (ctx.res * pairs if eager else nothing) + graph_kept + old_output
+        mask = ctx.res * pairs if eager else nothing
+        if self.ledger:
+            inputs = (16 * tokens, rope * tokens, bool_mask, mask)
+            self.fixed_why = [
+                *_inputs_why(*inputs),
+                (_previous_sources(0, 0)[0], graph_kept),
+                (_previous_sources(0, 0)[1], old_output),
+            ]
+        fixed = base + mask + graph_kept + old_output
         kept, copies, per_microbatch, waiting, held = self._forward(fixed, old_output)
         cache = nothing
         for b, on, _, _ in self.layers:
             if not on:
                 cache = cache + self.linear(b, 6)
+        if self.ledger:
+            inputs = (16 * tokens, rope * tokens, bool_mask, nothing)
+            self.fixed_why = [*_inputs_why(*inputs), (_output_source(0), held)]
         checks = self._backward(base + held, kept, copies, cache)
         # the model output, with what the layers handed to it, lives through the optimizer
         return self.cands, per_microbatch, waiting, held + cache, checks
@@ -276,15 +384,21 @@ class _Compiler:
     def _forward_unit(
         self, unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int, fixed: np.ndarray
     ) -> np.ndarray:
-        gather, params, one = self.gather, self.params, self.one
+        gather, params, one, kinds = self.gather, self.params, self.one, self.plan.blocks
         for b, on, c, _ in unit:
             gathered = params + i * gather.unit + gather.forward
             p = gathered if gather.active else params + copies + c
-            peak = fixed + kept + self.peak(b, 1) - c * one
-            self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, peak)
+            work = self.peak(b, 1) - c * one
+            own = self.why(partial(_work_source, "forward", 0, i), work)
+            self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, fixed + kept + work, own)
             kept = kept + (
                 self.kept_on[b] if on else self.linear(b, 0) - c * one + self.linear(b, 6)
             )
+            if self.ledger and on:
+                self.kept_why.add("checkpointed", self.kept_on[b], 1)
+            elif self.ledger:
+                self.kept_why.add(kinds[b][0], self.linear(b, 0) - c * one, 1)
+                self.kept_why.add("kv-cache", self.linear(b, 6), 1)
             copies += c
             i += 1
         return kept
@@ -298,14 +412,18 @@ class _Compiler:
         model, stage, gather, params = self.model, self.stage, self.gather, self.params
         nothing, one, hidden, tokens = self.nothing, self.one, self.hidden, self.tokens
         gathered, grad_buffer, layers = gather.active, self.grad_buffer, self.layers
+        chunked = self.plan.chunked
         kept = nothing
         if stage.first:
             kept = int(model.embedding_norm) * (hidden + 8 * tokens)
             kept = kept + (self.var(_DROPOUT) if model.hidden_dropout > 0 else nothing)
             p = params + gather.forward if gathered else params
-            self.add(_EMBED_F, -1, p, grad_buffer, nothing, fixed + hidden)
+            own = self.why(partial(_work_source, "embedding", 0, None), hidden)
+            self.add(_EMBED_F, -1, p, grad_buffer, nothing, fixed + hidden, own)
+        if self.ledger:
+            self.kept_why.add("embedding", kept, 0)
         copies = 0
-        for start, unit, reps in _runs(layers, 0, 1):
+        for start, unit, reps in self.runs(layers, 0, 1):
             kept = self._forward_unit(unit, start, kept, copies, fixed)
             copies += sum(c for _, _, c, _ in unit)
             if reps > 1:
@@ -331,11 +449,15 @@ class _Compiler:
         if self.logits_block >= 0:
             c = self.plan.copies[self.logits_block].made
             q = params + units + gather.forward if gathered else params + copies + c
-            peak = fixed + kept + self.peak(self.logits_block, 1) - c * one
-            self.add(_LOGITS_F, -1, q, grad_buffer, nothing, peak)
+            peak = self.peak(self.logits_block, 1) - c * one
+            own = self.why(partial(_head_source, "logits", 0, chunked), peak)
+            self.add(_LOGITS_F, -1, q, grad_buffer, nothing, fixed + kept + peak, own)
+        if self.ledger:  # the previous step's model output is gone once this forward returns
+            self.fixed_why = [w for w in self.fixed_why if w[0].name != _PREVIOUS_OUTPUT]
         kind = _HEAD_F if stage.last else _SEND_F
-        peak = fixed - old_output + kept + hv[1] - head_copies * one
-        self.add(kind, -1, p, grad_buffer, nothing, peak)
+        peak = hv[1] - head_copies * one
+        own = self.why(partial(_head_source, "forward", 0, chunked, stage.last), peak)
+        self.add(kind, -1, p, grad_buffer, nothing, fixed - old_output + kept + peak, own)
         copies += head_copies
         held = hv[6]
         per_microbatch = kept + held
@@ -349,20 +471,30 @@ class _Compiler:
     def _backward_unit(self, unit: tuple[_Layer, ...], i: int, state: _State) -> _State:
         kept, copies, grads, units, grad_in, reducing = state
         gather, params, one, fixed = self.gather, self.params, self.one, self.fixed_b
-        gathered, g_bwd = gather.active, gather.backward
+        gathered, g_bwd, kinds = gather.active, gather.backward, self.plan.blocks
         for b, on, c, saved in unit:
             g = self.buffers(reducing)
+            work = self.peak(b, 3) - saved * one
+            own = self.why(partial(_work_source, "backward", 0, i), work)
             if on:
                 kept = kept - self.kept_on[b]
+                if self.ledger:
+                    self.kept_why.add("checkpointed", -self.kept_on[b], -1)
                 p = params + units + g_bwd if gathered else params + copies + c
-                peak = fixed + kept + grad_in + self.peak(b, 1) - c * one
-                self.add(_RECOMPUTE, i, p, g, grads, peak)
+                redo = self.peak(b, 1) - c * one
+                again = (
+                    *self.why(partial(_grad_source, 0, i), grad_in),
+                    *self.why(partial(_work_source, "recompute", 0, i), redo),
+                )
+                self.add(_RECOMPUTE, i, p, g, grads, fixed + kept + grad_in + redo, again)
                 p = params + units + g_bwd if gathered else params + copies + saved
-                self.add(_LAYER_B, i, p, g, grads, fixed + kept + self.peak(b, 3) - saved * one)
+                self.add(_LAYER_B, i, p, g, grads, fixed + kept + work, own)
             else:
                 kept = kept - (self.linear(b, 0) - c * one)
+                if self.ledger:
+                    self.kept_why.add(kinds[b][0], -(self.linear(b, 0) - c * one), -1)
                 p = params + units + g_bwd if gathered else params + copies
-                self.add(_LAYER_B, i, p, g, grads, fixed + kept + self.peak(b, 3) - saved * one)
+                self.add(_LAYER_B, i, p, g, grads, fixed + kept + work, own)
                 copies -= saved
             grads = grads + self.linear(b, 5)
             grad_in = self.linear(b, 4)
@@ -382,13 +514,13 @@ class _Compiler:
         units = n_layers * gather.unit
         p = params + units + gather.backward if gathered else params + copies
         kind = _HEAD_B if self.stage.last else _RECV_B
-        self.add(
-            kind, -1, p, self.buffers(0), self.nothing, fixed + kept + hv[3] - self.head_saved * one
-        )
+        peak = hv[3] - self.head_saved * one
+        own = self.why(partial(_head_source, "backward", 0, plan.chunked, self.stage.last), peak)
+        self.add(kind, -1, p, self.buffers(0), self.nothing, fixed + kept + peak, own)
         copies -= self.head_saved
         state: _State = (kept, copies, hv[5], units, hv[4], 0)
         checks: list[np.ndarray] = []
-        for start, unit, reps in _runs(layers[::-1], n_layers - 1, -1):
+        for start, unit, reps in self.runs(layers[::-1], n_layers - 1, -1):
             state = self._backward_unit(unit, start, state)
             if reps <= 1:
                 continue
@@ -414,17 +546,40 @@ class _Compiler:
                 reducing,
             )
         kept, copies, grads, units, grad_in, reducing = state
+        if self.ledger:  # the embedding's saved tensors went with its backward; the cache stays
+            self.kept_why.only("kv-cache")
         if self.trains_embeddings:
             p = params + units + gather.backward if gathered else params
-            own = grads + (plan.dense_grad - plan.tied) * one
+            own_grads = grads + (plan.dense_grad - plan.tied) * one
             peak = fixed + cache + grad_in + plan.tied * one
-            self.add(_EMBED_B, -1, p, self.buffers(reducing), own, peak)
+            why = (
+                *self.why(partial(_grad_source, 0, None), grad_in),
+                *self.why(partial(_work_source, "tied gradient", 0, None), plan.tied * one),
+            )
+            self.add(_EMBED_B, -1, p, self.buffers(reducing), own_grads, peak, why)
         return checks
 
 
 #: what the backward carries from layer to layer: what is kept, autocast's copies, the
 #: gradients, the gathered units, the input gradient and the reduce-scatter input
 _State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
+
+
+def dtype_of(plan: StepPlan) -> type:
+    """int64 for the forms of ``plan`` where every coefficient fits, else Python integers:
+    every coefficient of a form is a sum over the layers of profile coefficients and
+    constants, raised by the micro-batches in flight."""
+    recipe, model, stage = plan.recipe, plan.model, plan.stage
+    gather = recipe.gather
+    largest = max(
+        [abs(c) for p in plan.profiles if p is not None for v in _forms(p) for c in v]
+        + [plan.params, recipe.opt, recipe.grad_buffer, plan.dense_grad]
+        + [sum(c.made for c in plan.copies)]
+        + [gather.forward, gather.backward, gather.grads, gather.reduce, gather.unit]
+        + [64 + 4 * model.head_dim]
+    )
+    bound = 4 * (stage.inflight + 2) * (len(recipe.layers) + 8) * largest
+    return np.int64 if bound < _INT64_SAFE else object
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,24 +610,7 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        recipe = plan.recipe
-        layers, gather, grad_buffer, opt = (
-            recipe.layers,
-            recipe.gather,
-            recipe.grad_buffer,
-            recipe.opt,
-        )
-        model, stage, profiles = plan.model, plan.stage, plan.profiles
-        # every coefficient of a form is a sum over the layers of profile coefficients and
-        # constants, raised by the micro-batches in flight: int64 where that fits
-        largest = max(
-            [abs(c) for p in profiles if p is not None for v in _forms(p) for c in v]
-            + [plan.params, opt, grad_buffer, plan.dense_grad, sum(c.made for c in plan.copies)]
-            + [gather.forward, gather.backward, gather.grads, gather.reduce, gather.unit]
-            + [64 + 4 * model.head_dim]
-        )
-        bound = 4 * (stage.inflight + 2) * (len(layers) + 8) * largest
-        dtype: type = np.int64 if bound < _INT64_SAFE else object
+        dtype = dtype_of(plan)
         cands, per_microbatch, waiting, held, checks = _Compiler(plan, dtype).run()
         matrix = np.stack(
             [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]

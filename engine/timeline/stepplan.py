@@ -31,8 +31,14 @@ from memfit.engine.timeline.compiled import (
     _INT64_SAFE,
     KINDS,
     Moments,
+    _Compiler,
+    _Entry,
     _Forms,
+    _KeptAt,
+    _KeptForms,
+    _Max,
     _Recipe,
+    dtype_of,
 )
 from memfit.engine.timeline.context import (
     HEAD_LOGITS,
@@ -45,7 +51,54 @@ from memfit.engine.timeline.context import (
     step_layers,
 )
 from memfit.engine.timeline.points import Point, Timeline, _total
-from memfit.engine.timeline.sources import Source
+from memfit.engine.timeline.sources import Source, _in_flight_source, _Kept, _output_source
+
+
+@dataclass(frozen=True, slots=True)
+class _Every:
+    """Every point of a step as forms (:meth:`StepPlan.every`): the points in order, what
+    one micro-batch keeps, the other micro-batches in flight, the model output held."""
+
+    played: tuple[_Entry, ...]
+    per_microbatch: Any
+    waiting: Any
+    held: Any
+    #: the model output the loss leaves held (the KV cache the layers handed to it aside)
+    output: Any
+    #: what the layers keep, by kind, as the points saw it (their sources)
+    kept: _KeptForms
+    #: every form above, one row each, by its id: evaluated at a shape in one product
+    rows: tuple[int, ...]
+    matrix: np.ndarray
+    #: the largest absolute coefficient of each column: what bounds a value
+    columns: tuple[int, ...]
+
+
+def _values_of(
+    played: tuple[_Entry, ...], kept: _KeptForms, more: tuple[Any, ...]
+) -> list[np.ndarray]:
+    """Every form the points of :class:`_Every` hold: activations (each form of a peak),
+    gradients, sources, what the layers keep, and ``more``."""
+    out: list[np.ndarray] = []
+
+    def take(v: Any) -> None:
+        if isinstance(v, _Max):
+            out.extend(v.forms)
+        elif isinstance(v, np.ndarray):
+            out.append(v)
+
+    for *_, grads, a, why in played:
+        take(grads)
+        take(a)
+        for w in why:
+            if not isinstance(w, _KeptAt):
+                take(w[1])
+    for entry in kept.entries:
+        if len(entry) == 3:
+            take(entry[1])
+    for v in more:
+        take(v)
+    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -84,6 +137,7 @@ class StepPlan:
     #: what compiling the step reads (see :func:`_compile`), and the compiled forms
     recipe: _Recipe = field(repr=False)
     _compiled: list[_Forms] = field(default_factory=list, repr=False)
+    _every: dict[bool, _Every] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def build(
@@ -195,6 +249,114 @@ class StepPlan:
         if not self._compiled:
             self._compiled.append(_Forms.of(self))
         return self._compiled[0]
+
+    def every(self, ledger: bool = False) -> _Every:
+        """Every point of the step as forms (:class:`_Every`), with the sources of their
+        activations where ``ledger`` asks; compiled once each."""
+        found = self._every.get(ledger)
+        if found is None:
+            compiler = _Compiler(self, dtype_of(self), every=True, ledger=ledger)
+            _, per_microbatch, waiting, held, _ = compiler.run()
+            played = tuple(compiler.played)
+            output, kept = compiler.hv[6], compiler.kept_why
+            arrays: dict[int, np.ndarray] = {}
+            for value in _values_of(played, kept, (per_microbatch, waiting, held, output)):
+                arrays.setdefault(id(value), value)
+            width = compiler.size
+            if arrays:
+                matrix = np.stack(list(arrays.values()))
+                columns = tuple(int(c) for c in np.abs(matrix).max(axis=0))
+            else:
+                matrix, columns = np.zeros((0, width), dtype=np.int64), (0,) * width
+            fits = all(c < _INT64_SAFE for c in columns)
+            found = _Every(
+                played,
+                per_microbatch,
+                waiting,
+                held,
+                output,
+                kept,
+                tuple(arrays),
+                matrix.astype(np.int64) if fits else matrix,
+                columns,
+            )
+            self._every[ledger] = found
+        return found
+
+    def points_at(
+        self, batch: int, seq: int, explain: bool = False
+    ) -> tuple[tuple[Point, ...], int, int, tuple[tuple[Source, ...], ...]]:
+        """Every point of the step at ``batch`` x ``seq`` (the sequence per context rank):
+        before it, forward and backward, the optimizer step and after zero_grad; what one
+        micro-batch keeps; the model output held through the optimizer step; and with
+        ``explain`` each point's activations told apart by source (they add up to its
+        activations, to the byte)."""
+        every = self.every(explain)
+        x = self._values(batch, seq)
+        bound = sum(c * abs(v) for c, v in zip(every.columns, x, strict=True))
+        if bound < _INT64_SAFE:  # one product in int64, exact
+            found = every.matrix @ np.array(x, dtype=np.int64)
+        else:
+            found = every.matrix.astype(object) @ np.array(x, dtype=object)
+        values = dict(zip(every.rows, found.tolist(), strict=True))
+
+        def ev(v: Any) -> int:
+            if isinstance(v, _Max):
+                return max(ev(f) for f in v.forms)
+            if isinstance(v, np.ndarray):
+                return int(values[id(v)])
+            return int(v)
+
+        num, den = self.grad_share.numerator, self.grad_share.denominator
+        waiting = ev(every.waiting)
+        held = ev(every.held)
+        points = [self.before]
+        for kind, layer, p, g, grads, a, _ in every.played:
+            phase, label = KINDS[kind]
+            shared = ev(grads)
+            if num != 1 or den != 1:
+                shared = shared * num // den
+            at = None if layer < 0 else layer
+            points.append(Point(phase, at, label, p, shared + g, self.recipe.opt, ev(a) + waiting))
+        points.append(dataclasses.replace(self.step, activations=held))
+        points.append(dataclasses.replace(self.after, activations=held))
+        sources: list[tuple[Source, ...]] = []
+        if explain:
+            sources = self._sources(every, ev, waiting, held)
+        return tuple(points), ev(every.per_microbatch), held, tuple(sources)
+
+    def _sources(
+        self, every: _Every, ev: Callable[[Any], int], waiting: int, held: int
+    ) -> list[tuple[Source, ...]]:
+        """Each point's sources (:meth:`points_at`), in the order of its points."""
+        out: list[tuple[Source, ...]] = [()]  # before the step: no activations
+        kept, done = _Kept(), 0
+        flight = _in_flight_source(waiting)
+        for *_, why in every.played:
+            parts: list[Source] = []
+            for w in why:
+                if isinstance(w, _KeptAt):
+                    for entry in w.kept.entries[done : w.upto]:
+                        if len(entry) == 1:
+                            kept.only(entry[0])
+                        else:
+                            kept.add(entry[0], ev(entry[1]), entry[2])
+                    done = max(done, w.upto)
+                    parts += kept.sources()
+                else:
+                    template, value = w
+                    parts.append(dataclasses.replace(template, bytes=ev(value)))
+            parts.append(flight)
+            out.append(tuple(s for s in parts if s.bytes))
+        # the optimizer step and after zero_grad: the model output held, the KV cache with it
+        for entry in every.kept.entries[done:]:
+            if len(entry) == 1:
+                kept.only(entry[0])
+            else:
+                kept.add(entry[0], ev(entry[1]), entry[2])
+        output = [_output_source(ev(every.output)), *kept.sources()]
+        out += [tuple(s for s in output if s.bytes)] * 2
+        return out
 
     # -- the shape ----------------------------------------------------------------------
 

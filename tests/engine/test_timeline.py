@@ -507,3 +507,34 @@ def test_the_compiled_plan_holds_unsaved_casts_as_the_reference_walk(
     if seq == 1:
         assert (top.phase, top.layer, top.label) == ("backward", 0, "layer")
         assert top.parameters == state.category_bytes("parameters") + CAST
+
+
+def test_the_step_is_written_once_and_played_two_ways() -> None:
+    """One description of the step (engine.timeline.compiled._Compiler) gives both the
+    reference -- every point, with the sources of its activations -- and the candidates
+    for the highest point that the plans evaluate at one or many shapes: there is no
+    second walk of the step to drift from the first. Here, for a run checkpointed every
+    3 layers and a LoRA run, the highest of every point is the candidates' highest, and
+    every point's sources add up to its activations (the golden set and the plans' tests
+    hold the rest)."""
+    import pkgutil
+
+    import memfit.engine.timeline as timeline
+
+    assert "walk" not in {m.name for m in pkgutil.iter_modules(timeline.__path__)}
+    for s in (
+        preset_scenario("llama-3-8b", "h100-sxm-80gb", {"micro_batch_size": 2,
+                        "activation_checkpointing": "every-k-layers", "checkpoint_every_k": 3}),
+        preset_scenario("qwen2.5-0.5b", "l4", {"micro_batch_size": 4, "method": "lora"}),
+    ):  # fmt: skip
+        training = s.training
+        state = model_state(s.model, training)
+        plan = timeline.step_plan(s.model, training, state)
+        points, _, _, sources = plan.points_at(training.micro_batch_size,
+                                               training.sequence_length, explain=True)  # fmt: skip
+        played = plan.play(training.micro_batch_size, training.sequence_length, tuple)
+        middle = [p for p in points if p.phase in ("forward", "backward")]
+        assert played.moments[1] == max(middle, key=lambda p: p.total)
+        assert len(sources) == len(points)
+        for point, parts in zip(points, sources, strict=True):
+            assert sum(part.bytes for part in parts) == point.activations
