@@ -19,6 +19,7 @@ the attention input (q, k, v are separate calls) and no s^2 term with flash atte
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from memfit.engine import memo
@@ -1037,6 +1038,33 @@ def activation_traffic(kind: str, mode: str) -> tuple[int, int]:
     net.activation("x", kind)
     moved, kernels = traffic(net.block)
     return moved - 2 * ctx.act, kernels - 1
+
+
+#: the ops that are matrix products: the step time prices them as GEMMs (or as the
+#: attention core), not as element-wise kernels
+MATMUL_OPS = frozenset({"mm", "lora_A", "lora_B", "matmul_qk", "matmul_pv"})
+
+
+@memo.cached(maxsize=256)
+def moe_loop_kernels(model: ModelSpec, ctx: Ctx) -> int:
+    """The element-wise kernels one MoE layer's routed experts launch beyond the grouped
+    experts' when transformers' eager loop runs them (``experts_implementation="eager"``),
+    counted from the ops the memory walk builds for both (:func:`_moe`,
+    :func:`_moe_eager`) at a shape where every expert receives tokens: each expert its own
+    gather, activation, product, routing weights and ``index_add``. 0 where the eager loop
+    does not run (expert parallelism, no routed experts)."""
+    if not model.is_moe or ctx.ep > 1:
+        return 0
+    experts, k = model.local_experts, model.num_experts_per_tok
+    shaped = dataclasses.replace(ctx, batch=-(-experts // k), seq=1, symbolic=False)
+
+    def kernels(build: Callable[[Net, ModelSpec, str], str]) -> int:
+        h = model.hidden_size
+        net = Net("experts", shaped, shaped.tokens * h, shaped.act, True)
+        build(net, model, "x")
+        return sum(op.name not in MATMUL_OPS for op in net.block.ops)
+
+    return max(0, kernels(_moe_eager) - kernels(_moe))
 
 
 #: bytes of the packed 4-bit codes a dequantization reads per weight (NF4/FP4: 4 bits)

@@ -65,6 +65,7 @@ from memfit.engine.layers import (
     activation_traffic,
     attention_kernel,
     dequant_traffic,
+    moe_loop_kernels,
     upcasts_logits,
 )
 from memfit.engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
@@ -365,6 +366,8 @@ class _Work:
     mode: str = "amp"
     #: QLoRA: bytes one weight's dequantization moves (engine.layers.dequant_traffic)
     dequant_bytes: float = 2.5
+    #: the eager experts loop's kernels per MoE layer beyond the grouped experts'
+    moe_loop: int = 0
 
 
 def _work(stages: _Stages, b: int, s: int) -> _Work:
@@ -388,6 +391,7 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
         stages.frozen_cast,
         stages.mode,
         stages.dequant_bytes,
+        stages.moe_loop,
     )
 
 
@@ -515,7 +519,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     else:
         e_f += 2 * f_local
         e_b += 3 * f_local
-    n_kernels = 8 + 2 * norms
+    n_kernels: float = 8 + 2 * norms
     # the activation's ops beyond one fused kernel, as the memory walk builds them
     # (engine.layers.activation_traffic: gelu_new is eight Python ops, in fp32 under
     # autocast); their backward reads the output gradient and what each op saved
@@ -529,6 +533,11 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
         # permute to the experts and back, forward and backward
         e_f += 2 * 2 * topk * h
         e_b += 2 * 2 * topk * h
+        # transformers' eager experts loop: each expert that receives tokens launches its
+        # own gather, activation, product, routing weights and index_add (the ops the
+        # memory walk builds for it, engine.layers.moe_loop_kernels)
+        local = max(1, model.num_experts // ep)
+        n_kernels += work.moe_loop * min(1.0, tokens * topk * work.capacity / local)
     # PEFT's dropout on each adapter's input: read x, write the output and a 1-byte mask;
     # backward reads the gradient and writes it masked (as the hidden dropouts above)
     e_f += 2.5 * drop_tok
@@ -733,6 +742,9 @@ class _Stages:
     #: dequantized too (the memory walk's context: engine.timeline.make_ctx)
     dequant_bytes: float
     quantized_head: bool
+    #: the element-wise kernels transformers' eager experts loop launches per MoE layer
+    #: beyond the grouped experts' (engine.layers.moe_loop_kernels; 0: grouped)
+    moe_loop: int
     per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
@@ -900,6 +912,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         mode=prec.mode,
         dequant_bytes=dequant_traffic(ctx.dequant_other),
         quantized_head=training.method == "qlora" and ctx.quantized_head,
+        moe_loop=moe_loop_kernels(model, ctx) if ctx.moe_eager else 0,
         per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",

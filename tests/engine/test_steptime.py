@@ -419,3 +419,42 @@ def test_a_model_op_that_changes_memory_changes_time(
     b = dataclasses.replace(b, model=dataclasses.replace(b.model, **fields))  # type: ignore[arg-type]
     assert estimate(a).allocated_bytes != estimate(b).allocated_bytes, what
     assert step_time(a).step_time_s != step_time(b).step_time_s, what
+
+
+def test_the_eager_experts_loop_costs_its_kernels_in_time() -> None:
+    """transformers' eager experts loop (``moe_implementation="eager"``) runs each expert
+    that receives tokens as its own gather, activation, product, routing weights and
+    index_add -- the ops the memory walk builds for it -- where the grouped experts run a
+    handful of kernels for all of them. The step time counts those kernels from the same
+    ops (engine.layers.moe_loop_kernels): six per expert here, so a model of 128 experts
+    pays for them where one of 8 barely does."""
+    from memfit.engine.layers import moe_loop_kernels
+    from memfit.engine.specs import ParallelismSpec
+    from memfit.engine.timeline import make_ctx
+
+    eager = TrainingSpec(method="lora", moe_implementation="eager")
+    mixtral, qwen = load_model("mixtral-8x7b"), load_model("qwen3-30b-a3b")
+    few, many = (
+        moe_loop_kernels(mixtral, make_ctx(mixtral, eager)),
+        moe_loop_kernels(qwen, make_ctx(qwen, eager)),
+    )
+    assert (many - few) / (qwen.local_experts - mixtral.local_experts) == 6
+    assert (
+        moe_loop_kernels(load_model("llama-3-8b"), make_ctx(load_model("llama-3-8b"), eager)) == 0
+    )
+
+    def timed(impl: str) -> float:
+        s = Scenario(
+            qwen,
+            HardwareSpec(load_gpu("h200-sxm-141gb"), gpus_per_node=8),
+            TrainingSpec(
+                method="lora",
+                micro_batch_size=1,
+                sequence_length=1024,
+                moe_implementation=impl,
+                parallelism=ParallelismSpec(zero_stage=3),
+            ),
+        )
+        return step_time(s).step_time_s
+
+    assert timed("eager") > 1.5 * timed("grouped")
