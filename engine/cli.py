@@ -505,7 +505,11 @@ def make_parser() -> argparse.ArgumentParser:
         f"{user_presets_dir()} (set ${USER_PRESETS_ENV} for another folder), marked "
         "(custom). A file of yours that does not load is named on stderr with the field.",
     )
-    pre.add_argument("kind", choices=KINDS)
+    pre.add_argument(
+        "kind",
+        choices=(*KINDS, "folder"),
+        help="the presets to list, or 'folder': where your own presets go",
+    )
     pre.add_argument("--json", action="store_true")
     cache = sub.add_parser("cache", help="list the models of the local Hugging Face cache")
     cache.add_argument("--root", metavar="DIR", help="the hub cache folder (default: as the hub)")
@@ -666,6 +670,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "presets" and args.kind == "folder":
+            folder = user_presets_dir()
+            if args.json:
+                json.dump({"folder": str(folder), "exists": folder.is_dir()}, out)
+                out.write("\n")
+            else:
+                print(printable(str(folder)), file=out)
+            return 0
         if args.command == "presets":
             _presets(args.kind, args.json, out)
             return 0

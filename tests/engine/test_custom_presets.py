@@ -211,3 +211,12 @@ def test_the_listing_is_read_once_and_again_after_a_clear(user: Path) -> None:
     assert "my-llama" not in preset_files("models").files  # cached
     memo.clear()
     assert "my-llama" in preset_files("models").files
+
+
+def test_the_cli_says_where_the_folder_is(user: Path) -> None:
+    out = io.StringIO()
+    assert main(["presets", "folder"], out) == 0
+    assert out.getvalue() == f"{user}\n"
+    out = io.StringIO()
+    assert main(["presets", "folder", "--json"], out) == 0
+    assert json.loads(out.getvalue()) == {"folder": str(user), "exists": True}
