@@ -6,7 +6,9 @@ scenario cannot: how the run is parallelized in PyTorch. :mod:`validation.measur
 measures them with :mod:`validation.distributed`.
 
 * **FSDP2** (``framework="pytorch"``): ``fully_shard`` on every decoder layer, then on the
-  root model; ``zero_stage`` 3 is ``reshard_after_forward=True``, 2 is ``False``.
+  root model; ``zero_stage`` 3 is ``reshard_after_forward=True``, 2 is ``False``. With
+  ``dp_replicate`` > 1 (HSDP), on a 2-D device mesh of replicate x shard: every group of
+  ranks holds one whole set of shards.
   ``bf16-mixed`` is ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on fp32
   parameters (no autocast); ``fp32`` has no policy; ``bf16`` is a bf16 model without policy.
   The data-parallel size is the world size (``tp = 1``).
@@ -39,8 +41,11 @@ def _parallelism(
     zero_stage: int = 0,
     framework: str = "pytorch",
     sequence_parallel: bool = False,
+    dp_replicate: int = 1,
 ) -> dict[str, Any]:
+    replicas = {"dp_replicate": dp_replicate} if dp_replicate > 1 else {}
     return {
+        **replicas,
         "tp": tp,
         "pp": 1,
         "cp": 1,
@@ -61,17 +66,22 @@ def fsdp_case(
     *,
     reshard_after_forward: bool,
     precision: str = "bf16-mixed",
+    replicate: int = 1,
     **kw: Any,
 ) -> dict[str, Any]:
     s = scenario(model, layers, precision=precision, **kw)
     s["hardware"]["gpus_per_node"] = world
-    s["training"]["parallelism"] = _parallelism(zero_stage=3 if reshard_after_forward else 2)
+    s["training"]["parallelism"] = _parallelism(
+        zero_stage=3 if reshard_after_forward else 2, dp_replicate=replicate
+    )
     setup = {
         "strategy": "fsdp2",
         "reshard_after_forward": reshard_after_forward,
         "fsdp_mixed_precision": precision == "bf16-mixed",
         "wrap": "every decoder layer, then the root model",
     }
+    if replicate > 1:
+        setup["mesh"] = f"2-D: {replicate} replicas x {world // replicate} shards (HSDP)"
     return _case(model, layers, s, setup)
 
 
@@ -107,6 +117,7 @@ def _case(model: str, layers: int, s: dict[str, Any], setup: dict[str, Any]) -> 
     opt = t["optimizer"] + ("-" + t["optimizer_impl"] if t["optimizer"] == "adamw" else "")
     if setup["strategy"] == "fsdp2":
         par = f"fsdp2-z{p['zero_stage']}-w{s['hardware']['gpus_per_node']}"
+        par += f"-r{p['dp_replicate']}" if p.get("dp_replicate", 1) > 1 else ""
     else:
         par = f"tp{p['tp']}-{setup['tp_plan']}" + ("-sp" if p["sequence_parallel"] else "")
     cid = "_".join(
@@ -144,6 +155,13 @@ def all_cases() -> list[dict[str, Any]]:
             # Llama-2-7B widths in fp32, no policy
             out.append(fsdp_case("llama-2-7b", 2, world, reshard_after_forward=raf,
                                  precision="fp32", batch=1, seq=1024))  # fmt: skip
+    # HSDP: FSDP2 on a 2-D mesh, 2 or 4 groups of ranks each holding a whole set of shards
+    for world, replicate in ((4, 2), (8, 2), (8, 4)):
+        for raf in (True, False):
+            out.append(fsdp_case("llama-3.2-1b", 4, world, reshard_after_forward=raf,
+                                 replicate=replicate, batch=2, seq=1024))  # fmt: skip
+            out.append(fsdp_case("llama-2-7b", 2, world, reshard_after_forward=raf,
+                                 replicate=replicate, impl="fused", batch=1, seq=2048))  # fmt: skip
     # pure bf16 model without a policy
     out.append(fsdp_case("llama-3.2-1b", 4, 4, reshard_after_forward=True, precision="bf16",
                          batch=2, seq=1024))  # fmt: skip

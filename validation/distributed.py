@@ -93,6 +93,9 @@ class MultiSpec:
     tp_vocab_parallel: bool = False
     #: TP: sequence parallelism on the norms (needs tp_vocab_parallel)
     sequence_parallel: bool = False
+    #: FSDP2: groups of ranks that each hold one whole set of shards (HSDP: a 2-D mesh of
+    #: replicate x shard; 1: plain FSDP over every rank)
+    replicate: int = 1
 
 
 def multi_spec_from_case(case: dict[str, Any]) -> MultiSpec:
@@ -106,6 +109,7 @@ def multi_spec_from_case(case: dict[str, Any]) -> MultiSpec:
         fsdp_mixed_precision=bool(setup.get("fsdp_mixed_precision", False)),
         tp_vocab_parallel=bool(setup.get("tp_vocab_parallel", False)),
         sequence_parallel=bool(p.get("sequence_parallel", False)),
+        replicate=int(p.get("dp_replicate", 1)),
     )
 
 
@@ -477,7 +481,11 @@ def measure_multi(spec: MultiSpec, gpu: GpuProfile | None = None) -> MultiMeasur
         fake_streams(),
         fake_process_group(spec.world_size),
     ):
-        mesh = init_device_mesh("cuda", (spec.world_size,))
+        if spec.replicate > 1:  # HSDP: fully_shard on a 2-D mesh shards over its last dim
+            shape = (spec.replicate, spec.world_size // spec.replicate)
+            mesh = init_device_mesh("cuda", shape, mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cuda", (spec.world_size,))
         with (
             mode,
             cuda_sdpa(gpu, log),

@@ -74,6 +74,15 @@ def test_coverage() -> None:
         for stage in (2, 3):
             for precision in ("bf16-mixed", "fp32"):
                 assert (world, stage, precision) in fsdp
+    hsdp = {
+        (
+            c["scenario"]["hardware"]["gpus_per_node"],
+            c["scenario"]["training"]["parallelism"]["dp_replicate"],
+        )
+        for c in _load()
+        if c["scenario"]["training"]["parallelism"].get("dp_replicate", 1) > 1
+    }
+    assert {(4, 2), (8, 2), (8, 4)} <= hsdp
     for size in (2, 4):
         assert (size, False, "layers") in tp
         assert (size, False, "vocab") in tp
@@ -89,7 +98,10 @@ def test_case_schema(case: dict[str, Any]) -> None:
     assert world in (2, 4, 8)
     t = s["training"]
     p = t["parallelism"]
-    assert set(p) == PARALLELISM_KEYS
+    # HSDP cases name their replicas (FSDP2 on a 2-D mesh); the others have none
+    replicas = p.get("dp_replicate", 1)
+    assert set(p) == PARALLELISM_KEYS | ({"dp_replicate"} if "dp_replicate" in p else set())
+    assert replicas == 1 or (replicas > 1 and world % replicas == 0 and "mesh" in case["setup"])
     assert (p["pp"], p["cp"], p["ep"], p["vpp"], p["hybrid_shard"]) == (1, 1, 1, 1, False)
     assert p["framework"] == "pytorch"
     assert t["method"] == "full" and t["activation_checkpointing"] == "none"
@@ -100,9 +112,11 @@ def test_case_schema(case: dict[str, Any]) -> None:
         assert p["tp"] == 1 and p["sequence_parallel"] is False
         assert p["zero_stage"] == (3 if setup["reshard_after_forward"] else 2)
         assert setup["fsdp_mixed_precision"] == (t["precision"] == "bf16-mixed")
-        # every rank holds 1/W of the model, each shard padded to the same size
-        assert m["param_bytes_local"] * world >= m["param_bytes_full"]
-        assert m["param_bytes_local"] * world < m["param_bytes_full"] * 1.01
+        # every rank holds 1/S of the model, S the ranks of its shard group (W, or W over
+        # the replicas of HSDP), each shard padded to the same size
+        shards = world // replicas
+        assert m["param_bytes_local"] * shards >= m["param_bytes_full"]
+        assert m["param_bytes_local"] * shards < m["param_bytes_full"] * 1.01
         assert set(m["breakdown_at_peak"]) == CATEGORIES | FSDP_CATEGORIES
     else:
         assert setup["strategy"] == "tp"
