@@ -97,11 +97,14 @@ def _accelerate(r: _Reader) -> None:
         for key, name in (
             ("parallelism_config_tp_size", "parallelism.tp"),
             ("parallelism_config_cp_size", "parallelism.cp"),
+            # HSDP: groups of ranks that each hold one whole set of shards
+            ("parallelism_config_dp_replicate_size", "parallelism.dp_replicate"),
         ):
             value = parallel.integer(key)
             if value is not None and value > 1:
                 out.set(name, value, parallel.key(key))
-        parallel.rest(("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size"))
+        # the shard group is what the GPUs leave after tp, cp and the replicas
+        parallel.rest(("parallelism_config_dp_shard_size",))
     r.rest(_ACCELERATE_QUIET)
 
 

@@ -105,6 +105,8 @@ def _axolotl(r: _Reader) -> None:
         ("tensor_parallel_size", "parallelism.tp"),
         ("context_parallel_size", "parallelism.cp"),
         ("sequence_parallel_degree", "parallelism.cp"),
+        # HSDP: groups of ranks that each hold one whole set of shards
+        ("dp_replicate_size", "parallelism.dp_replicate"),
     ):
         value = r.integer(key)
         if value is not None and value > 1:
@@ -148,7 +150,6 @@ def _axolotl(r: _Reader) -> None:
         ("auto_find_batch_size", "the batch size it settles on is not known"),
         ("fp8_enable_fsdp_float8_all_gather", "FP8 all-gathers are not modelled"),
         ("dp_shard_size", "the shard group is derived from the GPUs, not given"),
-        ("dp_replicate_size", "the replicate group is derived from the GPUs, not given"),
     ):
         r.flag(key, reason)
     r.rest(_AXOLOTL_QUIET)

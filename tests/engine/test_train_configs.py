@@ -13,6 +13,7 @@ import pytest
 
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
+from memfit.engine.plan import resolve
 from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
 from memfit.engine.stacks import load_stack
 from memfit.engine.train_configs import (
@@ -506,6 +507,31 @@ def test_fsdp_strategies_are_zero_stages(config: dict[str, Any], stage: int, hyb
     par = import_training_config(text=json.dumps(data)).training["parallelism"]
     assert par["zero_stage"] == stage
     assert par.get("hybrid_shard", False) is hybrid
+
+
+def test_hsdp_replicas_are_read_from_accelerate_and_axolotl() -> None:
+    """accelerate's ND parallelism (``parallelism_config_dp_replicate_size``) and Axolotl's
+    ``dp_replicate_size``: groups of ranks that each hold one whole set of FSDP shards
+    (``training.parallelism.dp_replicate``); the shard size is what the GPUs leave."""
+    data = {
+        "distributed_type": "FSDP",
+        "num_processes": 8,
+        "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": True},
+        "parallelism_config": {
+            "parallelism_config_dp_replicate_size": 2,
+            "parallelism_config_dp_shard_size": 4,
+        },
+    }
+    imported = import_training_config(text=json.dumps(data))
+    assert imported.training["parallelism"]["dp_replicate"] == 2
+    assert not any("dp_shard_size" in line for line in imported.ignored)
+    text = "base_model: meta-llama/Meta-Llama-3-8B\ndp_replicate_size: 2\ndp_shard_size: 4\n"
+    text += "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n"
+    axolotl = import_training_config(text=text, fmt="axolotl")
+    assert axolotl.training["parallelism"]["dp_replicate"] == 2
+    eight = {**DEFAULT, "hardware": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8}}
+    scenario = scenario_from_dict(apply(eight, axolotl))
+    assert resolve(scenario).mesh.shard == 4
 
 
 def test_what_a_tool_does_when_a_key_is_absent_is_said() -> None:
