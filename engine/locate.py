@@ -24,7 +24,7 @@ import atexit
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib.resources import as_file, files
@@ -175,6 +175,26 @@ def preset_files(kind: str) -> PresetFiles:
 def problem_line(path: Traversable, why: str) -> str:
     """One line on the user's preset file ``path``: ``custom preset models/x.json in
     FOLDER: why``. The kind and the file's name come first, so that a long folder cut
-    short in a message (:func:`memfit.engine.errors.bounded`) still leaves them."""
+    short in a message (:func:`memfit.engine.errors.bounded`) still leaves them; a ``why``
+    that names the file again (``stacks/x.json: ...``) says it once."""
     where = Path(str(path))
-    return f"custom preset {where.parent.name}/{where.name} in {where.parent.parent}: {why}"
+    file = f"{where.parent.name}/{where.name}"
+    why = why.removeprefix(f"{file}: ") or why
+    return f"custom preset {file} in {where.parent.parent}: {why}"
+
+
+def loadable(kind: str, load: Callable[[str], object]) -> tuple[list[str], list[str]]:
+    """The names of ``kind``'s presets (:func:`preset_files`, in its order) but the user's
+    that ``load`` refuses, and one line (:func:`problem_line`) for each user's file left
+    out. The built-in files are checked by the tests, not here."""
+    listed = preset_files(kind)
+    names, problems = [], list(listed.problems)
+    for name, path in listed.files.items():
+        if name in listed.custom:
+            try:
+                load(name)
+            except (ValueError, TypeError) as exc:  # EstimateError is a ValueError
+                problems.append(problem_line(path, str(exc)))
+                continue
+        names.append(name)
+    return names, problems

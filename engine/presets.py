@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from memfit.engine import memo
 from memfit.engine.errors import EstimateError, shown
-from memfit.engine.locate import KINDS, preset_files, problem_line
+from memfit.engine.locate import KINDS, loadable, preset_files
 from memfit.engine.specs import GpuSpec, ModelSpec
 from memfit.engine.stacks import custom_stack_problems
 
@@ -68,17 +68,7 @@ def _checked(kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The names of ``kind``'s presets that load, sorted, and one line for each user's
     preset left out (the built-in ones are checked by the tests, not here)."""
     cls, field = _KINDS[kind]
-    listed = preset_files(kind)
-    names = []
-    problems = list(listed.problems)
-    for name, path in listed.files.items():
-        if name in listed.custom:
-            try:
-                _read(kind, cls, name, field)
-            except (ValueError, TypeError) as exc:  # EstimateError is a ValueError
-                problems.append(problem_line(path, str(exc)))
-                continue
-        names.append(name)
+    names, problems = loadable(kind, lambda name: _read(kind, cls, name, field))
     return tuple(sorted(names)), tuple(problems)
 
 

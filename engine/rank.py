@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 from memfit.engine import memo
 from memfit.engine.model_state import BUFFERS, MemoryItem, ModelState, model_state
@@ -53,33 +52,12 @@ def inflight(schedule: str, pp: int, stage: int, micro: int, vpp: int = 1) -> in
 Played = tuple[Sharded, Timeline]
 
 
-#: what holds for every shape of a strategy (see :func:`_entry`), kept between estimates
+#: what holds for every shape of a strategy (see :func:`rank_share`), kept between estimates
 _KEPT = 4096
-_SHARES: memo.Table[tuple[object, ...], list[Any]] = memo.Table(f"{__name__}._SHARES", _KEPT)
+_SHARES: memo.Table[tuple[object, ...], tuple[Sharded, StepPlan]] = memo.Table(
+    f"{__name__}._SHARES", _KEPT
+)
 _WHOLE: memo.Table[tuple[object, ...], ModelState] = memo.Table(f"{__name__}._WHOLE", _KEPT)
-
-
-def _entry(
-    scenario: Scenario,
-    model: ModelSpec,
-    mesh: Mesh,
-    part: str,
-    stage: Stage,
-    chunk: ModelSpec | None,
-) -> list[Any]:
-    """This rank's share of the model state (``model`` is what the rank holds, ``part``
-    its pipeline stage's part: :func:`memfit.engine.sharding.shard`), the plan of its step once
-    there is one (:func:`memfit.engine.timeline.step_plan`), kept for every shape of the
-    strategy: neither reads the micro-batch size, sequence length or gradient
-    accumulation, but the plan whether a sliding window masks the sequence."""
-    training = scenario.training
-    masked = window_masks(model, training.sequence_length)
-    key = (model, mesh, part, stage, chunk, masked, strategy_key(training))
-    found = _SHARES.get(key)
-    if found is None:
-        sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
-        found = _SHARES.keep(key, [sharded, None])
-    return found
 
 
 def rank_share(
@@ -90,13 +68,20 @@ def rank_share(
     stage: Stage,
     chunk: ModelSpec | None,
 ) -> tuple[Sharded, StepPlan]:
-    """:func:`_entry` with its step plan built now (:func:`memfit.engine.timeline.step_plan`)."""
-    entry = _entry(scenario, model, mesh, part, stage, chunk)
-    sharded: Sharded = entry[0]
-    if entry[1] is None:
-        entry[1] = step_plan(*_step_args(scenario, sharded, stage, chunk or model))
-    plan: StepPlan = entry[1]
-    return sharded, plan
+    """This rank's share of the model state (``model`` is what the rank holds, ``part``
+    its pipeline stage's part: :func:`memfit.engine.sharding.shard`) and the plan of its
+    step (:func:`memfit.engine.timeline.step_plan`), kept for every shape of the strategy:
+    neither reads the micro-batch size, sequence length or gradient accumulation, but the
+    plan whether a sliding window masks the sequence."""
+    training = scenario.training
+    masked = window_masks(model, training.sequence_length)
+    key = (model, mesh, part, stage, chunk, masked, strategy_key(training))
+    found = _SHARES.get(key)
+    if found is None:
+        sharded = shard(model_state(model, training, part), scenario, mesh, model, part)
+        plan = step_plan(*_step_args(scenario, sharded, stage, chunk or model))
+        found = _SHARES.keep(key, (sharded, plan))
+    return found
 
 
 #: the arguments of engine.timeline's step functions for one rank
@@ -139,12 +124,8 @@ def rank_play(
     """This rank's share of the model state and its step: ``model`` is what the rank
     holds, ``chunk`` (interleaved pipeline) the virtual stage its activations are played
     with."""
-    entry = _entry(scenario, model, mesh, part, stage, chunk)
-    sharded: Sharded = entry[0]
-    args = _step_args(scenario, sharded, stage, chunk or model)
-    if entry[1] is None:
-        entry[1] = step_plan(*args)
-    return sharded, step_timeline(*args, entry[1])
+    sharded, plan = rank_share(scenario, model, mesh, part, stage, chunk)
+    return sharded, step_timeline(*_step_args(scenario, sharded, stage, chunk or model), plan)
 
 
 @memo.cached(maxsize=1024)

@@ -41,7 +41,7 @@ from typing import Any
 
 from memfit.engine import memo
 from memfit.engine.errors import EstimateError
-from memfit.engine.locate import preset_files, problem_line
+from memfit.engine.locate import loadable, preset_files
 from memfit.engine.specs import (
     ADAPTER_DTYPES,
     DEQUANT_DTYPES,
@@ -339,18 +339,9 @@ def load_stack(name: str) -> Stack:
 
 @memo.cached(maxsize=1)
 def _custom_checked() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    listed = preset_files("stacks")
-    good, problems = [], list(listed.problems)
-    for name in sorted(listed.custom):
-        try:
-            load_stack(name)
-        except EstimateError as exc:
-            # the line names the file already
-            why = str(exc).removeprefix(f"stacks/{name}.json: ").removeprefix(f"stacks/{name}.json")
-            problems.append(problem_line(listed.files[name], why.lstrip(": ") or str(exc)))
-        else:
-            good.append(name)
-    return tuple(good), tuple(problems)
+    """The user's own stacks that load, by name, and one line for each left out."""
+    names, problems = loadable("stacks", load_stack)
+    return tuple(sorted(set(names) - set(STACKS))), tuple(problems)
 
 
 def loadable_stack_names() -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,6 +79,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]
     (built,) = (tmp / "dist").glob("memfit-*.whl")
     with zipfile.ZipFile(built) as archive:
         yield archive
+
+
+def run_outside(code: str, cwd: Path) -> dict[str, Any]:
+    """The JSON ``code`` prints, run with ``-S`` (no ``.pth`` files: neither the source tree
+    nor its editable install) and without the variables that point at the tree."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MEMFIT_RESOURCES", "PYTHONPATH")}
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen: dict[str, Any] = json.loads(proc.stdout)
+    return seen
 
 
 def test_the_wheel_carries_every_preset_stack_and_icon(wheel: zipfile.ZipFile) -> None:
@@ -144,17 +162,7 @@ print(json.dumps({{
     "icon_bytes": icon_path().stat().st_size,
 }}))
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("MEMFIT_RESOURCES", "PYTHONPATH")}
-    proc = subprocess.run(
-        [sys.executable, "-S", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout)
+    seen = run_outside(code, tmp_path)
     for key in ("module", "data", "icon"):
         assert Path(seen[key]).is_relative_to(site), seen
     assert seen["models"] > 40 and seen["gpus"] > 10 and seen["stacks"] == 10, seen
@@ -238,17 +246,7 @@ print(json.dumps({{
     "model": load_model("llama-3-8b").label, "icon": icon_path().stat().st_size,
 }}))
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("MEMFIT_RESOURCES", "PYTHONPATH")}
-    proc = subprocess.run(
-        [sys.executable, "-S", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout)
+    seen = run_outside(code, tmp_path)
     assert seen["engine"] == seen["engine_after"] == "someone else's engine"
     assert seen["gui"] == "someone else's gui"
     for key in ("memfit_engine", "memfit_gui"):

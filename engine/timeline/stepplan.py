@@ -291,7 +291,8 @@ class StepPlan:
         micro-batch keeps; the model output held through the optimizer step; and with
         ``explain`` each point's activations told apart by source (they add up to its
         activations, to the byte)."""
-        every = self.every(explain)
+        # the compile with the ledger holds the same points: use it where it is made
+        every = self._every.get(True) or self.every(explain)
         x = self._values(batch, seq)
         bound = sum(c * abs(v) for c, v in zip(every.columns, x, strict=True))
         if bound < _INT64_SAFE:  # one product in int64, exact

@@ -2,9 +2,11 @@
 scenario from a preset, a GPU and the sections as a scenario file writes them."""
 
 import dataclasses
+import json
 from typing import Any
 
 from memfit.engine.layers import Ctx
+from memfit.engine.locate import resources
 from memfit.engine.scenario_io import scenario_from_dict
 from memfit.engine.specs import ModelSpec, Scenario
 
@@ -52,3 +54,11 @@ def preset_scenario(model: str, gpu: str, training: dict[str, Any], **hardware: 
             "training": training,
         }
     )
+
+
+def builtin_preset(kind: str, name: str) -> dict[str, Any]:
+    """The built-in preset file ``kind/name.json`` as it is written (a custom preset's
+    starting point)."""
+    data = json.loads((resources() / kind / f"{name}.json").read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data

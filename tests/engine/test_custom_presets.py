@@ -15,7 +15,7 @@ from memfit.engine import memo
 from memfit.engine.cli import main
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
-from memfit.engine.locate import preset_files, resources, user_presets_dir
+from memfit.engine.locate import preset_files, user_presets_dir
 from memfit.engine.presets import (
     custom_names,
     gpu_names,
@@ -27,12 +27,7 @@ from memfit.engine.presets import (
 from memfit.engine.scenario_io import scenario_from_dict
 from memfit.engine.specs import STACKS, HardwareSpec, Scenario, TrainingSpec, stack_names
 from memfit.engine.stacks import load_stack, loadable_stack_names, stacks
-
-
-def builtin(kind: str, name: str) -> dict[str, object]:
-    data = json.loads((resources() / kind / f"{name}.json").read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
+from tests.engine.helpers import builtin_preset
 
 
 @pytest.fixture
@@ -55,16 +50,20 @@ def write(folder: Path, kind: str, name: str, data: object) -> Path:
 
 
 def my_model() -> dict[str, object]:
-    return {**builtin("models", "llama-3-8b"), "name": "my-llama", "display_name": "My Llama"}
+    return {
+        **builtin_preset("models", "llama-3-8b"),
+        "name": "my-llama",
+        "display_name": "My Llama",
+    }
 
 
 def my_gpu() -> dict[str, object]:
-    data = builtin("gpus", "h100-sxm-80gb")
+    data = builtin_preset("gpus", "h100-sxm-80gb")
     return {**data, "name": "lab-gpu", "display_name": "Lab GPU 96GB", "memory_mib": 98304}
 
 
 def my_stack() -> dict[str, object]:
-    return {**builtin("stacks", "hf-trainer"), "name": "our-loop", "label": "Our loop"}
+    return {**builtin_preset("stacks", "hf-trainer"), "name": "our-loop", "label": "Our loop"}
 
 
 def test_the_folder_is_where_each_platform_keeps_such_files() -> None:

@@ -12,17 +12,11 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from memfit.engine import memo
-from memfit.engine.locate import resources
 from memfit.gui.main_window import MainWindow
 from memfit.gui.panels import YOURS
 from memfit.gui.store import default_scenario
+from tests.engine.helpers import builtin_preset
 from tests.gui.helpers import ini
-
-
-def builtin(kind: str, name: str) -> dict[str, object]:
-    data = json.loads((resources() / kind / f"{name}.json").read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
 
 
 @pytest.fixture
@@ -30,13 +24,17 @@ def presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     folder = tmp_path / "presets"
     for kind in ("models", "gpus", "stacks"):
         (folder / kind).mkdir(parents=True)
-    model = {**builtin("models", "llama-3-8b"), "name": "my-llama", "display_name": "My Llama"}
+    model = {
+        **builtin_preset("models", "llama-3-8b"),
+        "name": "my-llama",
+        "display_name": "My Llama",
+    }
     (folder / "models" / "my-llama.json").write_text(json.dumps(model))
     wide = {**model, "name": "wide", "hidden_size": -5}
     (folder / "models" / "wide.json").write_text(json.dumps(wide))
-    gpu = {**builtin("gpus", "h100-sxm-80gb"), "name": "lab-gpu", "display_name": "Lab GPU"}
+    gpu = {**builtin_preset("gpus", "h100-sxm-80gb"), "name": "lab-gpu", "display_name": "Lab GPU"}
     (folder / "gpus" / "lab-gpu.json").write_text(json.dumps(gpu))
-    stack = {**builtin("stacks", "hf-trainer"), "name": "our-loop", "label": "Our loop"}
+    stack = {**builtin_preset("stacks", "hf-trainer"), "name": "our-loop", "label": "Our loop"}
     (folder / "stacks" / "our-loop.json").write_text(json.dumps(stack))
     monkeypatch.setenv("MEMFIT_USER_PRESETS", str(folder))
     memo.clear()
