@@ -60,6 +60,15 @@ WHOLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("llama-3-8b", "lora", {"batch": 8, "seq": 4096, "ckpt": "full"}),
     ("mistral-7b-v0.1", "full", {"precision": "bf16", "impl": "fused", "batch": 2, "seq": 2048,
                                  "ckpt": "full"}),
+    # the second run: LoRA on small models, long sequences, pure bf16, larger batches
+    ("qwen2.5-0.5b", "lora", {"batch": 8, "seq": 2048}),
+    ("llama-2-7b", "lora", {"batch": 8, "seq": 2048}),
+    ("qwen2-7b", "lora", {"batch": 4, "seq": 4096, "ckpt": "full"}),
+    ("llama-3.2-1b", "full", {"impl": "fused", "batch": 1, "seq": 16384, "ckpt": "full"}),
+    ("llama-3.2-1b", "full", {"precision": "bf16", "impl": "fused", "batch": 8, "seq": 2048}),
+    ("gpt2", "full", {"impl": "fused", "batch": 32, "seq": 1024}),
+    ("gpt2-xl", "full", {"impl": "fused", "batch": 8, "seq": 1024, "ckpt": "full"}),
+    ("bert-base-uncased", "full", {"impl": "fused", "batch": 64, "seq": 512}),
 )  # fmt: skip
 
 #: where the steps run (a smoke test of this runner may set ``"cpu"`` in its own process)

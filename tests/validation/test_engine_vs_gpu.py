@@ -40,7 +40,7 @@ def _median_p90(values: list[float]) -> tuple[float, float]:
 
 def test_the_records_cover_the_traced_cases_and_whole_models() -> None:
     assert len(TRACED) >= 140
-    assert len(WHOLE) == 8
+    assert len(WHOLE) == 16
     assert sum("tracer" in r for r in TRACED) >= 140
     assert all(r["measured_allocated_bytes"] > 0 for r in ROWS if "refused" not in r)
 
@@ -65,9 +65,9 @@ def test_every_whole_model_is_within_five_percent(row: dict) -> None:
 
 def test_the_whole_models_step_times_are_within_the_published_runs_error() -> None:
     """The step time of a whole model alone on the GPU, median of five steps: within 25 %
-    at the median (measured: 10.9 %). GPT-2 small (124 M parameters, -31 %) and BERT-large
-    in fp32 (+62 %) are the outliers: a small model's step is launch-bound, and fp32 runs on
-    TF32 tensor cores only where the program allows it."""
+    at the median (measured: 11.4 % over 16). GPT-2 small (124 M parameters, -30 % and
+    -33 %) and BERT-large in fp32 (+62 %) are the outliers: a small model's step is
+    launch-bound, and fp32 runs on TF32 tensor cores only where the program allows it."""
     median, _ = _median_p90([r["step_time"] for r in WHOLE])
     assert median <= 0.25, f"median {median:.2%}"
 
