@@ -155,6 +155,15 @@ class Op:
     grads: tuple[str, ...]
     weight_grad: Size
     transient_backward: Size
+    #: a matrix product: (rows in all, in features, out features, weights) -- ``weights``
+    #: matrices of ``in x out`` sharing the rows evenly (grouped experts); the step time
+    #: prices it as GEMMs (:mod:`memfit.engine.steptime`)
+    gemm: tuple[Size, int, int, int] | None = None
+    #: a weight the op reads needs a gradient (its backward computes one)
+    trains: bool = False
+    #: bytes of the gradients of its outputs its backward reads (0: autograd does not
+    #: record the op)
+    out_grad: Size = 0
 
 
 @dataclass(slots=True)
@@ -175,6 +184,9 @@ class Block:
     #: ``save_for_backward`` (bitsandbytes' 4-bit matmul keeps its input): backward does
     #: not release them; they live as long as the graph does
     kept_by_functions: set[str] = field(default_factory=set)
+    #: the ops of the attention core, ``ops[start:end]`` (eager attention's scores,
+    #: mask, softmax and products; one fused kernel otherwise)
+    core: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
@@ -201,10 +213,14 @@ class Block:
         grads: list[str] | tuple[str, ...] = (),
         weight_grad: Size = 0,
         transient_backward: Size = 0,
+        gemm: tuple[Size, int, int, int] | None = None,
+        trains: bool = False,
+        out_grad: Size = 0,
     ) -> None:
         """Append an op. ``grads`` are the inputs that receive a gradient in backward;
         ``weight_grad`` the bytes of parameter gradient it accumulates into ``.grad``;
-        ``transient_backward`` workspace its backward needs beyond the input gradients."""
+        ``transient_backward`` workspace its backward needs beyond the input gradients;
+        ``gemm``, ``trains`` and ``out_grad`` what the step time prices (:class:`Op`)."""
         for tensor, nbytes in outputs:
             self.sizes[tensor] = nbytes
         self.ops.append(
@@ -216,6 +232,9 @@ class Block:
                 tuple(grads),
                 weight_grad,
                 transient_backward,
+                gemm,
+                trains,
+                out_grad,
             )
         )
 

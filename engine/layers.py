@@ -19,7 +19,6 @@ the attention input (q, k, v are separate calls) and no s^2 term with flash atte
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from memfit.engine import memo
@@ -230,21 +229,27 @@ class Net:
         weight_grad: Size = 0,
         transient: Size = 0,
         trains: bool = False,
+        gemm: tuple[Size, int, int, int] | None = None,
     ) -> None:
         """Append an op; ``trains``: a weight it reads needs a gradient (recorded even
-        when this op's own share of that gradient is 0)."""
+        when this op's own share of that gradient is 0); ``gemm``: it is a matrix product
+        (:attr:`memfit.engine.graph.Op.gemm`)."""
         grads = [t for t in inputs if self.rg.get(t)]
         # autograd records an op only when an input or its weight needs a gradient: an op
         # of a frozen layer whose input needs none saves nothing
         recorded = bool(grads) or bool(weight_grad) or trains
+        outputs = [(t, self.elems[t] * self.dtype[t]) for t in out]
         self.block.op(
             name,
             inputs,
-            [(t, self.elems[t] * self.dtype[t]) for t in out],
+            outputs,
             saves=[t for t in saves if t] if recorded else [],
             grads=grads,
             weight_grad=weight_grad,
             transient_backward=transient if recorded else 0,
+            gemm=gemm,
+            trains=trains,
+            out_grad=sum((b for t, b in outputs if self.rg[t]), 0) if recorded else 0,
         )
 
     def _dequantize(self, n: Size) -> tuple[str, Size]:
@@ -387,7 +392,10 @@ class Net:
             if not weight:
                 weight = self.cached[key] = self.new("wcast", in_f * out_f * weights, 2, True)
                 self.block.cached.add(weight)
-                self._op("cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights)
+                self._op(
+                    "cast_weight", [], [weight], weight_grad=4 * in_f * out_f * weights,
+                    trains=True,
+                )  # fmt: skip
         elif ctx.mode == "amp" and w_dtype == 4 and not fp32_experts:
             # a frozen fp32 weight (Lightning's bf16-mixed keeps the base in fp32): autocast
             # caches casts only of leaf tensors that require grad, so every call casts it
@@ -419,7 +427,10 @@ class Net:
         inputs = [xin] + ([weight] if weight else [])
         # routed experts run as grouped GEMMs, not as ``aten.mm``
         op = "grouped_mm" if weights > 1 else "mm"
-        self._op(op, inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable)
+        self._op(
+            op, inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable,
+            gemm=(tokens, in_f, out_f, weights),
+        )  # fmt: skip
         if keeps_input and self.rg[xin]:
             self.block.kept_by_functions.add(saved_in)
         if dequant_again and self.rg[xin]:
@@ -483,8 +494,9 @@ class Net:
         saves = [xin if trainable else "", weight if self.rg[xin] else ""]
         inputs = [xin] + ([weight] if weight else [])
         self._op(
-            "mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable
-        )
+            "mm", inputs, [y], saves=saves, weight_grad=w_grad, transient=redo, trains=trainable,
+            gemm=(rows, in_f, out_f, 1),
+        )  # fmt: skip
         return y
 
     def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:
@@ -501,9 +513,15 @@ class Net:
             xin = self.cast(xin, 2)
         out_dtype = ctx.act if ctx.mode == "amp" else adapter_dtype
         a = self.new("loraA", tokens * r, out_dtype, True)
-        self._op("lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * in_f)
+        self._op(
+            "lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * in_f,
+            trains=True, gemm=(tokens, in_f, r, 1),
+        )  # fmt: skip
         b = self.new("loraB", tokens * out_f, out_dtype, True)
-        self._op("lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * out_f)
+        self._op(
+            "lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * out_f,
+            trains=True, gemm=(tokens, r, out_f, 1),
+        )  # fmt: skip
         scaled = self.unary("scale", b)
         return self.cast(self.binary("add", base, scaled), self.dtype[base])
 
@@ -524,10 +542,15 @@ class Net:
         out_dtype = ctx.act if ctx.mode == "amp" else adapter_dtype
         a = self.new("loraA", tokens * r * len(parts), out_dtype, True)
         self._op(
-            "lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * len(parts) * in_f
-        )
+            "lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * len(parts) * in_f,
+            trains=True, gemm=(tokens, in_f, r * len(parts), 1),
+        )  # fmt: skip
         b = self.new("loraB", tokens * sum(parts), out_dtype, True)
-        self._op("lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * sum(parts))
+        # a grouped conv1d: each adapted part's B on its own r rows
+        self._op(
+            "lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * sum(parts),
+            trains=True, gemm=(tokens * len(parts), r, sum(parts) // len(parts), len(parts)),
+        )  # fmt: skip
         if len(parts) < len(widths):
             padded = self.new("zero_pad", tokens * sum(widths), out_dtype, True)
             self._op("index_copy", [b], [padded], saves=[b])
@@ -628,7 +651,14 @@ class Net:
         return self.unary(kind, x, save_in=True)
 
     def attention(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
-        """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim)."""
+        """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim). Its ops
+        are the block's attention core (:attr:`memfit.engine.graph.Block.core`)."""
+        first = len(self.block.ops)
+        out = self._attention(q, k, v, heads, kv_heads, head_dim)
+        self.block.core = (first, len(self.block.ops))
+        return out
+
+    def _attention(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         ctx = self.ctx
         kernel = self.kernel()
         if kernel == "eager":
@@ -1024,47 +1054,6 @@ def _whole(size: Size) -> int:
     if not isinstance(size, int):
         raise TypeError("traffic is counted at concrete sizes")
     return size
-
-
-@memo.cached(maxsize=64)
-def activation_traffic(kind: str, mode: str) -> tuple[int, int]:
-    """What the activation ``kind`` moves beyond one fused op, per element of its input:
-    (bytes read and written, kernels), from the ops :meth:`Net.activation` builds for the
-    memory walk under compute ``mode`` (:attr:`Ctx.mode`). A fused activation reads its
-    input and writes its output once: (0, 0). ``gelu_new``, written in Python ops and run
-    in fp32 under autocast, moves 66 bytes more per element in eight more kernels."""
-    ctx = Ctx(1, 1, mode, "sdpa", 0, frozenset(), frozenset({"all"}), 2, False, 0.0)
-    net = Net("activation", ctx, 1, ctx.act, True)
-    net.activation("x", kind)
-    moved, kernels = traffic(net.block)
-    return moved - 2 * ctx.act, kernels - 1
-
-
-#: the ops that are matrix products: the step time prices them as GEMMs (or as the
-#: attention core), not as element-wise kernels
-MATMUL_OPS = frozenset({"mm", "lora_A", "lora_B", "matmul_qk", "matmul_pv"})
-
-
-@memo.cached(maxsize=256)
-def moe_loop_kernels(model: ModelSpec, ctx: Ctx) -> int:
-    """The element-wise kernels one MoE layer's routed experts launch beyond the grouped
-    experts' when transformers' eager loop runs them (``experts_implementation="eager"``),
-    counted from the ops the memory walk builds for both (:func:`_moe`,
-    :func:`_moe_eager`) at a shape where every expert receives tokens: each expert its own
-    gather, activation, product, routing weights and ``index_add``. 0 where the eager loop
-    does not run (expert parallelism, no routed experts)."""
-    if not model.is_moe or ctx.ep > 1:
-        return 0
-    experts, k = model.local_experts, model.num_experts_per_tok
-    shaped = dataclasses.replace(ctx, batch=-(-experts // k), seq=1, symbolic=False)
-
-    def kernels(build: Callable[[Net, ModelSpec, str], str]) -> int:
-        h = model.hidden_size
-        net = Net("experts", shaped, shaped.tokens * h, shaped.act, True)
-        build(net, model, "x")
-        return sum(op.name not in MATMUL_OPS for op in net.block.ops)
-
-    return max(0, kernels(_moe_eager) - kernels(_moe))
 
 
 #: bytes of the packed 4-bit codes a dequantization reads per weight (NF4/FP4: 4 bits)

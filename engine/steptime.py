@@ -3,19 +3,25 @@
 The memory model says whether a step fits; this model says how long it takes, so that a
 memory saving can be weighed against its price in time. It plays the same step as
 :mod:`memfit.engine.timeline` -- forward through every layer, the loss, backward, the optimizer --
-and prices every piece of work by what limits it:
+and each layer's work is the ops of the very block the memory walk plays for it
+(:func:`memfit.engine.timeline.layer_block`, built for the rank's share of the model), so an op
+that reaches memory reaches time. Each piece of work is priced by what limits it:
 
-* **matmuls** (every ``nn.Linear`` of :func:`memfit.engine.params.model_tensors`, the LM head and
-  the LoRA adapters) by a roofline per GEMM: ``max(FLOPs / (peak x e_mm), bytes /
-  (bandwidth x e_mem))``, so large GEMMs are compute-bound and a rank-16 adapter or a
-  router is bandwidth-bound (Williams et al. 2009, "Roofline");
+* **matmuls** (the block's ops that carry a GEMM shape: every ``nn.Linear``, the grouped
+  experts, the LoRA adapters; the LM head) by a roofline per GEMM: ``max(FLOPs / (peak x
+  e_mm), bytes / (bandwidth x e_mem))``, so large GEMMs are compute-bound and a rank-16
+  adapter or a router is bandwidth-bound (Williams et al. 2009, "Roofline"); backward runs
+  the input's gradient where the op's input needs one and the weight's where it trains;
 * the **attention core** (``softmax(QK^T) V``) by the kernel in use: flash/SDPA at the
   attention kernel's efficiency, with causal masking halving the work (Dao 2023,
-  FlashAttention-2, section 3.1); eager as two batched matmuls plus a softmax that reads
-  and writes the ``s x s`` scores;
-* the **elementwise ops** (norms, activations, residual adds, RoPE, dropout, the loss over
-  the logits, autocast's weight casts, QLoRA's dequantization, the optimizer step) by the
-  bytes they move at the device's bandwidth;
+  FlashAttention-2, section 3.1); eager attention and SDPA's math fallback as two batched
+  matmuls plus the bytes the core's own ops of the block move (scaling, mask, softmax,
+  casts of the ``s x s`` scores);
+* every other op of the block -- norms, activations as the model writes them, residual
+  adds, RoPE, dropout, casts, routing -- by the bytes it moves at the device's bandwidth:
+  forward each input read and each output written; backward its outputs' gradients and
+  what it saved read, its inputs' gradients written; and the loss over the logits,
+  autocast's weight casts, QLoRA's dequantization and the optimizer step likewise;
 * **communication** by ring-collective volumes (Patarasuk and Yuan 2009: an all-reduce of
   ``S`` bytes over ``n`` ranks moves ``2 (n-1)/n S`` per rank, all-gather and
   reduce-scatter ``(n-1)/n S``) over NVLink inside a node and over the node's network
@@ -55,21 +61,17 @@ appendix B) -- over the step time and the dtype's dense peak of every GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import NamedTuple
 
 from memfit.engine import memo
-from memfit.engine.layers import (
-    activation_traffic,
-    attention_kernel,
-    dequant_traffic,
-    moe_loop_kernels,
-    upcasts_logits,
-)
-from memfit.engine.model_state import FREEZE_COMPONENTS, lora_targets, model_state
-from memfit.engine.params import TensorGroup, model_tensors
+from memfit.engine.graph import Block, Op, Size
+from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic, upcasts_logits
+from memfit.engine.model_state import FREEZE_COMPONENTS, model_state
+from memfit.engine.params import model_tensors
 from memfit.engine.plan.mesh import Mesh
 from memfit.engine.plan.precision import Precision, precision_of
 from memfit.engine.plan.resolve import resolve
@@ -82,8 +84,9 @@ from memfit.engine.specs import (
     ModelSpec,
     Scenario,
     TrainingSpec,
+    window_masks,
 )
-from memfit.engine.timeline import make_ctx, recomputed_layers
+from memfit.engine.timeline import layer_block, make_ctx, recomputed_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -345,54 +348,44 @@ def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) 
 class _Work:
     """What one layer's work depends on, beyond the model and the device."""
 
-    method: str
-    targets: tuple[str, ...]
-    rank: int
-    trainable: tuple[str, ...]
+    #: the rank's share of the model (tensor and expert parallel) and the memory walk's
+    #: context at this shape: what the layer's block is built from
+    rank_model: ModelSpec
+    ctx: Ctx
     attention: str
     batch: int
     seq: int
-    sequence_parallel: bool
-    capacity: float
     tp: int
     cp: int
     ep: int
     compute: int  # bytes of the compute dtype (engine.plan.precision)
-    #: PEFT's dropout on each adapter's input (0: none)
-    lora_dropout: float = 0.0
-    #: autocast casts the frozen weights, stored in fp32, to 16 bits in every forward
-    frozen_cast: bool = False
-    #: the compute mode (engine.plan.precision: "fp32", "amp" or "half")
-    mode: str = "amp"
     #: QLoRA: bytes one weight's dequantization moves (engine.layers.dequant_traffic)
     dequant_bytes: float = 2.5
-    #: the eager experts loop's kernels per MoE layer beyond the grouped experts'
-    moe_loop: int = 0
 
 
 def _work(stages: _Stages, b: int, s: int) -> _Work:
     """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``."""
-    mesh, lora = stages.mesh, stages.lora
-    return _Work(
-        stages.method,
-        lora.targets,
-        lora.rank,
-        stages.freeze.trainable,
-        stages.attention,
-        b,
-        s,
-        stages.sequence_parallel,
-        stages.capacity,
-        mesh.tp,
-        mesh.cp,
-        mesh.ep,
-        stages.compute,
-        lora.dropout if stages.method in ("lora", "qlora") else 0.0,
-        stages.frozen_cast,
-        stages.mode,
-        stages.dequant_bytes,
-        stages.moe_loop,
+    mesh, rank = stages.mesh, stages.rank_model
+    ctx = dataclasses.replace(
+        stages.ctx,
+        batch=b,
+        seq=s // mesh.cp,
+        masked=window_masks(rank, s) or (rank.sdpa_math and stages.attention == "sdpa"),
     )
+    return _Work(
+        rank, ctx, stages.attention, b, s, mesh.tp, mesh.cp, mesh.ep, stages.compute,
+        stages.dequant_bytes,
+    )  # fmt: skip
+
+
+def _layers_at(stages: _Stages, b: int, s: int) -> tuple[_Layer, _Layer | None]:
+    """The dense and the MoE layer of ``stages`` at micro-batch ``b`` and sequence length
+    ``s``. (Not cached by the stages: they do not compare the model and the device, which
+    their memo's table is kept by; :func:`_layer` is cached by all it reads.)"""
+    work = _work(stages, b, s)
+    dense = _layer(stages.model, work, stages.dev, False)
+    moe = _layer(stages.model, work, stages.dev, True) if stages.model.is_moe else None
+    return dense, moe
 
 
 def _frozen_cast(training: TrainingSpec, prec: Precision) -> bool:
@@ -401,72 +394,93 @@ def _frozen_cast(training: TrainingSpec, prec: Precision) -> bool:
     return prec.mode == "amp" and prec.frozen == 4 and training.method != "full"
 
 
+#: ops of the memory walk's blocks that the step time prices otherwise than by the bytes
+#: they move: the attention core (by its kernel), collectives (by the rings), autocast's
+#: weight casts (over the rank's weights) and QLoRA's dequantization (by its traffic)
+_NOT_ELEMENTWISE = frozenset(
+    {"matmul_qk", "matmul_pv", "all_gather", "reduce_scatter", "all_to_all", "ring_recv",
+     "cast_weight", "dequantize", "dequantize_backward"}
+)  # fmt: skip
+
+
+def _concrete(size: Size) -> int:
+    """A size of a block built at a concrete shape (the step time never prices a profile)."""
+    if not isinstance(size, int):
+        raise TypeError("a layer is priced at concrete sizes")
+    return size
+
+
+def _elementwise(block: Block, op: Op) -> tuple[float, float]:
+    """The bytes an element-wise op moves forward (each input read, each output written)
+    and backward (its outputs' gradients and what it saved read, its inputs' gradients
+    written; nothing where autograd does not record it)."""
+    size = block.sizes
+    fwd = sum(_concrete(size[t]) for t in op.inputs) + sum(_concrete(b) for _, b in op.outputs)
+    if not op.out_grad:
+        return float(fwd), 0.0
+    read = _concrete(op.out_grad) + sum(_concrete(size[t]) for t in op.saves)
+    return float(fwd), float(read + sum(_concrete(size[t]) for t in op.grads))
+
+
 @memo.cached(maxsize=8192)
 def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
-    """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch."""
-    tp, cp, ep = work.tp, work.cp, work.ep
+    """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch: the
+    ops of the block the memory walk plays for it (:func:`memfit.engine.timeline.layer_block`,
+    built for the rank's share of the model at this shape), each priced -- matrix
+    products as GEMMs, the attention core by its kernel, every other op by the bytes it
+    moves -- so that an op that reaches memory reaches time."""
+    tp, cp = work.tp, work.cp
     b, s = work.batch, work.seq
     tokens = b * s / cp  # the rank's tokens (context parallelism splits the sequence)
     dt = work.compute
     h = model.hidden_size
-    lora = work.method in ("lora", "qlora")
-    roles = lora_targets(model, work.targets)[0] if lora else frozenset()
-    r = work.rank
+    block = layer_block(work.rank_model, work.ctx, moe)
     mm_f = mm_b = 0.0
     fl_f = fl_b = 0.0
+    e_f = e_b = 0.0
+    k_f = k_b = 0
+    # the attention core's own element-wise ops (eager attention's scaling, mask, softmax
+    # and casts of the scores): priced with the core, which selective recomputation runs
+    # again and per-op checkpointing does not
+    c_f = c_b = 0.0
+    c_k = 0
+    kernel = _kernel_of(work.attention, model.sdpa_math)
+    core = range(*block.core) if kernel in ("eager", "math") else range(0)
     dequant_elems = 0.0
-    cast_elems = 0.0  # frozen fp32 weights autocast casts (engine.layers: Net.cast)
-    drop_tok = 0.0  # elements per token PEFT's adapter dropouts read (engine.layers: Net.dropout)
-    f_tok = 0.0  # intermediate (MLP activation) elements per token
-    for g in _layer_groups(model, moe):
-        if not g.matrix:
+    cast_elems = 0.0  # frozen fp32 weights autocast casts (engine.layers: Net.linear)
+    for i, op in enumerate(block.ops):
+        if op.gemm is not None:
+            rows, k, n, count = op.gemm
+            m_rows = _concrete(rows) / count
+            fwd = _gemm(m_rows, k, n, dt, dev, count)
+            flops = 2 * m_rows * k * n * count
+            passes = bool(op.grads) + op.trains  # the input's gradient, the weight's
+            mm_f += fwd
+            mm_b += fwd * passes
+            fl_f += flops
+            fl_b += flops * passes
+        elif op.name == "dequantize":
+            (_, nbytes), *_ = op.outputs
+            dequant_elems += _concrete(nbytes) / (work.ctx.dequant_other or 2)
+        elif op.name == "cast_weight":
+            if not op.trains:  # the trainable ones: over the rank's weights (_new_block)
+                cast_elems += _concrete(op.outputs[0][1]) / 2
+        elif op.name == "to" and op.inputs[0].startswith("deq"):
+            continue  # the dequantization's cast, in its traffic (dequant_traffic)
+        elif op.name.startswith("sdpa_") or op.name in _NOT_ELEMENTWISE:
             continue
-        out_f, in_f = g.shape
-        per_layer = g.count // _span(g)
-        if g.component == "experts":
-            # the rank holds num_experts / ep experts; balanced routing sends it
-            # tokens x top-k x capacity rows in all, spread over its experts
-            local = max(1, model.num_experts // ep)
-            rows = tokens * model.num_experts_per_tok * work.capacity
-            m_rows, count = rows / local, local * per_layer / model.num_experts
-            if g.linear == "down_proj":
-                f_tok += in_f * model.num_experts_per_tok * work.capacity
+        elif i in core:
+            f, g = _elementwise(block, op)
+            c_f, c_b, c_k = c_f + f, c_b + g, c_k + 1
         else:
-            m_rows, count = tokens, per_layer
-            if g.component == "mlp" and g.linear == "down_proj":
-                f_tok += in_f * per_layer
-        k: float
-        n: float
-        if g.component == "router":
-            k, n = in_f, out_f  # the router is replicated over tp
-        elif g.linear in ("o_proj", "down_proj"):
-            k, n = in_f / tp, out_f  # row-parallel
-        else:
-            k, n = in_f, out_f / tp  # column-parallel
-        flops = 2 * m_rows * k * n * count
-        fwd = _gemm(m_rows, k, n, dt, dev, count)
-        train_w = _trains(g.component, work.method, work.trainable)
-        mm_f += fwd
-        mm_b += fwd * (2 if train_w else 1)
-        fl_f += flops
-        fl_b += flops * (2 if train_w else 1)
-        if work.method == "qlora" and g.component != "router":
-            dequant_elems += k * n * count
-        elif work.frozen_cast and not train_w:
-            cast_elems += k * n * count
-        if lora and g.linear in roles:
-            a_f = _gemm(m_rows, k, r, dt, dev, count) + _gemm(m_rows, r, n, dt, dev, count)
-            mm_f += a_f
-            mm_b += 2 * a_f
-            fl_f += 2 * m_rows * r * (k + n) * count
-            fl_b += 4 * m_rows * r * (k + n) * count
-            if work.lora_dropout > 0:
-                drop_tok += k * count * m_rows / tokens
+            f, g = _elementwise(block, op)
+            e_f, e_b = e_f + f, e_b + g
+            k_f += 1
+            k_b += g > 0
     # the attention core: per query, keys up to the causal limit or the window
     heads = model.num_attention_heads / tp
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
     d_v = model.v_head_dim if model.kv_lora_rank else model.head_dim
-    kernel = _kernel_of(work.attention, model.sdpa_math)
     causal = model.architecture == "decoder"
     window = model.sliding_window if 0 < model.sliding_window < s else s
     if kernel in ("eager", "math"):
@@ -480,72 +494,22 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     )
     attn_flops = 2 * b * (s / cp) * keys * heads * (d_qk + d_v)
     model_attn = 2 * b * (s / cp) * model_keys * heads * (d_qk + d_v)
-    if kernel == "eager":
-        scores = b * heads * (s / cp) * s
-        mem = scores * dt * 4 + (scores * dt * 2 if model.attention_dropout > 0 else 0)
-        attn_f = attn_flops / dev.matmul_flops + mem / dev.bandwidth + 4 * KERNEL_S
-        attn_b = 2 * attn_flops / dev.matmul_flops + 2 * mem / dev.bandwidth + 6 * KERNEL_S
-    elif kernel == "math":
-        # _scaled_dot_product_attention_math: q, k, v upcast and scaled, fp32 scores
-        # written, the mask added, softmax read and written, the product read: six fp32
-        # passes over the scores, the matmuls at the fp32 rate (twice each in backward)
-        scores = b * heads * (s / cp) * s
-        mem = scores * 4 * 6 + (scores * 4 * 2 if model.attention_dropout > 0 else 0)
-        rate = dev.fp32_flops or dev.matmul_flops
-        attn_f = attn_flops / rate + mem / dev.bandwidth + 8 * KERNEL_S
-        attn_b = 2 * attn_flops / rate + 2 * mem / dev.bandwidth + 12 * KERNEL_S
+    # eager attention and SDPA's math fallback: the two products by the matmul rate (the
+    # fallback's at the fp32 rate), twice each in backward, and the bytes the core's other
+    # ops move (the scores' scaling, mask, softmax and casts: ops of the block)
+    if kernel in ("eager", "math"):
+        rate = dev.matmul_flops if kernel == "eager" else dev.fp32_flops or dev.matmul_flops
+        attn_f = attn_flops / rate + max(c_f / dev.bandwidth, c_k * KERNEL_S)
+        attn_b = 2 * attn_flops / rate + max(c_b / dev.bandwidth, 2 * c_k * KERNEL_S)
     else:
         attn_f = max(attn_flops / dev.attention_flops, KERNEL_S)
         # FlashAttention's backward recomputes the scores: 2.5x the forward's FLOPs
         attn_b = max(2.5 * attn_flops / dev.attention_flops, KERNEL_S)
-    # elementwise: bytes moved per token (reads + writes), hidden-size tensors split over
-    # tp under sequence parallelism
-    hid = h / (tp if work.sequence_parallel else 1)
-    norms = model.norms_per_layer
-    kv_heads = max(1, model.num_key_value_heads // tp)
-    e_f = (2 * norms + 2 * 3) * hid  # norms read + write, two residual adds
-    e_b = (3 * norms + 2 * 2) * hid
-    if model.hidden_dropout > 0:
-        e_f += 2 * 2.5 * hid
-        e_b += 2 * 2 * hid
-    if model.position_embedding == "rotary":
-        rope = 2 * (heads + kv_heads) * model.head_dim
-        e_f += rope
-        e_b += rope
-    f_local = f_tok / tp
-    if model.mlp == "gated":
-        e_f += 3 * f_local
-        e_b += 5 * f_local
-    else:
-        e_f += 2 * f_local
-        e_b += 3 * f_local
-    n_kernels: float = 8 + 2 * norms
-    # the activation's ops beyond one fused kernel, as the memory walk builds them
-    # (engine.layers.activation_traffic: gelu_new is eight Python ops, in fp32 under
-    # autocast); their backward reads the output gradient and what each op saved
-    act_bytes, act_kernels = activation_traffic(model.activation, work.mode)
-    if act_bytes:
-        e_f += act_bytes / dt * f_local
-        e_b += 2 * act_bytes / dt * f_local
-        n_kernels += act_kernels
-    if moe:
-        topk = model.num_experts_per_tok
-        # permute to the experts and back, forward and backward
-        e_f += 2 * 2 * topk * h
-        e_b += 2 * 2 * topk * h
-        # transformers' eager experts loop: each expert that receives tokens launches its
-        # own gather, activation, product, routing weights and index_add (the ops the
-        # memory walk builds for it, engine.layers.moe_loop_kernels)
-        local = max(1, model.num_experts // ep)
-        n_kernels += work.moe_loop * min(1.0, tokens * topk * work.capacity / local)
-    # PEFT's dropout on each adapter's input: read x, write the output and a 1-byte mask;
-    # backward reads the gradient and writes it masked (as the hidden dropouts above)
-    e_f += 2.5 * drop_tok
-    e_b += 2 * drop_tok
-    ew_f = max(e_f * tokens * dt / dev.bandwidth, n_kernels * KERNEL_S)
-    ew_b = max(e_b * tokens * dt / dev.bandwidth, 2 * n_kernels * KERNEL_S)
+    ew_f = max(e_f / dev.bandwidth, k_f * KERNEL_S)
+    ew_b = max(e_b / dev.bandwidth, k_b * KERNEL_S)
     dequant = dequant_elems * work.dequant_bytes / dev.bandwidth
-    ep_bytes = tokens * model.num_experts_per_tok * h * dt if moe and ep > 1 else 0.0
+    kv_heads = max(1, model.num_key_value_heads // tp)
+    ep_bytes = tokens * model.num_experts_per_tok * h * dt if moe and work.ep > 1 else 0.0
     cp_bytes = 2 * b * (s / cp) * kv_heads * model.head_dim * dt if cp > 1 else 0.0
     return _Layer(
         matmul_fwd=mm_f,
@@ -572,26 +536,6 @@ def _kernel_of(attention: str, sdpa_math: bool = False) -> str:
     run the core in one fused kernel."""
     kernel = attention_kernel(attention, fp32=False, sdpa_math=sdpa_math)
     return kernel if kernel in ("eager", "math") else "flash"
-
-
-def _span(g: TensorGroup) -> int:
-    return g.layers[1] - g.layers[0] if g.layers else 1
-
-
-@memo.cached(maxsize=1024)
-def _layer_groups(model: ModelSpec, moe: bool) -> tuple[TensorGroup, ...]:
-    """The tensor groups of one dense or one MoE layer (counts still over its run)."""
-    out = []
-    for g in model_tensors(model):
-        if g.layers is None:
-            continue
-        start = g.layers[0]
-        is_moe = model.is_moe and start >= model.first_dense_layers
-        if is_moe == moe:
-            out.append(g)
-    # keep one run of each kind: the groups of the first run of layers
-    first = min((g.layers for g in out if g.layers), default=None)
-    return tuple(g for g in out if g.layers == first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -721,6 +665,8 @@ class _Stages:
     hardware, the precision and the mesh, are read but not compared."""
 
     model: ModelSpec = field(compare=False)
+    #: the rank's share of the model (follows from the model and the mesh)
+    rank_model: ModelSpec = field(compare=False)
     mesh: Mesh
     dev: Device = field(compare=False)
     method: str
@@ -742,9 +688,9 @@ class _Stages:
     #: dequantized too (the memory walk's context: engine.timeline.make_ctx)
     dequant_bytes: float
     quantized_head: bool
-    #: the element-wise kernels transformers' eager experts loop launches per MoE layer
-    #: beyond the grouped experts' (engine.layers.moe_loop_kernels; 0: grouped)
-    moe_loop: int
+    #: the memory walk's context for the rank's blocks, without the shape: the ops of
+    #: each layer are priced from the block it builds (:func:`_layer`)
+    ctx: Ctx
     per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
@@ -859,8 +805,9 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     # which layers recompute their forward in backward: those the memory walk plays as
     # checkpointed (engine.timeline.step_layers) -- not a layer autograd does not record
     mode = resolved.conventions.checkpointing
-    # what the memory walk's blocks are built with (QLoRA's dequantization, its head)
-    ctx = make_ctx(model, training)
+    # what the memory walk's blocks are built with: the rank's share of the model
+    rank = resolved.rank_model()
+    ctx = dataclasses.replace(make_ctx(rank, training), batch=1, seq=1)
     kept = recomputed_layers(model, training)
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
     if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
@@ -897,6 +844,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
     stages = _Stages(
         model=model,
+        rank_model=rank,
         mesh=mesh,
         dev=dev,
         method=training.method,
@@ -912,7 +860,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         mode=prec.mode,
         dequant_bytes=dequant_traffic(ctx.dequant_other),
         quantized_head=training.method == "qlora" and ctx.quantized_head,
-        moe_loop=moe_loop_kernels(model, ctx) if ctx.moe_eager else 0,
+        ctx=ctx,
         per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
@@ -1011,9 +959,7 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
     tp_ring, cp_ring = stages.tp_ring, stages.cp_ring
     ep_ring, pp_ring = stages.ep_ring, stages.pp_ring
     trainable_rank = stages.trainable_rank
-    work = _work(stages, b, s)
-    dense = _layer(model, work, dev, False)
-    moe = _layer(model, work, dev, True) if model.is_moe else None
+    dense, moe = _layers_at(stages, b, s)
     moe_share = stages.moe_share
 
     # the embedding, the LM head and the loss (on the last stage)

@@ -74,7 +74,7 @@ from typing import Any
 from memfit.engine import memo
 from memfit.engine.model_state import ModelState
 from memfit.engine.specs import ModelSpec, TrainingSpec, window_masks
-from memfit.engine.timeline.blocks import _direct, _profile, block_result
+from memfit.engine.timeline.blocks import _direct, _profile, block_result, layer_block
 from memfit.engine.timeline.compiled import KINDS
 from memfit.engine.timeline.context import (
     Gather,
@@ -106,6 +106,7 @@ __all__ = [
     "checkpointed",
     "embedding_output_grad",
     "joint",
+    "layer_block",
     "make_ctx",
     "played_step",
     "recomputed_layers",

@@ -61,6 +61,14 @@ def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) 
     return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad or kind == "head")
 
 
+@memo.cached(maxsize=4096)
+def layer_block(model: ModelSpec, ctx: Ctx, moe: bool) -> Block:
+    """The ops of one layer (dense, or with its experts) at ``ctx``'s own shape, its input
+    needing a gradient: the block the memory walk plays for a layer, as the step time
+    prices it (:mod:`memfit.engine.steptime`)."""
+    return _build(model, ctx, "moe" if moe else "layer", True, False)[0]
+
+
 def block_result(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool, key: Ctx | None = None
 ) -> tuple[BlockResult, Casts]:

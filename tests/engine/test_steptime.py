@@ -349,21 +349,24 @@ def test_a_stage_block_is_not_shared_by_plans_that_differ_in_what_it_reads() -> 
     assert step_time(per_op) == alone
 
 
-def test_an_activation_written_in_python_ops_costs_its_ops_in_time() -> None:
-    """GPT-2's ``gelu_new`` is eight Python ops (fp32 under autocast), each a kernel that
-    reads and writes the MLP's width; the memory walk keeps their tensors, and the step
-    time prices the same ops (engine.layers.activation_traffic): a model that runs the
-    fused GELU instead is cheaper in both. On an H200 GPT-2 small (b16, s1024) took
-    0.108 s a step; pricing the fused GELU gave 0.044 s, these ops 0.075 s."""
-    from memfit.engine.layers import activation_traffic
+def _element_ops(s: Scenario, moe: bool = False) -> int:
+    """The ops of one layer's block that the step time prices by the bytes they move."""
+    from memfit.engine.timeline import layer_block, make_ctx
 
-    assert activation_traffic("gelu", "amp") == (0, 0)
-    assert activation_traffic("silu", "half") == (0, 0)
-    assert activation_traffic("gelu_new", "amp") == (66, 8)
-    assert activation_traffic("gelu_fast", "amp") == (38, 8)  # in the input's dtype
+    block = layer_block(s.model, make_ctx(s.model, s.training), moe)
+    return sum(op.gemm is None and not op.name.startswith("sdpa_") for op in block.ops)
+
+
+def test_an_activation_written_in_python_ops_costs_its_ops_in_time() -> None:
+    """GPT-2's ``gelu_new`` is eight Python ops in fp32 under autocast, where the fused
+    GELU is one: with the cast to fp32 and autocast's cast back to 16 bits for the next
+    matmul, nine more kernels that each read and write the MLP's width. The memory walk
+    keeps their tensors, and the step time prices the same ops of the same block: a model
+    that runs the fused GELU instead is cheaper in both."""
     new = scenario("gpt2", micro_batch_size=16, sequence_length=1024)
     fused = dataclasses.replace(new, model=dataclasses.replace(new.model, activation="gelu"))
     assert new.model.activation == "gelu_new"
+    assert _element_ops(new) == _element_ops(fused) + 9
     assert _activations(new) > _activations(fused)
     assert step_time(new).step_time_s > 1.3 * step_time(fused).step_time_s
 
@@ -426,22 +429,21 @@ def test_the_eager_experts_loop_costs_its_kernels_in_time() -> None:
     that receives tokens as its own gather, activation, product, routing weights and
     index_add -- the ops the memory walk builds for it -- where the grouped experts run a
     handful of kernels for all of them. The step time counts those kernels from the same
-    ops (engine.layers.moe_loop_kernels): six per expert here, so a model of 128 experts
+    ops of the same block: six per expert here, so a model of 128 experts
     pays for them where one of 8 barely does."""
-    from memfit.engine.layers import moe_loop_kernels
     from memfit.engine.specs import ParallelismSpec
-    from memfit.engine.timeline import make_ctx
 
-    eager = TrainingSpec(method="lora", moe_implementation="eager")
+    def loop_ops(name: str) -> int:
+        # a shape where every expert receives tokens
+        m = load_model(name)
+        shape = {"micro_batch_size": 1, "sequence_length": m.local_experts}
+        grouped = scenario(name, method="lora", **shape)
+        eager = with_training(grouped, moe_implementation="eager")
+        return _element_ops(eager, moe=True) - _element_ops(grouped, moe=True)
+
     mixtral, qwen = load_model("mixtral-8x7b"), load_model("qwen3-30b-a3b")
-    few, many = (
-        moe_loop_kernels(mixtral, make_ctx(mixtral, eager)),
-        moe_loop_kernels(qwen, make_ctx(qwen, eager)),
-    )
+    few, many = loop_ops("mixtral-8x7b"), loop_ops("qwen3-30b-a3b")
     assert (many - few) / (qwen.local_experts - mixtral.local_experts) == 6
-    assert (
-        moe_loop_kernels(load_model("llama-3-8b"), make_ctx(load_model("llama-3-8b"), eager)) == 0
-    )
 
     def timed(impl: str) -> float:
         s = Scenario(
@@ -458,3 +460,18 @@ def test_the_eager_experts_loop_costs_its_kernels_in_time() -> None:
         return step_time(s).step_time_s
 
     assert timed("eager") > 1.5 * timed("grouped")
+
+
+def test_a_layer_priced_for_one_model_is_not_served_to_another() -> None:
+    """The step time's plans are kept per model and hardware, and what a layer costs is
+    cached by everything it is priced from, the device too: one plan on two GPUs, whichever
+    is timed first, gets each GPU's own layers' time (a cache keyed by the plan's stages
+    alone, which leave the device out, served the H100's layers to the A100)."""
+    from memfit.engine import memo
+
+    h100, a100 = scenario(gpu="h100-sxm-80gb"), scenario(gpu="a100-sxm-80gb")
+    memo.clear()
+    alone = step_time(a100).step_time_s
+    memo.clear()
+    step_time(h100)
+    assert step_time(a100).step_time_s == alone
