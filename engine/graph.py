@@ -191,10 +191,23 @@ class Block:
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
 
+    def moved(self, op: Op) -> tuple[int, int]:
+        """The bytes ``op`` moves, at a concrete shape: forward each input read and each
+        output written (a tensor only produced, a dequantized weight, counted as written);
+        backward its outputs' gradients and what it saved read, its inputs' gradients
+        written (nothing where autograd does not record it). What an element-wise op
+        costs in time."""
+        fwd = sum(concrete(self.sizes[t]) for t in op.inputs)
+        fwd += sum(concrete(b) for _, b in op.outputs)
+        if not op.out_grad:
+            return fwd, 0
+        bwd = concrete(op.out_grad) + sum(concrete(self.sizes[t]) for t in op.saves)
+        return fwd, bwd + sum(concrete(self.sizes[t]) for t in op.grads)
+
     @property
     def weight_copies(self) -> int:
         """Bytes of the autocast copies the block makes: held through the forward."""
-        return sum(_int(self.sizes[t]) for t in self.cached)
+        return sum(concrete(self.sizes[t]) for t in self.cached)
 
     @property
     def saved_copies(self) -> int:
@@ -202,7 +215,7 @@ class Block:
         the end of the forward until the block's backward (a matmul saves its weight only
         when its input needs a gradient)."""
         saved = {t for op in self.ops for t in op.saves}
-        return sum(_int(self.sizes[t]) for t in self.cached & saved)
+        return sum(concrete(self.sizes[t]) for t in self.cached & saved)
 
     def op(
         self,
@@ -344,11 +357,13 @@ def simulate(block: Block, output: str, input_grad: bool = True) -> BlockResult:
     kept, fwd, out, bwd, g_in, grads, held = _play(
         block, output, input_grad, block.sizes, w_grad, extra, 0
     )
-    k, o, g, p, h = (_int(v) for v in (kept, out, g_in, grads, held))
-    return BlockResult(k, max(map(_int, fwd)), o, max(map(_int, bwd)), g, p, h)
+    k, o, g, p, h = (concrete(v) for v in (kept, out, g_in, grads, held))
+    return BlockResult(k, max(map(concrete, fwd)), o, max(map(concrete, bwd)), g, p, h)
 
 
-def _int(value: Size) -> int:
+def concrete(value: Size) -> int:
+    """``value`` as a number of bytes: a block built at a concrete shape (raises
+    ``TypeError`` on a symbolic size)."""
     if isinstance(value, Lin):
         raise TypeError("a symbolic size where a concrete one was expected")
     return value

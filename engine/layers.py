@@ -1040,20 +1040,9 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
 
 
 def traffic(block: Block) -> tuple[int, int]:
-    """The bytes the ops of ``block`` read and write -- each input and each output once,
-    a tensor that is only produced (a dequantized weight) counted as written -- and how
-    many kernels they are: what an element-wise op costs in time."""
-    moved = sum(
-        sum(_whole(block.sizes[t]) for t in op.inputs) + sum(_whole(b) for _, b in op.outputs)
-        for op in block.ops
-    )
-    return moved, len(block.ops)
-
-
-def _whole(size: Size) -> int:
-    if not isinstance(size, int):
-        raise TypeError("traffic is counted at concrete sizes")
-    return size
+    """The bytes the forward ops of ``block`` read and write (:meth:`Block.moved`) and how
+    many kernels they are."""
+    return sum(block.moved(op)[0] for op in block.ops), len(block.ops)
 
 
 #: bytes of the packed 4-bit codes a dequantization reads per weight (NF4/FP4: 4 bits)

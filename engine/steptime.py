@@ -68,7 +68,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from memfit.engine import memo
-from memfit.engine.graph import Block, Op, Size
+from memfit.engine.graph import concrete
 from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic, upcasts_logits
 from memfit.engine.model_state import FREEZE_COMPONENTS, model_state
 from memfit.engine.params import model_tensors
@@ -352,7 +352,6 @@ class _Work:
     #: context at this shape: what the layer's block is built from
     rank_model: ModelSpec
     ctx: Ctx
-    attention: str
     batch: int
     seq: int
     tp: int
@@ -373,19 +372,9 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
         masked=window_masks(rank, s) or (rank.sdpa_math and stages.attention == "sdpa"),
     )
     return _Work(
-        rank, ctx, stages.attention, b, s, mesh.tp, mesh.cp, mesh.ep, stages.compute,
+        rank, ctx, b, s, mesh.tp, mesh.cp, mesh.ep, stages.compute,
         stages.dequant_bytes,
     )  # fmt: skip
-
-
-def _layers_at(stages: _Stages, b: int, s: int) -> tuple[_Layer, _Layer | None]:
-    """The dense and the MoE layer of ``stages`` at micro-batch ``b`` and sequence length
-    ``s``. (Not cached by the stages: they do not compare the model and the device, which
-    their memo's table is kept by; :func:`_layer` is cached by all it reads.)"""
-    work = _work(stages, b, s)
-    dense = _layer(stages.model, work, stages.dev, False)
-    moe = _layer(stages.model, work, stages.dev, True) if stages.model.is_moe else None
-    return dense, moe
 
 
 def _frozen_cast(training: TrainingSpec, prec: Precision) -> bool:
@@ -401,25 +390,6 @@ _NOT_ELEMENTWISE = frozenset(
     {"matmul_qk", "matmul_pv", "all_gather", "reduce_scatter", "all_to_all", "ring_recv",
      "cast_weight", "dequantize", "dequantize_backward"}
 )  # fmt: skip
-
-
-def _concrete(size: Size) -> int:
-    """A size of a block built at a concrete shape (the step time never prices a profile)."""
-    if not isinstance(size, int):
-        raise TypeError("a layer is priced at concrete sizes")
-    return size
-
-
-def _elementwise(block: Block, op: Op) -> tuple[float, float]:
-    """The bytes an element-wise op moves forward (each input read, each output written)
-    and backward (its outputs' gradients and what it saved read, its inputs' gradients
-    written; nothing where autograd does not record it)."""
-    size = block.sizes
-    fwd = sum(_concrete(size[t]) for t in op.inputs) + sum(_concrete(b) for _, b in op.outputs)
-    if not op.out_grad:
-        return float(fwd), 0.0
-    read = _concrete(op.out_grad) + sum(_concrete(size[t]) for t in op.saves)
-    return float(fwd), float(read + sum(_concrete(size[t]) for t in op.grads))
 
 
 @memo.cached(maxsize=8192)
@@ -444,14 +414,14 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     # again and per-op checkpointing does not
     c_f = c_b = 0.0
     c_k = 0
-    kernel = _kernel_of(work.attention, model.sdpa_math)
+    kernel = _kernel_of(work.ctx.attention, model.sdpa_math)
     core = range(*block.core) if kernel in ("eager", "math") else range(0)
     dequant_elems = 0.0
     cast_elems = 0.0  # frozen fp32 weights autocast casts (engine.layers: Net.linear)
     for i, op in enumerate(block.ops):
         if op.gemm is not None:
             rows, k, n, count = op.gemm
-            m_rows = _concrete(rows) / count
+            m_rows = concrete(rows) / count
             fwd = _gemm(m_rows, k, n, dt, dev, count)
             flops = 2 * m_rows * k * n * count
             passes = bool(op.grads) + op.trains  # the input's gradient, the weight's
@@ -461,19 +431,19 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
             fl_b += flops * passes
         elif op.name == "dequantize":
             (_, nbytes), *_ = op.outputs
-            dequant_elems += _concrete(nbytes) / (work.ctx.dequant_other or 2)
+            dequant_elems += concrete(nbytes) / (work.ctx.dequant_other or 2)
         elif op.name == "cast_weight":
             if not op.trains:  # the trainable ones: over the rank's weights (_new_block)
-                cast_elems += _concrete(op.outputs[0][1]) / 2
+                cast_elems += concrete(op.outputs[0][1]) / 2
         elif op.name == "to" and op.inputs[0].startswith("deq"):
             continue  # the dequantization's cast, in its traffic (dequant_traffic)
         elif op.name.startswith("sdpa_") or op.name in _NOT_ELEMENTWISE:
             continue
         elif i in core:
-            f, g = _elementwise(block, op)
+            f, g = block.moved(op)
             c_f, c_b, c_k = c_f + f, c_b + g, c_k + 1
         else:
-            f, g = _elementwise(block, op)
+            f, g = block.moved(op)
             e_f, e_b = e_f + f, e_b + g
             k_f += 1
             k_b += g > 0
@@ -959,7 +929,9 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
     tp_ring, cp_ring = stages.tp_ring, stages.cp_ring
     ep_ring, pp_ring = stages.ep_ring, stages.pp_ring
     trainable_rank = stages.trainable_rank
-    dense, moe = _layers_at(stages, b, s)
+    work = _work(stages, b, s)
+    dense = _layer(model, work, dev, False)
+    moe = _layer(model, work, dev, True) if model.is_moe else None
     moe_share = stages.moe_share
 
     # the embedding, the LM head and the loss (on the last stage)

@@ -264,6 +264,8 @@ def attention(rec: Recorder, device: str, budget: Budget, scale: int) -> None:
                     if budget.left() < 0:
                         return
                     b = max(1, ATTN_TOKENS // scale // s)
+                    case = {"backend": backend, "head_dim": d, "heads": heads, "seq": s,
+                            "batch": b, "causal": causal}  # fmt: skip
                     q, k, v = (
                         torch.randn(b, heads, s, d, device=device, dtype=dt, requires_grad=True)
                         for _ in range(3)
@@ -297,16 +299,7 @@ def attention(rec: Recorder, device: str, budget: Budget, scale: int) -> None:
                                 seconds=0.3,
                             )
                     except Exception as exc:  # a backend refusing the shape
-                        rec(
-                            "attention",
-                            backend=backend,
-                            head_dim=d,
-                            heads=heads,
-                            seq=s,
-                            batch=b,
-                            causal=causal,
-                            error=repr(exc)[:300],
-                        )
+                        rec("attention", **case, error=repr(exc)[:300])
                         continue
                     finally:
                         q.grad = k.grad = v.grad = None
@@ -314,12 +307,7 @@ def attention(rec: Recorder, device: str, budget: Budget, scale: int) -> None:
                     bwd = max(bwd_plus - fwd, 1e-9)
                     rec(
                         "attention",
-                        backend=backend,
-                        head_dim=d,
-                        heads=heads,
-                        seq=s,
-                        batch=b,
-                        causal=causal,
+                        **case,
                         forward_flops=flops,
                         seconds={"forward": fwd, "backward": bwd, "forward_backward": bwd_plus},
                         tflops={
