@@ -191,18 +191,18 @@ class Block:
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
 
-    def moved(self, op: Op) -> tuple[int, int]:
-        """The bytes ``op`` moves, at a concrete shape: forward each input read and each
-        output written (a tensor only produced, a dequantized weight, counted as written);
-        backward its outputs' gradients and what it saved read, its inputs' gradients
-        written (nothing where autograd does not record it). What an element-wise op
-        costs in time."""
-        fwd = sum(concrete(self.sizes[t]) for t in op.inputs)
-        fwd += sum(concrete(b) for _, b in op.outputs)
+    def moved(self, op: Op) -> tuple[Size, Size]:
+        """The bytes ``op`` moves: forward each input read and each output written (a
+        tensor only produced, a dequantized weight, counted as written); backward its
+        outputs' gradients and what it saved read, its inputs' gradients written (nothing
+        where autograd does not record it). What an element-wise op costs in time; linear
+        forms of the shape in a block built with symbolic sizes."""
+        fwd: Size = sum((self.sizes[t] for t in op.inputs), 0)
+        fwd += sum((b for _, b in op.outputs), 0)
         if not op.out_grad:
             return fwd, 0
-        bwd = concrete(op.out_grad) + sum(concrete(self.sizes[t]) for t in op.saves)
-        return fwd, bwd + sum(concrete(self.sizes[t]) for t in op.grads)
+        bwd = op.out_grad + sum((self.sizes[t] for t in op.saves), 0)
+        return fwd, bwd + sum((self.sizes[t] for t in op.grads), 0)
 
     @property
     def weight_copies(self) -> int:

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from memfit.engine import memo
-from memfit.engine.graph import TERMS, Block, Lin, Size, larger
+from memfit.engine.graph import TERMS, Block, Lin, Size, concrete, larger
 from memfit.engine.specs import ModelSpec
 
 F32 = 4
@@ -132,9 +132,24 @@ class Ctx:
             return self.quantized_head
         return component != "embeddings"
 
+    def for_layers(self) -> Ctx:
+        """This context as a layer's ops read it: without the shape, and with what only
+        the head and the model output read (the loss, a quantized head, what the output
+        holds) and selective recomputation where no eager attention reads it set to their
+        defaults -- so that layers alike in their ops share one key."""
+        eager = attention_kernel(self.attention, self.mode == "fp32", self.sdpa_math) == "eager"
+        return dataclasses.replace(
+            self, batch=1, seq=1, selective=self.selective and eager, outputs_held=True,
+            kv_cache=False, loss="standard", loss_chunks=8, quantized_head=False,
+        )  # fmt: skip
+
     def terms(self) -> tuple[int, ...]:
         """The values of the shape terms (:data:`memfit.engine.graph.TERMS`) at this step."""
-        b, s = self.batch, self.seq
+        return self.terms_at(self.batch, self.seq)
+
+    def terms_at(self, b: int, s: int) -> tuple[int, ...]:
+        """The values of the shape terms at micro-batch ``b`` and sequence length ``s`` (the
+        rank's chunk under context parallelism)."""
         tokens = b * s
         routed = tokens * self.topk
         if self.ep > 1:
@@ -1042,7 +1057,7 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
 def traffic(block: Block) -> tuple[int, int]:
     """The bytes the forward ops of ``block`` read and write (:meth:`Block.moved`) and how
     many kernels they are."""
-    return sum(block.moved(op)[0] for op in block.ops), len(block.ops)
+    return sum(concrete(block.moved(op)[0]) for op in block.ops), len(block.ops)
 
 
 #: bytes of the packed 4-bit codes a dequantization reads per weight (NF4/FP4: 4 bits)

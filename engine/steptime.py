@@ -68,7 +68,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from memfit.engine import memo
-from memfit.engine.graph import concrete
+from memfit.engine.graph import Block, Size, concrete
 from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic, upcasts_logits
 from memfit.engine.model_state import FREEZE_COMPONENTS, model_state
 from memfit.engine.params import model_tensors
@@ -349,7 +349,8 @@ class _Work:
     """What one layer's work depends on, beyond the model and the device."""
 
     #: the rank's share of the model (tensor and expert parallel) and the memory walk's
-    #: context at this shape: what the layer's block is built from
+    #: context without the shape (whether the sequence is masked is set): what the
+    #: layer's block is built from
     rank_model: ModelSpec
     ctx: Ctx
     batch: int
@@ -365,12 +366,11 @@ class _Work:
 def _work(stages: _Stages, b: int, s: int) -> _Work:
     """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``."""
     mesh, rank = stages.mesh, stages.rank_model
-    ctx = dataclasses.replace(
-        stages.ctx,
-        batch=b,
-        seq=s // mesh.cp,
-        masked=window_masks(rank, s) or (rank.sdpa_math and stages.attention == "sdpa"),
-    )
+    # the walk's context without the shape, but with whether this sequence is masked
+    masked = window_masks(rank, s) or (rank.sdpa_math and stages.attention == "sdpa")
+    ctx = stages.ctx
+    if ctx.masked != masked:
+        ctx = dataclasses.replace(ctx, masked=masked)
     return _Work(
         rank, ctx, b, s, mesh.tp, mesh.cp, mesh.ep, stages.compute,
         stages.dequant_bytes,
@@ -392,61 +392,141 @@ _NOT_ELEMENTWISE = frozenset(
 )  # fmt: skip
 
 
+class _Priced(NamedTuple):
+    """What one layer's ops cost, as sizes (bytes, rows) of the shape: concrete, or linear
+    forms (:class:`memfit.engine.graph.Lin`) of a block built once for every shape."""
+
+    #: (rows, in, out, weights, backward passes) of each GEMM, in the block's order
+    gemms: tuple[tuple[Size, int, int, int, int], ...]
+    #: the element-wise ops: bytes forward and backward, kernels forward and backward
+    e_f: Size
+    e_b: Size
+    k_f: int
+    k_b: int
+    #: the attention core's own ops (eager attention, SDPA's math fallback)
+    c_f: Size
+    c_b: Size
+    c_k: int
+    #: bytes QLoRA's dequantizations write; bytes of the frozen weights autocast casts
+    dequant: Size
+    cast: Size
+
+
+def _price(block: Block, kernel: str) -> _Priced:
+    """The ops of ``block`` sorted by how they are priced: matrix products as GEMMs; the
+    attention core by its kernel, with its own ops where they are separate kernels; every
+    other op by the bytes it moves (:meth:`memfit.engine.graph.Block.moved`)."""
+    gemms = []
+    e_f: Size = 0
+    e_b: Size = 0
+    c_f: Size = 0
+    c_b: Size = 0
+    k_f = k_b = c_k = 0
+    dequant: Size = 0
+    cast: Size = 0
+    core = range(*block.core) if kernel in ("eager", "math") else range(0)
+    for i, op in enumerate(block.ops):
+        if op.gemm is not None:
+            # backward: the input's gradient where it needs one, the weight's where it trains
+            gemms.append((*op.gemm, bool(op.grads) + op.trains))
+        elif op.name == "dequantize":
+            dequant += op.outputs[0][1]
+        elif op.name == "cast_weight":
+            if not op.trains:  # the trainable ones: over the rank's weights (_new_block)
+                cast += op.outputs[0][1]
+        elif op.name == "to" and op.inputs[0].startswith("deq"):
+            continue  # the dequantization's cast, in its traffic (dequant_traffic)
+        elif op.name.startswith("sdpa_") or op.name in _NOT_ELEMENTWISE:
+            continue
+        else:
+            f, g = block.moved(op)
+            if i in core:
+                c_f, c_b, c_k = c_f + f, c_b + g, c_k + 1
+            else:
+                e_f, e_b, k_f, k_b = e_f + f, e_b + g, k_f + 1, k_b + bool(op.out_grad)
+    return _Priced(tuple(gemms), e_f, e_b, k_f, k_b, c_f, c_b, c_k, dequant, cast)
+
+
+def _at(size: Size, terms: tuple[int, ...]) -> int:
+    return size if isinstance(size, int) else size.evaluate(terms)
+
+
+def _priced_at(priced: _Priced, terms: tuple[int, ...]) -> _Priced:
+    """``priced`` at the shape whose terms are ``terms``: every size a number of bytes."""
+    gemms = tuple((_at(r, terms), k, n, c, p) for r, k, n, c, p in priced.gemms)
+    f, b, cf, cb, dq, cast = (
+        _at(x, terms)
+        for x in (priced.e_f, priced.e_b, priced.c_f, priced.c_b, priced.dequant, priced.cast)
+    )
+    return _Priced(gemms, f, b, priced.k_f, priced.k_b, cf, cb, priced.c_k, dq, cast)
+
+
+#: (batch, sequence length / sp) at which a layer priced once for every shape is checked
+#: against the layer built at that shape (odd sizes, as the memory walk's profiles are)
+_HELD_OUT = (3, 37)
+
+
+@memo.cached(maxsize=4096)
+def _priced_forms(model: ModelSpec, ctx: Ctx, moe: bool) -> _Priced | None:
+    """One layer's ops priced for every shape: its block built once with symbolic sizes,
+    checked against the block built at :data:`_HELD_OUT`. None where its sizes are not
+    linear forms of the shape (the eager experts loop): each shape is then built."""
+    kernel = _kernel_of(ctx.attention, model.sdpa_math)
+    b, s = _HELD_OUT
+    held = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
+    try:
+        forms = _price(layer_block(model, dataclasses.replace(ctx, symbolic=True), moe), kernel)
+        direct = _price(layer_block(model, held, moe), kernel)
+        if _priced_at(forms, held.terms()) == direct:
+            return forms
+    except (TypeError, ValueError):  # a size that no linear form of the terms holds
+        pass
+    return None
+
+
+def _priced_layer(model: ModelSpec, ctx: Ctx, moe: bool, b: int, seq: int) -> _Priced:
+    """The layer's ops priced at micro-batch ``b`` and sequence length ``seq`` (the rank's
+    chunk): from the forms priced once where they hold, else from the block built at this
+    shape; the two agree to the byte (:func:`_priced_forms`)."""
+    forms = _priced_forms(model, ctx, moe)
+    if forms is not None:
+        try:
+            return _priced_at(forms, ctx.terms_at(b, seq))
+        except ValueError:  # not a whole number of bytes here
+            pass
+    shaped = dataclasses.replace(ctx, batch=b, seq=seq)
+    return _price(layer_block(model, shaped, moe), _kernel_of(ctx.attention, model.sdpa_math))
+
+
 @memo.cached(maxsize=8192)
 def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch: the
     ops of the block the memory walk plays for it (:func:`memfit.engine.timeline.layer_block`,
-    built for the rank's share of the model at this shape), each priced -- matrix
-    products as GEMMs, the attention core by its kernel, every other op by the bytes it
-    moves -- so that an op that reaches memory reaches time."""
+    built for the rank's share of the model), each priced -- matrix products as GEMMs, the
+    attention core by its kernel, every other op by the bytes it moves -- so that an op
+    that reaches memory reaches time."""
     tp, cp = work.tp, work.cp
     b, s = work.batch, work.seq
     tokens = b * s / cp  # the rank's tokens (context parallelism splits the sequence)
     dt = work.compute
     h = model.hidden_size
-    block = layer_block(work.rank_model, work.ctx, moe)
+    kernel = _kernel_of(work.ctx.attention, model.sdpa_math)
+    ops = _priced_layer(work.rank_model, work.ctx, moe, b, s // cp)
     mm_f = mm_b = 0.0
     fl_f = fl_b = 0.0
-    e_f = e_b = 0.0
-    k_f = k_b = 0
-    # the attention core's own element-wise ops (eager attention's scaling, mask, softmax
-    # and casts of the scores): priced with the core, which selective recomputation runs
-    # again and per-op checkpointing does not
-    c_f = c_b = 0.0
-    c_k = 0
-    kernel = _kernel_of(work.ctx.attention, model.sdpa_math)
-    core = range(*block.core) if kernel in ("eager", "math") else range(0)
-    dequant_elems = 0.0
-    cast_elems = 0.0  # frozen fp32 weights autocast casts (engine.layers: Net.linear)
-    for i, op in enumerate(block.ops):
-        if op.gemm is not None:
-            rows, k, n, count = op.gemm
-            m_rows = concrete(rows) / count
-            fwd = _gemm(m_rows, k, n, dt, dev, count)
-            flops = 2 * m_rows * k * n * count
-            passes = bool(op.grads) + op.trains  # the input's gradient, the weight's
-            mm_f += fwd
-            mm_b += fwd * passes
-            fl_f += flops
-            fl_b += flops * passes
-        elif op.name == "dequantize":
-            (_, nbytes), *_ = op.outputs
-            dequant_elems += concrete(nbytes) / (work.ctx.dequant_other or 2)
-        elif op.name == "cast_weight":
-            if not op.trains:  # the trainable ones: over the rank's weights (_new_block)
-                cast_elems += concrete(op.outputs[0][1]) / 2
-        elif op.name == "to" and op.inputs[0].startswith("deq"):
-            continue  # the dequantization's cast, in its traffic (dequant_traffic)
-        elif op.name.startswith("sdpa_") or op.name in _NOT_ELEMENTWISE:
-            continue
-        elif i in core:
-            f, g = block.moved(op)
-            c_f, c_b, c_k = c_f + f, c_b + g, c_k + 1
-        else:
-            f, g = block.moved(op)
-            e_f, e_b = e_f + f, e_b + g
-            k_f += 1
-            k_b += g > 0
+    for rows, k, n, count, passes in ops.gemms:
+        m_rows = concrete(rows) / count
+        fwd = _gemm(m_rows, k, n, dt, dev, count)
+        flops = 2 * m_rows * k * n * count
+        mm_f += fwd
+        mm_b += fwd * passes
+        fl_f += flops
+        fl_b += flops * passes
+    c_f, c_b, c_k = float(concrete(ops.c_f)), float(concrete(ops.c_b)), ops.c_k
+    e_f, e_b = float(concrete(ops.e_f)), float(concrete(ops.e_b))
+    dequant_elems = concrete(ops.dequant) / (work.ctx.dequant_other or 2)
+    cast_elems = concrete(ops.cast) / 2  # frozen fp32 weights autocast casts
+    k_f, k_b = ops.k_f, ops.k_b
     # the attention core: per query, keys up to the causal limit or the window
     heads = model.num_attention_heads / tp
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
@@ -775,9 +855,11 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     # which layers recompute their forward in backward: those the memory walk plays as
     # checkpointed (engine.timeline.step_layers) -- not a layer autograd does not record
     mode = resolved.conventions.checkpointing
-    # what the memory walk's blocks are built with: the rank's share of the model
+    # what the memory walk's blocks are built with (the rank's share of the model); the
+    # layers are keyed by what their ops read (Ctx.for_layers)
     rank = resolved.rank_model()
-    ctx = dataclasses.replace(make_ctx(rank, training), batch=1, seq=1)
+    whole_ctx = make_ctx(rank, training)
+    ctx = whole_ctx.for_layers()
     kept = recomputed_layers(model, training)
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
     if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
@@ -829,7 +911,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         frozen_cast=_frozen_cast(training, prec),
         mode=prec.mode,
         dequant_bytes=dequant_traffic(ctx.dequant_other),
-        quantized_head=training.method == "qlora" and ctx.quantized_head,
+        quantized_head=training.method == "qlora" and whole_ctx.quantized_head,
         ctx=ctx,
         per_rank=per_rank,
         recompute_share=recompute_share,
