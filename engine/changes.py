@@ -26,14 +26,18 @@ not apply either, and says so.
 >>> BY_ID["zero3"].why_not(s)
 'one GPU: there is nothing to shard'
 >>> [c.id for c in CHANGES if c.alters_numerics]
-['qlora', 'lora', 'pure-bf16', 'chunked-loss', '8bit-optimizer']
+['qlora', 'lora', 'pure-bf16', 'chunked-loss', '8bit-optimizer', 'half-sequence']
 
 Changes that set the same thing (:attr:`Change.setting`: the training method, the
 precision, the checkpointing, the micro-batch, the ZeRO stage) replace one another: a
 combination holds at most one of each (:func:`compatible`). Several changes are made in the
 order of :data:`CHANGES` (:func:`in_order`): what is trained, then the number formats, the
 attention kernel, the loss and the loop's habits, the optimizer, the activations, the
-micro-batch, and last the sharding and offload that place the optimizer's state.
+micro-batch, the sharding and offload that place the optimizer's state and the parameters,
+and last the layout: a model-parallel axis twice as wide on the same GPUs (one change per
+axis of :data:`memfit.engine.specs.PARALLEL_AXES` that splits the model), twice the GPUs,
+half the sequence. A change whose mesh does not hold (an axis that does not divide the
+GPUs, the heads or the experts) does not apply, and says why.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from memfit.engine.errors import EstimateError
 from memfit.engine.layers import attention_kernel
 from memfit.engine.plan import resolve
 from memfit.engine.sharding import not_ddp
-from memfit.engine.specs import Scenario
+from memfit.engine.specs import PARALLEL_AXES, Scenario
 from memfit.engine.stacks import as_built, conventions
 
 #: A change's rule: why it does not apply to a scenario, or ``None`` where it does.
@@ -343,6 +347,72 @@ def _cpu_offload(s: Scenario) -> Scenario:
     return with_training(s, parallelism=par, offload=offload)
 
 
+def _laid_out(s: Scenario) -> Scenario:
+    """``s`` where its mesh holds (the mesh's :class:`EstimateError` otherwise: the change
+    that made it then does not apply, and says why)."""
+    resolve(s)
+    return s
+
+
+def _offload_parameters_rule(s: Scenario) -> str | None:
+    offload = s.training.offload
+    if offload.parameters != "none":
+        return f"the parameters are already offloaded ({offload.parameters})"
+    return None
+
+
+def _offload_parameters(s: Scenario) -> Scenario:
+    """The parameters in host memory, gathered to the GPU layer by layer: ZeRO-3's (or
+    FSDP's) parameter offload, on stage 3."""
+    t = s.training
+    par = dataclasses.replace(t.parallelism, zero_stage=3)
+    offload = dataclasses.replace(t.offload, parameters="cpu")
+    return _laid_out(with_training(s, parallelism=par, offload=offload))
+
+
+@dataclass(frozen=True, slots=True)
+class _Wider:
+    """Twice the size of a model-parallel axis on the same GPUs: the data-parallel size
+    (the experts' data-parallel split, for expert parallelism) halves."""
+
+    axis: str
+
+    def rule(self, s: Scenario) -> str | None:
+        if s.hardware.world_size < 2:
+            return "one GPU: there is nothing to split it over"
+        return None
+
+    def __call__(self, s: Scenario) -> Scenario:
+        par = s.training.parallelism
+        wider = dataclasses.replace(par, **{self.axis: getattr(par, self.axis) * 2})
+        return _laid_out(with_training(s, parallelism=wider))
+
+
+def _more_gpus(s: Scenario) -> Scenario:
+    """Twice the GPUs -- twice the node's count up to 8 a node, then twice the nodes --
+    with the data-parallel size doubled; the global batch kept where the accumulation
+    halves."""
+    hw, t = s.hardware, s.training
+    if hw.gpus_per_node < 8:
+        hw = dataclasses.replace(hw, gpus_per_node=min(8, hw.gpus_per_node * 2))
+    else:
+        hw = dataclasses.replace(hw, nodes=hw.nodes * 2)
+    doubled = hw.world_size // s.hardware.world_size == 2
+    k = t.gradient_accumulation_steps
+    if doubled and k % 2 == 0:
+        t = dataclasses.replace(t, gradient_accumulation_steps=k // 2)
+    return _laid_out(dataclasses.replace(s, hardware=hw, training=t))
+
+
+def _half_sequence_rule(s: Scenario) -> str | None:
+    n = s.training.sequence_length
+    return None if n >= 2 and n % 2 == 0 else f"the sequence length ({n}) does not halve"
+
+
+def _half_sequence(s: Scenario) -> Scenario:
+    return _laid_out(with_training(s, sequence_length=s.training.sequence_length // 2))
+
+
 def zero_refusal(scenario: Scenario) -> str | None:
     """Why ``scenario``'s ZeRO stage and optimizer offload are not a layout the changes
     here make: an optimizer offload below ZeRO-1, or a stage that shards nothing
@@ -534,6 +604,41 @@ CHANGES: tuple[Change, ...] = (
         "optimizer step on the CPU; gradients and weights cross the host link every step",
         _cpu_offload_rule,
         _cpu_offload,
+    ),
+    Change(
+        "offload-parameters",
+        "Parameters to host memory (ZeRO-3)",
+        "every layer's parameters cross the host link in forward and again in backward",
+        _offload_parameters_rule,
+        _offload_parameters,
+    ),
+    *(
+        Change(
+            f"{axis.key}-x2",
+            f"Twice the {axis.label.lower()} size",
+            f"split over twice the GPUs: more {axis.group} traffic, half the data-parallel "
+            "ranks",
+            _Wider(axis.key).rule,
+            _Wider(axis.key),
+            setting=f"the {axis.label.lower()} size",
+        )
+        for axis in PARALLEL_AXES
+        if axis.section == "model"
+    ),
+    Change(
+        "more-gpus",
+        "Twice the GPUs",
+        "twice the data-parallel ranks: each step's gradients reduced over twice the GPUs",
+        lambda s: None,
+        _more_gpus,
+    ),
+    Change(
+        "half-sequence",
+        "Half the sequence length",
+        "half the rows per sequence; attention's quadratic work a quarter",
+        _half_sequence_rule,
+        _half_sequence,
+        numerics="trains on sequences half as long",
     ),
 )
 BY_ID: dict[str, Change] = {c.id: c for c in CHANGES}

@@ -46,6 +46,13 @@ def test_the_ids_are_stable_and_in_the_order_changes_are_made() -> None:
         "zero2",
         "zero3",
         "cpu-offload",
+        "offload-parameters",
+        "tp-x2",
+        "pp-x2",
+        "cp-x2",
+        "ep-x2",
+        "more-gpus",
+        "half-sequence",
     ]
     assert len({c.label for c in CHANGES}) == len(CHANGES)
     assert all(c.compute_reason and c.key == c.id for c in CHANGES)
@@ -53,7 +60,9 @@ def test_the_ids_are_stable_and_in_the_order_changes_are_made() -> None:
 
 def test_which_changes_alter_the_numerics() -> None:
     altering = {c.id for c in CHANGES if c.alters_numerics}
-    assert altering == {"qlora", "lora", "pure-bf16", "chunked-loss", "8bit-optimizer"}
+    assert altering == {
+        "qlora", "lora", "pure-bf16", "chunked-loss", "8bit-optimizer", "half-sequence"
+    }  # fmt: skip
     # mixed precision keeps fp32 master weights and states; sharding, offload,
     # recomputation and kernels compute the same numbers elsewhere or again
     assert not BY_ID["mixed-precision"].alters_numerics
@@ -61,8 +70,9 @@ def test_which_changes_alter_the_numerics() -> None:
 
 
 #: (change, scenario's training, GPUs, the field it sets and to what -- or None where it
-#: does not apply -- and a word of the reason it gives then)
-RULES: list[tuple[str, dict[str, Any], int, tuple[str, object] | None, str]] = [
+#: does not apply -- a word of the reason it gives then, and the model where it is not
+#: Llama 3.2 1B)
+RULES: list[tuple[Any, ...]] = [
     ("qlora", {}, 1, ("method", "qlora"), ""),
     ("qlora", {"method": "qlora"}, 1, None, "already trains QLoRA"),
     ("lora", {"method": "qlora"}, 1, ("method", "lora"), ""),
@@ -137,24 +147,52 @@ RULES: list[tuple[str, dict[str, Any], int, tuple[str, object] | None, str]] = [
         None,
         "already offloaded",
     ),
-]
+    ("offload-parameters", {}, 8, ("offload_parameters", "cpu"), ""),
+    ("offload-parameters", {"offload": {"parameters": "cpu"}, "parallelism": {"zero_stage": 3}},
+     8, None, "already offloaded"),
+    ("tp-x2", {}, 8, ("tp", 2), ""),
+    ("tp-x2", {}, 1, None, "one GPU"),
+    ("tp-x2", {"parallelism": {"tp": 8}}, 8, None, "invalid"),  # 16 of 8 GPUs
+    ("pp-x2", {}, 8, ("pp", 2), ""),
+    ("pp-x2", {"parallelism": {"pp": 8}}, 8, None, "invalid"),
+    ("cp-x2", {}, 8, ("cp", 2), ""),
+    ("cp-x2", {}, 1, None, "one GPU"),
+    ("ep-x2", {}, 8, ("ep", 2), "", "qwen3-30b-a3b"),
+    ("ep-x2", {}, 8, None, "invalid"),  # a dense model has no experts to spread
+    ("more-gpus", {"gradient_accumulation_steps": 4}, 8, ("gpus", 16), ""),
+    ("more-gpus", {}, 1, ("gpus", 2), ""),
+    ("half-sequence", {}, 1, ("sequence_length", 512), ""),
+    ("half-sequence", {"sequence_length": 1001}, 1, None, "does not halve"),
+]  # fmt: skip
 
 
 def _field(s: Scenario, field: str) -> object:
     t = s.training
     if field == "parallelism":
         return t.parallelism.zero_stage
+    if field in ("tp", "pp", "cp", "ep"):
+        return getattr(t.parallelism, field)
+    if field == "offload_parameters":
+        return t.offload.parameters
+    if field == "gpus":
+        return s.hardware.world_size
     if field == "offload":
         return "cpu" if "cpu" in (t.offload.optimizer, t.offload.activations) else "none"
     return getattr(t, field)
 
 
-@pytest.mark.parametrize(("id", "training", "gpus", "sets", "why"), RULES)
+@pytest.mark.parametrize(("id", "training", "gpus", "sets", "why", "model"),
+                         [(*r, "llama-3.2-1b")[:6] for r in RULES])  # fmt: skip
 def test_each_change_has_one_rule(
-    id: str, training: dict[str, Any], gpus: int, sets: tuple[str, object] | None, why: str
+    id: str,
+    training: dict[str, Any],
+    gpus: int,
+    sets: tuple[str, object] | None,
+    why: str,
+    model: str,
 ) -> None:
     change = BY_ID[id]
-    s = small(gpus, **training)
+    s = small(gpus, model, **training)
     if sets is None:
         reason = change.why_not(s)
         assert reason is not None and why in reason
@@ -166,15 +204,34 @@ def test_each_change_has_one_rule(
     field, value = sets
     changed = change.apply(s)
     assert _field(changed, field) == value and _field(s, field) != value
-    assert changed.model == s.model and changed.hardware == s.hardware
+    assert changed.model == s.model
+    assert (changed.hardware == s.hardware) == (id != "more-gpus")
     if change.sets:
         assert all(getattr(changed.training, k) == v for k, v in change.sets)
 
 
 def test_every_change_is_covered_by_the_rules_above() -> None:
-    applied = {id for id, _, _, sets, _ in RULES if sets is not None}
-    refused = {id for id, _, _, sets, _ in RULES if sets is None}
+    applied = {r[0] for r in RULES if r[3] is not None}
+    refused = {r[0] for r in RULES if r[3] is None} | {"more-gpus"}  # the test below
     assert applied == refused == set(BY_ID)
+
+
+def test_more_gpus_keeps_the_node_and_the_global_batch_or_says_why_not() -> None:
+    """Twice the GPUs fills a node up to 8 first, then doubles the nodes; the accumulation
+    halves where it can, so the global batch stays; past the hardware's bounds the change
+    does not apply, and says which field."""
+    s = small(4, gradient_accumulation_steps=4)
+    more = BY_ID["more-gpus"].apply(s)
+    assert (more.hardware.gpus_per_node, more.hardware.nodes) == (8, 1)
+    assert more.training.gradient_accumulation_steps == 2
+    again = BY_ID["more-gpus"].apply(more)
+    assert (again.hardware.gpus_per_node, again.hardware.nodes) == (8, 2)
+    odd = BY_ID["more-gpus"].apply(small(8, gradient_accumulation_steps=3))
+    assert odd.training.gradient_accumulation_steps == 3  # the global batch doubles
+    full = dataclasses.replace(s, hardware=dataclasses.replace(s.hardware, gpus_per_node=8,
+                                                               nodes=100_000))  # fmt: skip
+    reason = BY_ID["more-gpus"].why_not(full)
+    assert reason is not None and "hardware.nodes" in reason
 
 
 def test_the_micro_batch_changes_keep_the_global_batch() -> None:
