@@ -616,8 +616,7 @@ CHANGES: tuple[Change, ...] = (
         Change(
             f"{axis.key}-x2",
             f"Twice the {axis.label.lower()} size",
-            f"split over twice the GPUs: more {axis.group} traffic, half the data-parallel "
-            "ranks",
+            f"split over twice the GPUs: more {axis.group} traffic, half the data-parallel ranks",
             _Wider(axis.key).rule,
             _Wider(axis.key),
             setting=f"the {axis.label.lower()} size",
