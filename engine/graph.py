@@ -164,6 +164,9 @@ class Op:
     #: bytes of the gradients of its outputs its backward reads (0: autograd does not
     #: record the op)
     out_grad: Size = 0
+    #: bytes its forward reads of its inputs where it does not read them whole (the loss's
+    #: ``nll_loss`` reads one log-probability a row); ``None``: every input, whole
+    reads: Size | None = None
 
 
 @dataclass(slots=True)
@@ -187,17 +190,21 @@ class Block:
     #: the ops of the attention core, ``ops[start:end]`` (eager attention's scores,
     #: mask, softmax and products; one fused kernel otherwise)
     core: tuple[int, int] = (0, 0)
+    #: ops that run once per chunk of rows, ``ops[start:end]``, where the block holds one
+    #: chunk live (a fused linear cross-entropy): ``ceil(tokens / chunk)`` times a step
+    repeated: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
 
     def moved(self, op: Op) -> tuple[Size, Size]:
-        """The bytes ``op`` moves: forward each input read and each output written (a
+        """The bytes ``op`` moves: forward each input read (or what it reads of them,
+        :attr:`Op.reads`) and each output written (a
         tensor only produced, a dequantized weight, counted as written); backward its
         outputs' gradients and what it saved read, its inputs' gradients written (nothing
         where autograd does not record it). What an element-wise op costs in time; linear
         forms of the shape in a block built with symbolic sizes."""
-        fwd: Size = sum((self.sizes[t] for t in op.inputs), 0)
+        fwd: Size = sum((self.sizes[t] for t in op.inputs), 0) if op.reads is None else op.reads
         fwd += sum((b for _, b in op.outputs), 0)
         if not op.out_grad:
             return fwd, 0
@@ -229,6 +236,7 @@ class Block:
         gemm: tuple[Size, int, int, int] | None = None,
         trains: bool = False,
         out_grad: Size = 0,
+        reads: Size | None = None,
     ) -> None:
         """Append an op. ``grads`` are the inputs that receive a gradient in backward;
         ``weight_grad`` the bytes of parameter gradient it accumulates into ``.grad``;
@@ -248,6 +256,7 @@ class Block:
                 gemm,
                 trains,
                 out_grad,
+                reads,
             )
         )
 

@@ -143,6 +143,14 @@ class Ctx:
             kv_cache=False, loss="standard", loss_chunks=8, quantized_head=False,
         )  # fmt: skip
 
+    def for_head(self) -> Ctx:
+        """This context as the head's and the loss's ops read it: without the shape, and
+        with what only the layers or the model output's lifetime read (selective
+        recomputation, the KV cache, whether the output is held) set to their defaults."""
+        return dataclasses.replace(
+            self, batch=1, seq=1, selective=False, outputs_held=True, kv_cache=False
+        )
+
     def terms(self) -> tuple[int, ...]:
         """The values of the shape terms (:data:`memfit.engine.graph.TERMS`) at this step."""
         return self.terms_at(self.batch, self.seq)
@@ -245,6 +253,7 @@ class Net:
         transient: Size = 0,
         trains: bool = False,
         gemm: tuple[Size, int, int, int] | None = None,
+        reads: Size | None = None,
     ) -> None:
         """Append an op; ``trains``: a weight it reads needs a gradient (recorded even
         when this op's own share of that gradient is 0); ``gemm``: it is a matrix product
@@ -265,6 +274,7 @@ class Net:
             gemm=gemm,
             trains=trains,
             out_grad=sum((b for t, b in outputs if self.rg[t]), 0) if recorded else 0,
+            reads=reads,
         )
 
     def _dequantize(self, n: Size) -> tuple[str, Size]:
@@ -296,10 +306,17 @@ class Net:
         save_out: bool = False,
         elems: Size | None = None,
         dtype: int | None = None,
+        reads: Size | None = None,
     ) -> str:
         y = self.new(name, elems or self.elems[x], dtype or self.dtype[x], self.rg[x])
-        self._op(name, [x], [y], saves=[x if save_in else "", y if save_out else ""])
+        self._op(name, [x], [y], saves=[x if save_in else "", y if save_out else ""], reads=reads)
         return y
+
+    def nll_loss(self, logp: str, vocab: int) -> str:
+        """``nll_loss``: one log-probability a row read (and the target's), a scalar out;
+        backward writes the whole gradient of the log-probabilities."""
+        rows = self.elems[logp] // vocab
+        return self.unary("nll_loss", logp, elems=1, reads=rows * (self.dtype[logp] + 8))
 
     def binary(self, name: str, a: str, b: str, saves: str = "", elems: Size | None = None) -> str:
         """``saves``: "" (add), "both" (mul: each keeps the other), "a", "b"."""
@@ -1130,8 +1147,10 @@ def head_and_loss(
         )
     if chunked:
         rows = net.s.chunk  # min(tokens, CHUNK_ROWS)
+        first = len(net.block.ops)
         logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
+        net.block.repeated = (first, len(net.block.ops))  # every chunk of rows in turn
         return net.block, loss
     fp32_out = F32 if ctx.mode == "amp" else 0
     litgpt = ctx.litgpt and ctx.loss == "no-upcast"
@@ -1158,7 +1177,7 @@ def head_and_loss(
                 logp = net.unary("log_softmax", chunk, save_out=True, dtype=out)
             else:
                 logp = net.unary("log_softmax", net.cast(chunk, F32), save_out=True)
-            losses.append(net.unary("nll_loss", logp, elems=1))
+            losses.append(net.nll_loss(logp, vocab))
         loss = losses[0]
         for other in losses[1:]:
             loss = net.binary("add_loss", loss, other)
@@ -1179,7 +1198,7 @@ def head_and_loss(
         # bf16 it stays bf16
         upcast = net.cast(logits, F32) if upcasts_logits(m, ctx.loss) else logits
     logp = net.unary("log_softmax", upcast, save_out=True, dtype=fp32_out or net.dtype[upcast])
-    loss = net.unary("nll_loss", logp, elems=1)
+    loss = net.nll_loss(logp, vocab)
     if ctx.outputs_held:  # the model output holds the logits until it is dropped
         net.block.held.add(logits)
     return net.block, loss

@@ -4,8 +4,10 @@ The memory model says whether a step fits; this model says how long it takes, so
 memory saving can be weighed against its price in time. It plays the same step as
 :mod:`memfit.engine.timeline` -- forward through every layer, the loss, backward, the optimizer --
 and each layer's work is the ops of the very block the memory walk plays for it
-(:func:`memfit.engine.timeline.layer_block`, built for the rank's share of the model), so an op
-that reaches memory reaches time. Each piece of work is priced by what limits it:
+(:func:`memfit.engine.timeline.layer_block`, built for the rank's share of the model), and the
+head's and the loss's the ops of the block it plays last
+(:func:`memfit.engine.timeline.head_block`), so an op that reaches memory reaches time. Each
+piece of work is priced by what limits it:
 
 * **matmuls** (the block's ops that carry a GEMM shape: every ``nn.Linear``, the grouped
   experts, the LoRA adapters; the LM head) by a roofline per GEMM: ``max(FLOPs / (peak x
@@ -20,8 +22,9 @@ that reaches memory reaches time. Each piece of work is priced by what limits it
 * every other op of the block -- norms, activations as the model writes them, residual
   adds, RoPE, dropout, casts, routing -- by the bytes it moves at the device's bandwidth:
   forward each input read and each output written; backward its outputs' gradients and
-  what it saved read, its inputs' gradients written; and the loss over the logits,
-  autocast's weight casts, QLoRA's dequantization and the optimizer step likewise;
+  what it saved read, its inputs' gradients written (a fused loss's chunk of rows as many
+  times as the rows need); autocast's weight casts, QLoRA's dequantization, the embedding
+  lookup and the optimizer step likewise;
 * **communication** by ring-collective volumes (Patarasuk and Yuan 2009: an all-reduce of
   ``S`` bytes over ``n`` ranks moves ``2 (n-1)/n S`` per rank, all-gather and
   reduce-scatter ``(n-1)/n S``) over NVLink inside a node and over the node's network
@@ -69,11 +72,11 @@ from typing import NamedTuple
 
 from memfit.engine import memo
 from memfit.engine.graph import Block, Size, concrete
-from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic, upcasts_logits
-from memfit.engine.model_state import FREEZE_COMPONENTS, model_state
+from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic
+from memfit.engine.model_state import model_state
 from memfit.engine.params import model_tensors
 from memfit.engine.plan.mesh import Mesh
-from memfit.engine.plan.precision import Precision, precision_of
+from memfit.engine.plan.precision import precision_of
 from memfit.engine.plan.resolve import resolve
 from memfit.engine.sharding import not_ddp
 from memfit.engine.specs import (
@@ -86,7 +89,7 @@ from memfit.engine.specs import (
     TrainingSpec,
     window_masks,
 )
-from memfit.engine.timeline import layer_block, make_ctx, recomputed_layers
+from memfit.engine.timeline import head_block, layer_block, make_ctx, recomputed_layers
 
 #: the kinds of work a step's time is made of; the step's ``bound`` is one of them
 BOUNDS = ("compute", "memory_bandwidth", "communication", "host_transfer", "pipeline_bubble")
@@ -323,15 +326,6 @@ def _act_bytes(training: TrainingSpec) -> int:
     return precision_of(training).compute
 
 
-def _trains(component: str, method: str, trainable: tuple[str, ...]) -> bool:
-    """Whether the weights of ``component`` get gradients (LoRA's base never does)."""
-    if method == "full":
-        return True
-    if method == "freeze":
-        return any(component in FREEZE_COMPONENTS[p] for p in trainable)
-    return False
-
-
 def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) -> float:
     """``count`` GEMMs of an (m x k) by (k x n) product."""
     if count <= 0 or m <= 0:
@@ -377,18 +371,13 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
     )  # fmt: skip
 
 
-def _frozen_cast(training: TrainingSpec, prec: Precision) -> bool:
-    """Autocast re-casts frozen weights kept in fp32 (Lightning's bf16-mixed, a frozen dtype
-    of fp32) to 16 bits at every use in the forward, as it does the trainable ones."""
-    return prec.mode == "amp" and prec.frozen == 4 and training.method != "full"
-
-
 #: ops of the memory walk's blocks that the step time prices otherwise than by the bytes
 #: they move: the attention core (by its kernel), collectives (by the rings), autocast's
-#: weight casts (over the rank's weights) and QLoRA's dequantization (by its traffic)
+#: weight casts (over the rank's weights) and QLoRA's dequantization (by its traffic); and
+#: the release of the logits, which is no kernel
 _NOT_ELEMENTWISE = frozenset(
     {"matmul_qk", "matmul_pv", "all_gather", "reduce_scatter", "all_to_all", "ring_recv",
-     "cast_weight", "dequantize", "dequantize_backward"}
+     "cast_weight", "dequantize", "dequantize_backward", "release_logits"}
 )  # fmt: skip
 
 
@@ -396,8 +385,9 @@ class _Priced(NamedTuple):
     """What one layer's ops cost, as sizes (bytes, rows) of the shape: concrete, or linear
     forms (:class:`memfit.engine.graph.Lin`) of a block built once for every shape."""
 
-    #: (rows, in, out, weights, backward passes) of each GEMM, in the block's order
-    gemms: tuple[tuple[Size, int, int, int, int], ...]
+    #: (rows, in, out, weights, backward passes, once per chunk of rows) of each GEMM, in
+    #: the block's order
+    gemms: tuple[tuple[Size, int, int, int, int, bool], ...]
     #: the element-wise ops: bytes forward and backward, kernels forward and backward
     e_f: Size
     e_b: Size
@@ -410,6 +400,10 @@ class _Priced(NamedTuple):
     #: bytes QLoRA's dequantizations write; bytes of the frozen weights autocast casts
     dequant: Size
     cast: Size
+    #: the element-wise ops that run once per chunk of rows (``Block.repeated``)
+    r_f: Size = 0
+    r_b: Size = 0
+    r_k: int = 0
 
 
 def _price(block: Block, kernel: str) -> _Priced:
@@ -424,11 +418,15 @@ def _price(block: Block, kernel: str) -> _Priced:
     k_f = k_b = c_k = 0
     dequant: Size = 0
     cast: Size = 0
+    r_f: Size = 0
+    r_b: Size = 0
+    r_k = 0
     core = range(*block.core) if kernel in ("eager", "math") else range(0)
+    repeated = range(*block.repeated)
     for i, op in enumerate(block.ops):
         if op.gemm is not None:
             # backward: the input's gradient where it needs one, the weight's where it trains
-            gemms.append((*op.gemm, bool(op.grads) + op.trains))
+            gemms.append((*op.gemm, bool(op.grads) + op.trains, i in repeated))
         elif op.name == "dequantize":
             dequant += op.outputs[0][1]
         elif op.name == "cast_weight":
@@ -442,9 +440,11 @@ def _price(block: Block, kernel: str) -> _Priced:
             f, g = block.moved(op)
             if i in core:
                 c_f, c_b, c_k = c_f + f, c_b + g, c_k + 1
+            elif i in repeated:
+                r_f, r_b, r_k = r_f + f, r_b + g, r_k + 1
             else:
                 e_f, e_b, k_f, k_b = e_f + f, e_b + g, k_f + 1, k_b + bool(op.out_grad)
-    return _Priced(tuple(gemms), e_f, e_b, k_f, k_b, c_f, c_b, c_k, dequant, cast)
+    return _Priced(tuple(gemms), e_f, e_b, k_f, k_b, c_f, c_b, c_k, dequant, cast, r_f, r_b, r_k)
 
 
 def _at(size: Size, terms: tuple[int, ...]) -> int:
@@ -453,12 +453,12 @@ def _at(size: Size, terms: tuple[int, ...]) -> int:
 
 def _priced_at(priced: _Priced, terms: tuple[int, ...]) -> _Priced:
     """``priced`` at the shape whose terms are ``terms``: every size a number of bytes."""
-    gemms = tuple((_at(r, terms), k, n, c, p) for r, k, n, c, p in priced.gemms)
-    f, b, cf, cb, dq, cast = (
-        _at(x, terms)
-        for x in (priced.e_f, priced.e_b, priced.c_f, priced.c_b, priced.dequant, priced.cast)
+    gemms = tuple((_at(r, terms), k, n, c, p, o) for r, k, n, c, p, o in priced.gemms)
+    p = priced
+    f, b, cf, cb, dq, cast, rf, rb = (
+        _at(x, terms) for x in (p.e_f, p.e_b, p.c_f, p.c_b, p.dequant, p.cast, p.r_f, p.r_b)
     )
-    return _Priced(gemms, f, b, priced.k_f, priced.k_b, cf, cb, priced.c_k, dq, cast)
+    return _Priced(gemms, f, b, p.k_f, p.k_b, cf, cb, p.c_k, dq, cast, rf, rb, p.r_k)
 
 
 #: (batch, sequence length / sp) at which a layer priced once for every shape is checked
@@ -466,17 +466,23 @@ def _priced_at(priced: _Priced, terms: tuple[int, ...]) -> _Priced:
 _HELD_OUT = (3, 37)
 
 
+def _block_of(model: ModelSpec, ctx: Ctx, kind: str) -> Block:
+    """The block the memory walk plays for ``kind``: "layer", "moe" or "head"."""
+    return head_block(model, ctx) if kind == "head" else layer_block(model, ctx, kind == "moe")
+
+
 @memo.cached(maxsize=4096)
-def _priced_forms(model: ModelSpec, ctx: Ctx, moe: bool) -> _Priced | None:
-    """One layer's ops priced for every shape: its block built once with symbolic sizes,
-    checked against the block built at :data:`_HELD_OUT`. None where its sizes are not
-    linear forms of the shape (the eager experts loop): each shape is then built."""
+def _priced_forms(model: ModelSpec, ctx: Ctx, kind: str) -> _Priced | None:
+    """A block's ops priced for every shape (``kind`` as :func:`_block_of`): built once with
+    symbolic sizes, checked against the block built at :data:`_HELD_OUT`. None where its
+    sizes are not linear forms of the shape (the eager experts loop, a chunked output):
+    each shape is then built."""
     kernel = _kernel_of(ctx.attention, model.sdpa_math)
     b, s = _HELD_OUT
     held = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
     try:
-        forms = _price(layer_block(model, dataclasses.replace(ctx, symbolic=True), moe), kernel)
-        direct = _price(layer_block(model, held, moe), kernel)
+        forms = _price(_block_of(model, dataclasses.replace(ctx, symbolic=True), kind), kernel)
+        direct = _price(_block_of(model, held, kind), kernel)
         if _priced_at(forms, held.terms()) == direct:
             return forms
     except (TypeError, ValueError):  # a size that no linear form of the terms holds
@@ -484,18 +490,45 @@ def _priced_forms(model: ModelSpec, ctx: Ctx, moe: bool) -> _Priced | None:
     return None
 
 
-def _priced_layer(model: ModelSpec, ctx: Ctx, moe: bool, b: int, seq: int) -> _Priced:
-    """The layer's ops priced at micro-batch ``b`` and sequence length ``seq`` (the rank's
+@memo.cached(maxsize=16384)
+def _priced_block(model: ModelSpec, ctx: Ctx, kind: str, b: int, seq: int) -> _Priced:
+    """A block's ops priced at micro-batch ``b`` and sequence length ``seq`` (the rank's
     chunk): from the forms priced once where they hold, else from the block built at this
     shape; the two agree to the byte (:func:`_priced_forms`)."""
-    forms = _priced_forms(model, ctx, moe)
+    forms = _priced_forms(model, ctx, kind)
     if forms is not None:
         try:
             return _priced_at(forms, ctx.terms_at(b, seq))
         except ValueError:  # not a whole number of bytes here
             pass
     shaped = dataclasses.replace(ctx, batch=b, seq=seq)
-    return _price(layer_block(model, shaped, moe), _kernel_of(ctx.attention, model.sdpa_math))
+    return _price(_block_of(model, shaped, kind), _kernel_of(ctx.attention, model.sdpa_math))
+
+
+class _Gemms(NamedTuple):
+    """A block's GEMMs at a shape: seconds forward and backward, FLOPs forward and
+    backward."""
+
+    fwd: float
+    bwd: float
+    flops_f: float
+    flops_b: float
+
+
+def _gemms(ops: _Priced, share: float, dt: int, dev: Device) -> _Gemms:
+    """The GEMMs of ``ops`` (concrete); those run once per chunk of rows count ``share``
+    times (the rows in all over the rows of one chunk)."""
+    mm_f = mm_b = fl_f = fl_b = 0.0
+    for rows, k, n, count, passes, per_chunk in ops.gemms:
+        m_rows = concrete(rows) / count
+        times = count * (share if per_chunk else 1)
+        fwd = _gemm(m_rows, k, n, dt, dev, times)
+        flops = 2 * m_rows * k * n * times
+        mm_f += fwd
+        mm_b += fwd * passes
+        fl_f += flops
+        fl_b += flops * passes
+    return _Gemms(mm_f, mm_b, fl_f, fl_b)
 
 
 @memo.cached(maxsize=8192)
@@ -511,17 +544,8 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     dt = work.compute
     h = model.hidden_size
     kernel = _kernel_of(work.ctx.attention, model.sdpa_math)
-    ops = _priced_layer(work.rank_model, work.ctx, moe, b, s // cp)
-    mm_f = mm_b = 0.0
-    fl_f = fl_b = 0.0
-    for rows, k, n, count, passes in ops.gemms:
-        m_rows = concrete(rows) / count
-        fwd = _gemm(m_rows, k, n, dt, dev, count)
-        flops = 2 * m_rows * k * n * count
-        mm_f += fwd
-        mm_b += fwd * passes
-        fl_f += flops
-        fl_b += flops * passes
+    ops = _priced_block(work.rank_model, work.ctx, "moe" if moe else "layer", b, s // cp)
+    mm_f, mm_b, fl_f, fl_b = _gemms(ops, 1.0, dt, dev)
     c_f, c_b, c_k = float(concrete(ops.c_f)), float(concrete(ops.c_b)), ops.c_k
     e_f, e_b = float(concrete(ops.e_f)), float(concrete(ops.e_b))
     dequant_elems = concrete(ops.dequant) / (work.ctx.dequant_other or 2)
@@ -730,23 +754,21 @@ class _Stages:
     capacity: float
     #: bytes of the compute dtype (engine.plan.precision)
     compute: int
-    #: autocast casts frozen weights kept in fp32 (:func:`_frozen_cast`)
-    frozen_cast: bool
     #: the compute mode (engine.plan.precision)
     mode: str
-    #: QLoRA: bytes one weight's dequantization moves, and whether the LM head is
-    #: dequantized too (the memory walk's context: engine.timeline.make_ctx)
+    #: QLoRA: bytes one weight's dequantization moves (the memory walk's context:
+    #: engine.timeline.make_ctx)
     dequant_bytes: float
-    quantized_head: bool
     #: the memory walk's context for the rank's blocks, without the shape: the ops of
-    #: each layer are priced from the block it builds (:func:`_layer`)
+    #: each layer are priced from the block it builds (:func:`_layer`), and the head's and
+    #: the loss's from theirs (:func:`_head`)
     ctx: Ctx
+    head_ctx: Ctx
     per_rank: tuple[int, ...]
     recompute_share: float
     #: torchtitan's per-op checkpointing: the attention kernel is not recomputed
     per_op: bool
     selective: bool
-    head_train: bool
     amp: bool
     trainable_rank: float
     moe_share: float
@@ -864,7 +886,6 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0
     if mode == "per-op":  # of each such layer, the matmuls the policy does not keep
         recompute_share = per_op_recompute_share(model) * recompute_share
-    head_train = _trains("lm_head", training.method, training.freeze.trainable)
     # per stage: the layers it holds (the first holds the embedding, the last the head)
     per_rank = tuple(slot.model.num_layers for slot in resolved.ranks())
     dp_ring = _ring(mesh.dp, mesh.tp * mesh.cp, scenario, dev)
@@ -908,16 +929,14 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         sequence_parallel=par.sequence_parallel,
         capacity=par.expert_capacity_factor,
         compute=prec.compute,
-        frozen_cast=_frozen_cast(training, prec),
         mode=prec.mode,
         dequant_bytes=dequant_traffic(ctx.dequant_other),
-        quantized_head=training.method == "qlora" and whole_ctx.quantized_head,
         ctx=ctx,
+        head_ctx=whole_ctx.for_head(),
         per_rank=per_rank,
         recompute_share=recompute_share,
         per_op=mode == "per-op",
         selective=mode == "selective" and _kernel_of(training.attention) == "eager",
-        head_train=head_train,
         amp=prec.mode == "amp",
         trainable_rank=trainable_rank,
         moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
@@ -966,21 +985,57 @@ class _Block:
     tokens: float
 
 
-def _head_and_loss(stages: _Stages, tokens: float, dt: int) -> tuple[float, ...]:
-    """The LM head's FLOPs and forward and backward times, the loss's and the embedding's
-    times, for ``tokens`` of the rank in a compute dtype of ``dt`` bytes."""
-    model, dev, loss = stages.model, stages.dev, stages.loss
-    h, v_local = model.hidden_size, model.vocab_size / stages.mesh.tp
-    head_flops = 2 * tokens * h * v_local
-    head_fwd = _gemm(tokens, h, v_local, dt, dev)
-    head_bwd = head_fwd * (2 if stages.head_train else 1)
-    # per logit, forward and backward: 28 bytes with the loss's fp32 copy of 16-bit logits
-    # (read 2 + write 4 each way), 16 without it, 8 for a fused loss that never writes them
-    copy = upcasts_logits(model, loss) and dt == 2
-    loss_bytes = (8 if loss == "chunked" else 28 if copy else 16) * tokens * v_local
-    loss_t = max(loss_bytes / dev.bandwidth, 6 * KERNEL_S)
-    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
-    return head_flops, head_fwd, head_bwd, loss_t, embed_t
+class _Head(NamedTuple):
+    """The final norm, the LM head and the loss of one micro-batch, on the last stage."""
+
+    fwd: float  # the head's GEMMs, forward
+    bwd: float
+    flops_f: float
+    flops_b: float
+    #: every other op of the block (the final norm, the loss's casts, log-softmax and
+    #: nll), forward and backward
+    elementwise: float
+    #: QLoRA: a quantized head's dequantization, forward and again in backward
+    dequant: float
+    #: elements of a frozen fp32 head autocast casts in the forward
+    cast_elems: float
+
+
+def _head(stages: _Stages, b: int, s: int) -> _Head:
+    """The head and the loss at micro-batch ``b`` and sequence length ``s`` (see
+    :func:`_head_at`)."""
+    return _head_at(
+        stages.rank_model, stages.head_ctx, stages.dev, stages.compute, stages.dequant_bytes,
+        b, s // stages.mesh.cp,
+    )  # fmt: skip
+
+
+@memo.cached(maxsize=16384)
+def _head_at(
+    model: ModelSpec, ctx: Ctx, dev: Device, dt: int, dequant_bytes: float, b: int, seq: int
+) -> _Head:
+    """The head and the loss of ``model`` (the rank's share) at micro-batch ``b`` and the
+    rank's ``seq`` positions: the ops of the block the memory walk plays last
+    (:func:`memfit.engine.timeline.head_block`), priced as the layers' are; a fused loss's
+    chunk of rows runs ``ceil(tokens / chunk)`` times."""
+    ops = _priced_block(model, ctx, "head", b, seq)
+    # a fused loss runs its chunk's ops over every row: tokens / chunk times the work, in
+    # ceil(tokens / chunk) launches
+    terms = ctx.terms_at(b, seq)
+    tokens, chunk = terms[0], terms[4]
+    share, chunks = (tokens / chunk, -(-tokens // chunk)) if ops.r_k and chunk else (1.0, 1)
+    mm = _gemms(ops, share, dt, dev)
+    bw = dev.bandwidth
+    ew = max(concrete(ops.e_f) / bw, ops.k_f * KERNEL_S)
+    ew += max(concrete(ops.e_b) / bw, ops.k_b * KERNEL_S)
+    if ops.r_k:
+        ew += max(share * concrete(ops.r_f) / bw, chunks * ops.r_k * KERNEL_S)
+        ew += max(share * concrete(ops.r_b) / bw, chunks * ops.r_k * KERNEL_S)
+    deq = concrete(ops.dequant) / (ctx.dequant_other or 2)
+    return _Head(
+        mm.fwd, mm.bwd, mm.flops_f, mm.flops_b, ew,
+        2 * deq * dequant_bytes / bw, concrete(ops.cast) / 2,
+    )  # fmt: skip
 
 
 def _stage_block(plan: _Plan, b: int, s: int) -> _Block:
@@ -1006,8 +1061,6 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
     dt = stages.compute
     h = model.hidden_size
     recompute_share, selective = stages.recompute_share, stages.selective
-    head_train = stages.head_train
-    frozen_head_cast = not head_train and stages.frozen_cast
     tp_ring, cp_ring = stages.tp_ring, stages.cp_ring
     ep_ring, pp_ring = stages.ep_ring, stages.pp_ring
     trainable_rank = stages.trainable_rank
@@ -1016,10 +1069,10 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
     moe = _layer(model, work, dev, True) if model.is_moe else None
     moe_share = stages.moe_share
 
-    # the embedding, the LM head and the loss (on the last stage)
+    # the embedding (on the first stage), the LM head and the loss (on the last)
     tokens = b * s / mesh.cp
-    v_local = model.vocab_size / mesh.tp
-    head_flops, head_fwd, head_bwd, loss_t, embed_t = _head_and_loss(stages, tokens, dt)
+    head = _head(stages, b, s)
+    embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
 
     parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
     per_layer = {
@@ -1048,18 +1101,17 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
             rec += lt["attn_fwd"]
         deq = lt["dequant"] * (2 + recompute_share)
         if last:
-            fwd += head_fwd
-            bwd += head_bwd
-            ew += loss_t
-            if stages.quantized_head:  # dequantized for the forward and again in backward
-                deq += 2 * v_local * h * stages.dequant_bytes / dev.bandwidth
+            fwd += head.fwd
+            bwd += head.bwd
+            ew += head.elementwise + 6 * head.cast_elems / dev.bandwidth
+            deq += head.dequant
         if first:
             ew += embed_t
         # autocast re-casts the fp32 weights to 16 bits in every forward (and recompute)
         if stages.amp:
             ew += 6 * trainable_rank / dev.bandwidth * (1 + recompute_share)
         # and the frozen ones it finds stored in fp32 (the LM head with them, when frozen)
-        cast = lt["cast_elems"] + (v_local * h if last and frozen_head_cast else 0.0)
+        cast = lt["cast_elems"]
         if cast:
             ew += 6 * cast / dev.bandwidth * (1 + recompute_share)
         # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter) forward, 2 backward
@@ -1093,8 +1145,8 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
                 "ep": ep_t,
                 "cp": cp_t,
                 "pp": pp_t,
-                "flops_f": lt["flops_fwd"] + (head_flops if last else 0),
-                "flops_b": lt["flops_bwd"] + (head_flops * (2 if head_train else 1) if last else 0),
+                "flops_f": lt["flops_fwd"] + (head.flops_f if last else 0),
+                "flops_b": lt["flops_bwd"] + (head.flops_b if last else 0),
                 "attn_flops": lt["attn_flops_fwd"],
                 "layers_f": lt["flops_fwd"],
                 "n": n,

@@ -74,7 +74,13 @@ from typing import Any
 from memfit.engine import memo
 from memfit.engine.model_state import ModelState
 from memfit.engine.specs import ModelSpec, TrainingSpec, window_masks
-from memfit.engine.timeline.blocks import _direct, _profile, block_result, layer_block
+from memfit.engine.timeline.blocks import (
+    _direct,
+    _profile,
+    block_result,
+    head_block,
+    layer_block,
+)
 from memfit.engine.timeline.compiled import KINDS
 from memfit.engine.timeline.context import (
     Gather,
@@ -105,6 +111,7 @@ __all__ = [
     "block_result",
     "checkpointed",
     "embedding_output_grad",
+    "head_block",
     "joint",
     "layer_block",
     "make_ctx",

@@ -69,6 +69,14 @@ def layer_block(model: ModelSpec, ctx: Ctx, moe: bool) -> Block:
     return _build(model, ctx, "moe" if moe else "layer", True, False)[0]
 
 
+@memo.cached(maxsize=4096)
+def head_block(model: ModelSpec, ctx: Ctx) -> Block:
+    """The final norm, the LM head and the loss at ``ctx``'s own shape (a fused loss, where
+    ``ctx.loss`` is ``chunked``, holds one chunk of rows): the block the memory walk plays
+    last, as the step time prices it."""
+    return _build(model, ctx, "head", True, ctx.loss == "chunked")[0]
+
+
 def block_result(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool, key: Ctx | None = None
 ) -> tuple[BlockResult, Casts]:

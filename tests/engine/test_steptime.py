@@ -485,26 +485,32 @@ def test_a_layer_priced_for_one_model_is_not_served_to_another() -> None:
         ("qwen3-30b-a3b", {"method": "lora", "moe_implementation": "eager"}),
         ("gpt2", {"method": "qlora"}),
         ("llama-3-8b", {"parallelism": ParallelismSpec(tp=2, sequence_parallel=True)}),
+        ("llama-3-8b", {"loss": "chunked"}),  # a fused loss: one chunk of rows held
+        ("llama-3-8b", {"loss": "chunked-output", "stack": "torchtune"}),
+        ("bert-base-uncased", {}),  # the masked-LM head's transform
     ],
 )  # fmt: skip
-def test_a_layer_priced_once_for_every_shape_equals_the_layer_built_at_each(
+def test_a_block_priced_once_for_every_shape_equals_the_block_built_at_each(
     model: str, fields: dict[str, object]
 ) -> None:
-    """The step time prices a layer's ops once with symbolic sizes and evaluates them at
-    each shape; where that does not hold (the eager experts loop) it builds the block at
-    the shape. Either way the answer is, to the byte, the block built at that shape."""
+    """The step time prices a block's ops (each layer's, the head's and the loss's) once
+    with symbolic sizes and evaluates them at each shape; where that does not hold (the
+    eager experts loop, a chunked output) it builds the block at the shape. Either way the
+    answer is, to the byte, the block built at that shape."""
     import dataclasses as dc
 
     from memfit.engine.plan.resolve import resolve
-    from memfit.engine.steptime import _kernel_of, _price, _priced_layer
-    from memfit.engine.timeline import layer_block, make_ctx
+    from memfit.engine.steptime import _block_of, _kernel_of, _price, _priced_block
+    from memfit.engine.timeline import make_ctx
 
     s = scenario(model, gpus=2, **fields)
     plan = resolve(s)
     rank = plan.rank_model()
-    ctx = make_ctx(rank, plan.scenario.training).for_layers()
-    kernel = _kernel_of(ctx.attention, rank.sdpa_math)
-    for b, seq in ((1, 64), (3, 1000), (8, 4096)):
-        for moe in (False, True) if rank.is_moe else (False,):
-            built = _price(layer_block(rank, dc.replace(ctx, batch=b, seq=seq), moe), kernel)
-            assert _priced_layer(rank, ctx, moe, b, seq) == built, (b, seq, moe)
+    whole = make_ctx(rank, plan.scenario.training)
+    kinds = ["layer", "head"] + (["moe"] if rank.is_moe else [])
+    for kind in kinds:
+        ctx = whole.for_head() if kind == "head" else whole.for_layers()
+        kernel = _kernel_of(ctx.attention, rank.sdpa_math)
+        for b, seq in ((1, 64), (3, 1000), (8, 4096)):
+            built = _price(_block_of(rank, dc.replace(ctx, batch=b, seq=seq), kind), kernel)
+            assert _priced_block(rank, ctx, kind, b, seq) == built, (kind, b, seq)
