@@ -156,9 +156,13 @@ def _divides(c: _Keys, hidden_keys: tuple[str, ...], head_keys: tuple[str, ...])
 
 
 def _experts(
-    spec: dict[str, Any], c: _Keys, count_key: str, size_key: str = "intermediate_size"
+    spec: dict[str, Any], c: _Keys, count_keys: tuple[str, ...], size_key: str = "intermediate_size"
 ) -> dict[str, Any]:
-    spec["num_experts"] = c.integer(count_key, lo=1, hi=MAX_EXPERTS)
+    """The routed experts: their count under any of ``count_keys`` -- the family's own name
+    first, then the name its config class maps it to (``attribute_map``: transformers 5
+    saves Qwen3-MoE's ``num_experts`` as ``num_local_experts``), -- the experts per token
+    and each expert's width."""
+    spec["num_experts"] = c.integer(*count_keys, lo=1, hi=MAX_EXPERTS)
     spec["num_experts_per_tok"] = c.integer("num_experts_per_tok", lo=1, hi=spec["num_experts"])
     spec["moe_intermediate_size"] = c.integer(size_key, lo=1)
     return spec
@@ -198,7 +202,7 @@ def _mistral(c: _Keys) -> dict[str, Any]:
 
 
 def _mixtral(c: _Keys) -> dict[str, Any]:
-    return _experts(_common(c), c, "num_local_experts")
+    return _experts(_common(c), c, ("num_local_experts", "num_experts"))
 
 
 def _qwen2(c: _Keys) -> dict[str, Any]:
@@ -208,7 +212,7 @@ def _qwen2(c: _Keys) -> dict[str, Any]:
 
 
 def _qwen2_moe(c: _Keys) -> dict[str, Any]:
-    spec = _experts(_qwen2(c), c, "num_experts", "moe_intermediate_size")
+    spec = _experts(_qwen2(c), c, ("num_experts",), "moe_intermediate_size")
     spec["first_dense_layers"] = _dense_prefix(c, spec["num_layers"])
     shared = c.integer("shared_expert_intermediate_size", default=0)
     if shared:
@@ -225,7 +229,7 @@ def _qwen3(c: _Keys) -> dict[str, Any]:
 
 
 def _qwen3_moe(c: _Keys) -> dict[str, Any]:
-    spec = _experts(_qwen3(c), c, "num_experts", "moe_intermediate_size")
+    spec = _experts(_qwen3(c), c, ("num_experts", "num_local_experts"), "moe_intermediate_size")
     spec["first_dense_layers"] = _dense_prefix(c, spec["num_layers"])
     return spec
 
@@ -280,7 +284,7 @@ def _phi3(c: _Keys) -> dict[str, Any]:
 
 def _phimoe(c: _Keys) -> dict[str, Any]:
     """Phi-3.5-MoE: LayerNorms with biases, biased attention and LM head, 16 experts."""
-    spec = _experts(_biases(_common(c), c), c, "num_local_experts")
+    spec = _experts(_biases(_common(c), c), c, ("num_local_experts",))
     spec["norm"] = "layernorm"
     spec["lm_head_bias"] = c.flag("lm_head_bias", False)
     return spec
@@ -299,7 +303,7 @@ def _olmo2(c: _Keys) -> dict[str, Any]:
 
 
 def _olmoe(c: _Keys) -> dict[str, Any]:
-    return _experts(_olmo2(c), c, "num_experts")
+    return _experts(_olmo2(c), c, ("num_experts", "num_local_experts"))
 
 
 def _granite(c: _Keys) -> dict[str, Any]:
@@ -307,7 +311,7 @@ def _granite(c: _Keys) -> dict[str, Any]:
 
 
 def _granitemoe(c: _Keys) -> dict[str, Any]:
-    return _experts(_biases(_common(c), c), c, "num_local_experts")
+    return _experts(_biases(_common(c), c), c, ("num_local_experts",))
 
 
 def _cohere(c: _Keys) -> dict[str, Any]:
@@ -376,7 +380,12 @@ def _deepseek(c: _Keys) -> dict[str, Any]:
             "dense layers between MoE layers: not modelled (only a run of dense layers "
             "before the first MoE layer is)",
         )
-    spec = _experts(_common(c), c, "n_routed_experts", "moe_intermediate_size")
+    spec = _experts(
+        _common(c),
+        c,
+        ("n_routed_experts", "num_local_experts", "num_experts"),
+        "moe_intermediate_size",
+    )
     rope = c.integer("qk_rope_head_dim", lo=1, hi=65536)
     nope = c.integer("qk_nope_head_dim", lo=1, hi=65536)
     spec.update(

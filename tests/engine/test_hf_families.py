@@ -692,3 +692,26 @@ def test_hostile_values_elsewhere_name_their_key() -> None:
         with pytest.raises(EstimateError) as info:
             model_from_hf_config(bad)  # type: ignore[arg-type]
         assert info.value.field == "model"
+
+
+@pytest.mark.parametrize(
+    ("family", "own", "mapped"),
+    [
+        ("qwen3_moe", "num_experts", "num_local_experts"),  # transformers 5 saves the second
+        ("mixtral", "num_local_experts", "num_experts"),
+        ("olmoe", "num_experts", "num_local_experts"),
+        ("deepseek_v3", "n_routed_experts", "num_local_experts"),
+    ],
+)
+def test_the_expert_count_is_read_under_the_name_the_config_class_maps_it_to(
+    family: str, own: str, mapped: str
+) -> None:
+    """A config class's ``attribute_map`` saves some fields under another name: transformers
+    5's ``Qwen3MoeConfig`` writes ``num_local_experts`` where earlier releases wrote
+    ``num_experts``. Either name gives the same model; a missing count names the family's
+    own key."""
+    cfg = copy.deepcopy(config(family))
+    obj, _ = _where(cfg)
+    want = model_from_hf_config(cfg)
+    obj[mapped] = obj.pop(own)
+    assert model_from_hf_config(cfg) == want
