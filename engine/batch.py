@@ -201,7 +201,8 @@ class _Group:
             for a in set(accumulation)
         }
         holds = np.array([held[a] for a in accumulation], dtype=np.int64).T  # stage x shape
-        found = joint(self.plans).moments(batch, local, int(holds.max()))
+        accumulating = np.array([a > 1 for a in accumulation], dtype=bool)
+        found = joint(self.plans).moments(batch, local, int(holds.max()), accumulating)
         if found is None:
             return [None] * n
         c = self.constants

@@ -338,7 +338,8 @@ def _rank(
     ``part`` is the stage's share of the model, as :func:`rank_play` had it."""
     sharded, timeline = played
     peak = timeline.peak
-    items = _items_at_peak(sharded.state, timeline, sharded.gather)
+    accumulating = scenario.training.gradient_accumulation_steps > 1
+    items = _items_at_peak(sharded.state, timeline, sharded.gather, accumulating)
     allocated = sum(i.bytes for i in items)
     large_blocks = resident_blocks(model, scenario.training, mesh, part)
     arch = scenario.hardware.gpu.architecture
@@ -486,7 +487,9 @@ def estimate(scenario: Scenario) -> Estimate:
     )
 
 
-def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> list[MemoryItem]:
+def _items_at_peak(
+    state: ModelState, timeline: Timeline, gather: Gather, accumulating: bool = False
+) -> list[MemoryItem]:
     """The named items live at the peak; they add up to the allocated bytes."""
     peak = timeline.peak
     parts = state_parts(state)
@@ -520,6 +523,12 @@ def _items_at_peak(state: ModelState, timeline: Timeline, gather: Gather) -> lis
     reduce = min(buffers, in_flight)
     produced = in_flight - reduce
     if produced >= total_grads:
+        if accumulating and peak.phase in ("forward", "backward"):
+            # a later micro-batch: the earlier ones' gradients, summed into until the step
+            grad_items = tuple(
+                dataclasses.replace(i, name=f"{i.name}, accumulated over the micro-batches")
+                for i in grad_items
+            )
         items += grad_items
         produced -= total_grads
     if produced and grad_items:

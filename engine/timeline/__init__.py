@@ -18,6 +18,14 @@ The step is what a PyTorch training loop does (``out = model(ids, labels=ids)``,
    (``foreach`` AdamW allocates ``sqrt(exp_avg_sq)`` for every parameter at once; ``fused``
    allocates nothing); then the gradients are freed.
 
+**Gradient accumulation.** With more than one micro-batch a step, the timeline is the last
+micro-batch's: backward sums each gradient into ``.grad`` and frees nothing until the
+optimizer step, so every forward and backward point after the first micro-batch has all
+of the rank's gradients live (:attr:`StepPlan.accumulated`), where the first has only
+those produced so far. Every later point is at least the first's, so the last
+micro-batch's peak is the step's (traced on an H200: two and four micro-batches peak alike,
+1.8-7.7 % above one).
+
 Each point of the timeline is a breakdown by category, so the bar at the peak shows what
 is live at that moment, not a sum of separate maxima.
 
@@ -153,7 +161,10 @@ def step_timeline(
     replay = partial(_points, *args)
     plan = plan or step_plan(*args)
     seq = training.sequence_length // training.parallelism.cp
-    return plan.play(training.micro_batch_size, seq, replay, partial(step_sources, *args))
+    accumulating = training.gradient_accumulation_steps > 1
+    return plan.play(
+        training.micro_batch_size, seq, replay, partial(step_sources, *args), accumulating
+    )
 
 
 #: the fields of a training spec that make its shape; everything else is its strategy
@@ -230,7 +241,10 @@ def _layer_by_layer(
     plan = step_plan(*args)
     seq = training.sequence_length // training.parallelism.cp
     points, per_microbatch, held, sources = plan.points_at(
-        training.micro_batch_size, seq, explain=ledger is not None
+        training.micro_batch_size,
+        seq,
+        explain=ledger is not None,
+        accumulating=training.gradient_accumulation_steps > 1,
     )
     if ledger is not None:
         ledger.extend(sources)

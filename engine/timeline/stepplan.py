@@ -283,14 +283,25 @@ class StepPlan:
             self._every[ledger] = found
         return found
 
+    @property
+    def accumulated(self) -> int:
+        """The gradients the optimizer step finds beyond those live through the whole step
+        (the buffers): with gradient accumulation, the micro-batches after the first run
+        their forward and backward with all of them live (``.grad`` is summed into, not
+        freed, until the optimizer step; traced: a step of 2 or 4 micro-batches peaks above
+        one of 1)."""
+        return self.step.gradients - self.before.gradients
+
     def points_at(
-        self, batch: int, seq: int, explain: bool = False
+        self, batch: int, seq: int, explain: bool = False, accumulating: bool = False
     ) -> tuple[tuple[Point, ...], int, int, tuple[tuple[Source, ...], ...]]:
         """Every point of the step at ``batch`` x ``seq`` (the sequence per context rank):
         before it, forward and backward, the optimizer step and after zero_grad; what one
         micro-batch keeps; the model output held through the optimizer step; and with
         ``explain`` each point's activations told apart by source (they add up to its
-        activations, to the byte)."""
+        activations, to the byte). ``accumulating``: more than one micro-batch a step --
+        the forward and backward are the last micro-batch's, with the gradients of the
+        earlier ones live (:attr:`accumulated`)."""
         # the compile with the ledger holds the same points: use it where it is made
         every = self._every.get(True) or self.every(explain)
         x = self._values(batch, seq)
@@ -314,9 +325,12 @@ class StepPlan:
         points = [self.before]
         for kind, layer, p, g, grads, a, _ in every.played:
             phase, label = KINDS[kind]
-            shared = ev(grads)
-            if num != 1 or den != 1:
-                shared = shared * num // den
+            if accumulating:
+                shared = self.accumulated
+            else:
+                shared = ev(grads)
+                if num != 1 or den != 1:
+                    shared = shared * num // den
             at = None if layer < 0 else layer
             points.append(Point(phase, at, label, p, shared + g, self.recipe.opt, ev(a) + waiting))
         points.append(dataclasses.replace(self.step, activations=held))
@@ -449,7 +463,7 @@ class StepPlan:
         largest = (4 * rows * share + forms.largest_constant) * (extra + 2)
         return forms.fits and largest < _INT64_SAFE
 
-    def _evaluate(self, x: np.ndarray, exact: bool) -> tuple[Any, ...]:
+    def _evaluate(self, x: np.ndarray, exact: bool, accumulating: bool) -> tuple[Any, ...]:
         """The candidates' activations, gradients and totals, what a micro-batch keeps,
         the other micro-batches in flight, the logits held, and whether every checked run
         is monotone there, from the shape quantities ``x`` (a column per shape)."""
@@ -461,14 +475,16 @@ class StepPlan:
         n = len(forms.kinds)
         num, den = self.grad_share.numerator, self.grad_share.denominator
         g = v[n : 2 * n]
-        if num != 1 or den != 1:
+        if accumulating:  # every gradient live: the same at every point
+            g = g * 0 + self.accumulated
+        elif num != 1 or den != 1:
             g = g * num // den
         if x.ndim > 1:
             buffers, constant = buffers[:, None], constant[:, None]
         g = g + buffers
         total = constant + g + v[:n]
         ok: Any = True
-        for k in range(forms.checks):
+        for k in range(0 if accumulating else forms.checks):
             rise = v[2 * n + 3 + 2 * k] * num
             slope = rise - den * v[2 * n + 4 + 2 * k]
             ok = ok & ((rise % den == 0) | (slope >= den) | (slope <= -den))
@@ -480,13 +496,15 @@ class StepPlan:
         seq: int,
         replay: Callable[[], tuple[Point, ...]],
         explain: Callable[[], tuple[tuple[Source, ...], ...]] | None = None,
+        accumulating: bool = False,
     ) -> Timeline:
         """The step at ``batch`` x ``seq`` (the sequence per context rank); ``replay``
-        plays its every point when they are asked for, ``explain`` their sources."""
+        plays its every point when they are asked for, ``explain`` their sources;
+        ``accumulating`` as :meth:`points_at`."""
         x = self._values(batch, seq)
         exact = not self._fits(x, 0)  # in Python integers where int64 might overflow
         a, g, total, per_microbatch, waiting, held, ok = self._evaluate(
-            np.array(x, dtype=object if exact else np.int64), exact
+            np.array(x, dtype=object if exact else np.int64), exact, accumulating
         )
         played: list[tuple[Point, ...]] = []
         if ok:
@@ -526,12 +544,19 @@ class StepPlan:
             explain,
         )
 
-    def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
+    def moments(
+        self,
+        batch: np.ndarray,
+        seq: np.ndarray,
+        extra: int = 0,
+        accumulating: np.ndarray | None = None,
+    ) -> Moments | None:
         """The highest point of forward and backward at every shape ``batch[i]`` x
         ``seq[i]`` (integer arrays of one length) at once, as :meth:`play` finds it, with
-        room for up to ``extra`` more micro-batches in flight; ``None`` where the values
-        might not fit in int64 (play each shape then)."""
-        found = joint((self,)).moments(batch, seq, extra)
+        room for up to ``extra`` more micro-batches in flight and ``accumulating[i]`` as
+        :meth:`points_at`; ``None`` where the values might not fit in int64 (play each
+        shape then)."""
+        found = joint((self,)).moments(batch, seq, extra, accumulating)
         if found is None:
             return None
         return Moments(*(getattr(found, f.name)[0] for f in dataclasses.fields(Moments)))
@@ -560,11 +585,19 @@ class Joint:
     buffers: np.ndarray
     #: per plan and candidate: kind, layer, parameters, optimizer states
     arrays: tuple[np.ndarray, ...]
-    #: per plan (plan x 1 x 1): the gradient share
+    #: per plan (plan x 1 x 1): the gradient share, and the gradients live through a
+    #: later micro-batch of an accumulating step (:attr:`StepPlan.accumulated`)
     num: np.ndarray
     den: np.ndarray
+    accumulated: np.ndarray
 
-    def moments(self, batch: np.ndarray, seq: np.ndarray, extra: int = 0) -> Moments | None:
+    def moments(
+        self,
+        batch: np.ndarray,
+        seq: np.ndarray,
+        extra: int = 0,
+        accumulating: np.ndarray | None = None,
+    ) -> Moments | None:
         """:meth:`StepPlan.moments` of every plan: arrays of plan x shape."""
         first = self.plans[0]
         if not len(batch) or not len(self.matrix):
@@ -578,7 +611,10 @@ class Joint:
         n, c = len(batch), self.candidates
         v = (self.matrix @ x).reshape(len(self.plans), -1, n)
         a = v[:, :c]
-        g = v[:, c : 2 * c] * self.num // self.den + self.buffers
+        g = v[:, c : 2 * c] * self.num // self.den
+        if accumulating is not None and accumulating.any():  # every gradient live
+            g = np.where(accumulating[None, None, :], self.accumulated, g)
+        g = g + self.buffers
         total = self.constant + g + a
         ok = np.ones((len(self.plans), n), dtype=bool)
         for k in range(self.checks):
@@ -586,6 +622,8 @@ class Joint:
             slope = rise - self.den[:, 0] * v[:, 2 * c + 4 + 2 * k]
             den = self.den[:, 0]
             ok &= (rise % den == 0) | (slope >= den) | (slope <= -den)
+        if accumulating is not None:
+            ok |= accumulating[None, :]
         best = total.argmax(axis=1)  # plan x shape: the first of equal highest points
         plan = np.arange(len(self.plans))[:, None]
         col = np.arange(n)[None, :]
@@ -641,6 +679,7 @@ def joint(plans: tuple[StepPlan, ...]) -> Joint:
         arrays=tuple(np.array(x, dtype=np.int64) if usable else np.zeros(0) for x in arrays),
         num=num,
         den=den,
+        accumulated=np.array([p.accumulated for p in plans], dtype=np.int64)[:, None, None],
     )
 
 

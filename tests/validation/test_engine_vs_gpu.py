@@ -82,12 +82,10 @@ def test_reserved_is_what_the_gpu_reserves() -> None:
     assert median <= 0.05, f"median {median:.2%}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gradients accumulated over micro-batches are live through every later forward "
-    "and backward; the memory play does not model accumulation yet",
-)
 def test_accumulated_gradients_raise_the_peak_as_measured() -> None:
+    """Gradients accumulated over micro-batches are live through every later forward and
+    backward: two micro-batches a step peaked 7.67 % and 1.86 % above one on the GPU;
+    MemFit gives 7.71 % and 1.86 %."""
     pairs = RESULT["accumulation"]
     assert pairs
     for pair in pairs:
