@@ -460,18 +460,26 @@ def _scenario_value(training: TrainingSpec, key: str) -> Any:
     return value
 
 
+#: activations transformers writes in Python ops that LitGPT's model runs fused
+_LITGPT_ACTIVATION = {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+
+
 def as_built(model: ModelSpec, training: TrainingSpec) -> ModelSpec:
     """``model`` as its modeling code builds it. LitGPT's ``GPT`` never ties the LM head
     to the embedding (its converter copies a tied checkpoint's embedding into
     ``lm_head.weight``, a parameter of its own), always fuses q, k and v into one linear,
     keeps an MLP's gate and up projections apart (Phi-3's fused one is split on
-    conversion) and repeats grouped keys and values for the kernel, so no SDPA math
-    fallback."""
+    conversion), repeats grouped keys and values for the kernel, so no SDPA math
+    fallback, and runs its GELU as one op (``F.gelu(x, approximate=config.gelu_approximate)``:
+    a transformers config's Python-op ``gelu_new`` or ``gelu_fast``, Phi-1.5's and Phi-2's,
+    is LitGPT's fused tanh GELU)."""
     if conventions(training).implementation != "litgpt" or model.is_mla:
         return model
+    activation = _LITGPT_ACTIVATION.get(model.activation, model.activation)
     litgpt = dataclasses.replace(
-        model, tie_word_embeddings=False, fused_qkv=True, fused_gate_up=False, sdpa_math=False
-    )
+        model, tie_word_embeddings=False, fused_qkv=True, fused_gate_up=False, sdpa_math=False,
+        activation=activation,
+    )  # fmt: skip
     return model if litgpt == model else litgpt
 
 

@@ -453,3 +453,31 @@ def test_ddp_bucket_copies_cost_memory_traffic_and_views_save_it() -> None:
     (term,) = [t for t in copied.terms if t.name == "DDP gradient bucket copies"]
     assert term.kind == "memory_bandwidth" and term.seconds > 0
     assert copied.step_time_s > views.step_time_s
+
+
+def test_litgpt_runs_a_python_op_gelu_as_one_fused_op() -> None:
+    """transformers writes Phi-1.5's and Phi-2's ``gelu_new`` in Python ops, each keeping a
+    full-size fp32 tensor under autocast; LitGPT's model calls ``F.gelu(x,
+    approximate="tanh")``, one op that keeps its input. A Phi config read from the Hub and
+    run on LitGPT costs the fused op in memory and time; on transformers, the Python ops."""
+    from memfit.engine.hf_config import model_from_hf_config
+    from memfit.engine.presets import load_gpu
+    from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+    from memfit.engine.stacks import as_built
+    from memfit.engine.steptime import step_time
+    from tests.engine.test_hf_families import config
+
+    phi = model_from_hf_config(config("phi"))
+    assert phi.activation == "gelu_new"
+    hw = HardwareSpec(load_gpu("a100-sxm-40gb"))
+
+    def run(implementation: str) -> Scenario:
+        training = TrainingSpec(method="lora", stack="lightning", micro_batch_size=4,
+                                model_implementation=implementation)  # fmt: skip
+        return Scenario(phi, hw, training)
+
+    lit, hf = run("litgpt"), run("transformers")
+    assert as_built(phi, lit.training).activation == "gelu_tanh"
+    assert as_built(phi, hf.training).activation == "gelu_new"
+    assert estimate(lit).breakdown["activations"] < estimate(hf).breakdown["activations"]
+    assert step_time(lit).step_time_s < step_time(hf).step_time_s
