@@ -338,8 +338,7 @@ def _rank(
     ``part`` is the stage's share of the model, as :func:`rank_play` had it."""
     sharded, timeline = played
     peak = timeline.peak
-    accumulating = scenario.training.gradient_accumulation_steps > 1
-    items = _items_at_peak(sharded.state, timeline, sharded.gather, accumulating)
+    items = _items_at_peak(sharded.state, timeline, sharded.gather, scenario.training)
     allocated = sum(i.bytes for i in items)
     large_blocks = resident_blocks(model, scenario.training, mesh, part)
     arch = scenario.hardware.gpu.architecture
@@ -487,8 +486,28 @@ def estimate(scenario: Scenario) -> Estimate:
     )
 
 
+def _temporaries(training: TrainingSpec, nbytes: int) -> MemoryItem:
+    """The optimizer step's transient bytes, as :func:`memfit.engine.timeline.context.
+    optimizer_temporaries` counts them for ``training``'s optimizer."""
+    if training.optimizer == "paged-adamw-8bit":
+        return MemoryItem(
+            "paged optimizer states of the parameter being updated", "optimizer_states",
+            nbytes, "the largest parameter's 8-bit states, prefetched to the GPU",
+            "bitsandbytes Optimizer8bit.prefetch_state",
+        )  # fmt: skip
+    if training.optimizer == "adamw" and training.optimizer_impl == "foreach":
+        return MemoryItem(
+            "optimizer temporaries (foreach sqrt)", "optimizer_states", nbytes,
+            "one state-sized tensor per parameter", "torch.optim.adamw._multi_tensor_adamw",
+        )  # fmt: skip
+    return MemoryItem(
+        "optimizer temporaries (one parameter at a time)", "optimizer_states", nbytes,
+        "the largest parameter's worth", "torch.optim single-tensor step",
+    )  # fmt: skip
+
+
 def _items_at_peak(
-    state: ModelState, timeline: Timeline, gather: Gather, accumulating: bool = False
+    state: ModelState, timeline: Timeline, gather: Gather, training: TrainingSpec
 ) -> list[MemoryItem]:
     """The named items live at the peak; they add up to the allocated bytes."""
     peak = timeline.peak
@@ -523,7 +542,7 @@ def _items_at_peak(
     reduce = min(buffers, in_flight)
     produced = in_flight - reduce
     if produced >= total_grads:
-        if accumulating and peak.phase in ("forward", "backward"):
+        if training.gradient_accumulation_steps > 1 and peak.phase in ("forward", "backward"):
             # a later micro-batch: the earlier ones' gradients, summed into until the step
             grad_items = tuple(
                 dataclasses.replace(i, name=f"{i.name}, accumulated over the micro-batches")
@@ -555,15 +574,7 @@ def _items_at_peak(
         )
     items += parts.optimizer
     if timeline.optimizer_temp:
-        items.append(
-            MemoryItem(
-                "optimizer temporaries (foreach sqrt)",
-                "optimizer_states",
-                timeline.optimizer_temp,
-                "one state-sized tensor per parameter",
-                "torch.optim.adamw._multi_tensor_adamw",
-            )
-        )
+        items.append(_temporaries(training, timeline.optimizer_temp))
     if peak.activations:
         # the model output exists from the LM head on: through backward where the loop
         # holds it, and through the optimizer step

@@ -88,6 +88,14 @@ def tensor_parallel_shard(model: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
     )
 
 
+
+#: optimizers whose states bitsandbytes allocates in CUDA unified memory
+#: (``cudaMallocManaged``, ``F.get_paged``): outside PyTorch's caching allocator, resident
+#: on the GPU while memory is free and evicted to the host by the driver under pressure;
+#: each step prefetches one parameter's states before updating it (``prefetch_state``)
+PAGED_OPTIMIZERS = frozenset({"paged-adamw-8bit"})
+PAGED = " (paged: unified memory, evicted to the host under pressure)"
+
 @dataclass(frozen=True, slots=True)
 class Sharded:
     """One rank's share of the model state and what it leaves elsewhere."""
@@ -314,6 +322,8 @@ def shard(
     def place(item: MemoryItem, target: str) -> None:
         if target == "cpu":
             host.append(replace(item, name=item.name + " (offloaded to CPU)"))
+        elif target == "paged":
+            host.append(replace(item, name=item.name + PAGED))
         elif target == "nvme":
             nvme.append(replace(item, name=item.name + " (offloaded to NVMe)"))
         else:
@@ -339,6 +349,8 @@ def shard(
             pass
         elif item.category == "optimizer_states":
             target = offload.optimizer
+            if target == "none" and training.optimizer in PAGED_OPTIMIZERS:
+                target = "paged"
         elif item.category == "gradients" and offload.optimizer != "none":
             target = "cpu"  # the optimizer step runs on the host: gradients go there
         elif item.category == "parameters":

@@ -15,6 +15,7 @@ from memfit.engine.model_state import (
     FREEZE_COMPONENTS,
     ModelState,
     lora_targets,
+    optimizer_state,
     qkv_adapted,
 )
 from memfit.engine.params import model_tensors
@@ -251,8 +252,17 @@ def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: Model
     (``torch/optim/adamw.py``, ``_multi_tensor_adamw``). ``fused=True`` runs one kernel per
     group with no temporaries. The single-tensor (for-loop) path needs the largest one
     parameter's worth. SGD without momentum updates in place; Adafactor and Lion make
-    per-parameter temporaries; bitsandbytes' 8-bit kernels update in place.
+    per-parameter temporaries; bitsandbytes' 8-bit kernels update in place. Its paged
+    variant keeps the states in unified memory, evicted to the host under pressure, and
+    prefetches each parameter's states to the GPU before updating it: the largest
+    parameter's states are on the GPU at the step (``Optimizer8bit.prefetch_state``).
     """
+    if training.optimizer == "paged-adamw-8bit" and training.offload.optimizer == "none":
+        # the paged states of the parameter being updated, prefetched to the GPU
+        largest = max((g.numel for g in model_tensors(model) if g.numel), default=0)
+        if training.method in ("lora", "qlora"):
+            largest = min(largest, state.trainable_params)
+        return optimizer_state(training.optimizer, (largest,), 4)[0] if largest else 0
     if training.optimizer in ("sgd", "adamw-8bit", "paged-adamw-8bit"):
         return 0
     if training.optimizer_impl == "fused":

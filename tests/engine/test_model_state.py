@@ -297,3 +297,31 @@ def test_trillion_parameter_model_bytes_stay_exact_integers() -> None:
     assert state.total_params > 10**12
     assert all(type(i.bytes) is int for i in state.items)
     assert state.total_bytes == 16 * state.total_params
+
+
+def test_paged_8bit_states_live_in_unified_memory() -> None:
+    """bitsandbytes' paged optimizers allocate their states with cudaMallocManaged, outside
+    PyTorch's allocator: the driver evicts them to the host under pressure, and each step
+    prefetches one parameter's states before updating it. So they are no part of the
+    allocated peak but of the host memory they may be evicted to, and the optimizer step
+    holds the largest parameter's states on the GPU."""
+    from memfit.engine.estimate import Estimate, estimate
+    from memfit.engine.params import model_tensors
+    from memfit.engine.presets import load_gpu
+    from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+
+    def run(optimizer: str) -> Estimate:
+        training = TrainingSpec(optimizer=optimizer, precision="bf16", micro_batch_size=1)
+        return estimate(Scenario(load_model("llama-3.2-1b"),
+                                 HardwareSpec(load_gpu("h100-sxm-80gb")), training))  # fmt: skip
+
+    plain, paged = run("adamw-8bit"), run("paged-adamw-8bit")
+    states = plain.breakdown["optimizer_states"]
+    assert states > 0 and paged.host_bytes == plain.host_bytes + states
+    assert any("paged" in i.name for i in paged.host_items)
+    step, after = (p for p in paged.timeline if p.phase == "optimizer")
+    model = load_model("llama-3.2-1b")
+    largest = max(g.numel for g in model_tensors(model))
+    prefetched = 2 * largest + 8 * -(-largest // 256)
+    assert step.optimizer_states - after.optimizer_states == prefetched
+    assert paged.allocated_bytes < plain.allocated_bytes
