@@ -88,13 +88,13 @@ def tensor_parallel_shard(model: ModelSpec, tp: int, ep: int = 1) -> ModelSpec:
     )
 
 
-
 #: optimizers whose states bitsandbytes allocates in CUDA unified memory
 #: (``cudaMallocManaged``, ``F.get_paged``): outside PyTorch's caching allocator, resident
 #: on the GPU while memory is free and evicted to the host by the driver under pressure;
 #: each step prefetches one parameter's states before updating it (``prefetch_state``)
 PAGED_OPTIMIZERS = frozenset({"paged-adamw-8bit"})
 PAGED = " (paged: unified memory, evicted to the host under pressure)"
+
 
 @dataclass(frozen=True, slots=True)
 class Sharded:
