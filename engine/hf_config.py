@@ -244,6 +244,11 @@ def _gemma(c: _Keys) -> dict[str, Any]:
 def _gemma2(c: _Keys) -> dict[str, Any]:
     spec = _gemma(c)
     spec["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
+    cap = c.raw("final_logit_softcapping", default=None)  # null in Gemma 3's configs
+    if cap is not None:
+        spec["final_logit_softcapping"] = check_float(
+            c.field("final_logit_softcapping"), cap, 0.0, 1e6
+        )
     return spec
 
 

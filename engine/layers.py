@@ -1187,6 +1187,11 @@ def head_and_loss(
             net.block.op("release_logits", chunks, [])
         return net.block, loss
     logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
+    if m.final_logit_softcapping:
+        # Gemma-2: logits / cap, tanh (which keeps its output), * cap; each a new tensor
+        # of the logits' size, the last the model's output
+        scaled = net.unary("scale", logits)
+        logits = net.unary("mul_c", net.unary("tanh", scaled, save_out=True))
     if logits_only:
         return net.block, logits
     if ctx.loss == "no-upcast":

@@ -305,6 +305,9 @@ class ModelSpec:
     sdpa_math: bool = False
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    #: Gemma-2's soft-capping of the final logits, ``cap * tanh(logits / cap)``: three
+    #: logits-sized ops after the LM head; 0: none
+    final_logit_softcapping: float = 0.0
     # Mixture of experts
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -379,6 +382,7 @@ class ModelSpec:
         check_int(f + "sliding_window", self.sliding_window, 0, MAX_DIM)
         check_float(f + "attention_dropout", self.attention_dropout, *DROPOUT)
         check_float(f + "hidden_dropout", self.hidden_dropout, *DROPOUT)
+        check_float(f + "final_logit_softcapping", self.final_logit_softcapping, 0.0, 1e6)
         check_str(f + "display_name", self.display_name or self.name)
         check_str(f + "family", self.family)
         self._check_moe(f)

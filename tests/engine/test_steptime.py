@@ -514,3 +514,24 @@ def test_a_block_priced_once_for_every_shape_equals_the_block_built_at_each(
         for b, seq in ((1, 64), (3, 1000), (8, 4096)):
             built = _price(_block_of(rank, dc.replace(ctx, batch=b, seq=seq), kind), kernel)
             assert _priced_block(rank, ctx, kind, b, seq) == built, (kind, b, seq)
+
+
+def test_gemma_2s_logit_soft_capping_costs_memory_and_time() -> None:
+    """Gemma-2 soft-caps its final logits, ``cap * tanh(logits / cap)``: three more
+    logits-sized tensors after the LM head, tanh's output kept for backward and the last
+    the model's output. Memory and the step time both follow from those ops."""
+    from memfit.engine.hf_config import model_from_hf_config
+    from tests.engine.test_hf_families import config
+
+    assert model_from_hf_config(config("gemma2")).final_logit_softcapping == 30.0
+    assert model_from_hf_config(config("gemma3_text")).final_logit_softcapping == 0.0
+    capped = scenario("gemma-2-2b", method="lora", micro_batch_size=4)
+    assert capped.model.final_logit_softcapping == 30.0
+    plain = dataclasses.replace(
+        capped, model=dataclasses.replace(capped.model, final_logit_softcapping=0.0)
+    )
+    logits = 4 * 2048 * capped.model.vocab_size * 2  # bf16, sequence 2048 by default
+    assert capped.training.sequence_length == 2048
+    more = estimate(capped).allocated_bytes - estimate(plain).allocated_bytes
+    assert logits <= more <= 2 * logits
+    assert step_time(capped).step_time_s > step_time(plain).step_time_s
