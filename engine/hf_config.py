@@ -87,8 +87,12 @@ class _Keys:
         name = check_text(self.field(*keys), self.raw(*keys, default=default)).lower()
         if name in ("silu", "swish", "swiglu"):
             return "silu"
-        if name in ("gelu_new", "gelu_fast"):  # New/FastGELUActivation: Python ops
+        if name in ("gelu_new", "gelu_fast", "quick_gelu"):  # Python ops in transformers
             return name
+        if name in ("gelu_accurate", "gelu_python_tanh"):
+            # AccurateGELUActivation and GELUTanh(use_gelu_tanh_python): NewGELU's formula,
+            # op for op
+            return "gelu_new"
         if "tanh" in name or name == "gelu_pytorch_tanh":
             return "gelu_tanh"
         if name.startswith("gelu"):

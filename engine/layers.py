@@ -669,6 +669,11 @@ class Net:
             inner = self.binary("mul", scaled, self.unary("add_1", square), saves="both")
             t = self.unary("tanh", inner, save_out=True)
             return self.binary("mul", half, self.unary("add_1", t), saves="both")
+        if kind == "quick_gelu":
+            # transformers' QuickGELUActivation: x * sigmoid(1.702 x), in the input's dtype
+            # (neither op is on autocast's lists); sigmoid keeps its output, the product both
+            sig = self.unary("sigmoid", self.unary("mul_c", x), save_out=True)
+            return self.binary("mul", x, sig, saves="both")
         if kind == "gelu_new":
             # transformers' NewGELUActivation (GPT-2 "gelu_new"), written in Python ops:
             # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). ``pow`` is on autocast's

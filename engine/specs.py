@@ -69,8 +69,12 @@ MLP_KINDS = ("gated", "plain")
 #: ``gelu_new`` is transformers' NewGELUActivation (GPT-2, Phi-2) and ``gelu_fast`` its
 #: FastGELUActivation (SantaCoder): the tanh approximation written as separate Python ops,
 #: each keeping its own tensors; ``gelu_tanh`` is the fused ``F.gelu(approximate="tanh")``
-#: (``gelu_pytorch_tanh``, Gemma)
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast", "relu", "relu2", "swiglu")
+#: (``gelu_pytorch_tanh``, Gemma); ``quick_gelu`` is QuickGELUActivation, ``x * sigmoid(1.702
+#: x)`` in three Python ops (CLIP's text towers and the models built on them)
+ACTIVATIONS = (
+    "silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast", "quick_gelu", "relu", "relu2",
+    "swiglu",
+)  # fmt: skip
 NORMS = ("rmsnorm", "layernorm", "layernorm-nobias", "layernorm-nonparam")
 QK_NORMS = ("none", "head", "full")
 POSITIONS = ("rotary", "learned", "alibi", "none")

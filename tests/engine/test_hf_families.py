@@ -715,3 +715,24 @@ def test_the_expert_count_is_read_under_the_name_the_config_class_maps_it_to(
     want = model_from_hf_config(cfg)
     obj[mapped] = obj.pop(own)
     assert model_from_hf_config(cfg) == want
+
+
+@pytest.mark.parametrize(
+    ("hidden_act", "kind"),
+    [
+        ("quick_gelu", "quick_gelu"),  # x * sigmoid(1.702 x): refused before
+        ("gelu_accurate", "gelu_new"),  # NewGELU's formula, op for op
+        ("gelu_python_tanh", "gelu_new"),
+        ("gelu_pytorch_tanh", "gelu_tanh"),  # one fused op
+        ("gelu_fast", "gelu_fast"),
+    ],
+)
+def test_transformers_python_op_activations_are_read_as_their_ops(
+    hidden_act: str, kind: str
+) -> None:
+    """transformers writes several activations as Python ops, each keeping its tensors:
+    they are read as the op sequences that run, not as a fused GELU."""
+    cfg = copy.deepcopy(config("llama"))
+    obj, _ = _where(cfg)
+    obj["hidden_act"] = hidden_act
+    assert model_from_hf_config(cfg).activation == kind

@@ -403,6 +403,7 @@ def test_qlora_dequantization_costs_in_time_what_its_ops_move() -> None:
          {"attention": "eager"}, {"attention_dropout": 0.1}),
         ("gelu_new's Python ops", "gpt2", {}, {}, {"activation": "gelu"}),
         ("gelu_fast's Python ops", "llama-3-8b", {}, {}, {"activation": "gelu_fast"}),
+        ("quick_gelu's Python ops", "llama-3-8b", {}, {}, {"activation": "quick_gelu"}),
         ("LitGPT's modeling code", "llama-3-8b", {"method": "lora"},
          {"method": "lora", "model_implementation": "litgpt"}, {}),
         ("QLoRA's dequantization", "llama-3-8b", {"method": "lora"}, {"method": "qlora"}, {}),
