@@ -16,7 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.validation.throughput import ORDER_NOISE, Case, cases, median_error, pairs
+from tests.validation.throughput import (
+    FAMILIES,
+    ORDER_NOISE,
+    Case,
+    cases,
+    median_error,
+    pairs,
+)
 
 SOURCES = {
     "narayanan2021": "Narayanan et al. 2021 (Megatron-LM, A100)",
@@ -32,6 +39,13 @@ def group(c: Case) -> str:
     return SOURCES.get(c.id.split("-")[0], c.id.split("-")[0])
 
 
+def _row(name: str, group_cases: list[Case]) -> str:
+    e = [abs(c.error) for c in group_cases]
+    signed = statistics.median(c.error for c in group_cases)
+    return (f"| {name} | {len(e)} | {100 * statistics.median(e):.1f} % | "
+            f"{100 * signed:+.1f} % | {100 * max(e):.1f} % |")  # fmt: skip
+
+
 def main() -> None:
     markdown = "--markdown" in sys.argv
     results = cases()
@@ -43,14 +57,22 @@ def main() -> None:
     errs = sorted(abs(c.error) for c in results)
     p90 = errs[int(0.9 * (len(errs) - 1))]
     if markdown:
-        print("| source | cases | median abs. error | worst |")
-        print("|---|---:|---:|---:|")
+        head = (
+            "| {} | cases | median abs. error | signed median | worst |\n|---|---:|---:|---:|---:|"
+        )
+        print(head.format("source"))
         for name, group_cases in by.items():
-            e = [abs(c.error) for c in group_cases]
-            print(f"| {name} | {len(e)} | {100 * statistics.median(e):.1f} % "
-                  f"| {100 * max(e):.1f} % |")  # fmt: skip
+            print(_row(name, group_cases))
+        signed = statistics.median(c.error for c in results)
         print(f"| **all** | **{len(results)}** | **{100 * median_error(results):.1f} %** "
-              f"| {100 * errs[-1]:.1f} % |")  # fmt: skip
+              f"| {100 * signed:+.1f} % | {100 * errs[-1]:.1f} % |")  # fmt: skip
+        print()
+        print("By family of runs (a run can be in several; signed: + is faster than measured):")
+        print()
+        print(head.format("family"))
+        for name, _ in FAMILIES:
+            members = [c for c in results if name in c.families]
+            print(_row(name, members) if members else f"| {name} | 0 | -- | -- | -- |")
         print()
         print(f"p90 {100 * p90:.1f} %. Pairs that differ in one setting, ordered as measured: "
               f"**{ordered} of {len(found)}** (pairs within {ORDER_NOISE:.0%} of each other "
@@ -63,6 +85,11 @@ def main() -> None:
     print(f"\nmedian |error| {100 * median_error(results):.1f} %   p90 {100 * p90:.1f} %   "
           f"worst {100 * errs[-1]:.1f} %   (target: median 15 %)")  # fmt: skip
     print(f"pairs ordered as measured: {ordered} of {len(found)} (target 9 of 10)")
+    for name, _ in FAMILIES:
+        members = [c for c in results if name in c.families]
+        if members:
+            signed = statistics.median(c.error for c in members)
+            print(f"  {name:<24} {len(members):>3} runs, signed median {100 * signed:+.1f} %")
     for a, b, what, ok in found:
         if not ok:
             print(f"  misordered: {a.id} vs {b.id} ({what})")

@@ -127,6 +127,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "vpp": (("training", "parallelism", "vpp"), int),
     "pp_schedule": (("training", "parallelism", "pp_schedule"), str),
     "sequence_parallel": (("training", "parallelism", "sequence_parallel"), bool),
+    "tp_comm_overlap": (("training", "parallelism", "tp_comm_overlap"), bool),
     "framework": (("training", "parallelism", "framework"), str),
     "hybrid_shard": (("training", "parallelism", "hybrid_shard"), bool),
     "offload_optimizer": (("training", "offload", "optimizer"), str),

@@ -849,6 +849,10 @@ class ParallelismSpec:
         value: int = getattr(self, key)
         return value
 
+    ``tp_comm_overlap`` hides the tensor-parallel all-gathers and reduce-scatters behind the
+    GEMMs next to them (Megatron's ``--tp-comm-overlap`` with Transformer Engine's
+    userbuffers, torchtitan's async TP); both split the sequence-parallel collectives into
+    chunks, so it takes effect with ``sequence_parallel`` and ``tp`` above 1.
     @property
     def model_parallel(self) -> int:
         """The GPUs one data-parallel replica spans: the product of the world's axes."""
@@ -864,6 +868,7 @@ class OffloadSpec:
     runs on the host), parameters (ZeRO-3 only) and the inputs of checkpointed layers."""
 
     optimizer: str = "none"
+    tp_comm_overlap: bool = False
     parameters: str = "none"
     activations: str = "none"
 
@@ -877,6 +882,7 @@ class OffloadSpec:
     def is_trivial(self) -> bool:
         return self == OffloadSpec()
 
+        check_bool(f + "tp_comm_overlap", self.tp_comm_overlap)
 
 @dataclass(frozen=True, slots=True)
 class TrainingSpec:

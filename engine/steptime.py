@@ -65,6 +65,7 @@ appendix B) -- over the step time and the dtype's dense peak of every GPU.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
@@ -130,6 +131,14 @@ OVERLAP_SLOWDOWN = 0.15
 #: rank's shard under tensor parallelism): narrow GEMMs fill fewer tiles per wave (tile
 #: and wave quantization, NVIDIA's "Matrix Multiplication Background" user's guide)
 GEMM_HALF_DIM = 384
+#: the rows of one output tile of the large-GEMM kernels (cuBLAS and CUTLASS on Ampere and
+#: Hopper: 128 x 128 or 128 x 256 tiles): a GEMM of ``m`` rows runs ``ceil(m / 128)`` row
+#: tiles, so rows short of a whole tile cost as if it were full (tile quantization, NVIDIA's
+#: "Matrix Multiplication Background" user's guide). Dense layers' rows are the tokens,
+#: nearly always whole tiles; an expert's are its share of the routed tokens, often a
+#: fraction of one (16 rows per expert ran at 4-5 % of peak on an H200, 1,024 at 58-74 %:
+#: ``validation/gpu/h200_kernels.jsonl``)
+GEMM_TILE_ROWS = 128
 #: FP8 GEMMs (Transformer Engine) first cast each input to FP8: read 16 bits, write 8,
 #: for the activations and the weights of every linear layer, and the output gradients
 FP8_CAST_BYTES = 3
@@ -409,6 +418,8 @@ class _Priced(NamedTuple):
 def _price(block: Block, kernel: str) -> _Priced:
     """The ops of ``block`` sorted by how they are priced: matrix products as GEMMs; the
     attention core by its kernel, with its own ops where they are separate kernels; every
+    tiles = math.ceil(m / GEMM_TILE_ROWS)
+    rate *= m / (tiles * GEMM_TILE_ROWS)
     other op by the bytes it moves (:meth:`memfit.engine.graph.Block.moved`)."""
     gemms = []
     e_f: Size = 0
@@ -634,7 +645,17 @@ class _Ring:
         return steps / self.n * nbytes / self.bandwidth + COLLECTIVE_S + steps * self.latency
 
     def all_to_all(self, nbytes: float) -> float:
-        return self.gather(nbytes)
+        """Each rank sends ``nbytes / n`` to every other rank. Inside a node the pieces
+        cross NVLink; a piece for a peer on another node leaves through the rank's own NIC
+        -- no ring spreads it over the node's other NICs, as an all-gather's rails do -- so
+        a group spanning nodes is bound by ``(n - local) / n`` of the bytes over one NIC,
+        while the pieces for the node's own peers cross NVLink at the same time."""
+        if self.local >= self.n or self.nic <= 0:
+            return self.gather(nbytes)
+        steps = self.n - 1
+        inside = (self.local - 1) / self.n * nbytes / self.intra
+        across = (self.n - self.local) / self.n * nbytes / self.nic
+        return max(inside, across) + COLLECTIVE_S + steps * self.latency
 
     def send(self, nbytes: float) -> float:
         if self.n <= 1 or nbytes <= 0:
@@ -653,7 +674,8 @@ def _ring(n: int, stride: int, scenario: Scenario, dev: Device) -> _Ring:
     if n * stride <= per_node:
         return _Ring(n, dev.intra, HOP_INTRA_S)
     members = max(1, min(n, per_node // stride))
-    return _Ring(n, min(dev.intra, dev.inter * members), HOP_INTER_S)
+    ring = min(dev.intra, dev.inter * members)
+    return _Ring(n, ring, HOP_INTER_S, members, dev.intra, min(dev.intra, dev.inter))
 
 
 def _overlapped(comm: float, compute: float) -> float:
@@ -696,6 +718,12 @@ def per_op_recompute_share(model: ModelSpec) -> float:
     if model.mlp == "gated":
         mlp = [2 * h * inter, inter * h] if model.fused_gate_up else [h * inter] * 3
     else:
+    #: the members of the group on one node, one rank's NVLink and its own share of the
+    #: node's fabric (its NIC): what an all-to-all, which sends each peer its own piece,
+    #: goes through
+    local: int = 0
+    intra: float = 0.0
+    nic: float = 0.0
         mlp = [h * inter, inter * h]
     experts = 0
     if model.is_moe:
@@ -827,6 +855,9 @@ class _Memo:
     plans: memo.Table[tuple[object, ...], _Plan]
     blocks: memo.Table[tuple[_Stages, int, int], _Block]
 
+    #: the tensor-parallel collectives hide behind the layers' GEMMs (tp_comm_overlap, with
+    #: sequence parallelism and tp above 1)
+    tp_overlap: bool
 
 #: plans or stage blocks one memo keeps before it starts afresh
 _ENTRIES_MAX = 8192
@@ -1004,6 +1035,7 @@ class _Head(NamedTuple):
 def _head(stages: _Stages, b: int, s: int) -> _Head:
     """The head and the loss at micro-batch ``b`` and sequence length ``s`` (see
     :func:`_head_at`)."""
+        tp_overlap=par.tp_comm_overlap and par.sequence_parallel and mesh.tp > 1,
     return _head_at(
         stages.rank_model, stages.head_ctx, stages.dev, stages.compute, stages.dequant_bytes,
         b, s // stages.mesh.cp,
@@ -1115,10 +1147,18 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
         if cast:
             ew += 6 * cast / dev.bandwidth * (1 + recompute_share)
         # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter) forward, 2 backward
-        tp_t = 0.0
+        tp_t = tp_busy = 0.0
         if mesh.tp > 1:
             one = tp_ring.all_reduce(tokens * h * dt)
-            tp_t = (4 + 2 * recompute_share) * n * one + (2 * one if first or last else 0.0)
+            layers_tp = (4 + 2 * recompute_share) * n * one
+            ends = 2 * one if first or last else 0.0  # the embedding's and the head's
+            tp_busy = layers_tp + ends
+            if stages.tp_overlap:
+                # chunked against the GEMM each collective feeds or drains: the layers'
+                # GEMMs (forward, recomputed, backward) hide them, less their slowdown
+                gemms = lt["matmul_fwd"] * (1 + recompute_share) + lt["matmul_bwd"]
+                layers_tp = _overlapped(layers_tp, gemms)
+            tp_t = layers_tp + ends
         ep_t = 0.0
         if moe is not None and mesh.ep > 1:
             ep_t = (4 + 2 * recompute_share) * n * moe_share * ep_ring.all_to_all(moe.ep_bytes)
@@ -1158,7 +1198,7 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
         key=lambda t: sum(
             v
             for k_, v in t.items()
-            if k_ not in ("flops_f", "flops_b", "attn_flops", "layers_f", "n")
+            if k_ not in ("flops_f", "flops_b", "attn_flops", "layers_f", "n", "tp_busy")
         ),
     )
     mb_compute = busiest["forward"] + busiest["backward"] + busiest["recompute"]
@@ -1219,6 +1259,7 @@ _PER_MICRO_BATCH = (
     (
         "pipeline sends",
         "communication",
+                "tp_busy": tp_busy,
         "pp",
         "activation and gradient per micro-batch per boundary",
     ),
@@ -1226,9 +1267,16 @@ _PER_MICRO_BATCH = (
 
 
 @memo.cached(maxsize=16)
-def _per_micro_batch(mode: str) -> tuple[tuple[str, str, str, str], ...]:
-    """:data:`_PER_MICRO_BATCH` with the checkpointing ``mode`` written into its formulas."""
-    return tuple((n, k, key, f.format(mode=mode)) for n, k, key, f in _PER_MICRO_BATCH)
+def _per_micro_batch(mode: str, tp_overlap: bool) -> tuple[tuple[str, str, str, str, str], ...]:
+    """:data:`_PER_MICRO_BATCH` with the checkpointing ``mode`` written into its formulas,
+    and the key of each term's busy time (the tensor-parallel collectives', when hidden)."""
+    out = []
+    for n, k, key, f in _PER_MICRO_BATCH:
+        busy = key
+        if key == "tp" and tp_overlap:
+            n, f, busy = "tensor-parallel collectives (exposed)", _TP_OVERLAPPED, "tp_busy"
+        out.append((n, k, key, f.format(mode=mode), busy))
+    return tuple(out)
 
 
 class _Terms:
@@ -1253,10 +1301,12 @@ def _evaluate(plan: _Plan, b: int, s: int, micro: int, token_budget: int | None)
     busiest = blk.busiest
     out = _Terms()
     terms, kinds = out.terms, out.kinds
-    for name, kind, key, formula in _per_micro_batch(training.activation_checkpointing):
+    per_mb = _per_micro_batch(training.activation_checkpointing, plan.stages.tp_overlap)
+    for name, kind, key, formula, busy_key in per_mb:
         seconds = micro * busiest[key]
-        if seconds > 0:  # out.add, inline: every evaluation of a sweep runs these
-            terms.append(Term(name, kind, seconds, seconds, formula))
+        busy = seconds if busy_key == key else micro * busiest[busy_key]
+        if busy > 0:  # out.add, inline: every evaluation of a sweep runs these
+            terms.append(Term(name, kind, seconds, busy, formula))
             kinds[kind] += seconds
     # the pipeline bubble: (pp - 1) / vpp micro-batch times of the slowest stage
     if mesh.pp > 1:
@@ -1302,6 +1352,13 @@ def _data_parallel(plan: _Plan, busiest: dict[str, float], micro: int, out: _Ter
         out.add(
             "ZeRO-3 / FSDP gathers and reduce-scatters",
             "communication",
+#: the tensor-parallel term's formula when its collectives hide behind the GEMMs
+_TP_OVERLAPPED = (
+    "4 per layer per micro-batch, 2 (n-1)/n b s h, hidden behind the layers' GEMMs "
+    "(tp_comm_overlap): the part they cannot hide, and 15 % of the part they do"
+)
+
+
             micro * exposed,
             micro * (2 * ag + rs),
             "all-gather forward and backward, reduce-scatter, prefetched",

@@ -1146,6 +1146,11 @@ class ParallelismPanel(FormPanel):
             "Sequence parallel",
             parallelism_field("sequence_parallel"),
         ).setText("split over tp ranks")
+        self.add_check(
+            PAR + "tp_comm_overlap",
+            "TP overlap",
+            parallelism_field("tp_comm_overlap"),
+        ).setText("hide tp collectives behind GEMMs")
 
     def _add_pp_rows(self) -> None:
         self.add_combo(PAR + "pp_schedule", "Schedule", SCHEDULE_CHOICES, _schedule_field())
@@ -1169,6 +1174,7 @@ class ParallelismPanel(FormPanel):
         visible = {
             "training.parallelism.hybrid_shard": p.zero_stage > 0 or p.hybrid_shard,
             "training.parallelism.sequence_parallel": p.tp > 1 or p.sequence_parallel,
+            "training.parallelism.tp_comm_overlap": p.tp > 1 or p.tp_comm_overlap,
             "training.parallelism.pp_schedule": p.pp > 1 or p.pp_schedule != "1f1b",
             "training.parallelism.vpp": p.pp_schedule == INTERLEAVED,
             "training.parallelism.pp_split": p.pp > 1 or p.pp_split != "even",

@@ -139,6 +139,9 @@ TIPS: dict[str, str] = {
     "training.parallelism.sequence_parallel": "Split the norm and dropout activations, "
     "which tensor parallel leaves whole, over the tensor-parallel ranks too (Korthikanti "
     "et al. 2022).",
+    "training.parallelism.tp_comm_overlap": "Overlap the tensor-parallel all-gathers and "
+    "reduce-scatters with the GEMMs beside them (Megatron --tp-comm-overlap with Transformer "
+    "Engine userbuffers; torchtitan async TP). Needs sequence parallel. Changes step time only.",
     "training.parallelism.pp_schedule": "Pipeline schedule: how many micro-batches each "
     "stage holds at once. GPipe runs all forwards first (all in flight); 1F1B at most pp "
     "on the first stage (Narayanan et al. 2021).",

@@ -536,3 +536,88 @@ def test_gemma_2s_logit_soft_capping_costs_memory_and_time() -> None:
     more = estimate(capped).allocated_bytes - estimate(plain).allocated_bytes
     assert logits <= more <= 2 * logits
     assert step_time(capped).step_time_s > step_time(plain).step_time_s
+
+
+def _term(t: object, prefix: str) -> tuple[float, float]:
+    """(seconds, busy) of the term whose name starts with ``prefix``; zeros when absent."""
+    for term in t.terms:  # type: ignore[attr-defined]
+        if term.name.startswith(prefix):
+            return term.seconds, term.busy_s
+    return 0.0, 0.0
+
+
+def test_tp_comm_overlap_hides_the_tensor_parallel_collectives_behind_the_gemms() -> None:
+    """Megatron's --tp-comm-overlap (userbuffers) and torchtitan's async TP chunk the
+    sequence-parallel all-gathers and reduce-scatters against their GEMMs: the busy time
+    of the collectives stays, what the step waits on falls to what the GEMMs cannot hide
+    plus the slowdown of what they do; without sequence parallelism, or at tp 1, the
+    field changes nothing."""
+    par = ParallelismSpec(tp=8, sequence_parallel=True, framework="megatron")
+    base = scenario("llama-3-70b", gpus=8, parallelism=par, micro_batch_size=1)
+    hidden = with_training(base, parallelism=dataclasses.replace(par, tp_comm_overlap=True))
+    t0, t1 = step_time(base), step_time(hidden)
+    exposed0, busy0 = _term(t0, "tensor-parallel")
+    exposed1, busy1 = _term(t1, "tensor-parallel")
+    assert busy1 == pytest.approx(busy0, rel=1e-12) and busy0 > 0
+    assert exposed0 == pytest.approx(busy0, rel=1e-12)
+    # the layers' GEMMs outlast the collectives here: 15 % of the layers' share is left
+    assert 0.15 * busy0 * 0.9 < exposed1 < 0.3 * busy0
+    assert t1.step_time_s == pytest.approx(t0.step_time_s - (exposed0 - exposed1), rel=1e-9)
+    # needs sequence parallelism (both implementations split its collectives)
+    no_sp = dataclasses.replace(par, sequence_parallel=False)
+    plain = with_training(base, parallelism=no_sp)
+    asked = with_training(base, parallelism=dataclasses.replace(no_sp, tp_comm_overlap=True))
+    assert step_time(asked).step_time_s == step_time(plain).step_time_s
+    one = scenario(parallelism=ParallelismSpec(tp_comm_overlap=True, sequence_parallel=True))
+    assert step_time(one).step_time_s == step_time(scenario()).step_time_s
+
+
+def test_tp_comm_overlap_is_saved_checked_and_older_files_load() -> None:
+    par = ParallelismSpec(tp=4, sequence_parallel=True, tp_comm_overlap=True)
+    s = scenario(gpus=4, parallelism=par)
+    data = scenario_to_dict(s)
+    assert data["training"]["parallelism"]["tp_comm_overlap"] is True
+    assert scenario_from_dict(data) == s
+    del data["training"]["parallelism"]["tp_comm_overlap"]
+    assert scenario_from_dict(data).training.parallelism.tp_comm_overlap is False
+    with pytest.raises(EstimateError, match=r"training\.parallelism\.tp_comm_overlap"):
+        ParallelismSpec(tp_comm_overlap="yes")  # type: ignore[arg-type]
+
+
+def test_an_all_to_all_across_nodes_is_bound_by_each_ranks_own_nic() -> None:
+    """An all-to-all sends every peer its own piece: the pieces for the other node leave
+    through the rank's NIC, one of the node's eight, where an all-gather's rings spread a
+    group's traffic over all of them. The same expert-parallel all-to-all over 16 GPUs
+    on 2 nodes takes at least (8/16 of the bytes over one NIC) / (15/16 over NVLink) of
+    the time it takes inside one 16-GPU node."""
+    from memfit.engine.steptime import _Ring, _ring, device
+
+    def ep16(per_node: int, nodes: int) -> Scenario:
+        par = ParallelismSpec(ep=16, framework="megatron")
+        return scenario("qwen3-30b-a3b", gpus=per_node, nodes=nodes, parallelism=par)
+
+    two, one = ep16(8, 2), ep16(16, 1)
+    dev = device(two)
+    across, inside = _ring(16, 1, two, dev), _ring(16, 1, one, dev)
+    nbytes = 1 << 30
+    nic = min(dev.intra, dev.inter)
+    expected = max(7 / 16 * nbytes / dev.intra, 8 / 16 * nbytes / nic)
+    assert across.all_to_all(nbytes) == pytest.approx(expected + 10e-6 + 15 * 5e-6, rel=1e-12)
+    # inside a node it is the all-gather's cost; across nodes the rings' rails do not help
+    assert inside.all_to_all(nbytes) == inside.gather(nbytes)
+    assert across.all_to_all(nbytes) > 4 * across.gather(nbytes)
+    assert isinstance(across, _Ring)
+    t_two, t_one = step_time(two), step_time(one)
+    assert _term(t_two, "expert-parallel")[0] > 4 * _term(t_one, "expert-parallel")[0]
+
+
+def test_rows_short_of_a_whole_tile_cost_a_whole_tile() -> None:
+    """Tile quantization: a GEMM runs ceil(m / 128) row tiles. 129 rows cost what 256 do
+    when the GEMM is compute-bound; whole tiles (the tokens of a dense layer) are
+    unchanged."""
+    from memfit.engine.steptime import _gemm, device
+
+    dev = device(scenario())
+    k = n = 8192
+    assert _gemm(129, k, n, 2, dev) == pytest.approx(_gemm(256, k, n, 2, dev), rel=0.02)
+    assert _gemm(4096, k, n, 2, dev) == pytest.approx(2 * _gemm(2048, k, n, 2, dev), rel=1e-9)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memfit.engine.scenario_io import scenario_from_dict
+from memfit.engine.specs import Scenario
 from memfit.engine.steptime import step_time
 
 DATA = Path(__file__).resolve().parent / "throughput.json"
@@ -16,6 +17,19 @@ DATA = Path(__file__).resolve().parent / "throughput.json"
 #: noise of the published tables (repeated rows of one table differ by up to 2-3 %):
 #: their order is not a measurement
 ORDER_NOISE = 0.03
+#: the families of runs the accuracy tables break out, each with its test on a scenario
+FAMILIES = (
+    ("MoE", lambda s: s.model.is_moe),
+    ("FP8", lambda s: s.training.precision == "fp8-mixed"),
+    ("long sequence (>= 8k)", lambda s: s.training.sequence_length >= 8192),
+    ("TP >= 4", lambda s: s.training.parallelism.tp >= 4),
+    ("multi-node", lambda s: s.hardware.nodes > 1),
+)
+
+
+def families(scenario: Scenario) -> tuple[str, ...]:
+    """The names of the :data:`FAMILIES` ``scenario`` belongs to."""
+    return tuple(name for name, test in FAMILIES if test(scenario))
 
 
 @dataclass(frozen=True)
@@ -26,6 +40,7 @@ class Case:
     estimated: float
     bound: str
     gpus: int
+    families: tuple[str, ...] = ()
 
     @property
     def error(self) -> float:
@@ -43,7 +58,7 @@ def cases() -> list[Case]:
         t = step_time(s)
         out.append(
             Case(c["id"], c["source"], c["tokens_per_s_per_gpu"], t.tokens_per_s_per_gpu,
-                 t.bound, s.hardware.world_size)
+                 t.bound, s.hardware.world_size, families(s))
         )  # fmt: skip
     return out
 
