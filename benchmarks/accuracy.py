@@ -30,6 +30,7 @@ from memfit.engine.estimate import GIB, Estimate, estimate
 from memfit.engine.scenario_io import scenario_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.validation.throughput import FAMILIES, families
 from tests.validation.traced import as_traced
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "validation"
@@ -59,11 +60,17 @@ def table(title: str, rows: list[tuple[str, list[float]]]) -> None:
 
 
 def markdown_table(first: str, rows: list[tuple[str, list[float]]]) -> None:
-    print(f"\n| {first} | n | median | p90 | max |\n|---|---:|---:|---:|---:|")
+    """Median, p90 and max of the absolute errors, and the signed median (+: MemFit above
+    the measurement); a group without cases shows as such rather than disappearing."""
+    print(f"\n| {first} | n | median | signed median | p90 | max |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, errs in rows:
         if errs:
             n, median, p90, worst = summary(errs)
-            print(f"| {name} | {n} | {median:.1%} | {p90:.1%} | {worst:.1%} |")
+            signed = statistics.median(errs)
+            print(f"| {name} | {n} | {median:.1%} | {signed:+.1%} | {p90:.1%} | {worst:.1%} |")
+        else:
+            print(f"| {name} | 0 | -- | -- | -- | -- |")
 
 
 def traced(show_cases: bool) -> list[float]:
@@ -136,6 +143,7 @@ def published(markdown: bool = False) -> list[float]:
     cases = json.loads((DATA / "published.json").read_text())
     groups: dict[str, list[float]] = defaultdict(list)
     by_stack: dict[str, list[float]] = defaultdict(list)
+    by_family: dict[str, list[float]] = {name: [] for name, _ in FAMILIES}
     unestimated: dict[str, int] = defaultdict(int)
     errors = []
     rows: list[str] = []
@@ -143,7 +151,8 @@ def published(markdown: bool = False) -> list[float]:
     for case in cases:
         stack = case.get("stack")
         try:
-            est: Estimate = estimate(scenario_from_dict(case["scenario"]))
+            scenario = scenario_from_dict(case["scenario"])
+            est: Estimate = estimate(scenario)
         except EstimateError as exc:
             print(f"  {case['id']}: cannot estimate: {exc}")
             unestimated[stack or "(none)"] += 1
@@ -157,6 +166,8 @@ def published(markdown: bool = False) -> list[float]:
         # torch.compile fuses elementwise ops and drops their saved tensors: not modelled
         compiled = "compile" in flags
         errors.append(e)
+        for name in families(scenario):
+            by_family[name].append(e)
         groups[f"measure={case['measure']}"].append(e)
         kind = "multi-GPU" if multi else "single GPU"
         groups[f"{kind}, torch.compile" if compiled else f"{kind}, eager"].append(e)
@@ -178,12 +189,17 @@ def published(markdown: bool = False) -> list[float]:
     stack_rows = sorted((k, v) for k, v in by_stack.items() if k != SINGLE_STACKED)
     stack_rows.append((SINGLE_STACKED, by_stack[SINGLE_STACKED]))
     table("Published measurements, error by training stack", stack_rows)
+    table("Published measurements, error by family of runs", list(by_family.items()))
+    for name, errs in by_family.items():
+        if errs:
+            print(f"  {name:<34} signed median {statistics.median(errs):+.1%}")
     if unestimated:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(unestimated.items()))
         print(f"  cannot estimate: {sum(unestimated.values())} cases ({counts})")
     if markdown:
         markdown_table("group", [("all", errors), *sorted(groups.items())])
         markdown_table("stack", [(k.removeprefix("stack="), v) for k, v in stack_rows])
+        markdown_table("family of runs", list(by_family.items()))
         print("\n| case | measure | measured GiB | MemFit GiB | error |\n|---|---|---:|---:|---:|")
         print("\n".join(rows))
     return errors
