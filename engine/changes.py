@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from memfit.engine.errors import EstimateError
-from memfit.engine.layers import attention_kernel
+from memfit.engine.layers import attention_kernel, attention_run
 from memfit.engine.plan import resolve
 from memfit.engine.sharding import not_ddp
 from memfit.engine.specs import PARALLEL_AXES, Scenario
@@ -215,8 +215,9 @@ def _flash_rule(s: Scenario) -> str | None:
     fp32 = t.precision == "fp32"
     # the kernel the step runs: a model (as its stack builds it) whose SDPA call has no
     # fused kernel runs the math fallback
-    sdpa_math = as_built(s.model, t).sdpa_math
-    if attention_kernel(t.attention, fp32=fp32, sdpa_math=sdpa_math) == "flash":
+    model = as_built(s.model, t)
+    attention = attention_run(model, t.attention)  # SDPA cannot soft-cap the scores
+    if attention_kernel(attention, fp32=fp32, sdpa_math=model.sdpa_math) == "flash":
         if t.attention == "flash":
             return "the scenario already uses flash attention"
         return "SDPA already runs the flash kernel for 16-bit compute"

@@ -242,17 +242,20 @@ def _gemma(c: _Keys) -> dict[str, Any]:
     spec = _biases(_common(c), c)
     spec["tie_word_embeddings"] = c.flag("tie_word_embeddings", True)
     spec["activation"] = "gelu_tanh"  # hidden_activation, gelu_pytorch_tanh for all sizes
+    spec["norm"] = "rmsnorm-fp32"  # (x * (1 + weight)) in fp32, then cast back
     return spec
 
 
 def _gemma2(c: _Keys) -> dict[str, Any]:
     spec = _gemma(c)
     spec["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
-    cap = c.raw("final_logit_softcapping", default=None)  # null in Gemma 3's configs
-    if cap is not None:
-        spec["final_logit_softcapping"] = check_float(
-            c.field("final_logit_softcapping"), cap, 0.0, 1e6
-        )
+    spec["norm_placement"] = "sandwich"
+    # soft-capping of the final logits and of the attention scores (transformers 5.24
+    # modeling_gemma2.py); null in Gemma 3's configs
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        cap = c.raw(key, default=None)
+        if cap is not None:
+            spec[key] = check_float(c.field(key), cap, 0.0, 1e6)
     return spec
 
 
@@ -308,11 +311,18 @@ def _olmo(c: _Keys) -> dict[str, Any]:
 def _olmo2(c: _Keys) -> dict[str, Any]:
     spec = _biases(_common(c), c)
     spec["qk_norm"] = "full"  # RMSNorm over the whole q and k projections
+    spec["norm_placement"] = "post"  # on each sublayer's output, before the residual sum
+    spec["norm"] = "rmsnorm-fp32"  # (weight * x) in fp32, then cast back
+    spec["rope_keeps_dtype"] = True  # q_embed.to(q_type), k_embed.to(k_type)
     return spec
 
 
 def _olmoe(c: _Keys) -> dict[str, Any]:
-    return _experts(_olmo2(c), c, ("num_experts", "num_local_experts"))
+    # OLMoE: OLMo-2's q/k norms over the whole projections, but Llama's norms, before the
+    # sublayers, and RoPE (transformers 5.24 modeling_olmoe.py)
+    spec = _experts(_olmo2(c), c, ("num_experts", "num_local_experts"))
+    spec.update(norm="rmsnorm", norm_placement="pre", rope_keeps_dtype=False)
+    return spec
 
 
 def _granite(c: _Keys) -> dict[str, Any]:
@@ -525,6 +535,9 @@ def _falcon(c: _Keys) -> dict[str, Any]:
         "norms_per_layer": norms,
         # FalconAttention hands SDPA the single key/value head as it is, with a mask
         "sdpa_math": not new_arch and kv == 1 < heads,
+        # FalconAttention's own eager path: scores scaled in place, softmax in the hidden
+        # states' dtype (transformers 5.24 modeling_falcon.py)
+        "eager_attention": "falcon",
         "attention_bias": bias,
         "attention_out_bias": bias,
         "mlp_bias": bias,

@@ -19,6 +19,7 @@ the attention input (q, k, v are separate calls) and no s^2 term with flash atte
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from memfit.engine import memo
@@ -201,6 +202,17 @@ class Ctx:
         if self.trains(component):
             return 2 if self.mode == "half" else 4
         return self.frozen_bytes
+
+
+def attention_run(model: ModelSpec, attention: str) -> str:
+    """The attention ``attention`` asks for, as ``model``'s code runs it. SDPA cannot
+    soft-cap the scores: transformers' Gemma-2 declares no SDPA support
+    (``_supports_sdpa = False``, 5.24 ``modeling_gemma2.py``) and its default falls back to
+    eager attention, which caps them (``ModelSpec.attn_logit_softcapping``); flash
+    attention caps them inside its kernel."""
+    if model.attn_logit_softcapping and attention in ("sdpa", "mem-efficient"):
+        return "eager"
+    return attention
 
 
 def attention_kernel(attention: str, fp32: bool, sdpa_math: bool = False) -> str:
@@ -590,9 +602,11 @@ class Net:
         scaled = self.unary("scale", b)
         return self.binary("add", base, scaled)
 
-    def rms_norm(self, x: str, h: int, component: str = "norms") -> str:
-        """HF ``LlamaRMSNorm``: fp32 variance, ``weight * (x * rsqrt(mean(x^2) + eps))``."""
-        if self.ctx.litgpt:
+    def rms_norm(self, x: str, h: int, component: str = "norms", fp32_weight: bool = False) -> str:
+        """HF ``LlamaRMSNorm``: fp32 variance, ``weight * (x * rsqrt(mean(x^2) + eps))``.
+        ``fp32_weight``: the weight multiplies the fp32 normalized input before the cast
+        back (``rmsnorm-fp32``)."""
+        if self.ctx.litgpt or fp32_weight:
             return self._litgpt_rms_norm(x, h, component)
         rows = self.elems[x] // h
         xf = self.cast(x, F32)
@@ -617,7 +631,9 @@ class Net:
     def _litgpt_rms_norm(self, x: str, h: int, component: str) -> str:
         """LitGPT's ``RMSNorm``: ``x = x.float()``, ``x * rsqrt(mean(x * x) + eps)``, and
         the product with ``weight.float()`` in fp32 before the cast back: a trainable
-        weight's gradient needs the fp32 normalized input (transformers keeps it cast)."""
+        weight's gradient needs the fp32 normalized input (Llama's in transformers keeps
+        it cast). transformers' Gemma and OLMo-2 norms (``rmsnorm-fp32``) multiply in
+        fp32 too, squaring with ``pow`` (which keeps its input, as ``x * x`` does)."""
         rows = self.elems[x] // h
         xf = self.cast(x, F32)
         sq = self.binary("mul", xf, xf, saves="both")
@@ -687,19 +703,35 @@ class Net:
             return self.binary("mul", half, self.unary("add_1", t), saves="both")
         return self.unary(kind, x, save_in=True)
 
-    def attention(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
+    def attention(
+        self,
+        q: str,
+        k: str,
+        v: str,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eager: str = "hf",
+        softcap: float = 0.0,
+    ) -> str:
         """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim). Its ops
-        are the block's attention core (:attr:`memfit.engine.graph.Block.core`)."""
+        are the block's attention core (:attr:`memfit.engine.graph.Block.core`). ``eager``
+        and ``softcap``: the model's own attention without SDPA
+        (``ModelSpec.eager_attention``) and its soft-capping of the scores."""
         first = len(self.block.ops)
-        out = self._attention(q, k, v, heads, kv_heads, head_dim)
+        if self.kernel() == "eager":
+            if eager == "falcon":
+                out = self._falcon_eager(q, k, v, heads, kv_heads, head_dim)
+            else:
+                out = self._eager(q, k, v, heads, kv_heads, head_dim, softcap)
+        else:
+            out = self._attention(q, k, v, heads, kv_heads, head_dim)
         self.block.core = (first, len(self.block.ops))
         return out
 
     def _attention(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         ctx = self.ctx
         kernel = self.kernel()
-        if kernel == "eager":
-            return self._eager(q, k, v, heads, kv_heads, head_dim)
         if kernel == "math":
             return self._math(q, k, v, heads, kv_heads, head_dim)
         if ctx.mode == "amp":
@@ -742,8 +774,15 @@ class Net:
         ctx = self.ctx
         return attention_kernel(ctx.attention, fp32=ctx.mode == "fp32", sdpa_math=ctx.sdpa_math)
 
-    def _eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
-        """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout."""
+    def _eager(
+        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int, softcap: float
+    ) -> str:
+        """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout.
+
+        ``softcap``: Gemma-2's soft-capping of the scaled scores (transformers 5.24
+        ``modeling_gemma2.py``, ``scores / cap``, ``tanh``, ``* cap``, each out of place,
+        before the mask): two more score-sized tensors while the forward runs, and tanh's
+        output kept for its backward."""
         ctx = self.ctx
         pairs = self.s.pairs
         query_dtype = self.dtype[q]
@@ -755,6 +794,9 @@ class Net:
         scores = self.new("scores", heads * pairs, self.dtype[q], True)
         self._op("matmul_qk", [q, k], [scores], saves=[q, k])
         scaled = self.unary("scale", scores)
+        if softcap:
+            capped = self.unary("tanh", self.unary("div_c", scaled), save_out=True)
+            scaled = self.unary("mul_c", capped)
         masked = self.new("masked", heads * pairs, max(self.dtype[scaled], self.ctx.res), True)
         self._op("add_mask", [scaled], [masked])
         if self.dtype[masked] == 2 and not ctx.fp16:
@@ -779,6 +821,52 @@ class Net:
             transient=redo,
         )
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
+
+    def _falcon_eager(
+        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int
+    ) -> str:
+        """``FalconAttention``'s own attention without SDPA (transformers 5.24
+        ``modeling_falcon.py``, rotary positions): ``scores = q @ k^T``, ``scores /=
+        sqrt(head_dim)`` in place, ``softmax(scores + mask, dtype=hidden_states.dtype)``,
+        ``probs @ v``. The softmax runs in the dtype of the attention's input (the norm's
+        output: fp32 under autocast, the model's dtype otherwise), so under pure 16-bit
+        training its output is the one score matrix the layer keeps, read by the product
+        with the values as it is; under autocast that product keeps a 16-bit copy beside
+        the fp32 probabilities. ``matmul`` broadcasts a single key/value head: its expand
+        and reshape copy it to every query head, after autocast's cast."""
+        ctx = self.ctx
+        pairs = self.s.pairs
+        if ctx.mode == "amp":
+            q, k = self.cast(q, 2), self.cast(k, 2)
+        if kv_heads != heads:
+            k = self.unary("expand_kv", k, elems=self.elems[q])
+        scores = self.new("scores", heads * pairs, self.dtype[q], True)
+        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
+        # the in-place division allocates nothing in forward; its backward divides the
+        # gradient into a new tensor of the scores' size
+        scaled = self.new("scale_", 0, self.dtype[scores], True)
+        self._op("scale_", [scores], [scaled])
+        self.elems[scaled] = self.elems[scores]
+        masked = self.new("masked", heads * pairs, max(self.dtype[scores], ctx.res), True)
+        self._op("add_mask", [scaled], [masked])
+        probs = self.new("softmax", heads * pairs, ctx.res, True)
+        self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
+        probs = self.dropout(probs, ctx.attention_dropout)
+        if ctx.mode == "amp":
+            probs, v = self.cast(probs, 2), self.cast(v, 2)
+        if kv_heads != heads:
+            v = self.unary("expand_kv", v, elems=self.elems[q])
+        out = self.new("attn", self.s.tokens * heads * head_dim, self.dtype[probs], True)
+        # selective recomputation rebuilds the probabilities (and their 16-bit copy)
+        redo = (ctx.res + (2 if ctx.mode == "amp" else 0)) * heads * pairs if ctx.selective else 0
+        self._op(
+            "matmul_pv",
+            [probs, v],
+            [out],
+            saves=[v] if ctx.selective else [probs, v],
+            transient=redo,
+        )
+        return self.unary("merge_heads", out)  # .permute(0, 2, 1, 3).reshape(...)
 
     def _math(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """SDPA's math fallback (``_scaled_dot_product_attention_math``), recorded op by op
@@ -821,8 +909,10 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     """
     h, tokens = m.hidden_size, ctx.shape().tokens
     net = Net("decoder_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
-    norm = net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm
-    n1 = net.gather_seq(norm("x", h))
+    norm = _norm_of(net, m)
+    # the norms before each sublayer (pre, sandwich) and after it (post, sandwich)
+    before, after = m.norm_placement != "post", m.norm_placement != "pre"
+    n1 = net.gather_seq(norm("x", h) if before else "x")
     q_out, kv_out = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     if m.is_mla:
         attn, q_out = _mla(net, m, n1, norm)
@@ -838,30 +928,49 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         k = net.linear(n1, h, kv_out, "attention", "k_proj", m.attention_bias)
         v = net.linear(n1, h, kv_out, "attention", "v_proj", m.attention_bias)
     if not m.is_mla and not ctx.litgpt:
+        if m.qk_norm == "full" and not m.fused_qkv:
+            # OLMo-2 (transformers 5.24 modeling_olmo2.py): q_norm and k_norm, RMSNorms over
+            # the whole q and k projections (every head at once), before RoPE
+            q, k = norm(q, q_out), norm(k, kv_out)
         if m.position_embedding == "rotary":
-            q, k = _rope(net, q), _rope(net, k)
+            q, k = _rope(net, q, m.rope_keeps_dtype), _rope(net, k, m.rope_keeps_dtype)
         if ctx.outputs_held and ctx.kv_cache:
             # transformers' DynamicCache keeps each layer's keys (after RoPE) and values
             # in the model output: alive until the output is released, after the step
             net.block.held.update((k, v))
-        attn = net.attention(q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim)
+        attn = net.attention(
+            q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
+            m.eager_attention, m.attn_logit_softcapping,
+        )  # fmt: skip
     o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
     o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
+    if after:  # OLMo-2's and Gemma-2's post_attention_layernorm, on the sublayer's output
+        o = norm(o, h)
 
     def mlp(x: str) -> str:
         if moe:
             y = _moe_eager(net, m, x) if ctx.moe_eager else _moe(net, m, x)
         else:
             y = _gated_mlp(net, m, x, m.intermediate_size, "mlp", tokens)
-        return net.dropout(net.scatter_seq(y), m.hidden_dropout)
+        y = net.dropout(net.scatter_seq(y), m.hidden_dropout)
+        return norm(y, h) if after else y  # post_feedforward_layernorm
 
     if m.parallel_attention:
         n2 = net.gather_seq(norm("x", h)) if m.norms_per_layer > 1 else n1
         y = mlp(n2)
         return net.block, net.binary("residual", net.binary("residual", "x", o), y)
     r1 = net.binary("residual", "x", o)
-    y = mlp(net.gather_seq(norm(r1, h)))
+    y = mlp(net.gather_seq(norm(r1, h) if before else r1))
     return net.block, net.binary("residual", r1, y)
+
+
+def _norm_of(net: Net, m: ModelSpec) -> Callable[[str, int], str]:
+    """The model's norm, applied by ``norm(x, width)``."""
+    if m.norm.startswith("layernorm"):
+        return net.layer_norm
+    if m.norm == "rmsnorm-fp32":
+        return lambda x, h: net.rms_norm(x, h, fp32_weight=True)
+    return net.rms_norm
 
 
 def _litgpt_attention(net: Net, m: ModelSpec, x: str) -> str:
@@ -939,14 +1048,16 @@ def _mla(net: Net, m: ModelSpec, x: str, norm: object) -> tuple[str, int]:
     return attn, heads * vdim
 
 
-def _rope(net: Net, t: str) -> str:
-    """``q * cos + rotate_half(q) * sin`` with cos/sin in the residual dtype (promotion)."""
+def _rope(net: Net, t: str, keeps_dtype: bool = False) -> str:
+    """``q * cos + rotate_half(q) * sin`` with cos/sin in the residual dtype (promotion);
+    ``keeps_dtype``: the sum cast back to the dtype of ``t`` (``ModelSpec.rope_keeps_dtype``)."""
     cos_term = net.new("rope_cos", net.elems[t], max(net.dtype[t], net.ctx.res), net.rg[t])
     net._op("mul_cos", [t], [cos_term])
     rotated = net.unary("rotate_half", t)
     sin_term = net.new("rope_sin", net.elems[t], max(net.dtype[t], net.ctx.res), net.rg[t])
     net._op("mul_sin", [rotated], [sin_term])
-    return net.binary("add", cos_term, sin_term)
+    out = net.binary("add", cos_term, sin_term)
+    return net.cast(out, net.dtype[t]) if keeps_dtype else out
 
 
 def _gated_mlp(
@@ -1144,7 +1255,7 @@ def head_and_loss(
     net = Net("lm_head_loss", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
     x = "x"
     if m.final_norm:
-        x = (net.layer_norm if m.norm.startswith("layernorm") else net.rms_norm)(x, h)
+        x = _norm_of(net, m)(x, h)
     x = net.gather_seq(x)
     if m.lm_head_transform:  # BERT's MLM transform
         x = net.layer_norm(

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from memfit.engine.graph import Block
-from memfit.engine.layers import Ctx, bert_layer, decoder_layer, head_and_loss
+from memfit.engine.layers import Ctx, attention_run, bert_layer, decoder_layer, head_and_loss
 from memfit.engine.model_state import (
     DTYPE_BYTES,
     FREEZE_COMPONENTS,
@@ -47,7 +47,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         batch=training.micro_batch_size,
         seq=training.sequence_length // par.cp,
         mode=mode,
-        attention=training.attention,
+        attention=attention_run(model, training.attention),
         lora_rank=training.lora.rank,
         lora_roles=roles,
         trainable=trainable,
