@@ -1,13 +1,20 @@
-"""Activations written as Python ops, traced: transformers' ``FastGELUActivation``
-(``gelu_fast``, SantaCoder's ``gpt_bigcode``) against the fused ``gelu_pytorch_tanh`` on
-the same model, under autocast and in pure bf16.
+"""Model mechanisms written in the families' own modelling code, traced.
 
     python -m validation.cases_activations     # -> tests/validation/dataset_activations.json
 
-A ``gelu_fast`` MLP keeps its products' factors and tanh's output -- six more tensors of the
-MLP's width per layer than the fused kernel, which keeps its input -- so the two differ by
-what the activation's own ops keep (``engine.layers.Net.activation``). Records as in
-``dataset.json`` (:mod:`validation.measure`).
+* Activations written as Python ops: transformers' ``FastGELUActivation`` (``gelu_fast``,
+  SantaCoder's ``gpt_bigcode``) against the fused ``gelu_pytorch_tanh`` on the same model.
+  A ``gelu_fast`` MLP keeps its products' factors and tanh's output -- six more tensors of
+  the MLP's width per layer than the fused kernel, which keeps its input
+  (``engine.layers.Net.activation``).
+* Falcon-7B's own eager attention (``FalconAttention`` without SDPA): scores scaled in
+  place, softmax in the hidden states' dtype.
+* Gemma-2-9B: the attention scores soft-capped (``cap * tanh(scores / cap)``, eager
+  attention, transformers' default for it), with and without the cap; four norms a layer.
+* OLMo-2-7B: RMSNorms on the whole q and k projections and on each sublayer's output.
+
+Each under autocast and in pure bf16. Records as in ``dataset.json``
+(:mod:`validation.measure`).
 """
 
 from __future__ import annotations
@@ -39,26 +46,115 @@ SANTACODER = {
 }
 
 
+#: Falcon-7B's widths (tiiuae/falcon-7b config.json: one key/value head, parallel attention),
+#: two layers
+FALCON_7B = {
+    "model_type": "falcon",
+    "architectures": ["FalconForCausalLM"],
+    "hidden_size": 4544,
+    "num_attention_heads": 71,
+    "num_hidden_layers": 2,
+    "vocab_size": 65024,
+    "multi_query": True,
+    "new_decoder_architecture": False,
+    "parallel_attn": True,
+    "alibi": False,
+    "bias": False,
+    "layer_norm_epsilon": 1e-05,
+    "attention_dropout": 0.0,
+    "hidden_dropout": 0.0,
+    "_name_or_path": "falcon-7b-2-layers",
+}
+
+#: Gemma-2-9B's widths (google/gemma-2-9b config.json: soft-capped attention scores and
+#: logits, four norms a layer), two layers
+GEMMA_2_9B = {
+    "model_type": "gemma2",
+    "architectures": ["Gemma2ForCausalLM"],
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "num_hidden_layers": 2,
+    "vocab_size": 256000,
+    "max_position_embeddings": 8192,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "rms_norm_eps": 1e-06,
+    "attention_dropout": 0.0,
+    "_name_or_path": "gemma-2-9b-2-layers",
+}
+
+#: OLMo-2-7B's widths (allenai/OLMo-2-1124-7B config.json: RMSNorm on the whole q and k
+#: projections, norms after the sublayers), two layers
+OLMO_2_7B = {
+    "model_type": "olmo2",
+    "architectures": ["Olmo2ForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 100352,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 500000,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "_name_or_path": "olmo-2-7b-2-layers",
+}
+
+
+def _scenario(
+    model: dict[str, Any], precision: str, attention: str, batch: int, seq: int
+) -> dict[str, Any]:
+    return {
+        "memfit_scenario": 1,
+        "model": model,
+        "hardware": {"gpu": "h100-sxm-80gb"},
+        "training": {
+            "method": "full",
+            "precision": precision,
+            "optimizer": "adamw",
+            "optimizer_impl": "foreach",
+            "micro_batch_size": batch,
+            "sequence_length": seq,
+            "attention": attention,
+        },
+    }
+
+
 def all_cases() -> list[dict[str, Any]]:
     cases = []
     for act in ("gelu_fast", "gelu_pytorch_tanh"):
         for precision in ("bf16-mixed", "bf16"):
-            scenario = {
-                "memfit_scenario": 1,
-                "model": {**SANTACODER, "activation_function": act},
-                "hardware": {"gpu": "h100-sxm-80gb"},
-                "training": {
-                    "method": "full",
-                    "precision": precision,
-                    "optimizer": "adamw",
-                    "optimizer_impl": "foreach",
-                    "micro_batch_size": 4,
-                    "sequence_length": 1024,
-                    "attention": "sdpa",
-                },
-            }
+            scenario = _scenario(
+                {**SANTACODER, "activation_function": act}, precision, "sdpa", 4, 1024
+            )
             case_id = f"santacoder_L2_{precision}_full_adamw-foreach_sdpa_b4_s1024_{act}"
             cases.append({"id": case_id, "family": "gpt_bigcode", "scenario": scenario})
+    # model mechanisms: Falcon's own eager attention, Gemma-2's soft-capped scores and
+    # sandwich norms, OLMo-2's q/k norms and post-sublayer norms
+    mechanisms = (
+        ("falcon-7b", "falcon", FALCON_7B, ("eager",), 1, 2048),
+        ("gemma-2-9b", "gemma2", GEMMA_2_9B, ("eager",), 1, 4096),
+        ("olmo-2-7b", "olmo2", OLMO_2_7B, ("sdpa", "eager"), 4, 2048),
+    )
+    for name, family, model, attentions, batch, seq in mechanisms:
+        for attention in attentions:
+            for precision in ("bf16-mixed", "bf16"):
+                scenario = _scenario(model, precision, attention, batch, seq)
+                case_id = f"{name}_L2_{precision}_full_adamw-foreach_{attention}_b{batch}_s{seq}"
+                cases.append({"id": case_id, "family": family, "scenario": scenario})
+    # the same Gemma-2 without soft-capped scores: what the capping itself keeps
+    plain = _scenario({**GEMMA_2_9B, "attn_logit_softcapping": None}, "bf16", "eager", 1, 4096)
+    case_id = "gemma-2-9b_L2_bf16_full_adamw-foreach_eager_b1_s4096_no-attn-softcap"
+    cases.append({"id": case_id, "family": "gemma2", "scenario": plain})
     return cases
 
 
