@@ -993,7 +993,8 @@ def _litgpt_attention(net: Net, m: ModelSpec, x: str) -> str:
     if kv_heads != heads:
         k = net.unary("repeat_interleave", k, elems=tokens * q_out)
         v = net.unary("repeat_interleave", qkv, elems=tokens * q_out)
-    return net.attention(q, k, v, heads, heads, head_dim)
+    # LitGPT soft-caps the scores in its own attention (tanh(scores / cap) * cap)
+    return net.attention(q, k, v, heads, heads, head_dim, softcap=m.attn_logit_softcapping)
 
 
 def _litgpt_rope(net: Net, qkv: str, elems: Size) -> str:

@@ -134,3 +134,16 @@ def test_sandwich_norms_sit_on_both_sides_of_each_sublayer() -> None:
     assert _ops(gemma2, "half").count("mul_weight") == 4
     pre = dataclasses.replace(gemma2, norm_placement="pre")
     assert _ops(pre, "half").count("mul_weight") == 2
+
+
+def test_litgpts_gemma_2_caps_its_scores_too() -> None:
+    """LitGPT's attention soft-caps the scores itself (``do_softcapping``: tanh(x / cap) *
+    cap) and so never calls SDPA for Gemma-2: the cap keeps one score matrix a layer."""
+    model = load_model("gemma-2-2b")
+    plain = dataclasses.replace(model, attn_logit_softcapping=0.0)
+    common: dict[str, object] = {"method": "lora", "precision": "bf16", "attention": "eager"}
+    common.update(model_implementation="litgpt", micro_batch_size=1, sequence_length=2048)
+    more = allocated(model, **common) - allocated(plain, **common)
+    scores = model.num_layers * model.num_attention_heads * 2048 * 2048 * 2
+    # tanh's output kept, and at the peak (a layer's backward) the capping's gradients
+    assert scores <= more <= 2 * scores
