@@ -31,13 +31,14 @@ import json
 import os
 from typing import Any
 
-from memfit.engine.errors import EstimateError, check_float, check_text, shown
+from memfit.engine.errors import EstimateError, check_choice, check_float, check_text, shown
 from memfit.engine.files import read_json, write_text
 from memfit.engine.hf_config import model_from_hf_config
 from memfit.engine.presets import build_strict, load_gpu, load_model, preset_name_of
 from memfit.engine.specs import (
     GPU_NAME_CHARS,
     MEMORY_GIB,
+    TDP_W,
     FreezeSpec,
     GpuSpec,
     HardwareSpec,
@@ -50,6 +51,7 @@ from memfit.engine.specs import (
     TrainingSpec,
 )
 from memfit.engine.stacks import apply_defaults
+from memfit.engine.steptime import EFFICIENCY
 
 SCENARIO_VERSION = 1
 SUFFIX = ".memfit.json"
@@ -67,9 +69,9 @@ _HARDWARE_KEYS = (
     "matmul_efficiency",
     "attention_efficiency",
     "cuda_runtime",
+    "power_limit_w",
+    "clock_share",
 )
-#: the keys of a file's ``hardware`` section: the spec's fields and the GPU's name
-_HARDWARE_FILE_KEYS = (*_HARDWARE_KEYS, "gpu_name")
 GPU_NAME = "hardware.gpu_name"
 _SUBSECTIONS: dict[str, type[Any]] = {
     "lora": LoraSpec,
@@ -87,24 +89,169 @@ def _key(key: Any) -> str:
     return text[1:-1] if text.startswith("'") and text.endswith("'") else text
 
 
-def custom_gpu(memory_gib: float) -> GpuSpec:
-    """A device with no preset: only its memory is known."""
+#: what a custom GPU may give in the ``hardware`` section beside its memory: its dense
+#: peaks (TFLOP/s), memory bandwidth (GB/s), NVLink between the GPUs of a node (GB/s, both
+#: directions together, as datasheets and the presets state it; 0: none, they talk over the
+#: host link), host link (a name of :data:`GpuSpec.HOST_LINKS`, and GB/s one way), TDP (W)
+#: and architecture (a row of :data:`memfit.engine.steptime.EFFICIENCY`)
+CUSTOM_GPU_KEYS = (
+    "architecture",
+    "bf16_tflops",
+    "fp16_tflops",
+    "fp8_tflops",
+    "fp32_tflops",
+    "memory_bandwidth_gb_s",
+    "interconnect_gb_s",
+    "host_link",
+    "host_link_gb_s",
+    "tdp_w",
+)
+#: the keys of a file's ``hardware`` section: the spec's fields, the GPU's name and a
+#: custom GPU's figures
+_HARDWARE_FILE_KEYS = (*_HARDWARE_KEYS, "gpu_name", *CUSTOM_GPU_KEYS)
+#: the accepted range of each of a custom GPU's figures
+CUSTOM_GPU_RANGES: dict[str, tuple[float, float]] = {
+    "bf16_tflops": (0.001, 1e6),
+    "fp16_tflops": (0.001, 1e6),
+    "fp8_tflops": (0.0, 1e6),
+    "fp32_tflops": (0.001, 1e6),
+    "memory_bandwidth_gb_s": (1.0, 1e6),
+    "interconnect_gb_s": (0.0, 1e5),
+    "host_link_gb_s": (1.0, 1e5),
+    "tdp_w": TDP_W,
+}
+#: the device whose figures a custom GPU takes where it gives none: the most common
+#: training GPU, so that a step time is shown, labelled as assumed
+#: (:func:`memfit.engine.steptime.device_notes`)
+REFERENCE_GPU = "h100-sxm-80gb"
+#: one-way GB/s of each host link, as the presets give it
+HOST_LINK_GB_S = {
+    "pcie-gen3": 16.0,
+    "pcie-gen4": 32.0,
+    "pcie-gen5": 64.0,
+    "pcie-gen6": 128.0,
+    "nvlink-c2c": 450.0,
+}
+_VENDOR_OF = {"cdna2": "amd", "cdna3": "amd", "gaudi3": "intel"}
+_PEAKS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "fp32_tflops")
+
+
+def _custom_figures(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures a custom GPU gives, each checked against its range (``hardware.<key>``)."""
+    out: dict[str, Any] = {}
+    for key, value in figures.items():
+        if value is None:
+            continue
+        name = f"hardware.{key}"
+        if key == "architecture":
+            out[key] = check_choice(name, value, tuple(EFFICIENCY))
+        elif key == "host_link":
+            out[key] = check_choice(name, value, GpuSpec.HOST_LINKS)
+        elif key in CUSTOM_GPU_RANGES:
+            out[key] = check_float(name, value, *CUSTOM_GPU_RANGES[key])
+        else:
+            raise EstimateError(name, f"unknown key; expected {', '.join(CUSTOM_GPU_KEYS)}")
+    return out
+
+
+def custom_gpu(memory_gib: float, **figures: Any) -> GpuSpec:
+    """A device with no preset: its memory, and what it gives of :data:`CUSTOM_GPU_KEYS`.
+
+    A figure not given is the :data:`REFERENCE_GPU`'s and is listed in
+    :attr:`GpuSpec.assumed`, which the step time's notes name. A 16-bit peak given carries
+    to the peaks not given by the reference's ratios (``fp16 = bf16``, FP8 twice, FP32 as
+    the reference's share), so one figure describes the compute. No architecture: the
+    memory overheads' and the efficiencies' generic rows (``"unknown"``), as before; no
+    TDP: no power limit can be given (``hardware.clock_share`` can).
+
+    >>> gpu = custom_gpu(40.0, bf16_tflops=312.0, memory_bandwidth_gb_s=1555.0)
+    >>> gpu.fp16_tflops, gpu.assumed
+    (312.0, ('fp16_tflops', 'fp8_tflops', 'fp32_tflops', 'interconnect_gb_s', 'host_link'))
+    """
+    given = _custom_figures(figures)
+    ref = load_gpu(REFERENCE_GPU)
+    values: dict[str, Any] = {}
+    sixteen = given.get("bf16_tflops", given.get("fp16_tflops"))
+    scale = sixteen / ref.bf16_tflops if sixteen is not None else 1.0
+    for key in _PEAKS:
+        values[key] = given.get(key, getattr(ref, key) * scale)
+    if "bf16_tflops" in given and "fp16_tflops" not in given:
+        values["fp16_tflops"] = given["bf16_tflops"]
+    elif "fp16_tflops" in given and "bf16_tflops" not in given:
+        values["bf16_tflops"] = given["fp16_tflops"]
+    values["memory_bandwidth_gb_s"] = given.get("memory_bandwidth_gb_s", ref.memory_bandwidth_gb_s)
+    values["interconnect_gb_s"] = given.get("interconnect_gb_s", ref.interconnect_gb_s)
+    values["host_link"] = given.get("host_link", ref.host_link)
+    values["host_link_gb_s"] = given.get("host_link_gb_s", HOST_LINK_GB_S[values["host_link"]])
+    assumed = tuple(
+        k for k in (*_PEAKS, "memory_bandwidth_gb_s", "interconnect_gb_s") if k not in given
+    )
+    if "host_link" not in given and "host_link_gb_s" not in given:
+        assumed += ("host_link",)
+    source = "given by the user"
+    if assumed:
+        scaled = ", its peaks scaled to the 16-bit peak given" if sixteen is not None else ""
+        source = f"not given, assumed the {ref.display_name}'s{scaled}: {', '.join(assumed)}"
+    architecture = given.get("architecture", "unknown")
+    if "interconnect_gb_s" in given:
+        interconnect = "custom" if given["interconnect_gb_s"] else ""
+    else:
+        interconnect = ref.interconnect
     return GpuSpec(
         name="custom",
         display_name=f"Custom GPU ({memory_gib:g} GiB)",
-        vendor="nvidia",
-        architecture="unknown",
+        vendor=_VENDOR_OF.get(architecture, "nvidia"),
+        architecture=architecture,
         memory_mib=max(1024, round(memory_gib * 1024)),
         memory_source="given by the user",
-        bf16_tflops=1.0,
-        fp16_tflops=1.0,
-        fp8_tflops=0.0,
-        fp32_tflops=1.0,
-        memory_bandwidth_gb_s=1.0,
-        host_link="pcie-gen4",
-        host_link_gb_s=32.0,
-        source="no preset: throughputs unknown",
+        interconnect=interconnect,
+        source=source,
+        tdp_w=given.get("tdp_w"),
+        tdp_source="given by the user" if "tdp_w" in given else "",
+        assumed=assumed,
+        **values,
     )
+
+
+def custom_figures(gpu: GpuSpec) -> dict[str, Any]:
+    """What a custom GPU gave of :data:`CUSTOM_GPU_KEYS`, as a scenario file writes them:
+    ``custom_gpu(gib, **custom_figures(gpu))`` builds ``gpu`` again (but its name)."""
+    if gpu.name != "custom":
+        return {}
+    out: dict[str, Any] = {}
+    if gpu.architecture in EFFICIENCY:
+        out["architecture"] = gpu.architecture
+    for key in (*_PEAKS, "memory_bandwidth_gb_s", "interconnect_gb_s", "host_link"):
+        if key not in gpu.assumed:
+            out[key] = getattr(gpu, key)
+    if "host_link" not in gpu.assumed and gpu.host_link_gb_s != HOST_LINK_GB_S[gpu.host_link]:
+        out["host_link_gb_s"] = gpu.host_link_gb_s
+    if gpu.tdp_w is not None:
+        out["tdp_w"] = gpu.tdp_w
+    return out
+
+
+def resized_custom_gpu(gpu: GpuSpec, memory_gib: float) -> GpuSpec:
+    """The custom ``gpu`` with ``memory_gib`` of memory, its other figures kept; a name
+    the user gave it kept, its own name (``Custom GPU (N GiB)``) following the memory."""
+    resized = custom_gpu(memory_gib, **custom_figures(gpu))
+    if gpu.display_name != default_gpu_name(gpu):
+        resized = dataclasses.replace(resized, display_name=gpu.display_name)
+    return resized
+
+
+def with_figure(gpu: GpuSpec, key: str, value: Any) -> GpuSpec:
+    """The custom ``gpu`` with its figure ``key`` (of :data:`CUSTOM_GPU_KEYS`) set to
+    ``value``, or no longer given (``None``: the reference's again); its name kept."""
+    figures = custom_figures(gpu)
+    if value is None:
+        figures.pop(key, None)
+    else:
+        figures[key] = value
+    rebuilt = custom_gpu(gpu.memory_mib / 1024, **figures)
+    if gpu.display_name != default_gpu_name(gpu):
+        rebuilt = dataclasses.replace(rebuilt, display_name=gpu.display_name)
+    return rebuilt
 
 
 def default_gpu_name(gpu: GpuSpec) -> str:
@@ -170,12 +317,22 @@ def hardware_from_dict(data: Any) -> HardwareSpec:
     if gpu_name == "custom":
         if memory is None:
             raise EstimateError("hardware.gpu", "missing; give a GPU preset or memory_gib")
-        gpu = custom_gpu(check_float("hardware.memory_gib", memory, *MEMORY_GIB))
+        figures = {k: data[k] for k in CUSTOM_GPU_KEYS if k in data}
+        gpu = custom_gpu(check_float("hardware.memory_gib", memory, *MEMORY_GIB), **figures)
     else:
+        for key in CUSTOM_GPU_KEYS:
+            if key in data:
+                raise EstimateError(
+                    f"hardware.{key}",
+                    f'only a custom GPU ("gpu": "custom") takes this figure; the preset '
+                    f"{gpu_name!r} has its datasheet's",
+                )
         gpu = load_gpu(gpu_name)
     if "gpu_name" in data:
         gpu = named_gpu(gpu, data["gpu_name"])
-    kwargs = {k: v for k, v in data.items() if k not in ("gpu", "gpu_name")}
+    kwargs = {
+        k: v for k, v in data.items() if k not in ("gpu", "gpu_name") and k not in CUSTOM_GPU_KEYS
+    }
     return HardwareSpec(gpu=gpu, **kwargs)
 
 
@@ -253,6 +410,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         hardware["memory_gib"] = (
             hw.memory_gib if hw.memory_gib is not None else (hw.gpu.memory_mib / 1024)
         )
+    hardware.update(custom_figures(hw.gpu))
     hardware["utilization_target"] = hw.utilization_target
     for key in _HARDWARE_KEYS[5:]:
         if getattr(hw, key) is not None:

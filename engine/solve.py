@@ -231,8 +231,9 @@ def make_it_fit(scenario: Scenario, top: int = 10, max_changes: int = 3) -> list
 
 def hardware_with(scenario: Scenario, gpu: str) -> Scenario:
     """``scenario`` on the GPU preset ``gpu``. The overrides that describe the scenario's
-    own device -- memory, price per GPU-hour, efficiencies -- are dropped for another
-    GPU: an H100's price must not cost an L40S run."""
+    own device -- memory, price per GPU-hour, efficiencies, its power limit and clock --
+    are dropped for another GPU: an H100's price must not cost an L40S run, nor a cap of
+    500 W (beyond an L40S's TDP) be put on one."""
     if gpu == scenario.hardware.gpu.name:
         return scenario
     hw: HardwareSpec = dataclasses.replace(
@@ -242,5 +243,7 @@ def hardware_with(scenario: Scenario, gpu: str) -> Scenario:
         price_per_gpu_hour=None,
         matmul_efficiency=None,
         attention_efficiency=None,
+        power_limit_w=None,
+        clock_share=None,
     )
     return dataclasses.replace(scenario, hardware=hw)
