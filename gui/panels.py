@@ -39,7 +39,13 @@ from memfit.engine.presets import (
     model_names,
     preset_name_of,
 )
-from memfit.engine.scenario_io import custom_gpu, default_gpu_name, named_gpu
+from memfit.engine.scenario_io import (
+    custom_gpu,
+    default_gpu_name,
+    named_gpu,
+    resized_custom_gpu,
+    with_figure,
+)
 from memfit.engine.specs import (
     FREEZE_PARTS,
     LORA_TARGETS,
@@ -62,6 +68,7 @@ from memfit.engine.stacks import (
     loadable_stack_names,
     with_stack,
 )
+from memfit.engine.steptime import EFFICIENCY
 from memfit.gui.chart import rich_text
 from memfit.gui.forms import (
     Collapsible,
@@ -193,9 +200,46 @@ def set_memory(s: Scenario, gib: float) -> Scenario:
     it (``Custom GPU (24 GiB)``), one the user named keeps that name."""
     hw = dataclasses.replace(s.hardware, memory_gib=gib or None)
     gpu = hw.gpu
-    if gib and gpu.name == CUSTOM_GPU and gpu.display_name == default_gpu_name(gpu):
-        hw = dataclasses.replace(hw, gpu=custom_gpu(gib))
+    if gib and gpu.name == CUSTOM_GPU:
+        hw = dataclasses.replace(hw, gpu=resized_custom_gpu(gpu, gib))
     return dataclasses.replace(s, hardware=hw)
+
+
+#: a custom GPU's architecture: not given, or a row of the step time's efficiencies
+ARCHITECTURE_CHOICES = [
+    ("not given", "unknown"),
+    *(
+        (name.upper() if name.startswith("cdna") else name.capitalize(), name)
+        for name in EFFICIENCY
+    ),
+]
+
+
+def custom_figure_field(key: str) -> tuple[Getter, Setter]:
+    """A custom GPU's figure ``key`` (0, or ``"unknown"``, where it gives none and the
+    reference device's is assumed)."""
+    blank: Any = "unknown" if key == "architecture" else 0.0
+
+    def get(s: Scenario) -> Any:
+        gpu = s.hardware.gpu
+        if gpu.name != CUSTOM_GPU or key in gpu.assumed or getattr(gpu, key) is None:
+            return blank
+        return getattr(gpu, key)
+
+    def set_(s: Scenario, value: Any) -> Scenario:
+        gpu = s.hardware.gpu
+        if gpu.name != CUSTOM_GPU:
+            return s
+        gpu = with_figure(gpu, key, None if value == blank else value)
+        return dataclasses.replace(s, hardware=dataclasses.replace(s.hardware, gpu=gpu))
+
+    return get, set_
+
+
+def optional_hardware_field(name: str) -> tuple[Getter, Setter]:
+    """A hardware field that 0 leaves unset (``None``)."""
+    get, set_ = hardware_field(name)
+    return (lambda s: get(s) or 0.0), (lambda s, v: set_(s, v or None))
 
 
 def _gpu_field() -> tuple[Getter, Setter]:
@@ -214,7 +258,21 @@ def _gpu_field() -> tuple[Getter, Setter]:
             hw = dataclasses.replace(hw, gpu=load_gpu(name), memory_gib=kept)
         return dataclasses.replace(s, hardware=hw)
 
-    return (lambda s: s.hardware.gpu.name), set_
+    def switch(s: Scenario, name: str) -> Scenario:
+        # a power limit is the board's: kept where the new GPU takes it, dropped otherwise
+        try:
+            return set_(s, name)
+        except EstimateError as exc:
+            if exc.field != "hardware.power_limit_w":
+                raise
+            return set_(
+                dataclasses.replace(
+                    s, hardware=dataclasses.replace(s.hardware, power_limit_w=None)
+                ),
+                name,
+            )
+
+    return (lambda s: s.hardware.gpu.name), switch
 
 
 def stack_tip(stack: Stack) -> str:
@@ -256,6 +314,12 @@ def hardware_summary(hw: HardwareSpec) -> str:
         parts.append(f"host {hw.host_memory_gib:g} GiB")
     if hw.price_per_gpu_hour is not None:
         parts.append(f"{hw.price_per_gpu_hour:g} / GPU-hour")
+    if hw.gpu.assumed:
+        parts.append("peaks assumed")
+    if hw.power_limit_w is not None:
+        parts.append(f"capped at {hw.power_limit_w:g} W")
+    if hw.clock_share is not None:
+        parts.append(f"SM clock {100 * hw.clock_share:g} %")
     parts.append({v: t for t, v in CUDA_CHOICES}.get(hw.cuda_runtime, hw.cuda_runtime))
     return " · ".join(parts)
 
@@ -598,6 +662,28 @@ class HardwarePanel(FormPanel):
         )
         memory.setSpecialValueText("preset")
         self.gpu_name = self.add_text("hardware.gpu_name", "GPU name", gpu_name_field())
+        # a custom GPU's figures, shown for one (what a preset answers from its datasheet)
+        self.add_combo(
+            "hardware.architecture",
+            "Architecture",
+            ARCHITECTURE_CHOICES,
+            custom_figure_field("architecture"),
+        )
+        for key, label, hi, suffix in (
+            ("bf16_tflops", "Peak BF16", 1e6, " TFLOP/s"),
+            ("memory_bandwidth_gb_s", "Memory bandwidth", 1e6, " GB/s"),
+            ("tdp_w", "TDP", 5000.0, " W"),
+        ):
+            spin = self.add_double(
+                f"hardware.{key}",
+                label,
+                0.0,
+                hi,
+                custom_figure_field(key),
+                decimals=1,
+                suffix=suffix,
+            )
+            spin.setSpecialValueText("H100's (assumed)" if key != "tdp_w" else "not known")
         get_host, set_host = hardware_field("host_memory_gib")
         host = self.add_double(
             "hardware.host_memory_gib",
@@ -635,6 +721,27 @@ class HardwarePanel(FormPanel):
             CUDA_CHOICES,
             hardware_field("cuda_runtime"),
         )
+        self.power = self.add_double(
+            "hardware.power_limit_w",
+            "Power limit",
+            0.0,
+            5000.0,
+            optional_hardware_field("power_limit_w"),
+            decimals=0,
+            suffix=" W",
+        )
+        self.power.setSingleStep(25)
+        clock = self.add_double(
+            "hardware.clock_share",
+            "SM clock",
+            0.0,
+            100.0,
+            optional_hardware_field("clock_share"),
+            decimals=0,
+            scale=100.0,
+            suffix=" %",
+        )
+        clock.setSpecialValueText("stock")
 
     @Slot()
     def _gpu_chosen(self) -> None:
@@ -654,6 +761,13 @@ class HardwarePanel(FormPanel):
         self.gpu_name.setPlaceholderText(default_gpu_name(hw.gpu))
         preset = scenario.hardware.gpu.price_per_gpu_hour
         self.price.setSpecialValueText("not given" if preset is None else f"preset {preset:g}")
+        custom = hw.gpu.name == CUSTOM_GPU
+        for key in ("architecture", "bf16_tflops", "memory_bandwidth_gb_s", "tdp_w"):
+            self.set_row_visible(f"hardware.{key}", custom)
+        tdp = hw.gpu.tdp_w
+        self.power.setSpecialValueText("stock" if tdp is None else f"stock ({tdp:g} W TDP)")
+        # a GPU with no TDP on record takes a clock share, not a power limit
+        self.power.setEnabled(tdp is not None or hw.power_limit_w is not None)
         self.more.summary.setText(hardware_summary(scenario.hardware))
 
 

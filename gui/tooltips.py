@@ -64,6 +64,21 @@ TIPS: dict[str, str] = {
     "nvidia-smi shows and torch.cuda.memory_reserved does not): CUDA 12 loads kernels "
     "lazily, when first used; eager loading (CUDA 11, CUDA_MODULE_LOADING=EAGER) loads "
     "every kernel of the libraries at start.",
+    "hardware.architecture": "A custom GPU's architecture: it picks the share of peak that "
+    "matmuls and attention reach, and the CUDA context's size. Not given: generic figures.",
+    "hardware.bf16_tflops": "A custom GPU's dense BF16 peak (no sparsity), TFLOP/s; FP16 "
+    "follows it and FP8 and FP32 scale with it. 0: not given, an H100 SXM's is assumed "
+    "and the step time says so.",
+    "hardware.memory_bandwidth_gb_s": "A custom GPU's memory bandwidth, GB/s. 0: not given, "
+    "an H100 SXM's is assumed and the step time says so.",
+    "hardware.tdp_w": "A custom GPU's thermal design power, W: what a power limit is taken "
+    "against. 0: not known.",
+    "hardware.power_limit_w": "The board's power cap (nvidia-smi -pl), W. Below the TDP the "
+    "SM clock drops with the cube root of the power left to it: matmuls slow down, "
+    "memory-bound work does not. 0: the stock board.",
+    "hardware.clock_share": "The sustained SM clock as a share of the stock board's, when "
+    "you know it rather than the power limit. Compute slows with it; memory bandwidth "
+    "does not. 0: the stock board.",
     # -- training -----------------------------------------------------------------------
     "training.method": "What trains. Full fine-tuning keeps gradients and optimizer states "
     "for every weight; LoRA trains small adapters on a frozen 16-bit base; QLoRA's base "
