@@ -459,6 +459,12 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--pp-schedule", choices=PP_SCHEDULES)
     t.add_argument("--vpp", type=int, help="virtual stages per rank (interleaved-1f1b)")
     t.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    t.add_argument(
+        "--tp-comm-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="hide the tensor-parallel collectives behind the GEMMs (needs --sequence-parallel)",
+    )
     t.add_argument("--framework", choices=FRAMEWORKS)
     t.add_argument(
         "--hybrid-shard",

@@ -37,7 +37,7 @@ from memfit.engine.rank import (
 from memfit.engine.sharding import Sharded, resident_blocks
 from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec
 from memfit.engine.stacks import Conventions
-from memfit.engine.steptime import StepTime, device_notes, step_time
+from memfit.engine.steptime import StepTime, step_time
 from memfit.engine.timeline import (
     Gather,
     Point,
@@ -146,9 +146,7 @@ class Estimate:
     def time(self) -> StepTime:
         """The step time of the scenario (:mod:`memfit.engine.steptime`), with what it
         assumed of the GPU (:func:`memfit.engine.steptime.device_notes`) among its notes."""
-        t = step_time(self.scenario)
-        notes = device_notes(self.scenario)
-        return t._replace(assumptions=t.assumptions + notes) if notes else t
+        return step_time(self.scenario)
 
     def to_dict(self) -> dict[str, Any]:
         """The stable ``--json`` shape (``memfit_estimate`` version 1)."""

@@ -49,6 +49,15 @@ MEMORY_GIB = (1.0, 16384.0)
 DROPOUT = (0.0, 0.99)
 #: accepted achievable shares of a peak throughput
 EFFICIENCY_RANGE = (0.01, 1.0)
+#: a board's thermal design power (its default power limit), W
+TDP_W = (10.0, 5000.0)
+#: a power limit as a share of the board's TDP: below about a third of it the power that
+#: does not follow the SM clock takes the whole budget and the clock model
+#: (:func:`memfit.engine.steptime.sustained_clock`) no longer holds
+POWER_LIMIT_SHARE = (0.35, 1.0)
+#: the sustained SM clock under load as a share of what the board sustains at its
+#: default power limit (``hardware.clock_share``)
+CLOCK_SHARE = (0.2, 1.0)
 #: fabrics between nodes: GB/s one way per node, all NICs together (Gb/s x NICs / 8)
 NETWORKS: dict[str, float] = {
     "infiniband-xdr-8x800": 800.0,  # ConnectX-8, one 800 Gb/s NIC per GPU (GB200/B300)
@@ -75,8 +84,14 @@ ACTIVATIONS = (
     "silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast", "quick_gelu", "relu", "relu2",
     "swiglu",
 )  # fmt: skip
-NORMS = ("rmsnorm", "layernorm", "layernorm-nobias", "layernorm-nonparam")
+#: ``rmsnorm-fp32``: the weight multiplies the fp32 normalized input before the cast back to
+#: the input's dtype (transformers' Gemma and OLMo-2 norms; Llama's casts first)
+NORMS = ("rmsnorm", "rmsnorm-fp32", "layernorm", "layernorm-nobias", "layernorm-nonparam")
 QK_NORMS = ("none", "head", "full")
+#: the attention a model runs without SDPA or flash (``ModelSpec.eager_attention``)
+EAGER_ATTENTIONS = ("hf", "falcon")
+#: where a layer's norms sit (``ModelSpec.norm_placement``)
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
 POSITIONS = ("rotary", "learned", "alibi", "none")
 
 METHODS = ("full", "lora", "qlora", "freeze")
@@ -307,6 +322,22 @@ class ModelSpec:
     #: repeat, and a mask: CUDA has no fused kernel for that and runs the math fallback,
     #: which materializes the scores (Falcon's original architecture)
     sdpa_math: bool = False
+    #: the attention without SDPA or flash: ``hf``, transformers' shared
+    #: ``eager_attention_forward`` (scores scaled out of place, softmax in fp32 cast back to
+    #: the query's dtype); ``falcon``, ``FalconAttention``'s own (scores scaled in place,
+    #: softmax in the hidden states' dtype, kept as the product with the values reads it)
+    eager_attention: str = "hf"
+    #: Gemma-2's soft-capping of the attention scores, ``cap * tanh(scores / cap)`` before
+    #: the mask (eager and flash attention; SDPA cannot); 0: none
+    attn_logit_softcapping: float = 0.0
+    #: where each block's norms sit: ``pre`` (before attention and the MLP), ``post``
+    #: (OLMo-2: on each sublayer's output, before the residual sum) or ``sandwich``
+    #: (Gemma-2/3: before and after each sublayer)
+    norm_placement: str = "pre"
+    #: RoPE's output cast back to the dtype of q and k (OLMo-2's ``apply_rotary_pos_emb``:
+    #: ``q_embed.to(q_type)``); otherwise it stays in the promoted dtype of the cos/sin
+    #: tables (fp32 under autocast)
+    rope_keeps_dtype: bool = False
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     #: Gemma-2's soft-capping of the final logits, ``cap * tanh(logits / cap)``: three
@@ -364,6 +395,8 @@ class ModelSpec:
         check_choice(f + "norm", self.norm, NORMS)
         check_int(f + "norms_per_layer", self.norms_per_layer, 0, 4)
         check_choice(f + "qk_norm", self.qk_norm, QK_NORMS)
+        check_choice(f + "eager_attention", self.eager_attention, EAGER_ATTENTIONS)
+        check_choice(f + "norm_placement", self.norm_placement, NORM_PLACEMENTS)
         check_choice(f + "position_embedding", self.position_embedding, POSITIONS)
         check_int(f + "type_vocab_size", self.type_vocab_size, 0, 1024)
         for name in (
@@ -381,12 +414,14 @@ class ModelSpec:
             "parallel_attention",
             "shared_expert_gate",
             "router_bias",
+            "rope_keeps_dtype",
         ):
             check_bool(f + name, getattr(self, name))
         check_int(f + "sliding_window", self.sliding_window, 0, MAX_DIM)
         check_float(f + "attention_dropout", self.attention_dropout, *DROPOUT)
         check_float(f + "hidden_dropout", self.hidden_dropout, *DROPOUT)
         check_float(f + "final_logit_softcapping", self.final_logit_softcapping, 0.0, 1e6)
+        check_float(f + "attn_logit_softcapping", self.attn_logit_softcapping, 0.0, 1e6)
         check_str(f + "display_name", self.display_name or self.name)
         check_str(f + "family", self.family)
         self._check_moe(f)
@@ -494,6 +529,13 @@ class GpuSpec:
     #: kernel; ``None`` takes the architecture's figure (:data:`memfit.engine.steptime.EFFICIENCY`)
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
+    #: the board's thermal design power, its default power limit (W), and where the
+    #: figure comes from; ``None``: not known, a power limit cannot be given
+    tdp_w: float | None = None
+    tdp_source: str = ""
+    #: the figures a custom GPU did not give, taken from a reference device (see
+    #: :func:`memfit.engine.scenario_io.custom_gpu`); a preset's are all its own
+    assumed: tuple[str, ...] = ()
 
     VENDORS = ("nvidia", "amd", "intel")
     HOST_LINKS = ("pcie-gen3", "pcie-gen4", "pcie-gen5", "pcie-gen6", "nvlink-c2c")
@@ -524,6 +566,8 @@ class GpuSpec:
         for name in ("matmul_efficiency", "attention_efficiency"):
             if getattr(self, name) is not None:
                 check_float(f + name, getattr(self, name), *EFFICIENCY_RANGE)
+        if self.tdp_w is not None:
+            check_float(f + "tdp_w", self.tdp_w, *TDP_W)
 
     @property
     def memory_bytes(self) -> int:
@@ -557,6 +601,12 @@ class HardwareSpec:
     attention_efficiency: float | None = None
     #: :data:`CUDA_RUNTIMES`: what the CUDA context takes beyond PyTorch's pool
     cuda_runtime: str = "cuda12-lazy"
+    #: the board's power cap in W (``nvidia-smi -pl``), within :data:`POWER_LIMIT_SHARE`
+    #: of the GPU's TDP; or the sustained SM clock as a share of the stock board's
+    #: (:data:`CLOCK_SHARE`). Neither: the stock board (the step time's
+    #: :func:`memfit.engine.steptime.sustained_clock`)
+    power_limit_w: float | None = None
+    clock_share: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSpec):
@@ -579,6 +629,34 @@ class HardwareSpec:
         for name in ("matmul_efficiency", "attention_efficiency"):
             if getattr(self, name) is not None:
                 check_float("hardware." + name, getattr(self, name), *EFFICIENCY_RANGE)
+        if self.clock_share is not None:
+            check_float("hardware.clock_share", self.clock_share, *CLOCK_SHARE)
+        if self.power_limit_w is not None:
+            self._check_power_limit(self.power_limit_w)
+
+    def _check_power_limit(self, watts: float) -> None:
+        field_ = "hardware.power_limit_w"
+        tdp = self.gpu.tdp_w
+        if tdp is None:
+            raise EstimateError(
+                field_,
+                f"{self.gpu.display_name} has no TDP on record; give hardware.clock_share "
+                "instead (or hardware.tdp_w for a custom GPU)",
+            )
+        if self.clock_share is not None:
+            raise EstimateError(
+                field_, "give hardware.power_limit_w or hardware.clock_share, not both"
+            )
+        lo, hi = POWER_LIMIT_SHARE[0] * tdp, POWER_LIMIT_SHARE[1] * tdp
+        try:
+            check_float(field_, watts, lo, hi)
+        except EstimateError as exc:
+            raise EstimateError(
+                field_,
+                f"{exc.detail} W: {100 * POWER_LIMIT_SHARE[0]:g} to "
+                f"{100 * POWER_LIMIT_SHARE[1]:g} % of the {tdp:g} W TDP of "
+                f"{self.gpu.display_name}",
+            ) from None
 
     @property
     def capacity_bytes(self) -> int:
@@ -801,6 +879,10 @@ class ParallelismSpec:
     share of tokens the busiest expert rank receives, relative to a perfectly balanced
     router (1.0). ``dp_replicate`` splits the data-parallel ranks into groups that each
     hold one whole set of ZeRO shards (HSDP with a replicate degree of one's choosing).
+    ``tp_comm_overlap`` hides the tensor-parallel all-gathers and reduce-scatters behind the
+    GEMMs next to them (Megatron's ``--tp-comm-overlap`` with Transformer Engine's
+    userbuffers, torchtitan's async TP); both split the sequence-parallel collectives into
+    chunks, so it takes effect with ``sequence_parallel`` and ``tp`` above 1.
     """
 
     tp: int = 1
@@ -816,6 +898,7 @@ class ParallelismSpec:
     hybrid_shard: bool = False
     expert_capacity_factor: float = 1.0
     dp_replicate: int = 1
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         f = "training.parallelism."
@@ -829,6 +912,7 @@ class ParallelismSpec:
         check_bool(f + "sequence_parallel", self.sequence_parallel)
         check_choice(f + "framework", self.framework, FRAMEWORKS)
         check_bool(f + "hybrid_shard", self.hybrid_shard)
+        check_bool(f + "tp_comm_overlap", self.tp_comm_overlap)
         check_float(f + "expert_capacity_factor", self.expert_capacity_factor, 1.0, 64.0)
         if self.pp_schedule == "interleaved-1f1b" and self.vpp < 2:
             raise EstimateError(
@@ -849,10 +933,6 @@ class ParallelismSpec:
         value: int = getattr(self, key)
         return value
 
-    ``tp_comm_overlap`` hides the tensor-parallel all-gathers and reduce-scatters behind the
-    GEMMs next to them (Megatron's ``--tp-comm-overlap`` with Transformer Engine's
-    userbuffers, torchtitan's async TP); both split the sequence-parallel collectives into
-    chunks, so it takes effect with ``sequence_parallel`` and ``tp`` above 1.
     @property
     def model_parallel(self) -> int:
         """The GPUs one data-parallel replica spans: the product of the world's axes."""
@@ -868,7 +948,6 @@ class OffloadSpec:
     runs on the host), parameters (ZeRO-3 only) and the inputs of checkpointed layers."""
 
     optimizer: str = "none"
-    tp_comm_overlap: bool = False
     parameters: str = "none"
     activations: str = "none"
 
@@ -882,7 +961,6 @@ class OffloadSpec:
     def is_trivial(self) -> bool:
         return self == OffloadSpec()
 
-        check_bool(f + "tp_comm_overlap", self.tp_comm_overlap)
 
 @dataclass(frozen=True, slots=True)
 class TrainingSpec:

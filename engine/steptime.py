@@ -279,9 +279,86 @@ def _peak_tflops(gpu: GpuSpec, precision: str) -> float:
     return gpu.bf16_tflops
 
 
+#: the efficiencies of an architecture :data:`EFFICIENCY` has no row for
+GENERIC_EFFICIENCY = (0.6, 0.4)
+
+
+#: the share of a board's power at its TDP that does not follow the SM clock: HBM and
+#: its interface, leakage, the board's regulators and fans (an idle H200 draws 80 W of
+#: its 700, ``validation/gpu/h200_kernels.jsonl``; HBM and leakage add to it under load).
+#: 0.3 leaves an H100 SXM capped at 500 W 84 % of its stock clock: compute-bound work
+#: takes 19 % longer, about the 20 % reported for H100s capped at 500 W
+SM_FIXED_POWER_SHARE = 0.3
+
+
+def sustained_clock(scenario: Scenario) -> float:
+    """The SM clock a power limit leaves, as a share of the stock board's sustained clock
+    (1.0 when neither ``hardware.power_limit_w`` nor ``hardware.clock_share`` is given; the
+    latter is taken as it is).
+
+    A board holds its power cap by lowering the SM clock (the firmware's power management;
+    ``nvidia-smi -pl``). Its power is ``P = P_fixed + P_dyn``, where the dynamic power of
+    CMOS logic is ``P_dyn = a C V^2 f`` (Rabaey, *Digital Integrated Circuits*, 1996), and
+    along the voltage-frequency curve the voltage rises about in step with the clock
+    (``V ~ f``), so ``P_dyn ~ f^3``. With ``P_fixed`` = :data:`SM_FIXED_POWER_SHARE` of
+    the TDP, a cap ``P_cap`` leaves::
+
+        f / f_stock = ((P_cap - P_fixed) / (TDP - P_fixed)) ** (1/3)
+
+    The efficiencies of :data:`EFFICIENCY` are measured on stock boards, so the stock
+    board is 1.0 and a cap at the TDP changes nothing. What the clock scales
+    (:func:`device`): the matmul, attention and FP32 rates. Memory-bound work does not
+    follow it: HBM runs on its own clock (3,201 MHz in every record of
+    ``validation/gpu/h200_kernels.jsonl`` while the SM clock went from 345 to 1,980 MHz);
+    on capped H100s and H200s the SM clock and the DGEMM rate follow the cap and a
+    bandwidth-bound kernel far less (Ujeniya et al. 2026, arXiv:2604.11391), so the
+    bandwidth is kept whole (under deep caps it may fall a little too). Communication and
+    the host link are not on the SM clock either. Matmuls are power-bound at stock (He 2024,
+    "Strangely, matrix multiplications on GPUs run faster when given predictable data"),
+    which is why the cap reaches compute-bound steps first.
+    """
+    hw = scenario.hardware
+    if hw.clock_share is not None:
+        return hw.clock_share
+    tdp = hw.gpu.tdp_w
+    if hw.power_limit_w is None or tdp is None or hw.power_limit_w >= tdp:
+        return 1.0
+    fixed = SM_FIXED_POWER_SHARE * tdp
+    return float(((hw.power_limit_w - fixed) / (tdp - fixed)) ** (1 / 3))
+
+
+def device_notes(scenario: Scenario) -> tuple[str, ...]:
+    """What :func:`device` assumed of the GPU that the scenario did not say (a custom GPU's
+    figures not given), and the SM clock a power limit or clock share leaves."""
+    hw, gpu = scenario.hardware, scenario.hardware.gpu
+    notes = []
+    if gpu.assumed:
+        notes.append(f"{gpu.display_name}: step time of an assumed device -- {gpu.source}")
+    if gpu.name == "custom" and gpu.architecture not in EFFICIENCY:
+        mm, attn = GENERIC_EFFICIENCY
+        notes.append(
+            f"{gpu.display_name}: no architecture given (hardware.architecture): generic "
+            f"efficiencies, {100 * mm:g} % of peak on matmuls, {100 * attn:g} % on attention"
+        )
+    if hw.clock_share is not None:
+        notes.append(
+            f"SM clock {100 * hw.clock_share:.1f} % of the stock board's (hardware.clock_share): "
+            "compute rates scaled by it, memory bandwidth and links not"
+        )
+    elif hw.power_limit_w is not None and gpu.tdp_w is not None:
+        fixed = SM_FIXED_POWER_SHARE
+        notes.append(
+            f"SM clock {100 * sustained_clock(scenario):.1f} % of the stock board's: power "
+            f"limit {hw.power_limit_w:g} W of the {gpu.tdp_w:g} W TDP, "
+            f"f ~ ((P - {fixed:g} TDP) / ({1 - fixed:g} TDP))^(1/3); "
+            "compute rates scaled by it, memory bandwidth and links not"
+        )
+    return tuple(notes)
+
+
 def device(scenario: Scenario) -> Device:
     hw, gpu, precision = scenario.hardware, scenario.hardware.gpu, scenario.training.precision
-    mm, attn = EFFICIENCY.get(gpu.architecture, (0.6, 0.4))
+    mm, attn = EFFICIENCY.get(gpu.architecture, GENERIC_EFFICIENCY)
     mm = hw.matmul_efficiency or gpu.matmul_efficiency or mm
     attn = hw.attention_efficiency or gpu.attention_efficiency or attn
     peak = _peak_tflops(gpu, precision) * 1e12
@@ -292,17 +369,19 @@ def device(scenario: Scenario) -> Device:
     # NVLink figures are both directions together; PCIe cards talk over the host link
     one_way = gpu.interconnect_gb_s / 2 if gpu.interconnect_gb_s else gpu.host_link_gb_s
     net, net_note = network_gb_s(scenario)
+    # a power limit slows what runs on the SM clock, not memory or links (sustained_clock)
+    clock = sustained_clock(scenario)
     return Device(
         peak_flops=peak,
-        matmul_flops=mm_peak * mm,
-        attention_flops=peak * attn,
+        matmul_flops=mm_peak * mm * clock,
+        attention_flops=peak * attn * clock,
         bandwidth=gpu.memory_bandwidth_gb_s * 1e9 * MEMORY_EFFICIENCY,
         intra=one_way * 1e9 * COMM_EFFICIENCY,
         inter=net / hw.gpus_per_node * 1e9 * COMM_EFFICIENCY,
         host=gpu.host_link_gb_s * 1e9 * COMM_EFFICIENCY,
         network=net_note,
         fp8=fp8,
-        fp32_flops=gpu.fp32_tflops * 1e12 * mm,
+        fp32_flops=gpu.fp32_tflops * 1e12 * mm * clock,
     )
 
 
@@ -341,6 +420,8 @@ def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) 
         return 0.0
     d = min(k, n)
     rate = dev.matmul_flops * d / (d + GEMM_HALF_DIM)
+    tiles = math.ceil(m / GEMM_TILE_ROWS)
+    rate *= m / (tiles * GEMM_TILE_ROWS)
     nbytes = (m * k + k * n + m * n) * dt
     if dev.fp8:
         nbytes += (m * k + k * n) * FP8_CAST_BYTES
@@ -418,8 +499,6 @@ class _Priced(NamedTuple):
 def _price(block: Block, kernel: str) -> _Priced:
     """The ops of ``block`` sorted by how they are priced: matrix products as GEMMs; the
     attention core by its kernel, with its own ops where they are separate kernels; every
-    tiles = math.ceil(m / GEMM_TILE_ROWS)
-    rate *= m / (tiles * GEMM_TILE_ROWS)
     other op by the bytes it moves (:meth:`memfit.engine.graph.Block.moved`)."""
     gemms = []
     e_f: Size = 0
@@ -630,6 +709,12 @@ class _Ring:
     n: int
     bandwidth: float
     latency: float  # per hop of the ring
+    #: the members of the group on one node, one rank's NVLink and its own share of the
+    #: node's fabric (its NIC): what an all-to-all, which sends each peer its own piece,
+    #: goes through
+    local: int = 0
+    intra: float = 0.0
+    nic: float = 0.0
 
     def all_reduce(self, nbytes: float) -> float:
         if self.n <= 1 or nbytes <= 0:
@@ -718,12 +803,6 @@ def per_op_recompute_share(model: ModelSpec) -> float:
     if model.mlp == "gated":
         mlp = [2 * h * inter, inter * h] if model.fused_gate_up else [h * inter] * 3
     else:
-    #: the members of the group on one node, one rank's NVLink and its own share of the
-    #: node's fabric (its NIC): what an all-to-all, which sends each peer its own piece,
-    #: goes through
-    local: int = 0
-    intra: float = 0.0
-    nic: float = 0.0
         mlp = [h * inter, inter * h]
     experts = 0
     if model.is_moe:
@@ -778,6 +857,9 @@ class _Stages:
     attention: str
     loss: str
     sequence_parallel: bool
+    #: the tensor-parallel collectives hide behind the layers' GEMMs (tp_comm_overlap, with
+    #: sequence parallelism and tp above 1)
+    tp_overlap: bool
     #: the expert capacity factor
     capacity: float
     #: bytes of the compute dtype (engine.plan.precision)
@@ -855,9 +937,6 @@ class _Memo:
     plans: memo.Table[tuple[object, ...], _Plan]
     blocks: memo.Table[tuple[_Stages, int, int], _Block]
 
-    #: the tensor-parallel collectives hide behind the layers' GEMMs (tp_comm_overlap, with
-    #: sequence parallelism and tp above 1)
-    tp_overlap: bool
 
 #: plans or stage blocks one memo keeps before it starts afresh
 _ENTRIES_MAX = 8192
@@ -901,7 +980,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     mesh, prec = resolved.mesh, resolved.precision
     dev = device(scenario)
     par = training.parallelism
-    assumptions = []
+    assumptions = list(device_notes(scenario))
     if hw.nodes > 1 and hw.network is None and hw.network_gb_s is None:
         assumptions.append("network: " + dev.network)
     n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
@@ -958,6 +1037,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         attention=training.attention,
         loss=training.loss,
         sequence_parallel=par.sequence_parallel,
+        tp_overlap=par.tp_comm_overlap and par.sequence_parallel and mesh.tp > 1,
         capacity=par.expert_capacity_factor,
         compute=prec.compute,
         mode=prec.mode,
@@ -1035,7 +1115,6 @@ class _Head(NamedTuple):
 def _head(stages: _Stages, b: int, s: int) -> _Head:
     """The head and the loss at micro-batch ``b`` and sequence length ``s`` (see
     :func:`_head_at`)."""
-        tp_overlap=par.tp_comm_overlap and par.sequence_parallel and mesh.tp > 1,
     return _head_at(
         stages.rank_model, stages.head_ctx, stages.dev, stages.compute, stages.dequant_bytes,
         b, s // stages.mesh.cp,
@@ -1182,6 +1261,7 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
                 "recompute": rec,
                 "elementwise": ew + deq,
                 "tp": tp_t,
+                "tp_busy": tp_busy,
                 "ep": ep_t,
                 "cp": cp_t,
                 "pp": pp_t,
@@ -1259,10 +1339,16 @@ _PER_MICRO_BATCH = (
     (
         "pipeline sends",
         "communication",
-                "tp_busy": tp_busy,
         "pp",
         "activation and gradient per micro-batch per boundary",
     ),
+)
+
+
+#: the tensor-parallel term's formula when its collectives hide behind the GEMMs
+_TP_OVERLAPPED = (
+    "4 per layer per micro-batch, 2 (n-1)/n b s h, hidden behind the layers' GEMMs "
+    "(tp_comm_overlap): the part they cannot hide, and 15 % of the part they do"
 )
 
 
@@ -1352,13 +1438,6 @@ def _data_parallel(plan: _Plan, busiest: dict[str, float], micro: int, out: _Ter
         out.add(
             "ZeRO-3 / FSDP gathers and reduce-scatters",
             "communication",
-#: the tensor-parallel term's formula when its collectives hide behind the GEMMs
-_TP_OVERLAPPED = (
-    "4 per layer per micro-batch, 2 (n-1)/n b s h, hidden behind the layers' GEMMs "
-    "(tp_comm_overlap): the part they cannot hide, and 15 % of the part they do"
-)
-
-
             micro * exposed,
             micro * (2 * ag + rs),
             "all-gather forward and backward, reduce-scatter, prefetched",
