@@ -64,6 +64,7 @@ from memfit.engine.specs import (
     ACTIVATION_OFFLOAD,
     ATTENTION_KERNELS,
     CHECKPOINTING,
+    FP8_RECIPES,
     FRAMEWORKS,
     LOSSES,
     METHODS,
@@ -108,6 +109,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "loss": (("training", "loss"), str),
     "method": (("training", "method"), str),
     "precision": (("training", "precision"), str),
+    "fp8_recipe": (("training", "fp8_recipe"), str),
     "optimizer": (("training", "optimizer"), str),
     "optimizer_impl": (("training", "optimizer_impl"), str),
     "batch": (("training", "micro_batch_size"), int),
@@ -436,6 +438,7 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--loss", choices=LOSSES)
     t.add_argument("--method", choices=METHODS)
     t.add_argument("--precision", choices=PRECISIONS)
+    t.add_argument("--fp8-recipe", choices=FP8_RECIPES, help="how FP8 GEMMs scale their inputs")
     t.add_argument("--optimizer", choices=OPTIMIZERS)
     t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS)
     t.add_argument("--batch", type=int, help="micro-batch size per GPU")

@@ -155,6 +155,11 @@ CUDA_RUNTIMES = ("cuda12-lazy", "cuda12-eager", "cuda11-eager")
 #: transformers' experts implementation: grouped GEMMs over the sorted tokens, or the
 #: per-expert loop
 MOE_IMPLEMENTATIONS = ("grouped", "eager")
+#: how FP8 GEMMs scale their inputs (``training.fp8_recipe``, under ``fp8-mixed``): one
+#: scale per tensor (Transformer Engine's delayed or current scaling, torchao's
+#: tensorwise), per row (torchao's rowwise), per 1x128 / 128x128 block (DeepSeek-V3's,
+#: Transformer Engine's Float8BlockScaling) or per 1x32 block in hardware (MXFP8, Blackwell)
+FP8_RECIPES = ("tensorwise", "rowwise", "blockwise", "mxfp8")
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 ACTIVATION_OFFLOAD = ("none", "cpu")
@@ -1006,6 +1011,8 @@ class TrainingSpec:
     optimizer_in_backward: bool = False
     #: tokens the whole run trains on, for its wall time, GPU-hours and cost (None: not asked)
     token_budget: int | None = None
+    #: :data:`FP8_RECIPES`: how the FP8 GEMMs of ``fp8-mixed`` scale their inputs
+    fp8_recipe: str = "tensorwise"
     lora: LoraSpec = field(default_factory=LoraSpec)
     qlora: QuantSpec = field(default_factory=QuantSpec)
     freeze: FreezeSpec = field(default_factory=FreezeSpec)
@@ -1051,6 +1058,7 @@ class TrainingSpec:
                     f"{compute}: not modelled; expected auto, fp32 or {compute}",
                 )
         check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
+        check_choice(t + "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
         if self.model_implementation is not None:
             check_choice(
                 t + "model_implementation", self.model_implementation, MODEL_IMPLEMENTATIONS

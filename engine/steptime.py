@@ -146,6 +146,26 @@ FP8_CAST_BYTES = 3
 #: FP8 GEMMs on H100 run at about 1,200-1,300 of 1,979 TFLOP/s where BF16 ones reach
 #: about 700-750 of 989 (per-tensor scaling, narrower tiles)
 FP8_EFFICIENCY = 0.85
+#: each FP8 recipe (``training.fp8_recipe``): its GEMM's rate as a share of a
+#: per-tensor-scaled FP8 GEMM's, and the bytes per element that its own quantization
+#: kernels move for the input, the weight and the output gradient of each linear layer,
+#: every orientation a step uses together (forward row-scaled, backward column-scaled).
+#: Per-tensor scaling (Transformer Engine) casts inside the kernels that produce the
+#: inputs, the 3 bytes per element of :data:`FP8_CAST_BYTES` within the GEMM's own
+#: traffic. A row's or a 1x128 block's scale does not survive a transpose, so the other
+#: recipes quantize each operand twice, each time a kernel of its own: rowwise, an amax
+#: pass (read 2 bytes) and a scale-and-convert (read 2, write 1), 5 bytes, twice; blockwise
+#: and MXFP8 find each block's amax in registers, 3 bytes, twice (a 128x128 weight block
+#: transposes: its second orientation moves 2). The rates: rowwise ``_scaled_mm`` on an
+#: H200 ran at 0.87-1.01 of tensorwise, median 0.94 (``validation/gpu/h200_kernels.jsonl``);
+#: blockwise is taken as rowwise (scales applied in the main loop alike, unmeasured);
+#: MXFP8's scaling is in Blackwell's tensor cores
+FP8_RECIPE_COSTS: dict[str, tuple[float, tuple[float, float, float]]] = {
+    "tensorwise": (1.0, (0.0, 0.0, 0.0)),
+    "rowwise": (0.94, (10.0, 10.0, 10.0)),
+    "blockwise": (0.94, (6.0, 5.0, 6.0)),
+    "mxfp8": (1.0, (6.0, 6.0, 6.0)),
+}
 #: the shortest time a kernel takes: the host's launch rate through PyTorch's dispatcher
 KERNEL_S = 5e-6
 #: host memory bandwidth one node's CPU optimizer step reaches, GB/s (DeepSpeed CPU-Adam
@@ -259,6 +279,21 @@ class Device:
     network: str
     fp8: bool = False  # the linear layers' GEMMs run in FP8
     fp32_flops: float = 0.0  # achievable on fp32 matmuls (SDPA's math fallback upcasts)
+    #: the 16-bit matmul rate: the LM head's under FP8, which no FP8 stack converts
+    matmul16_flops: float = 0.0
+    #: bytes per element of input, weight and output gradient that the FP8 recipe's own
+    #: quantization kernels move (:data:`FP8_RECIPE_COSTS`); zeros: fused or no FP8
+    fp8_cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def sixteen_bit(self) -> Device:
+        """This device running its matmuls in 16 bits (the LM head under FP8: Megatron's
+        output layer is not a Transformer Engine module, torchtitan's Float8 converter
+        leaves ``output`` out, llm-foundry converts the blocks' linears only)."""
+        if not self.fp8:
+            return self
+        return dataclasses.replace(
+            self, fp8=False, matmul_flops=self.matmul16_flops, fp8_cast=(0.0, 0.0, 0.0)
+        )
 
 
 def network_gb_s(scenario: Scenario) -> tuple[float, str]:
@@ -365,7 +400,8 @@ def device(scenario: Scenario) -> Device:
     # FP8 runs the linear layers' GEMMs at the FP8 rate (Transformer Engine); attention,
     # norms and the rest stay in 16 bits
     fp8 = precision == "fp8-mixed" and gpu.fp8_tflops > 0
-    mm_peak = gpu.fp8_tflops * 1e12 * FP8_EFFICIENCY if fp8 else peak
+    recipe_share, cast = FP8_RECIPE_COSTS[scenario.training.fp8_recipe] if fp8 else (1.0, None)
+    mm_peak = gpu.fp8_tflops * 1e12 * FP8_EFFICIENCY * recipe_share if fp8 else peak
     # NVLink figures are both directions together; PCIe cards talk over the host link
     one_way = gpu.interconnect_gb_s / 2 if gpu.interconnect_gb_s else gpu.host_link_gb_s
     net, net_note = network_gb_s(scenario)
@@ -382,6 +418,8 @@ def device(scenario: Scenario) -> Device:
         network=net_note,
         fp8=fp8,
         fp32_flops=gpu.fp32_tflops * 1e12 * mm * clock,
+        matmul16_flops=peak * mm * clock,
+        fp8_cast=cast or (0.0, 0.0, 0.0),
     )
 
 
@@ -423,7 +461,7 @@ def _gemm(m: float, k: float, n: float, dt: int, dev: Device, count: float = 1) 
     tiles = math.ceil(m / GEMM_TILE_ROWS)
     rate *= m / (tiles * GEMM_TILE_ROWS)
     nbytes = (m * k + k * n + m * n) * dt
-    if dev.fp8:
+    if dev.fp8 and not dev.fp8_cast[0]:  # per-tensor scaling: cast where produced
         nbytes += (m * k + k * n) * FP8_CAST_BYTES
     return count * _kernel(2 * m * k * n, nbytes, rate, dev.bandwidth)
 
@@ -609,6 +647,7 @@ def _gemms(ops: _Priced, share: float, dt: int, dev: Device) -> _Gemms:
     """The GEMMs of ``ops`` (concrete); those run once per chunk of rows count ``share``
     times (the rows in all over the rows of one chunk)."""
     mm_f = mm_b = fl_f = fl_b = 0.0
+    cx, cw, cdy = dev.fp8_cast
     for rows, k, n, count, passes, per_chunk in ops.gemms:
         m_rows = concrete(rows) / count
         times = count * (share if per_chunk else 1)
@@ -618,6 +657,13 @@ def _gemms(ops: _Priced, share: float, dt: int, dev: Device) -> _Gemms:
         mm_b += fwd * passes
         fl_f += flops
         fl_b += flops * passes
+        if cx:  # the recipe's own quantization kernels: half of each operand's forward
+            x, w, dy = m_rows * k * times, k * n * times, m_rows * n * times
+            mm_f += (cx * x + cw * w) / 2 / dev.bandwidth
+            if passes:  # the input gradient needs w and dy; the weight gradient x and dy
+                wgrad = passes > 1
+                back = cw * w / 2 + cdy * dy * passes / 2 + (cx * x / 2 if wgrad else 0.0)
+                mm_b += back / dev.bandwidth
     return _Gemms(mm_f, mm_b, fl_f, fl_b)
 
 
@@ -854,6 +900,8 @@ class _Stages:
     lora: LoraSpec
     freeze: FreezeSpec
     precision: str
+    #: the device follows from it too (its GEMM rate and cast kernels)
+    fp8_recipe: str
     attention: str
     loss: str
     sequence_parallel: bool
@@ -1034,6 +1082,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         lora=training.lora,
         freeze=training.freeze,
         precision=training.precision,
+        fp8_recipe=training.fp8_recipe,
         attention=training.attention,
         loss=training.loss,
         sequence_parallel=par.sequence_parallel,
@@ -1115,9 +1164,10 @@ class _Head(NamedTuple):
 def _head(stages: _Stages, b: int, s: int) -> _Head:
     """The head and the loss at micro-batch ``b`` and sequence length ``s`` (see
     :func:`_head_at`)."""
+    # the LM head stays in 16 bits under FP8 (Device.sixteen_bit)
     return _head_at(
-        stages.rank_model, stages.head_ctx, stages.dev, stages.compute, stages.dequant_bytes,
-        b, s // stages.mesh.cp,
+        stages.rank_model, stages.head_ctx, stages.dev.sixteen_bit(), stages.compute,
+        stages.dequant_bytes, b, s // stages.mesh.cp,
     )  # fmt: skip
 
 

@@ -962,6 +962,17 @@ class TrainingPanel(FormPanel):
             MOE_CHOICES,
             training_field("moe_implementation"),
         )
+        self.add_combo(
+            "training.fp8_recipe",
+            "FP8 scaling",
+            [
+                ("per tensor (Transformer Engine)", "tensorwise"),
+                ("per row (torchao rowwise)", "rowwise"),
+                ("per block (1x128 / 128x128)", "blockwise"),
+                ("MXFP8 (Blackwell)", "mxfp8"),
+            ],
+            training_field("fp8_recipe"),
+        )
         get_budget, set_budget = training_field("token_budget")
         budget = self.add_double(
             "training.token_budget",
@@ -1047,6 +1058,8 @@ class TrainingPanel(FormPanel):
             in ("every-k-layers", "first-k-layers"),
             "training.moe_implementation": scenario.model.is_moe
             or scenario.training.moe_implementation != "grouped",
+            "training.fp8_recipe": scenario.training.precision == "fp8-mixed"
+            or scenario.training.fp8_recipe != "tensorwise",
         }
         for path, show in visible.items():
             self.set_row_visible(path, show)

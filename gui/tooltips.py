@@ -126,6 +126,10 @@ TIPS: dict[str, str] = {
     "training.attention": "The attention kernel: eager keeps the s x s scores and softmax "
     "per head; SDPA, flash and memory-efficient keep only the output and its logsumexp. "
     "SDPA runs flash for 16-bit compute, memory-efficient for fp32.",
+    "training.fp8_recipe": "How the FP8 GEMMs scale their inputs (FP8 precision only). Per "
+    "tensor: casts fused into the ops that produce the inputs (Transformer Engine). Per row "
+    "or per block: each operand quantized twice by kernels of its own, and a slightly "
+    "slower GEMM. MXFP8 needs Blackwell. Changes step time only.",
     "training.moe_implementation": "How the experts run (MoE models): grouped GEMMs over "
     "the tokens sorted by expert, or transformers' eager loop over the experts one by "
     "one, which keeps each expert's inputs separately.",

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.engine import memo
+from memfit.engine.errors import EstimateError, shown
 from memfit.engine.plan.mesh import Mesh, make_mesh
 from memfit.engine.plan.precision import Precision, precision_of
 from memfit.engine.plan.ranks import RankSlot, layout, rank_model
@@ -64,4 +65,11 @@ def resolve(scenario: Scenario) -> Plan:
     that does not divide)."""
     run = built(scenario)
     training = run.training
+    arch = scenario.hardware.gpu.architecture
+    if training.precision == "fp8-mixed" and training.fp8_recipe == "mxfp8" and arch != "blackwell":
+        raise EstimateError(
+            "training.fp8_recipe",
+            f"mxfp8 needs Blackwell's block-scaled tensor cores; {shown(arch)} has none: "
+            "expected tensorwise, rowwise or blockwise",
+        )
     return Plan(scenario, run, conventions(training), precision_of(training), make_mesh(run))

@@ -621,3 +621,55 @@ def test_rows_short_of_a_whole_tile_cost_a_whole_tile() -> None:
     k = n = 8192
     assert _gemm(129, k, n, 2, dev) == pytest.approx(_gemm(256, k, n, 2, dev), rel=0.02)
     assert _gemm(4096, k, n, 2, dev) == pytest.approx(2 * _gemm(2048, k, n, 2, dev), rel=1e-9)
+
+
+def _fp8(recipe: str, precision: str = "fp8-mixed", gpu: str = "h100-sxm-80gb") -> Scenario:
+    return scenario(gpu=gpu, precision=precision, fp8_recipe=recipe, micro_batch_size=2,
+                    sequence_length=4096)  # fmt: skip
+
+
+def test_fp8_recipes_order_by_their_gemm_rate_and_cast_kernels() -> None:
+    """Per-tensor scaling casts where the inputs are produced (Transformer Engine); per-row
+    and per-block scaling quantize each operand twice by kernels of their own, and their
+    GEMMs run below per-tensor ones: both are slower than tensorwise, rowwise (two passes
+    per quantization) the slowest; all faster than 16 bits at these sizes; the recipe
+    changes nothing without FP8."""
+    rate = {r: step_time(_fp8(r)).tokens_per_s_per_gpu for r in ("tensorwise", "rowwise",
+                                                                  "blockwise")}  # fmt: skip
+    bf16 = step_time(_fp8("tensorwise", "bf16-mixed")).tokens_per_s_per_gpu
+    assert rate["tensorwise"] > rate["blockwise"] > rate["rowwise"] > bf16
+    assert step_time(_fp8("rowwise", "bf16-mixed")).tokens_per_s_per_gpu == bf16
+
+
+def test_the_lm_head_stays_in_16_bits_under_fp8() -> None:
+    """No FP8 stack converts the output layer (Megatron's is not a Transformer Engine
+    module; torchtitan's converter leaves ``output`` out): the head's GEMMs run at the
+    16-bit rate, the same with and without FP8."""
+    from memfit.engine.steptime import _head_at, device
+
+    fp8, bf16 = _fp8("tensorwise"), _fp8("tensorwise", "bf16-mixed")
+    dev8, dev16 = device(fp8), device(bf16)
+    assert dev8.fp8 and dev8.matmul_flops > 1.5 * dev16.matmul_flops
+    assert dev8.sixteen_bit().matmul_flops == dev16.matmul_flops
+    assert dev8.sixteen_bit().fp8 is False
+    model = fp8.model
+    from memfit.engine.timeline import make_ctx
+
+    ctx = make_ctx(model, bf16.training).for_head()
+    assert _head_at(model, ctx, dev8.sixteen_bit(), 2, 2.5, 2, 4096) == _head_at(
+        model, ctx, dev16, 2, 2.5, 2, 4096
+    )
+
+
+def test_mxfp8_is_refused_off_blackwell_and_the_recipe_is_saved() -> None:
+    with pytest.raises(EstimateError, match=r"training\.fp8_recipe.*Blackwell"):
+        step_time(_fp8("mxfp8"))
+    assert step_time(_fp8("mxfp8", gpu="b200-sxm-180gb")).tokens_per_s_per_gpu > 0
+    with pytest.raises(EstimateError, match=r"training\.fp8_recipe"):
+        TrainingSpec(fp8_recipe="nvfp4")
+    s = _fp8("rowwise")
+    data = scenario_to_dict(s)
+    assert data["training"]["fp8_recipe"] == "rowwise"
+    assert scenario_from_dict(data) == s
+    del data["training"]["fp8_recipe"]
+    assert scenario_from_dict(data).training.fp8_recipe == "tensorwise"
