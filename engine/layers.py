@@ -110,6 +110,9 @@ class Ctx:
     loss_chunks: int = 8
     #: the model is LitGPT's own ``GPT`` (:func:`_litgpt_attention`, :meth:`Net._lora_qkv`)
     litgpt: bool = False
+    #: the model is Megatron-core's ``GPTModel`` with Transformer Engine's modules
+    #: (:func:`_megatron_layer`): Megatron-LM and NeMo build their own, never transformers'
+    megatron: bool = False
     #: LitGPT's fused q/k/v LoRA: which of q, k, v carry an adapter
     qkv_enabled: tuple[bool, bool, bool] = (True, True, True)
     #: QLoRA quantizes the LM head too (Lightning's plugin: every ``nn.Linear``)
@@ -653,6 +656,42 @@ class Net:
         )
         return self.cast(y, self.dtype[x])
 
+    def fused_norm(self, x: str, h: int, norm: str, component: str = "norms") -> str:
+        """Transformer Engine's LayerNorm or RMSNorm: one kernel, the output in the input's
+        dtype; it keeps its input and per row the fp32 ``rsigma`` (LayerNorm also ``mu``)."""
+        rows = self.elems[x] // h
+        layernorm = norm.startswith("layernorm")
+        trains = self.ctx.trains(component)
+        stats = self.new("norm_stats", (2 if layernorm else 1) * rows, F32, False)
+        y = self.new("norm", self.elems[x], self.dtype[x], self.rg[x] or trains)
+        params = {"layernorm": 2, "layernorm-nobias": 1, "layernorm-nonparam": 0}.get(norm, 1)
+        w_grad = params * self.ctx.weight_bytes(component) * h if trains else 0
+        self._op("te_norm", [x], [y, stats], saves=[x, stats], weight_grad=w_grad)
+        return y
+
+    def megatron_core_attention(
+        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int
+    ) -> str:
+        """Megatron-core's unfused ``DotProductAttention``: ``baddbmm`` scores in the
+        compute dtype, the fused scale-mask-softmax (kept: 2 bytes an element), dropout
+        on the probabilities (its 1-byte mask and output kept) and the product with v; a
+        grouped k and v are repeated to every head first. The block's attention core."""
+        first = len(self.block.ops)
+        dt = self.ctx.act
+        tokens, pairs = self.s.tokens, self.s.pairs
+        if kv_heads != heads:
+            k = self.unary("repeat_kv", k, elems=tokens * heads * head_dim, dtype=dt)
+            v = self.unary("repeat_kv", v, elems=tokens * heads * head_dim, dtype=dt)
+        rg = self.rg[q] or self.rg[k]
+        scores = self.new("scores", heads * pairs, dt, rg)
+        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
+        probs = self.unary("fused_softmax", scores, save_out=True)
+        probs = self.dropout(probs, self.ctx.attention_dropout)
+        out = self.new("attn", tokens * heads * head_dim, dt, rg or self.rg[v])
+        self._op("matmul_pv", [probs, v], [out], saves=[probs, v])
+        self.block.core = (first, len(self.block.ops))
+        return out
+
     def layer_norm(self, x: str, h: int, component: str = "norms") -> str:
         """``F.layer_norm`` (fp32 under autocast): keeps its input, mean and rstd."""
         ctx = self.ctx
@@ -909,6 +948,8 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     """
     h, tokens = m.hidden_size, ctx.shape().tokens
     net = Net("decoder_layer", ctx, tokens * h // ctx.sp, ctx.res, x_grad)
+    if ctx.megatron and megatron_builds(m):
+        return net.block, _megatron_layer(net, m, moe)
     norm = _norm_of(net, m)
     # the norms before each sublayer (pre, sandwich) and after it (post, sandwich)
     before, after = m.norm_placement != "post", m.norm_placement != "pre"
@@ -962,6 +1003,84 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     r1 = net.binary("residual", "x", o)
     y = mlp(net.gather_seq(norm(r1, h) if before else r1))
     return net.block, net.binary("residual", r1, y)
+
+
+def megatron_builds(m: ModelSpec) -> bool:
+    """Whether :func:`_megatron_layer` builds this family's layer as Megatron-core does:
+    pre-norm GPT-style layers with multi-head or grouped attention; other layouts (latent
+    attention, parallel branches, post- or sandwich norms, q/k norms) are built as
+    transformers writes them."""
+    return (
+        not m.is_mla
+        and not m.parallel_attention
+        and m.norm_placement == "pre"
+        and m.qk_norm == "none"
+        and m.eager_attention == "hf"
+        and not m.attn_logit_softcapping
+    )
+
+
+def _megatron_layer(net: Net, m: ModelSpec, moe: bool) -> str:
+    """A ``TransformerLayer`` of Megatron-core built from Transformer Engine's modules (the
+    ``get_gpt_layer_with_transformer_engine_spec`` layer, with the fusions the training
+    recipes turn on: ``apply_rope_fusion``, ``bias_activation_fusion``,
+    ``bias_dropout_fusion``, ``masked_softmax_fusion``):
+
+    * each norm is one kernel (``TELayerNormColumnParallelLinear``, ``TENorm``) keeping
+      its input and its per-row statistics in fp32;
+    * ``linear_qkv`` is one GEMM whose q, k and v are views of its output; fused RoPE
+      writes new q and k, and v stays a view, keeping the fused output alive;
+    * the core attention is the fused kernel, or without it (``attention: eager``)
+      ``baddbmm`` scores, the fused scale-mask-softmax keeping its 16-bit output, dropout
+      and the product with v (Korthikanti et al. 2022, section 4.1: ``5 a s^2 b``);
+    * ``linear_fc1`` is one GEMM for gate and up, the fused SwiGLU (or bias-GeLU) keeps its
+      input; ``linear_fc2``; bias-dropout-add keeps the dropout's mask.
+
+    Per layer without recomputation this keeps ``s b h (34 + 5 a s / h)`` bytes for a
+    GPT-3 layer (LayerNorm, GeLU, dropout, unfused attention), Korthikanti et al.'s
+    equation (1), plus the norms' statistics; the time prices these few fused kernels
+    instead of transformers' many element-wise ops."""
+    ctx = net.ctx
+    h, tokens = m.hidden_size, net.s.tokens
+    heads, kv_heads, head_dim = m.num_attention_heads, m.num_key_value_heads, m.head_dim
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    n1 = net.gather_seq(net.fused_norm("x", h, m.norm))
+    if {"q_proj", "k_proj", "v_proj"} & ctx.lora_roles:
+        # adapters on q, k or v: PEFT-style per-projection linears keep their adapters
+        q = net.linear(n1, h, q_out, "attention", "q_proj", m.attention_bias)
+        k = net.linear(n1, h, kv_out, "attention", "k_proj", m.attention_bias)
+        v = net.linear(n1, h, kv_out, "attention", "v_proj", m.attention_bias)
+    else:
+        qkv = net.linear(n1, h, q_out + 2 * kv_out, "attention", "qkv", m.attention_bias)
+        q = k = v = qkv  # views of the fused output
+    if m.position_embedding == "rotary":
+        # TE's fused RoPE reads the view and writes a new tensor; it keeps nothing
+        q = net.unary("fused_rope", q, elems=tokens * q_out, reads=tokens * q_out * ctx.act)
+        k = net.unary("fused_rope", k, elems=tokens * kv_out, reads=tokens * kv_out * ctx.act)
+    if net.kernel() == "eager":
+        attn = net.megatron_core_attention(q, k, v, heads, kv_heads, head_dim)
+    else:
+        attn = net.attention(q, k, v, heads, kv_heads, head_dim)
+    o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
+    r1 = net.binary("residual", "x", net.dropout(net.scatter_seq(o), m.hidden_dropout))
+    n2 = net.gather_seq(net.fused_norm(r1, h, m.norm))
+    if moe:
+        y = _moe(net, m, n2)
+    else:
+        f = m.intermediate_size
+        if m.mlp == "plain":
+            up = net.linear(n2, h, f, "mlp", "up_proj", m.mlp_bias)
+            act = net.unary("bias_" + m.activation, up, save_in=True)
+        elif {"gate_proj", "up_proj"} & ctx.lora_roles:
+            gate = net.linear(n2, h, f, "mlp", "gate_proj", m.mlp_bias)
+            up = net.linear(n2, h, f, "mlp", "up_proj", m.mlp_bias)
+            act = net.binary("fused_swiglu", gate, up, saves="both")
+        else:
+            gu = net.linear(n2, h, 2 * f, "mlp", "gate_up", m.mlp_bias)
+            act = net.unary("fused_swiglu", gu, save_in=True, elems=tokens * f)
+        y = net.linear(act, f, h, "mlp", "down_proj", m.mlp_bias)
+    y = net.dropout(net.scatter_seq(y), m.hidden_dropout)
+    return net.binary("residual", r1, y)
 
 
 def _norm_of(net: Net, m: ModelSpec) -> Callable[[str, int], str]:

@@ -43,7 +43,7 @@ def test_the_cases_hold_every_hostile_class() -> None:
     kinds: Counter[str] = Counter()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for _ in range(6000):
+        for _ in range(12000):
             kind, argv = make_case(rng, scenarios, configs, folder, training)
             kinds[kind] += 1
             for made in folder.iterdir():  # model folders and configs naming paths: tested below

@@ -484,3 +484,33 @@ def test_deep_pipelines_play_each_stage_shape_once(monkeypatch: pytest.MonkeyPat
         # 1F1B: the earlier a middle stage, the more micro-batches it holds
         assert middle == sorted(middle, reverse=True)
         assert (len(set(middle)) == 1) == (micro == 1)
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_megatron_cores_layer_keeps_korthikanti_equation_1(t: int) -> None:
+    """Megatron-core's layer with its fused kernels and the unfused core attention (16-bit
+    scale-mask-softmax output, dropout mask and dropped probabilities kept) keeps what
+    Korthikanti et al. 2022 count exactly: ``s b h (34 + 5 a s / h)`` at t = 1,
+    ``s b h (10 + 24 / t + 5 a s / (h t))`` under tensor parallelism; beyond the paper only
+    the norms' fp32 statistics."""
+    s, h, a = 2048, 4096, 32
+    model = dataclasses.replace(GPT, attention_dropout=0.1)
+    ctx = full_ctx(seq=s, mode="half", frozen_bytes=2, attention="eager", attention_dropout=0.1,
+                   megatron=True)  # fmt: skip
+    kept = simulate(*decoder_layer(tensor_parallel_shard(model, t), ctx, True, False)).kept
+    hidden = 34 if t == 1 else 10 + 24 / t
+    stats = 2 * 2 * 4 * s / (s * h)
+    assert kept / (s * h) == pytest.approx(hidden + 5 * a * s / (h * t) + stats, abs=1e-9)
+
+
+def test_megatron_cores_llama_layer_runs_fewer_kernels_than_transformers() -> None:
+    """The same Llama layer as Megatron-core builds it (fused norms, RoPE, SwiGLU; views of
+    the fused q/k/v) runs a fraction of transformers' element-wise ops and keeps less."""
+    model = load_model("llama-3-8b")
+    hf = decoder_layer(model, full_ctx(seq=4096, mode="half", frozen_bytes=2), True, False)
+    mc = decoder_layer(
+        model, full_ctx(seq=4096, mode="half", frozen_bytes=2, megatron=True), True, False
+    )
+    assert len(mc[0].ops) <= len(hf[0].ops) // 2
+    assert sum(op.gemm is not None for op in mc[0].ops) == 4  # qkv, proj, fc1, fc2
+    assert simulate(*mc).kept < simulate(*hf).kept

@@ -489,6 +489,10 @@ def test_a_layer_priced_for_one_model_is_not_served_to_another() -> None:
         ("llama-3-8b", {"loss": "chunked"}),  # a fused loss: one chunk of rows held
         ("llama-3-8b", {"loss": "chunked-output", "stack": "torchtune"}),
         ("bert-base-uncased", {}),  # the masked-LM head's transform
+        # Megatron-core's fused layer, with its views of the fused q/k/v
+        ("llama-3-8b", {"parallelism": ParallelismSpec(framework="megatron")}),
+        ("gpt2", {"attention": "eager", "parallelism": ParallelismSpec(framework="megatron")}),
+        ("qwen3-30b-a3b", {"parallelism": ParallelismSpec(framework="megatron")}),
     ],
 )  # fmt: skip
 def test_a_block_priced_once_for_every_shape_equals_the_block_built_at_each(
