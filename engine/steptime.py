@@ -112,6 +112,36 @@ EFFICIENCY: dict[str, tuple[float, float]] = {
     "cdna3": (0.48, 0.35),
     "gaudi3": (0.60, 0.40),
 }
+#: the attention kernels on Hopper, by the sequence: a kernel does work per query row
+#: that does not grow with the keys it reads (loading the row's queries, the softmax's
+#: rescaling and statistics, writing the output; in backward the ``rowsum(dO * O)`` pass
+#: and the fp32 accumulation and conversion of dq), so its rate is
+#: ``R * keys / (keys + k0)`` with ``keys`` the mean keys a query reads (half the sequence,
+#: causal). Fitted on an H200 (``validation/gpu/h200_kernels.jsonl``: causal, 512 to 65,536
+#: tokens, 65,536 tokens a call; rms error 1-5 %), per head dimension: ``(R_forward,
+#: k0_forward, R_backward, k0_backward)``, R as a share of the dense 16-bit peak. SDPA
+#: runs cuDNN's kernel on Hopper; ``flash`` is FlashAttention-2 (which does not use
+#: Hopper's asynchronous tensor cores); ``mem-efficient`` is SDPA's memory-efficient kernel.
+#: Other architectures keep their flat share (:data:`EFFICIENCY`), as does a scenario or a
+#: preset that gives its own ``attention_efficiency``
+HOPPER_ATTENTION: dict[str, dict[int, tuple[float, float, float, float]]] = {
+    "sdpa": {64: (0.465, 190, 0.435, 530), 128: (0.615, 170, 0.545, 580)},
+    "flash": {64: (0.325, 260, 0.29, 530), 128: (0.35, 220, 0.33, 540)},
+    "mem-efficient": {64: (0.185, 140, 0.14, 270), 128: (0.185, 140, 0.14, 270)},
+}
+
+
+def attention_curve(attention: str, head_dim: int) -> tuple[float, float, float, float]:
+    """The Hopper curve (:data:`HOPPER_ATTENTION`) of a kernel at ``head_dim``: linear
+    between the measured 64 and 128, the nearest outside them."""
+    by_dim = HOPPER_ATTENTION[attention]
+    d = min(128.0, max(64.0, float(head_dim)))
+    w = (d - 64) / 64
+    lo, hi = by_dim[64], by_dim[128]
+    a, b, c, e = (x + w * (y - x) for x, y in zip(lo, hi, strict=True))
+    return (a, b, c, e)
+
+
 #: share of the memory bandwidth that streaming kernels reach (STREAM-like copies on HBM)
 MEMORY_EFFICIENCY = 0.8
 #: share of a link's one-way bandwidth that NCCL's ring collectives reach (bus bandwidth)
@@ -284,6 +314,9 @@ class Device:
     #: bytes per element of input, weight and output gradient that the FP8 recipe's own
     #: quantization kernels move (:data:`FP8_RECIPE_COSTS`); zeros: fused or no FP8
     fp8_cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: the fused attention kernel's rate by the keys a query reads, forward and backward:
+    #: ``(FLOP/s, k0, FLOP/s, k0)`` (:data:`HOPPER_ATTENTION`); empty: ``attention_flops``
+    attention_curve: tuple[float, ...] = ()
 
     def sixteen_bit(self) -> Device:
         """This device running its matmuls in 16 bits (the LM head under FP8: Megatron's
@@ -407,6 +440,17 @@ def device(scenario: Scenario) -> Device:
     net, net_note = network_gb_s(scenario)
     # a power limit slows what runs on the SM clock, not memory or links (sustained_clock)
     clock = sustained_clock(scenario)
+    curve: tuple[float, ...] = ()
+    attention = scenario.training.attention
+    given = hw.attention_efficiency or gpu.attention_efficiency
+    # measured in 16 bits: fp32 attention (SDPA's memory-efficient kernel on the CUDA
+    # cores) keeps the flat share
+    sixteen = precision != "fp32"
+    if gpu.architecture == "hopper" and sixteen and not given and attention in HOPPER_ATTENTION:
+        m = scenario.model
+        d = m.qk_nope_head_dim + m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim
+        r_f, k_f, r_b, k_b = attention_curve(attention, d)
+        curve = (peak * r_f * clock, k_f, peak * r_b * clock, k_b)
     return Device(
         peak_flops=peak,
         matmul_flops=mm_peak * mm * clock,
@@ -420,6 +464,7 @@ def device(scenario: Scenario) -> Device:
         fp32_flops=gpu.fp32_tflops * 1e12 * mm * clock,
         matmul16_flops=peak * mm * clock,
         fp8_cast=cast or (0.0, 0.0, 0.0),
+        attention_curve=curve,
     )
 
 
@@ -711,6 +756,10 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
         rate = dev.matmul_flops if kernel == "eager" else dev.fp32_flops or dev.matmul_flops
         attn_f = attn_flops / rate + max(c_f / dev.bandwidth, c_k * KERNEL_S)
         attn_b = 2 * attn_flops / rate + max(c_b / dev.bandwidth, 2 * c_k * KERNEL_S)
+    elif dev.attention_curve:  # the kernel's rate by the keys each query reads
+        r_f, k0_f, r_b, k0_b = dev.attention_curve
+        attn_f = max(attn_flops / (r_f * keys / (keys + k0_f)), KERNEL_S)
+        attn_b = max(2.5 * attn_flops / (r_b * keys / (keys + k0_b)), KERNEL_S)
     else:
         attn_f = max(attn_flops / dev.attention_flops, KERNEL_S)
         # FlashAttention's backward recomputes the scores: 2.5x the forward's FLOPs
