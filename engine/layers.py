@@ -488,7 +488,7 @@ class Net:
         if role and role in ctx.lora_roles:
             if qkv is not None and ctx.litgpt:
                 return self._lora_qkv(x, y, in_f, qkv, tokens)
-            y = self._lora(x, y, in_f, out_f, tokens)
+            y = self._lora(x, y, in_f, out_f, tokens, key)
         return y
 
     def _regrade(self, key: tuple[str, str | None, int, int, int]) -> None:
@@ -546,12 +546,23 @@ class Net:
         )  # fmt: skip
         return y
 
-    def _lora(self, x: str, base: str, in_f: int, out_f: int, tokens: Size) -> str:
+    def _lora(
+        self,
+        x: str,
+        base: str,
+        in_f: int,
+        out_f: int,
+        tokens: Size,
+        key: tuple[str, str | None, int, int, int],
+    ) -> str:
         """PEFT ``lora.Linear``: ``base(x) + B(A(dropout(x))) * scaling``. A and B, and so
         their gradients, are in the adapter dtype (``Ctx.adapter_bytes``: PEFT's default
         keeps them fp32 on a 16-bit base). Outside autocast PEFT casts the input to the
         adapters' dtype, the adapter path computes in it, and the sum is cast back to the
-        base output's dtype; under autocast the matmuls run in the compute dtype."""
+        base output's dtype; under autocast the matmuls run in the compute dtype, on
+        autocast's cached 16-bit copies of fp32 adapters (trainable leaves), which each
+        matmul keeps for its input's gradient -- the LM head's B is vocab x r. ``key``: the
+        base linear's (its component, role and shape), which names its adapter."""
         ctx, r = self.ctx, self.ctx.lora_rank
         adapter_dtype = ctx.adapter_bytes
         xin = self.cast(x, adapter_dtype) if ctx.mode != "amp" else x
@@ -559,18 +570,42 @@ class Net:
         if ctx.mode == "amp":
             xin = self.cast(xin, 2)
         out_dtype = ctx.act if ctx.mode == "amp" else adapter_dtype
+        cast = ctx.mode == "amp" and adapter_dtype == 4
+        component, role, _, _, weights = key
+        key_a = (component, f"{role}.lora_A", r, in_f, weights)
+        key_b = (component, f"{role}.lora_B", r, out_f, weights)
+        wa = self._adapter_cast(key_a) if cast else ""
+        if not cast:  # a head run in chunks uses its adapter again (see _regrade)
+            self._regrade(key_a)
         a = self.new("loraA", tokens * r, out_dtype, True)
         self._op(
-            "lora_A", [xin], [a], saves=[xin], weight_grad=adapter_dtype * r * in_f,
-            trains=True, gemm=(tokens, in_f, r, 1),
+            "lora_A", [xin, *filter(None, [wa])], [a], saves=[xin, wa if self.rg[xin] else ""],
+            weight_grad=0 if cast else adapter_dtype * r * in_f, trains=True,
+            gemm=(tokens, in_f, r, 1),
         )  # fmt: skip
+        wb = self._adapter_cast(key_b) if cast else ""
+        if not cast:
+            self._regrade(key_b)
         b = self.new("loraB", tokens * out_f, out_dtype, True)
         self._op(
-            "lora_B", [a], [b], saves=[a], weight_grad=adapter_dtype * r * out_f,
-            trains=True, gemm=(tokens, r, out_f, 1),
+            "lora_B", [a, *filter(None, [wb])], [b], saves=[a, wb],
+            weight_grad=0 if cast else adapter_dtype * r * out_f, trains=True,
+            gemm=(tokens, r, out_f, 1),
         )  # fmt: skip
         scaled = self.unary("scale", b)
         return self.cast(self.binary("add", base, scaled), self.dtype[base])
+
+    def _adapter_cast(self, key: tuple[str, str | None, int, int, int]) -> str:
+        """Autocast's 16-bit copy of an fp32 adapter matrix (``key``: its component, name,
+        rank and width), made at its first use and cached while the autocast region is
+        open; its backward lands the fp32 gradient on the adapter."""
+        _, _, r, width, _ = key
+        weight = self.cached.get(key, "")
+        if not weight:
+            weight = self.cached[key] = self.new("wcast", r * width, 2, True)
+            self.block.cached.add(weight)
+            self._op("cast_weight", [], [weight], weight_grad=4 * r * width, trains=True)
+        return weight
 
     def _lora_qkv(
         self, x: str, base: str, in_f: int, widths: tuple[int, int, int], tokens: Size
@@ -1400,7 +1435,7 @@ def head_and_loss(
         x = net.cast(x, 2) if ctx.mode == "amp" else x
         # the model returns the list of chunks; the loss then upcasts and reduces each
         chunks = [
-            net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=ctx.batch * rows)
+            net.linear(x, h, vocab, "lm_head", "lm_head", m.lm_head_bias, tokens=ctx.batch * rows)
             for rows in (min(size, seq - start) for start in range(0, seq, size))
         ]
         if logits_only:  # the model returns the list
@@ -1422,7 +1457,9 @@ def head_and_loss(
         else:  # the list of chunks lives until the loss is computed (torchtune's `del`)
             net.block.op("release_logits", chunks, [])
         return net.block, loss
-    logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias)
+    # a LoRA adapter on the output layer (a target named ``lm_head``): its B makes a
+    # logits-sized product, scaled and summed with the head's output
+    logits = net.linear(x, h, vocab, "lm_head", "lm_head", m.lm_head_bias)
     if m.final_logit_softcapping:
         # Gemma-2: logits / cap, tanh (which keeps its output), * cap; each a new tensor
         # of the logits' size, the last the model's output

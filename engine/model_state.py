@@ -91,7 +91,10 @@ _TARGET_ROLES = {
     "kv_a_proj": ("kv_a_proj",),
     "kv_b_proj": ("kv_b_proj",),
 }
+#: ``all-linear``: every linear layer of the blocks, not the output layer (as PEFT)
 _ALL_ROLES = frozenset(r for roles in _TARGET_ROLES.values() for r in roles)
+#: the output layer, adapted only where a target names it (PEFT's ``lm_head``)
+_TARGET_ROLES["lm_head"] = ("lm_head",)
 
 #: Components that ``FreezeSpec.trainable`` names map onto.
 FREEZE_COMPONENTS = {
@@ -241,6 +244,8 @@ def lora_targets(model: ModelSpec, targets: Iterable[str]) -> tuple[frozenset[st
     model); when none matches it is an error.
     """
     present = {g.linear for g in model_tensors(model) if g.linear}
+    if model.architecture == "decoder":
+        present.add("lm_head")  # tied or not, the output layer is a linear module
     chosen: set[str] = set()
     missed: list[str] = []
     for target in targets:
@@ -302,6 +307,12 @@ def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup
                         g.component, base + name, shape, g.count, layers=g.layers, adapter=True
                     )
                 )
+    if "lm_head" in roles:
+        # the output layer (a tied one too: PEFT wraps the module, whose weight is the
+        # embedding's): A is r x hidden, B vocab x r
+        v, h = model.vocab_size, model.hidden_size
+        for name, shape in (("lm_head.lora_A", (r, h)), ("lm_head.lora_B", (v, r))):
+            out.append(TensorGroup("lm_head", name, shape, 1, adapter=True))
     return tuple(out)
 
 
@@ -393,7 +404,14 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
     base = (*frozen, *quantized, *(g for g in trainable if not g.adapter))
     warnings: list[str] = []
     if method in ("lora", "qlora"):
-        missed = lora_targets(model, training.lora.targets)[1]
+        roles, missed = lora_targets(model, training.lora.targets)
+        if "lm_head" in roles and training.loss == "chunked":
+            raise EstimateError(
+                "training.lora.targets",
+                "lm_head with the fused linear cross-entropy (loss chunked) is not modelled: "
+                "the fused kernel reads the head's weight, not its adapter; name lm_head with "
+                "another loss, or leave it out",
+            )
         if missed:
             warnings.append(f"LoRA target {', '.join(missed)} matches no layer of {model.name}")
 

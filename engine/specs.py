@@ -193,6 +193,8 @@ LORA_TARGETS = (
     "kv_a_proj",
     "kv_b_proj",
     "all-linear",
+    # the output layer: adapted only when named (PEFT's all-linear leaves it out)
+    "lm_head",
 )
 #: LoRA targets as PEFT users write them: a family's module names (PEFT matches the end of
 #: a module's name), each with the roles of :data:`LORA_TARGETS` it stands for. Names that

@@ -325,3 +325,28 @@ def test_paged_8bit_states_live_in_unified_memory() -> None:
     prefetched = 2 * largest + 8 * -(-largest // 256)
     assert step.optimizer_states - after.optimizer_states == prefetched
     assert paged.allocated_bytes < plain.allocated_bytes
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "llama-2-7b"])  # tied, untied head
+def test_lora_on_the_lm_head_adds_its_adapter_when_named(model: str) -> None:
+    """``lm_head`` as a target adapts the output layer, tied or not (PEFT wraps the
+    module): A is r x hidden, B vocab x r. ``all-linear`` leaves it out, as PEFT does."""
+    m = load_model(model)
+    plain = model_state(m, TrainingSpec(method="lora", lora=LoraSpec(targets=("q_proj",))))
+    named = TrainingSpec(method="lora", lora=LoraSpec(targets=("q_proj", "lm_head")))
+    head = 16 * (m.hidden_size + m.vocab_size)
+    assert model_state(m, named).trainable_params == plain.trainable_params + head
+    every = TrainingSpec(method="lora", lora=LoraSpec(targets=("all-linear",)))
+    both = TrainingSpec(method="lora", lora=LoraSpec(targets=("all-linear", "lm_head")))
+    assert model_state(m, both).trainable_params == model_state(m, every).trainable_params + head
+
+
+def test_lora_on_the_lm_head_with_a_fused_loss_is_refused() -> None:
+    """A fused linear cross-entropy reads the head's weight, never its adapter."""
+    lora = LoraSpec(targets=("q_proj", "lm_head"))
+    with pytest.raises(EstimateError) as err:
+        model_state(
+            load_model("llama-3.2-1b"), TrainingSpec(method="lora", lora=lora, loss="chunked")
+        )
+    assert err.value.field == "training.lora.targets"
+    assert "lm_head" in str(err.value)
