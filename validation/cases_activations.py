@@ -12,6 +12,8 @@
 * Gemma-2-9B: the attention scores soft-capped (``cap * tanh(scores / cap)``, eager
   attention, transformers' default for it), with and without the cap; four norms a layer.
 * OLMo-2-7B: RMSNorms on the whole q and k projections and on each sublayer's output.
+* PEFT's LoRA on the output layer (``lm_head`` as a target) of Llama-3.2-1B (tied) and
+  Llama-2-7B (untied), and the same steps without it.
 
 Each under autocast and in pure bf16. Records as in ``dataset.json``
 (:mod:`validation.measure`).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from validation.cases import model_config
 from validation.measure import ROOT, measure_case, parse_args, run_cases
 
 DEFAULT_OUT = ROOT / "tests" / "validation" / "dataset_activations.json"
@@ -155,6 +158,21 @@ def all_cases() -> list[dict[str, Any]]:
     plain = _scenario({**GEMMA_2_9B, "attn_logit_softcapping": None}, "bf16", "eager", 1, 4096)
     case_id = "gemma-2-9b_L2_bf16_full_adamw-foreach_eager_b1_s4096_no-attn-softcap"
     cases.append({"id": case_id, "family": "gemma2", "scenario": plain})
+    # PEFT's LoRA on the output layer (``lm_head`` named as a target), on a tied head
+    # (Llama-3.2-1B) and an untied one (Llama-2-7B); and without it, for what it costs
+    variants = (("bf16-mixed", True), ("bf16", True), ("bf16-mixed", False))
+    for name in ("llama-3.2-1b", "llama-2-7b"):
+        for precision, head in variants:
+            scenario = _scenario(model_config(name, 2), precision, "sdpa", 4, 2048)
+            targets = ["q_proj", "v_proj"] + (["lm_head"] if head else [])
+            scenario["training"]["method"] = "lora"
+            scenario["training"]["lora"] = {
+                "rank": 16, "alpha": 32.0, "targets": targets, "dropout": 0.0,
+            }  # fmt: skip
+            case_id = (
+                f"{name}_L2_{precision}_lora_r16-{'+'.join(targets)}_adamw-foreach_sdpa_b4_s2048"
+            )
+            cases.append({"id": case_id, "family": "llama", "scenario": scenario})
     return cases
 
 
