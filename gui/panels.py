@@ -782,8 +782,9 @@ def canonical_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
 
 class TargetsWidget(QWidget):
     """LoRA targets as checkboxes, one per target the engine knows; ``all-linear``
-    overrides the others. The latent-attention targets show for such models (or when a
-    scenario holds them). Emits :attr:`changed` on a user's toggle."""
+    overrides the others but ``lm_head`` (the output layer, which it leaves out). The
+    latent-attention targets show for such models (or when a scenario holds them). Emits
+    :attr:`changed` on a user's toggle."""
 
     changed = Signal()
 
@@ -817,7 +818,8 @@ class TargetsWidget(QWidget):
 
     def _enable_parts(self, everything: bool) -> None:
         for name in TARGETS:
-            self.boxes[name].setEnabled(not everything)
+            if name != "lm_head":  # all-linear leaves the output layer out
+                self.boxes[name].setEnabled(not everything)
 
     def show_latent(self, show: bool) -> None:
         """Show the latent-attention targets (always those checked)."""
@@ -828,7 +830,7 @@ class TargetsWidget(QWidget):
 
     def value(self) -> tuple[str, ...]:
         if self.boxes["all-linear"].isChecked():
-            return ("all-linear",)
+            return ("all-linear",) + (("lm_head",) if self.boxes["lm_head"].isChecked() else ())
         return tuple(n for n in TARGETS if self.boxes[n].isChecked())
 
     def set_value(self, targets: tuple[str, ...]) -> None:

@@ -202,6 +202,8 @@ TARGET_TIPS: dict[str, str] = {
     "q_b_proj": "Adapters on the query up-projection of latent attention (DeepSeek).",
     "kv_a_proj": "Adapters on the key/value down-projection of latent attention (DeepSeek).",
     "kv_b_proj": "Adapters on the key/value up-projection of latent attention (DeepSeek).",
+    "lm_head": "Adapters on the output layer (the LM head, tied or not); all-linear leaves "
+    "it out. Its B is vocabulary x rank, and its product is as large as the logits.",
 }
 
 

@@ -73,6 +73,10 @@ def test_lora_targets_checkboxes(window: MainWindow) -> None:
     targets.boxes["all-linear"].setChecked(True)
     assert window.store.scenario.training.lora.targets == ("all-linear",)
     assert not targets.boxes["q_proj"].isEnabled()
+    # the output layer is not a part of all-linear: its box stays its own
+    assert targets.boxes["lm_head"].isEnabled()
+    targets.boxes["lm_head"].setChecked(True)
+    assert window.store.scenario.training.lora.targets == ("all-linear", "lm_head")
 
 
 def test_model_panel_search_filters_and_picks_a_preset(window: MainWindow) -> None:
