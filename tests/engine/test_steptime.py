@@ -730,3 +730,14 @@ def test_on_hopper_attention_gets_cheaper_per_flop_with_the_sequence_and_not_els
     assert long_h[0] < 0.8 * short_h[0] and long_h[1] < 0.6 * short_h[1]
     long_a, short_a = per_flop("a100-sxm-80gb", 32768), per_flop("a100-sxm-80gb", 1024)
     assert long_a == pytest.approx(short_a, rel=1e-9)
+
+
+def test_selective_recomputation_follows_the_attention_that_runs() -> None:
+    """Gemma-2 caps its scores, which SDPA cannot: under ``sdpa`` it runs eager, so
+    selective checkpointing recomputes the eager core there as it does under ``eager``."""
+    base = scenario("gemma-2-9b", micro_batch_size=2, sequence_length=2048,
+                    activation_checkpointing="selective")  # fmt: skip
+    eager = with_training(base, attention="eager")
+    assert step_time(base).step_time_s == step_time(eager).step_time_s
+    recompute = [t.seconds for t in step_time(base).terms if t.name == "recomputation"]
+    assert recompute and recompute[0] > 0
