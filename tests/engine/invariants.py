@@ -183,7 +183,9 @@ def check_shapes(scenario: Scenario, est: Estimate) -> None:
     if bigger is not None:
         assert bigger.allocated_bytes >= est.allocated_bytes, "micro-batch + 1"
         slower, faster = bigger.time.step_time_s, est.time.step_time_s
-        assert slower >= faster, ("step time, micro-batch + 1", faster, slower)
+        # never faster; equal where every kernel sits at its floor or in one GEMM tile (a few
+        # rows), up to the order the terms were summed in
+        assert slower >= faster * (1 - 1e-12), ("step time, micro-batch + 1", faster, slower)
     if t.sequence_length * 2 <= scenario.model.max_position_embeddings * 64:
         longer = _estimate(_training(scenario, sequence_length=t.sequence_length * 2))
         if longer is not None:
