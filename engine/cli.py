@@ -110,6 +110,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "method": (("training", "method"), str),
     "precision": (("training", "precision"), str),
     "fp8_recipe": (("training", "fp8_recipe"), str),
+    "torch_compile": (("training", "torch_compile"), bool),
     "optimizer": (("training", "optimizer"), str),
     "optimizer_impl": (("training", "optimizer_impl"), str),
     "batch": (("training", "micro_batch_size"), int),
@@ -439,6 +440,12 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--method", choices=METHODS)
     t.add_argument("--precision", choices=PRECISIONS)
     t.add_argument("--fp8-recipe", choices=FP8_RECIPES, help="how FP8 GEMMs scale their inputs")
+    t.add_argument(
+        "--torch-compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the model runs under torch.compile: element-wise ops fused (step time)",
+    )
     t.add_argument("--optimizer", choices=OPTIMIZERS)
     t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS)
     t.add_argument("--batch", type=int, help="micro-batch size per GPU")

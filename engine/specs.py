@@ -1015,6 +1015,10 @@ class TrainingSpec:
     token_budget: int | None = None
     #: :data:`FP8_RECIPES`: how the FP8 GEMMs of ``fp8-mixed`` scale their inputs
     fp8_recipe: str = "tensorwise"
+    #: the model runs under ``torch.compile`` (inductor): its element-wise ops fuse into
+    #: kernels between the matmuls and the attention (step time; what it saves for
+    #: backward is taken as eager PyTorch's)
+    torch_compile: bool = False
     lora: LoraSpec = field(default_factory=LoraSpec)
     qlora: QuantSpec = field(default_factory=QuantSpec)
     freeze: FreezeSpec = field(default_factory=FreezeSpec)
@@ -1061,6 +1065,7 @@ class TrainingSpec:
                 )
         check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
         check_choice(t + "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        check_bool(t + "torch_compile", self.torch_compile)
         if self.model_implementation is not None:
             check_choice(
                 t + "model_implementation", self.model_implementation, MODEL_IMPLEMENTATIONS

@@ -528,6 +528,8 @@ class _Work:
     compute: int  # bytes of the compute dtype (engine.plan.precision)
     #: QLoRA: bytes one weight's dequantization moves (engine.layers.dequant_traffic)
     dequant_bytes: float = 2.5
+    #: torch.compile fuses the element-wise ops (:func:`_fused`)
+    compiled: bool = False
 
 
 def _work(stages: _Stages, b: int, s: int) -> _Work:
@@ -540,7 +542,7 @@ def _work(stages: _Stages, b: int, s: int) -> _Work:
         ctx = dataclasses.replace(ctx, masked=masked)
     return _Work(
         rank, ctx, b, s, mesh.tp, mesh.cp, mesh.ep, stages.compute,
-        stages.dequant_bytes,
+        stages.dequant_bytes, stages.compiled,
     )  # fmt: skip
 
 
@@ -579,10 +581,78 @@ class _Priced(NamedTuple):
     r_k: int = 0
 
 
-def _price(block: Block, kernel: str) -> _Priced:
+def _fused(block: Block, members: list[int]) -> tuple[Size, Size, int, int]:
+    """The element-wise ops ``members`` of ``block`` (indices, in order) as ``torch.compile``
+    (inductor) runs them: ops joined by a tensor one makes and the next reads fuse into one
+    kernel, which reads what comes from outside its group once and writes only what leaves
+    it -- read by an op outside the group, saved for backward, or the block's output.
+    Backward, each group is one kernel again: it reads the gradients of what left it and
+    what it took in (saved, or recomputed from), and writes the gradients of its inputs
+    that need one. Bytes forward and backward, and kernels forward and backward."""
+    ops = block.ops
+    inside = set(members)
+    parent = {i: i for i in members}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    made: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    saved: set[str] = set()
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            readers.setdefault(t, []).append(i)
+        saved.update(op.saves)
+        for t, _ in op.outputs:
+            made[t] = i
+    for i in members:
+        for t in ops[i].inputs:
+            j = made.get(t)
+            if j is not None and j in inside:
+                parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in members:
+        groups.setdefault(root(i), []).append(i)
+    fwd: Size = 0
+    bwd: Size = 0
+    k_b = 0
+    for group in groups.values():
+        mine = set(group)
+        ins: dict[str, Size] = {}
+        grads: set[str] = set()
+        out: Size = 0
+        out_grad: Size = 0
+        recorded = False
+        for i in group:
+            op = ops[i]
+            recorded = recorded or bool(op.out_grad)
+            for t in op.inputs:
+                if made.get(t) not in mine:
+                    ins[t] = block.sizes[t]
+            grads.update(t for t in op.grads if made.get(t) not in mine)
+            for t, size in op.outputs:
+                leaves = t in saved or any(r not in mine for r in readers.get(t, [i]))
+                if leaves or not readers.get(t):
+                    out += size
+                    if op.out_grad:
+                        out_grad += size
+        read: Size = sum(ins.values(), 0)
+        fwd += read + out
+        if recorded:
+            bwd += out_grad + read + sum((ins[t] for t in grads), 0)
+            k_b += 1
+    return fwd, bwd, len(groups), k_b
+
+
+def _price(block: Block, kernel: str, fused: bool = False) -> _Priced:
     """The ops of ``block`` sorted by how they are priced: matrix products as GEMMs; the
     attention core by its kernel, with its own ops where they are separate kernels; every
-    other op by the bytes it moves (:meth:`memfit.engine.graph.Block.moved`)."""
+    other op by the bytes it moves (:meth:`memfit.engine.graph.Block.moved`) -- or, with
+    ``fused`` (``torch.compile``), the element-wise ops outside the attention core and the
+    chunked loss in fused groups (:func:`_fused`)."""
     gemms = []
     e_f: Size = 0
     e_b: Size = 0
@@ -596,6 +666,7 @@ def _price(block: Block, kernel: str) -> _Priced:
     r_k = 0
     core = range(*block.core) if kernel in ("eager", "math") else range(0)
     repeated = range(*block.repeated)
+    pointwise: list[int] = []
     for i, op in enumerate(block.ops):
         if op.gemm is not None:
             # backward: the input's gradient where it needs one, the weight's where it trains
@@ -615,8 +686,12 @@ def _price(block: Block, kernel: str) -> _Priced:
                 c_f, c_b, c_k = c_f + f, c_b + g, c_k + 1
             elif i in repeated:
                 r_f, r_b, r_k = r_f + f, r_b + g, r_k + 1
+            elif fused:
+                pointwise.append(i)
             else:
                 e_f, e_b, k_f, k_b = e_f + f, e_b + g, k_f + 1, k_b + bool(op.out_grad)
+    if pointwise:
+        e_f, e_b, k_f, k_b = _fused(block, pointwise)
     return _Priced(tuple(gemms), e_f, e_b, k_f, k_b, c_f, c_b, c_k, dequant, cast, r_f, r_b, r_k)
 
 
@@ -645,7 +720,7 @@ def _block_of(model: ModelSpec, ctx: Ctx, kind: str) -> Block:
 
 
 @memo.cached(maxsize=4096)
-def _priced_forms(model: ModelSpec, ctx: Ctx, kind: str) -> _Priced | None:
+def _priced_forms(model: ModelSpec, ctx: Ctx, kind: str, fused: bool = False) -> _Priced | None:
     """A block's ops priced for every shape (``kind`` as :func:`_block_of`): built once with
     symbolic sizes, checked against the block built at :data:`_HELD_OUT`. None where its
     sizes are not linear forms of the shape (the eager experts loop, a chunked output):
@@ -654,8 +729,9 @@ def _priced_forms(model: ModelSpec, ctx: Ctx, kind: str) -> _Priced | None:
     b, s = _HELD_OUT
     held = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
     try:
-        forms = _price(_block_of(model, dataclasses.replace(ctx, symbolic=True), kind), kernel)
-        direct = _price(_block_of(model, held, kind), kernel)
+        symbolic = _block_of(model, dataclasses.replace(ctx, symbolic=True), kind)
+        forms = _price(symbolic, kernel, fused)
+        direct = _price(_block_of(model, held, kind), kernel, fused)
         if _priced_at(forms, held.terms()) == direct:
             return forms
     except (TypeError, ValueError):  # a size that no linear form of the terms holds
@@ -664,18 +740,21 @@ def _priced_forms(model: ModelSpec, ctx: Ctx, kind: str) -> _Priced | None:
 
 
 @memo.cached(maxsize=16384)
-def _priced_block(model: ModelSpec, ctx: Ctx, kind: str, b: int, seq: int) -> _Priced:
+def _priced_block(
+    model: ModelSpec, ctx: Ctx, kind: str, b: int, seq: int, fused: bool = False
+) -> _Priced:
     """A block's ops priced at micro-batch ``b`` and sequence length ``seq`` (the rank's
     chunk): from the forms priced once where they hold, else from the block built at this
     shape; the two agree to the byte (:func:`_priced_forms`)."""
-    forms = _priced_forms(model, ctx, kind)
+    forms = _priced_forms(model, ctx, kind, fused)
     if forms is not None:
         try:
             return _priced_at(forms, ctx.terms_at(b, seq))
         except ValueError:  # not a whole number of bytes here
             pass
     shaped = dataclasses.replace(ctx, batch=b, seq=seq)
-    return _price(_block_of(model, shaped, kind), _kernel_of(ctx.attention, model.sdpa_math))
+    kernel = _kernel_of(ctx.attention, model.sdpa_math)
+    return _price(_block_of(model, shaped, kind), kernel, fused)
 
 
 class _Gemms(NamedTuple):
@@ -725,7 +804,8 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     dt = work.compute
     h = model.hidden_size
     kernel = _kernel_of(work.ctx.attention, model.sdpa_math)
-    ops = _priced_block(work.rank_model, work.ctx, "moe" if moe else "layer", b, s // cp)
+    kind = "moe" if moe else "layer"
+    ops = _priced_block(work.rank_model, work.ctx, kind, b, s // cp, work.compiled)
     mm_f, mm_b, fl_f, fl_b = _gemms(ops, 1.0, dt, dev)
     c_f, c_b, c_k = float(concrete(ops.c_f)), float(concrete(ops.c_b)), ops.c_k
     e_f, e_b = float(concrete(ops.e_f)), float(concrete(ops.e_b))
@@ -951,6 +1031,8 @@ class _Stages:
     precision: str
     #: the device follows from it too (its GEMM rate and cast kernels)
     fp8_recipe: str
+    #: torch.compile fuses the element-wise ops
+    compiled: bool
     attention: str
     loss: str
     sequence_parallel: bool
@@ -1132,6 +1214,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         freeze=training.freeze,
         precision=training.precision,
         fp8_recipe=training.fp8_recipe,
+        compiled=training.torch_compile,
         attention=training.attention,
         loss=training.loss,
         sequence_parallel=par.sequence_parallel,
@@ -1217,19 +1300,26 @@ def _head(stages: _Stages, b: int, s: int) -> _Head:
     # the LM head stays in 16 bits under FP8 (Device.sixteen_bit)
     return _head_at(
         stages.rank_model, stages.head_ctx, stages.dev.sixteen_bit(), stages.compute,
-        stages.dequant_bytes, b, s // stages.mesh.cp,
+        stages.dequant_bytes, b, s // stages.mesh.cp, stages.compiled,
     )  # fmt: skip
 
 
 @memo.cached(maxsize=16384)
 def _head_at(
-    model: ModelSpec, ctx: Ctx, dev: Device, dt: int, dequant_bytes: float, b: int, seq: int
+    model: ModelSpec,
+    ctx: Ctx,
+    dev: Device,
+    dt: int,
+    dequant_bytes: float,
+    b: int,
+    seq: int,
+    compiled: bool = False,
 ) -> _Head:
     """The head and the loss of ``model`` (the rank's share) at micro-batch ``b`` and the
     rank's ``seq`` positions: the ops of the block the memory walk plays last
     (:func:`memfit.engine.timeline.head_block`), priced as the layers' are; a fused loss's
     chunk of rows runs ``ceil(tokens / chunk)`` times."""
-    ops = _priced_block(model, ctx, "head", b, seq)
+    ops = _priced_block(model, ctx, "head", b, seq, compiled)
     # a fused loss runs its chunk's ops over every row: tokens / chunk times the work, in
     # ceil(tokens / chunk) launches
     terms = ctx.terms_at(b, seq)

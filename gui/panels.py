@@ -975,6 +975,11 @@ class TrainingPanel(FormPanel):
             ],
             training_field("fp8_recipe"),
         )
+        self.add_check(
+            "training.torch_compile",
+            "torch.compile",
+            training_field("torch_compile"),
+        ).setText("element-wise ops fused")
         get_budget, set_budget = training_field("token_budget")
         budget = self.add_double(
             "training.token_budget",

@@ -126,6 +126,10 @@ TIPS: dict[str, str] = {
     "training.attention": "The attention kernel: eager keeps the s x s scores and softmax "
     "per head; SDPA, flash and memory-efficient keep only the output and its logsumexp. "
     "SDPA runs flash for 16-bit compute, memory-efficient for fp32.",
+    "training.torch_compile": "The model runs under torch.compile (inductor): the "
+    "element-wise ops between the matmuls and the attention fuse into fewer kernels, which "
+    "read and write less. Changes step time only: what inductor saves for backward is "
+    "taken as eager PyTorch's.",
     "training.fp8_recipe": "How the FP8 GEMMs scale their inputs (FP8 precision only). Per "
     "tensor: casts fused into the ops that produce the inputs (Transformer Engine). Per row "
     "or per block: each operand quantized twice by kernels of its own, and a slightly "

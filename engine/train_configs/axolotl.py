@@ -125,8 +125,8 @@ def _axolotl(r: _Reader) -> None:
         )
         r.raw("fsdp_version")
         _fsdp(out, options, fsdp_config, "fsdp" if fsdp else "fsdp_config")
+    r.compiled("torch_compile")
     for key, reason in (
-        ("torch_compile", "torch.compile fusion is not modelled (eager PyTorch is)"),
         ("neftune_noise_alpha", "no memory effect"),
         ("lora_modules_to_save", "modules trained in full beside the adapters are not modelled"),
         ("peft_use_dora", "DoRA's magnitude vectors and weight norms are not modelled"),

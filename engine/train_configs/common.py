@@ -177,6 +177,20 @@ class _Reader:
             raise EstimateError(self.key(key), f"got {shown(value)}, expected a mapping of keys")
         return _Reader(value, self.key(key) + ".", self.out)
 
+    def compiled(self, key: str) -> None:
+        """``key`` turns ``torch.compile`` on (any value but null, false, 0 and an empty
+        text, list or mapping): ``training.torch_compile``."""
+        value = self.raw(key)
+        off = value is None or value is False or value in ("", [], {})
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            off = value == 0
+        if not off:
+            self.out.set("torch_compile", True, self.key(key))
+            self.out.note(
+                "torch.compile: the step time fuses the element-wise ops; memory is taken "
+                "as eager PyTorch's (what inductor saves for backward is not modelled)"
+            )
+
     def flag(self, key: str, reason: str) -> None:
         """``key`` is ignored with ``reason`` when it is on: any value but null, false, 0
         and an empty text, list or mapping."""

@@ -160,9 +160,9 @@ def _training_arguments(r: _Reader) -> None:
     if r.has("deepspeed"):
         _deepspeed_reference(out, r.raw("deepspeed"), "deepspeed")
     _hf_fsdp(r)
+    r.compiled("torch_compile")
+    r.compiled("torchdynamo")
     for key, reason in (
-        ("torch_compile", "torch.compile fusion is not modelled (eager PyTorch is)"),
-        ("torchdynamo", "torch.compile fusion is not modelled (eager PyTorch is)"),
         ("neftune_noise_alpha", "no memory effect"),
         ("auto_find_batch_size", "the batch size it settles on is not known"),
         (

@@ -84,8 +84,8 @@ def _torchtune(r: _Reader) -> None:
             )
         loss.seen.update(loss.data)
     _torchtune_distributed(r)
+    r.compiled("compile")
     for key, reason in (
-        ("compile", "torch.compile fusion is not modelled (eager PyTorch is)"),
         ("ref_model", "preference training (a reference model) is not modelled"),
         ("teacher_model", "knowledge distillation (a teacher model) is not modelled"),
         ("quantizer", "quantization-aware training is not modelled"),

@@ -496,6 +496,10 @@ def test_a_layer_priced_for_one_model_is_not_served_to_another() -> None:
         ("llama-3-8b", {"parallelism": ParallelismSpec(framework="megatron")}),
         ("gpt2", {"attention": "eager", "parallelism": ParallelismSpec(framework="megatron")}),
         ("qwen3-30b-a3b", {"parallelism": ParallelismSpec(framework="megatron")}),
+        # torch.compile: the element-wise ops priced in fused groups
+        ("llama-3-8b", {"torch_compile": True, "method": "lora"}),
+        ("qwen3-30b-a3b", {"torch_compile": True}),
+        ("gpt2", {"torch_compile": True, "attention": "eager"}),
     ],
 )  # fmt: skip
 def test_a_block_priced_once_for_every_shape_equals_the_block_built_at_each(
@@ -520,8 +524,10 @@ def test_a_block_priced_once_for_every_shape_equals_the_block_built_at_each(
         ctx = whole.for_head() if kind == "head" else whole.for_layers()
         kernel = _kernel_of(ctx.attention, rank.sdpa_math)
         for b, seq in ((1, 64), (3, 1000), (8, 4096)):
-            built = _price(_block_of(rank, dc.replace(ctx, batch=b, seq=seq), kind), kernel)
-            assert _priced_block(rank, ctx, kind, b, seq) == built, (kind, b, seq)
+            fused = s.training.torch_compile
+            shaped = _block_of(rank, dc.replace(ctx, batch=b, seq=seq), kind)
+            built = _price(shaped, kernel, fused)
+            assert _priced_block(rank, ctx, kind, b, seq, fused) == built, (kind, b, seq)
 
 
 def test_gemma_2s_logit_soft_capping_costs_memory_and_time() -> None:
@@ -741,3 +747,34 @@ def test_selective_recomputation_follows_the_attention_that_runs() -> None:
     assert step_time(base).step_time_s == step_time(eager).step_time_s
     recompute = [t.seconds for t in step_time(base).terms if t.name == "recomputation"]
     assert recompute and recompute[0] > 0
+
+
+def test_torch_compile_fuses_the_element_wise_ops_and_nothing_else() -> None:
+    """Under torch.compile the element-wise ops between the matmuls and the attention fuse:
+    fewer kernels and fewer bytes (what a fused group reads from outside it once, what
+    leaves it once); the GEMMs, the attention and the collectives are priced as before;
+    memory is eager PyTorch's."""
+    from memfit.engine.steptime import _block_of, _kernel_of, _price
+    from memfit.engine.timeline import make_ctx
+
+    s = scenario("llama-3-8b", micro_batch_size=2, sequence_length=2048)
+    ctx = dataclasses.replace(make_ctx(s.model, s.training).for_layers(), batch=2, seq=2048)
+    block = _block_of(s.model, ctx, "layer")
+    kernel = _kernel_of(ctx.attention)
+    eager, fused = _price(block, kernel), _price(block, kernel, True)
+    assert fused.gemms == eager.gemms
+    assert 0 < fused.k_f < eager.k_f / 2 and 0 < fused.k_b < eager.k_b
+    assert 0 < fused.e_f < 0.75 * eager.e_f and 0 < fused.e_b < eager.e_b
+    # a group reads at least the layer's input once and writes at least its output
+    h = s.model.hidden_size * 2 * 2048 * 2
+    assert fused.e_f >= 2 * h
+    compiled = with_training(s, torch_compile=True)
+    t0, t1 = step_time(s), step_time(compiled)
+    ew0, ew1 = (_term(t, "elementwise")[0] for t in (t0, t1))
+    assert ew1 < ew0
+    for name in ("forward", "backward"):
+        assert _term(t1, name)[0] == pytest.approx(_term(t0, name)[0], rel=1e-12)
+    assert estimate(compiled).allocated_bytes == estimate(s).allocated_bytes
+    data = scenario_to_dict(compiled)
+    assert data["training"]["torch_compile"] is True
+    assert scenario_from_dict(data) == compiled

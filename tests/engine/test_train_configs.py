@@ -46,6 +46,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None, dict[str, Any], dict[str,
         "llama-3-70b",
         {
             "stack": "axolotl",
+            "torch_compile": True,
             "method": "qlora",
             "lora": {"rank": 16, "alpha": 32, "dropout": 0.05, "targets": ["all-linear"]},
             "qlora": {"compute_dtype": "bf16"},
@@ -157,6 +158,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None, dict[str, Any], dict[str,
         None,
         {
             "stack": "hf-trainer",
+            "torch_compile": True,
             "micro_batch_size": 4,
             "gradient_accumulation_steps": 2,
             "precision": "fp16-mixed",
@@ -245,6 +247,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None, dict[str, Any], dict[str,
         "llama-3.2-3b",
         {
             "stack": "torchtune",
+            "torch_compile": True,
             "method": "full",
             "precision": "bf16",
             "micro_batch_size": 4,
@@ -399,7 +402,7 @@ def test_the_model_is_replaced_only_when_asked_and_only_by_a_preset() -> None:
 @pytest.mark.parametrize(
     ("name", "ignored"),
     [
-        ("axolotl-llama3-70b-qlora-fsdp.yml", ["torch_compile", "neftune_noise_alpha"]),
+        ("axolotl-llama3-70b-qlora-fsdp.yml", ["neftune_noise_alpha"]),
         ("axolotl-llama3-8b-lora-zero2.yml", ["load_in_8bit", "lora_modules_to_save"]),
         (
             "axolotl-qwen-full-zero3.yaml",
@@ -410,8 +413,8 @@ def test_the_model_is_replaced_only_when_asked_and_only_by_a_preset() -> None:
                 "liger_rms_norm",
             ],
         ),
-        ("hf-training-args-fsdp.json", ["torch_compile"]),
-        ("torchtune-llama3_2-3b-full-distributed.yaml", ["compile"]),
+        ("hf-training-args-fsdp.json", []),
+        ("torchtune-llama3_2-3b-full-distributed.yaml", []),
         (
             "deepspeed-zero2-bf16.json",
             [
@@ -885,3 +888,22 @@ def test_cross_field_errors_name_the_files_key() -> None:
 def test_a_missing_or_special_file_is_a_named_error(tmp_path: Path) -> None:
     _refused("cannot read nothing.yaml", path=tmp_path / "nothing.yaml")
     _refused("is a directory", path=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("axolotl-llama3-70b-qlora-fsdp.yml", "torch_compile"),
+        ("hf-training-args-fsdp.json", "torch_compile"),
+        ("torchtune-llama3_2-3b-full-distributed.yaml", "compile"),
+    ],
+)
+def test_torch_compile_is_read_as_the_field(name: str, key: str) -> None:
+    """A config that turns torch.compile on sets ``training.torch_compile`` (the step time
+    fuses the element-wise ops) and says that memory stays eager PyTorch's."""
+    imported = import_training_config(FIXTURES / name)
+    assert imported.training["torch_compile"] is True
+    assert imported.origins["torch_compile"] == key
+    assert any("torch.compile" in n and "memory" in n for n in imported.notes)
+    off = import_training_config(text="base_model: x\ntorch_compile: false\n")
+    assert "torch_compile" not in off.training
