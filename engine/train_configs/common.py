@@ -177,14 +177,17 @@ class _Reader:
             raise EstimateError(self.key(key), f"got {shown(value)}, expected a mapping of keys")
         return _Reader(value, self.key(key) + ".", self.out)
 
-    def compiled(self, key: str) -> None:
-        """``key`` turns ``torch.compile`` on (any value but null, false, 0 and an empty
-        text, list or mapping): ``training.torch_compile``."""
+    def _on(self, key: str) -> bool:
+        """Whether ``key`` is on: any value but null, false, 0 and an empty text, list or
+        mapping."""
         value = self.raw(key)
-        off = value is None or value is False or value in ("", [], {})
         if isinstance(value, int | float) and not isinstance(value, bool):
-            off = value == 0
-        if not off:
+            return value != 0
+        return not (value is None or value is False or value in ("", [], {}))
+
+    def compiled(self, key: str) -> None:
+        """``key`` turns ``torch.compile`` on (:meth:`_on`): ``training.torch_compile``."""
+        if self._on(key):
             self.out.set("torch_compile", True, self.key(key))
             self.out.note(
                 "torch.compile: the step time fuses the element-wise ops; memory is taken "
@@ -192,13 +195,8 @@ class _Reader:
             )
 
     def flag(self, key: str, reason: str) -> None:
-        """``key`` is ignored with ``reason`` when it is on: any value but null, false, 0
-        and an empty text, list or mapping."""
-        value = self.raw(key)
-        off = value is None or value is False or value in ("", [], {})
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            off = value == 0
-        if not off:
+        """``key`` is ignored with ``reason`` when it is on (:meth:`_on`)."""
+        if self._on(key):
             self.out.ignore(self.key(key), reason)
 
     def rest(self, known: Iterable[str]) -> None:
