@@ -733,9 +733,15 @@ class QuantSpec:
     quantize_lm_head: bool | None = None
     #: a name of :data:`DEQUANT_DTYPES`; None: the training stack's convention
     dequant_dtype: str | None = None
+    #: PEFT's ``prepare_model_for_kbit_training`` runs on the 4-bit model: every weight
+    #: left unquantized (norms, embeddings, the LM head, biases) upcast to fp32; None: the
+    #: training stack's convention
+    prepare_kbit: bool | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "training.qlora.")
+        if self.prepare_kbit is not None:
+            check_bool("training.qlora.prepare_kbit", self.prepare_kbit)
         if self.dequant_dtype is not None:
             check_choice("training.qlora.dequant_dtype", self.dequant_dtype, DEQUANT_DTYPES)
         check_choice("training.qlora.quant_type", self.quant_type, QUANT_TYPES)

@@ -248,6 +248,24 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         resolve=_auto_dequant,
         usual=lambda t: t.qlora.compute_dtype,
     ),
+    ConventionField(
+        "qlora.prepare_kbit",
+        (True, False),
+        attr="prepare_kbit",
+        label="k-bit preparation",
+        tip="Whether PEFT's prepare_model_for_kbit_training runs on the 4-bit model: it "
+        "upcasts every weight left unquantized (norms, embeddings, the LM head) to fp32, so "
+        "under autocast the residual stream, the norms' outputs and every 4-bit linear fed "
+        "by them (bitsandbytes casts its output back to its input's dtype) are fp32.",
+        choices={True: "fp32 norms, embeddings, head", False: "not run"},
+        shown={True: "fp32 islands", False: "not run"},
+        brief_words={True: "k-bit prepared", False: "not k-bit prepared"},
+        methods=("qlora",),
+        unused="only QLoRA quantizes the base weights",
+        off=False,
+        usual=lambda t: False,
+        default=False,
+    ),
     ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
 )
 #: the convention keys of a stack file and the accepted values of each
@@ -398,6 +416,8 @@ class Conventions:
     dequant_dtype: str = "bf16"
     #: DDP's gradients are views of its all-reduce buckets (no second copy)
     gradient_as_bucket_view: bool = False
+    #: QLoRA: PEFT's ``prepare_model_for_kbit_training`` ran (the unquantized weights fp32)
+    prepare_kbit: bool = False
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:
@@ -435,6 +455,8 @@ def conventions(training: TrainingSpec) -> Conventions:
         explicit = _scenario_value(training, f.key)
         value = pick(f.key, explicit) if f.always or f.applies(training.method) else f.off
         values[f.attr] = f.resolve(training, value) if f.resolve else value
+    if values.get("prepare_kbit"):
+        _kbit_frozen(training, values)
     policy = stack.convention("selective_checkpointing", precision, training.method)
     checkpointing = training.activation_checkpointing
     if checkpointing == "selective":
@@ -449,6 +471,21 @@ def conventions(training: TrainingSpec) -> Conventions:
         if policy == "per-op":
             checkpointing = "per-op"
     return Conventions(stack=stack.name, checkpointing=checkpointing, used=tuple(used), **values)
+
+
+def _kbit_frozen(training: TrainingSpec, values: dict[str, Any]) -> None:
+    """PEFT's ``prepare_model_for_kbit_training`` (peft 0.21.2 ``utils/other.py``) casts
+    every fp16 or bf16 parameter that is not a ``Params4bit`` to fp32: the weights QLoRA
+    leaves unquantized are fp32 whatever they were loaded in. A 16-bit
+    ``frozen_weights_dtype`` set beside it contradicts it."""
+    explicit = training.frozen_weights_dtype
+    if explicit is not None and explicit not in ("auto", "fp32"):
+        raise EstimateError(
+            "training.frozen_weights_dtype",
+            f"got {explicit!r}, but training.qlora.prepare_kbit upcasts the unquantized "
+            'weights to fp32: expected "fp32", "auto" or none',
+        )
+    values["frozen_dtype"] = "fp32"
 
 
 def _scenario_value(training: TrainingSpec, key: str) -> Any:

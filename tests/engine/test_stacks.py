@@ -12,7 +12,7 @@ from memfit.engine.estimate import estimate
 from memfit.engine.locate import resources as resources_dir
 from memfit.engine.model_state import model_state
 from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
-from memfit.engine.specs import STACKS, LoraSpec
+from memfit.engine.specs import STACKS, LoraSpec, Scenario
 from memfit.engine.stacks import (
     CONVENTION_FIELDS,
     CONVENTIONS,
@@ -296,14 +296,55 @@ def test_make_it_fit_can_release_held_outputs() -> None:
     assert not conventions(changed.training).outputs_held
 
 
-def test_trl_and_axolotl_upcast_the_unquantized_weights_of_a_4_bit_base() -> None:
-    for name in ("trl-sft", "axolotl"):
+def test_no_stack_prepares_a_4_bit_base_for_k_bit_training() -> None:
+    # TRL 0.26 and later no longer call prepare_model_for_kbit_training; Axolotl calls it
+    # and converts the norms and embeddings back; the Trainer prepares nothing
+    for name in ("hf-trainer", "trl-sft", "axolotl"):
         qlora = conventions(scenario_from_dict(scenario(stack=name, method="qlora")).training)
-        assert qlora.frozen_dtype == "fp32"
-        lora = conventions(scenario_from_dict(scenario(stack=name, method="lora")).training)
-        assert lora.frozen_dtype == "bf16"
-    trainer = conventions(scenario_from_dict(scenario(method="qlora")).training)
-    assert trainer.frozen_dtype == "bf16"  # the Trainer itself prepares nothing
+        assert (qlora.prepare_kbit, qlora.frozen_dtype) == (False, "bf16")
+    trl = conventions(scenario_from_dict(scenario(stack="trl-sft", method="qlora")).training)
+    assert trl.adapter_dtype == "bf16"  # SFTTrainer casts a 4-bit model's adapters to bf16
+    trl_lora = conventions(scenario_from_dict(scenario(stack="trl-sft", method="lora")).training)
+    assert trl_lora.adapter_dtype == "fp32"
+
+
+def test_k_bit_preparation_upcasts_the_unquantized_weights_to_fp32() -> None:
+    prepared = scenario(method="qlora", qlora={"prepare_kbit": True})
+    conv = conventions(scenario_from_dict(prepared).training)
+    assert (conv.prepare_kbit, conv.frozen_dtype) == (True, "fp32")
+    used = {c.field: c for c in conv.used}
+    assert used["qlora.prepare_kbit"].origin == "scenario"
+    # the embedding, the norms and the (tied) head: 16-bit before, fp32 after
+    plain_s, prepared_s = scenario_from_dict(scenario(method="qlora")), scenario_from_dict(prepared)
+    m = plain_s.model
+    unquantized = m.vocab_size * m.hidden_size + (2 * m.num_layers + 1) * m.hidden_size
+
+    def params(s: Scenario) -> int:
+        return model_state(s.model, s.training).category_bytes("parameters")
+
+    assert params(prepared_s) - params(plain_s) == 2 * unquantized
+    # an fp32 residual stream and norms, and the 4-bit linears they feed return fp32
+    act = [estimate(s).breakdown["activations"] for s in (plain_s, prepared_s)]
+    assert act[1] > act[0]
+    # not a QLoRA setting elsewhere: LoRA's frozen base keeps its dtype
+    lora = scenario(method="lora", qlora={"prepare_kbit": True})
+    assert conventions(scenario_from_dict(lora).training).frozen_dtype == "bf16"
+
+
+def test_k_bit_preparation_refuses_a_16_bit_frozen_dtype_and_a_non_bool() -> None:
+    both = scenario(method="qlora", qlora={"prepare_kbit": True}, frozen_weights_dtype="bf16")
+    with pytest.raises(EstimateError) as err:
+        estimate(scenario_from_dict(both))
+    assert err.value.field == "training.frozen_weights_dtype"
+    with pytest.raises(EstimateError) as err:
+        scenario_from_dict(scenario(method="qlora", qlora={"prepare_kbit": "yes"}))
+    assert err.value.field == "training.qlora.prepare_kbit"
+
+
+def test_an_older_scenario_file_leaves_k_bit_preparation_to_its_stack() -> None:
+    s = scenario_from_dict(scenario(method="qlora", qlora={"double_quant": False}))
+    assert s.training.qlora.prepare_kbit is None
+    assert scenario_to_dict(s)["training"]["qlora"]["prepare_kbit"] is None
 
 
 def test_litgpt_builds_a_tied_model_with_a_head_of_its_own() -> None:

@@ -42,7 +42,11 @@ CONVENTION_ROWS = (
     "training.lora.adapter_dtype",
 )
 #: the conventions of the modeling code, the loop's previous step, and QLoRA's
-QLORA_ROWS = ("training.qlora.quantize_lm_head", "training.qlora.dequant_dtype")
+QLORA_ROWS = (
+    "training.qlora.quantize_lm_head",
+    "training.qlora.dequant_dtype",
+    "training.qlora.prepare_kbit",
+)
 NEW_ROWS = ("training.model_implementation", "training.previous_step_held", *QLORA_ROWS)
 ALL_ROWS = (*CONVENTION_ROWS, *NEW_ROWS)
 
@@ -294,6 +298,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
         "training.previous_step_held": "from stack (released)",
         "training.qlora.quantize_lm_head": "from stack (not quantized)",
         "training.qlora.dequant_dtype": "from stack (auto: bf16)",
+        "training.qlora.prepare_kbit": "from stack (not run)",
     }
     dequant = combo(panel, "training.qlora.dequant_dtype")
     assert dequant.itemText(dequant.findData("auto")) == "auto (bf16)"
@@ -305,6 +310,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
         "training.previous_step_held": "from stack (held)",
         "training.qlora.quantize_lm_head": "from stack (quantized)",
         "training.qlora.dequant_dtype": "from stack (fp16)",
+        "training.qlora.prepare_kbit": "from stack (not run)",
     }
     for path in NEW_ROWS:
         box = combo(panel, path)
@@ -414,7 +420,9 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     training = dataclasses.replace(
         s.training,
         previous_step_held=False,
-        qlora=dataclasses.replace(s.training.qlora, quantize_lm_head=False, dequant_dtype="bf16"),
+        qlora=dataclasses.replace(
+            s.training.qlora, quantize_lm_head=False, dequant_dtype="bf16", prepare_kbit=True
+        ),
     )
     scenario = dataclasses.replace(s, training=training)
     path = tmp_path / "new-conventions.memfit.json"
@@ -428,12 +436,13 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
         "training.previous_step_held": False,
         "training.qlora.quantize_lm_head": False,
         "training.qlora.dequant_dtype": "bf16",
+        "training.qlora.prepare_kbit": True,
     }
     assert all(panel.resets[p].isEnabled() for p in NEW_ROWS)
     assert panel.conventions.summary.text() == (
         "transformers model* · outputs held · no KV cache · previous step released* · "
         "frozen fp32 · adapters fp32 · LM head unquantized* · dequant bf16* · "
-        "loss on 16-bit logits  (* set here)"
+        "k-bit prepared* · loss on 16-bit logits  (* set here)"
     )
     assert field_mismatches(window) == []
     # given back to the stack, each is written as None and saved so
@@ -443,7 +452,10 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     data = json.loads(path.read_text(encoding="utf-8"))["training"]
     assert data["model_implementation"] is None and data["previous_step_held"] is None
     assert data["qlora"]["quantize_lm_head"] is None and data["qlora"]["dequant_dtype"] is None
+    assert data["qlora"]["prepare_kbit"] is None
     assert load_scenario(path) == window.store.scenario
+    window.undo_act.trigger()  # the k-bit preparation, explicit again
+    assert window.store.scenario.training.qlora.prepare_kbit is True
     window.undo_act.trigger()  # the dequantization dtype, explicit again
     assert window.store.scenario.training.qlora.dequant_dtype == "bf16"
     assert combo(panel, "training.qlora.dequant_dtype").currentData() == "bf16"
