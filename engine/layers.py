@@ -418,18 +418,20 @@ class Net:
         redo: Size = 0
         keeps_input = False
         dequant_again: Size = 0
-        if ctx.quantized and not trainable and ctx.quantizes(component):
+        quantized = ctx.quantized and not trainable and ctx.quantizes(component)
+        if quantized:
             # QLoRA: bitsandbytes' MatMul4Bit dequantizes the 4-bit weight
             # (``F.dequantize_4bit(B, quant_state).to(A.dtype)``) for the matmul and
-            # dequantizes it again in backward; it keeps its input with the 4-bit weight
-            # (``ctx.tensors = (A, B)``) whenever either needs a gradient, though the
-            # input's gradient needs only the weight. Dequantization returns the quant
+            # dequantizes it again in backward. Before 0.43.2 (LitGPT's 0.42) it kept its
+            # input with the 4-bit weight (``ctx.tensors = (A, B)``) whenever either needs
+            # a gradient, though the input's gradient needs only the weight; 0.43.2 and
+            # later keep the weight only (``(None, B)``). Dequantization returns the quant
             # state's dtype: where that is not the compute dtype, ``.to`` makes a second
             # copy, both alive for the cast
             n = in_f * out_f * weights
             _, dequant_again = self._dequantize(n)
             redo = 2 * n
-            keeps_input = True
+            keeps_input = ctx.litgpt
         elif ctx.mode == "amp" and w_dtype == 4 and trainable:
             # autocast's cast of an fp32 weight, held by its cache through the forward and
             # kept for backward where the matmul saves it (its input needs a gradient); a
@@ -485,6 +487,12 @@ class Net:
             # of the cast are alive together, the gradient not yet (this op runs just
             # before the matmul's backward)
             self.block.op("dequantize_backward", [], [], transient_backward=dequant_again)
+        if quantized and self.dtype[x] == F32 and self.dtype[y] != F32:
+            # bitsandbytes' ``Linear4bit.forward`` casts its input to the compute dtype and
+            # returns ``out.to(inp_dtype)``: an fp32 input (an fp32 residual stream and
+            # norms, PEFT's ``prepare_model_for_kbit_training``) gets an fp32 copy of the
+            # output, which the ops after it read
+            y = self.cast(y, F32)
         if role and role in ctx.lora_roles:
             if qkv is not None and ctx.litgpt:
                 return self._lora_qkv(x, y, in_f, qkv, tokens)
@@ -1010,9 +1018,10 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
             q, k = norm(q, q_out), norm(k, kv_out)
         if m.position_embedding == "rotary":
             q, k = _rope(net, q, m.rope_keeps_dtype), _rope(net, k, m.rope_keeps_dtype)
-        if ctx.outputs_held and ctx.kv_cache:
+        if ctx.kv_cache:
             # transformers' DynamicCache keeps each layer's keys (after RoPE) and values
-            # in the model output: alive until the output is released, after the step
+            # in the model output: alive until the output is released -- after the step,
+            # or, released before backward, once the loss is computed
             net.block.held.update((k, v))
         attn = net.attention(
             q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
@@ -1034,10 +1043,17 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
     if m.parallel_attention:
         n2 = net.gather_seq(norm("x", h)) if m.norms_per_layer > 1 else n1
         y = mlp(n2)
-        return net.block, net.binary("residual", net.binary("residual", "x", o), y)
-    r1 = net.binary("residual", "x", o)
-    y = mlp(net.gather_seq(norm(r1, h) if before else r1))
-    return net.block, net.binary("residual", r1, y)
+        out = net.binary("residual", net.binary("residual", "x", o), y)
+    else:
+        r1 = net.binary("residual", "x", o)
+        y = mlp(net.gather_seq(norm(r1, h) if before else r1))
+        out = net.binary("residual", r1, y)
+    if not ctx.outputs_held:
+        # a cache released before backward frees only what no op saved: what the
+        # attention saves (its keys and values, where it reads them as they are) lives on
+        # as a saved tensor until the layer's backward
+        net.block.held -= {t for op in net.block.ops for t in op.saves}
+    return net.block, out
 
 
 def megatron_builds(m: ModelSpec) -> bool:
@@ -1479,4 +1495,12 @@ def head_and_loss(
     loss = net.nll_loss(logp, vocab)
     if ctx.outputs_held:  # the model output holds the logits until it is dropped
         net.block.held.add(logits)
+    if not ctx.megatron:
+        # the loss is computed while the model output is referenced -- inside the model's
+        # forward from labels, or by the loop from the output it holds -- so the logits
+        # live until it is computed; transformers' loss from labels runs inside the
+        # causal-LM forward, where the inner model's output, the last hidden state, is
+        # referenced too (traced: both live through log_softmax)
+        alive = [logits] + ([x] if ctx.loss == "standard" and m.architecture == "decoder" else [])
+        net.block.op("release_logits", alive, [])
     return net.block, loss

@@ -258,9 +258,15 @@ class _Compiler:
         self.pairs, self.hidden = self.var(1), self.var(_HIDDEN)
         self.nothing = 0 * self.one
         ckpt_input = self.nothing if training.offload.activations == "cpu" else self.hidden
-        # what a checkpointed layer of each block keeps: its input, and what per-op saves
+        # what a checkpointed layer of each block keeps: its input, what per-op saves, and
+        # what custom autograd functions keep on their ctx (non-reentrant checkpointing
+        # drops only what goes through its saved-tensor hooks: bitsandbytes' 4-bit matmul
+        # keeps its input from the forward to the layer's backward, and its recomputation's
+        # copy goes with the recomputed graph)
         self.kept_on = [
-            ckpt_input + self.saved_form(per_op[b] if per_op else 0)
+            ckpt_input
+            + self.saved_form(per_op[b] if per_op else 0)
+            + self.saved_form(function_kept_of[b])
             for b in range(len(plan.profiles))
         ]
         self.function_kept_of: Sequence[Size] = function_kept_of
@@ -345,7 +351,8 @@ class _Compiler:
             for b, on, _, _ in self.layers:
                 if not on:
                     graph_kept = graph_kept + self.saved_form(self.function_kept_of[b])
-                    old_output = old_output + self.linear(b, 6)
+                    if ctx.outputs_held:  # a released output took its KV cache with it
+                        old_output = old_output + self.linear(b, 6)
             graph_kept = graph_kept + self.saved_form(self.function_kept_of[self.head])
             old_output = old_output + self.linear(self.head, 6)
         mask = ctx.res * pairs if eager else nothing
@@ -359,9 +366,19 @@ class _Compiler:
         fixed = base + mask + graph_kept + old_output
         kept, copies, per_microbatch, waiting, held = self._forward(fixed, old_output)
         cache = nothing
+        cached_layers = 0
         for b, on, _, _ in self.layers:
             if not on:
                 cache = cache + self.linear(b, 6)
+                cached_layers += 1
+        if not ctx.outputs_held:
+            # the model output, released once the loss is computed, takes the KV cache
+            # the layers handed to it: alive through the forward and the loss only
+            kept, per_microbatch = kept - cache, per_microbatch - cache
+            waiting = waiting - (stage.inflight - 1) * cache
+            if self.ledger:
+                self.kept_why.add("kv-cache", -cache, -cached_layers)
+            cache = nothing
         if self.ledger:
             inputs = (16 * tokens, rope * tokens, bool_mask, nothing)
             self.fixed_why = [*_inputs_why(*inputs), (_output_source(0), held)]

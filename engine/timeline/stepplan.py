@@ -191,9 +191,10 @@ class StepPlan:
                 for kind, x_grad in blocks
             )
         # what custom functions of each block keep on their ctx, where the previous step's
-        # graph lives on into this one
+        # graph lives on into this one, or where checkpointing cannot drop it (QLoRA's 4-bit
+        # matmul keeps its input on its ctx, past the checkpoint's saved-tensor hooks)
         kept_of: tuple[Size, ...] = (0,) * len(blocks)
-        if carries_previous(training, stage):
+        if carries_previous(training, stage) or (ctx.quantized and any(ckpt)):
             symbolic = dataclasses.replace(ctx, symbolic=True)
             kept_of = tuple(
                 _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks

@@ -123,3 +123,32 @@ def test_a_layer_autograd_does_not_record_is_not_recomputed_in_time_either() -> 
     assert full == none
     none, full = times(stack="hf-trainer")
     assert full > none
+
+
+def test_a_checkpointed_qlora_layer_keeps_what_its_4_bit_matmuls_keep_on_their_ctx() -> None:
+    """bitsandbytes' 4-bit matmul before 0.43.2 (LitGPT's 0.42) keeps its 16-bit input on its
+    ``ctx``, not through ``save_for_backward``: non-reentrant checkpointing cannot drop it,
+    so each checkpointed layer keeps those inputs beside its own from the forward to its
+    backward. Later versions keep only the 4-bit weight: a checkpointed layer keeps its
+    input alone, as LoRA's does (traced on transformers: dataset_conventions.json)."""
+    from memfit.engine.layers import decoder_layer
+    from memfit.engine.timeline.blocks import function_kept
+    from memfit.engine.timeline.context import make_ctx
+
+    base = {"lora": {"targets": ["all-linear"]}, "activation_checkpointing": "full",
+            "micro_batch_size": 2, "sequence_length": 1024}  # fmt: skip
+    steps, kept = {}, {}
+    for stack in ("hf-trainer", "lightning"):
+        for method in ("lora", "qlora"):
+            training = {"method": method, "stack": stack, **base}
+            s = built(preset_scenario("llama-3.2-1b", "h100-sxm-80gb", training))
+            forward = [p for p in estimate(s).timeline if p.phase == "forward"]
+            layers = [p for p in forward if p.label == "layer"]
+            steps[stack, method] = layers[2].activations - layers[1].activations
+            ctx = make_ctx(s.model, s.training)
+            hidden = ctx.tokens * s.model.hidden_size * ctx.res
+            kept[stack, method] = function_kept(decoder_layer(s.model, ctx, True, False)[0])
+            assert steps[stack, method] == hidden + kept[stack, method], (stack, method)
+    assert kept["lightning", "qlora"] > 0  # LitGPT's bitsandbytes keeps the inputs
+    assert kept["hf-trainer", "qlora"] == kept["hf-trainer", "lora"] == 0
+    assert steps["hf-trainer", "qlora"] == steps["hf-trainer", "lora"]

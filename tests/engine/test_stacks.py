@@ -522,3 +522,26 @@ def test_litgpt_runs_a_python_op_gelu_as_one_fused_op() -> None:
     assert as_built(phi, hf.training).activation == "gelu_new"
     assert estimate(lit).breakdown["activations"] < estimate(hf).breakdown["activations"]
     assert step_time(lit).step_time_s < step_time(hf).step_time_s
+
+
+def test_a_released_output_holds_its_kv_cache_until_the_loss_is_computed() -> None:
+    """The Trainer drops the model output after the loss: the DynamicCache the layers
+    filled is alive through the forward and the loss, and gone in backward. Keys and
+    values the attention saves as they are cost nothing more; fp32 ones (a k-bit prepared
+    base: fp32 projections, cast for the kernel) are the cache's own."""
+    training = {"method": "qlora", "qlora": {"prepare_kbit": True}}
+
+    def points(**more: object) -> dict[tuple[str, object, str], int]:
+        s = scenario_from_dict(scenario(**training, **more))
+        return {(p.phase, p.layer, p.label): p.activations for p in estimate(s).timeline}
+
+    with_cache, without = points(), points(kv_cache_in_outputs=False)
+    m, tokens = scenario_from_dict(scenario()).model, 2 * 1024
+    per_layer = 2 * tokens * m.num_key_value_heads * m.head_dim * 4  # fp32 keys and values
+    head = ("forward", None, "LM head and loss")
+    assert with_cache[head] - without[head] == m.num_layers * per_layer
+    backward = [k for k in with_cache if k[0] == "backward"]
+    assert backward and all(with_cache[k] == without[k] for k in backward)
+    # bf16 keys and values are the tensors the attention saves: no cost of their own
+    training = {"method": "lora"}
+    assert points() == points(kv_cache_in_outputs=False)
