@@ -162,6 +162,7 @@ def scenario(
     attention: str = "sdpa",
     lora: dict[str, Any] | None = None,
     freeze: dict[str, Any] | None = None,
+    qlora: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     training: dict[str, Any] = {
         "method": method,
@@ -174,9 +175,12 @@ def scenario(
         "activation_checkpointing": ckpt,
         "attention": attention,
     }
-    if method == "lora":
+    if method in ("lora", "qlora"):
         training["lora"] = {"rank": 16, "alpha": 32.0, "targets": ["q_proj", "v_proj"],
                             "dropout": 0.0, **(lora or {})}  # fmt: skip
+    if method == "qlora":  # the harness's 4-bit stand-in: NF4, blocks of 64, no double quant
+        training["qlora"] = {"quant_type": "nf4", "block_size": 64, "double_quant": False,
+                             "compute_dtype": "bf16", **(qlora or {})}  # fmt: skip
     if method == "freeze":
         training["freeze"] = {"trainable": ["lm_head"], "last_layers": 0, **(freeze or {})}
     return {
@@ -195,9 +199,11 @@ def case_id(model: str, layers: int, s: dict[str, Any]) -> str:
         t["precision"],
         t["method"],
     ]
-    if t["method"] == "lora":
+    if t["method"] in ("lora", "qlora"):
         lo = t["lora"]
         parts.append(f"r{lo['rank']}-" + "+".join(lo["targets"]))
+    if t["method"] == "qlora" and t["qlora"].get("prepare_kbit"):
+        parts.append("kbit")
     if t["method"] == "freeze":
         fr = t["freeze"]
         named = list(fr["trainable"]) + ([f"last{fr['last_layers']}"] if fr["last_layers"] else [])

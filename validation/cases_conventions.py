@@ -25,7 +25,9 @@ case says exactly which loop it emulates:
   ``loss_chunks`` pieces);
 * ``activation_checkpointing`` ``per-op``: torchtitan's per-op selective checkpointing;
 * ``moe_implementation`` (MoE models): transformers' ``grouped_mm`` experts or its eager
-  per-expert loop.
+  per-expert loop;
+* ``qlora.prepare_kbit`` (QLoRA on a bitsandbytes 4-bit base): PEFT's
+  ``prepare_model_for_kbit_training`` run on the model (every unquantized weight fp32).
 
 Every case records both ways of holding the outputs (its own is ``peak_allocated_bytes``).
 """
@@ -68,7 +70,7 @@ def conventions_case(
     if stack not in STACKS:
         raise ValueError(f"unknown stack {stack!r}")
     method = kw.get("method", "full")
-    if method == "lora":
+    if method in ("lora", "qlora"):
         kw["lora"] = {**kw.get("lora", {}), "adapter_dtype": adapter or "auto"}
     elif adapter is not None:
         raise ValueError("adapter_dtype is a LoRA setting")
@@ -104,7 +106,7 @@ def conventions_id(model: str, layers: int, s: dict[str, Any]) -> str:
     ]
     if t["method"] != "full":
         parts.append(f"frozen-{t['frozen_weights_dtype']}")
-    if t["method"] == "lora":
+    if t["method"] in ("lora", "qlora"):
         parts.append(f"adapter-{t['lora']['adapter_dtype']}")
     if t["loss"] != "standard":
         chunks = f"{t['loss_chunks']}" if t["loss"] == "chunked-output" else ""
@@ -248,6 +250,20 @@ def _raw_cases() -> list[dict[str, Any]]:
                 **like)  # fmt: skip
             add(model, 2, stack="custom", held=True, kv_cache=False, loss="chunked-output",
                 **like)  # fmt: skip
+    # --- QLoRA on transformers' bitsandbytes 4-bit base (the harness's stand-in of
+    # Linear4bit), with and without PEFT's prepare_model_for_kbit_training: its fp32 norms,
+    # embeddings and head make the residual stream, the norms' outputs and the 4-bit
+    # linears they feed fp32
+    for kbit in (False, True):
+        q = {"method": "qlora", "adapter": "fp32", "qlora": {"prepare_kbit": kbit}}
+        add("llama-3.2-1b", 2, stack="hf-trainer", held=False, kv_cache=True,
+            lora={"targets": ["all-linear"]}, **q, batch=4, seq=2048)  # fmt: skip
+        add(MHA, 2, stack="hf-trainer", held=False, kv_cache=True, **q, batch=4,
+            seq=2048)  # fmt: skip
+        add(MHA, 2, stack="accelerate-loop", held=True, kv_cache=False,
+            lora={"targets": ["all-linear"]}, **q, ckpt="full", batch=4, seq=2048)  # fmt: skip
+        add("qwen2.5-0.5b", 2, stack="custom", held=False, kv_cache=True,
+            lora={"targets": ["all-linear"]}, **q, batch=4, seq=2048)  # fmt: skip
     full = {"precision": "bf16", "optimizer": "sgd", "batch": 1, "seq": 8192}
     add("llama-3-8b", 2, stack="custom", held=False, kv_cache=False, **full)
     add("llama-3-8b", 2, stack="torchtune", held=False, kv_cache=False, loss="chunked-output",

@@ -111,6 +111,8 @@ class StepSpec:
     kv_cache_in_outputs: bool = True
     frozen_weights_dtype: str = "auto"
     adapter_dtype: str = "auto"
+    #: QLoRA: PEFT's ``prepare_model_for_kbit_training`` run on the 4-bit model
+    prepare_kbit: bool = False
     loss: str = "standard"
     loss_chunks: int = 8
     moe_implementation: str = "grouped"
@@ -153,7 +155,14 @@ def check_spec(spec: StepSpec) -> None:
             f"frozen_weights_dtype {spec.frozen_weights_dtype!r} under {spec.precision}: "
             "without autocast every weight has the compute dtype"
         )
-    if spec.method == "lora" and spec.adapter_dtype not in ADAPTER_DTYPES.get(spec.precision, ()):
+    if spec.method == "qlora" and (
+        spec.precision != "bf16-mixed" or spec.frozen_weights_dtype not in ("auto", "bf16")
+    ):
+        raise ValueError("QLoRA is measured under bf16-mixed on a base loaded in bf16")
+    if spec.prepare_kbit and spec.method != "qlora":
+        raise ValueError("prepare_kbit is a QLoRA setting")
+    lora_like = spec.method in ("lora", "qlora")
+    if lora_like and spec.adapter_dtype not in ADAPTER_DTYPES.get(spec.precision, ()):
         raise ValueError(f"adapter_dtype {spec.adapter_dtype!r} under {spec.precision}")
     bert = _family(spec.hf_config) == "bert"
     if bert and (spec.loss != "standard" or spec.checkpointing == "per-op"):
@@ -185,6 +194,7 @@ def spec_from_scenario(scenario: dict[str, Any]) -> StepSpec:
         kv_cache_in_outputs=t.get("kv_cache_in_outputs", True),
         frozen_weights_dtype=t.get("frozen_weights_dtype", "auto"),
         adapter_dtype=lora.get("adapter_dtype", "auto"),
+        prepare_kbit=bool(t.get("qlora", {}).get("prepare_kbit", False)),
         loss=t.get("loss", "standard"),
         loss_chunks=t.get("loss_chunks", 8),
         moe_implementation=t.get("moe_implementation", "grouped"),
@@ -297,7 +307,7 @@ def _build_model(spec: StepSpec) -> tuple[torch.nn.Module, str]:
 
     config = _hf_config(spec)
     family = _family(spec.hf_config)
-    if spec.method == "lora":  # the base is built in the frozen weights' dtype
+    if spec.method in ("lora", "qlora"):  # the base is built in the frozen weights' dtype
         dtype = frozen_dtype(spec)
     else:
         dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
@@ -308,6 +318,97 @@ def _build_model(spec: StepSpec) -> tuple[torch.nn.Module, str]:
     model = auto.from_config(config, **kwargs)
     model.train()
     return model, family
+
+
+# ---------------------------------------------------------------------------- QLoRA
+#: bitsandbytes' default block size of the 4-bit absmax (64 elements each)
+BLOCK = 64
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    """The memory of bitsandbytes' ``MatMul4Bit`` (0.50.2; the same since 0.43.2 for
+    these shapes): the weight dequantized in the quant state's dtype (the dtype it was
+    loaded in) and ``F.linear`` -- 0.50's ``gemm_4bit`` takes that path above 1536 rows --
+    and ``ctx.tensors = (None, B)``: only the 4-bit weight is kept (0.43.2 stopped keeping
+    the input, "delete useless buffered activation"); backward dequantizes again, cast to
+    the gradient's dtype, for the input's gradient."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, a: torch.Tensor, packed: torch.Tensor, shape: tuple[int, int],
+        bias: Any, dtype: torch.dtype,
+    ) -> torch.Tensor:  # fmt: skip
+        weight = torch.empty(shape, dtype=dtype, device=a.device).to(a.dtype)
+        out = F.linear(a, weight, bias)
+        ctx.shape, ctx.dtype = shape, dtype
+        ctx.tensors = (None, packed) if any(ctx.needs_input_grad[:2]) else (None, None)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        grad_a = None
+        if ctx.needs_input_grad[0]:
+            weight = torch.empty(ctx.shape, dtype=ctx.dtype, device=grad.device)
+            grad_a = grad @ weight.to(grad.dtype)
+        return grad_a, None, None, None, None
+
+
+def _four_bit_class() -> type[torch.nn.Module]:
+    """:class:`FourBitLinear`'s class, made once bitsandbytes is imported: a subclass of
+    its ``Linear4bit``, so that PEFT wraps it with its own 4-bit LoRA layer (which clones
+    the base output and adds the adapters' product) as it wraps the real one."""
+    import bitsandbytes as bnb
+
+    class FourBitLinear(bnb.nn.Linear4bit):  # type: ignore[misc]
+        """A frozen linear stored in 4 bits, as transformers' bitsandbytes integration
+        loads it: ``out x in / 2`` bytes of uint8 codes and one fp32 absmax per block of 64
+        (no double quantization), quantized from the weight as loaded (bf16). Its forward
+        is ``Linear4bit.forward``'s: the input cast to the compute dtype, the 4-bit matmul
+        (:class:`_MatMul4Bit`), the output cast back to the input's dtype (``.to(inp_dtype)``:
+        an fp32 input gets an fp32 output); a bias of another dtype than the compute dtype
+        is converted in place on the first call. Nothing of bitsandbytes' kernels runs."""
+
+        def __init__(self, linear: torch.nn.Linear) -> None:
+            torch.nn.Module.__init__(self)
+            out_f, in_f = linear.weight.shape
+            device = linear.weight.device
+            self.in_features, self.out_features = in_f, out_f
+            self.shape = (out_f, in_f)
+            self.quant_dtype = linear.weight.dtype
+            codes = torch.empty(out_f * in_f // 2, dtype=torch.uint8, device=device)
+            self.weight = torch.nn.Parameter(codes, requires_grad=False)
+            self.weight.quant_type, self.weight.compress_statistics = "nf4", False
+            self.register_buffer("absmax", torch.empty(out_f * in_f // BLOCK, device=device))
+            self.bias = linear.bias
+            if self.bias is not None:
+                self.bias.requires_grad_(False)
+            self.compute_dtype = torch.bfloat16
+            self.compute_type_is_set = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inp_dtype = x.dtype
+            x = x.to(self.compute_dtype)
+            bias = self.bias
+            if bias is not None and bias.dtype != x.dtype:
+                bias.data = bias.data.to(x.dtype)
+            out = _MatMul4Bit.apply(x, self.weight, self.shape, bias, self.quant_dtype)
+            return out.to(inp_dtype)  # type: ignore[no-any-return]
+
+    return FourBitLinear
+
+
+def quantize(model: torch.nn.Module) -> None:
+    """transformers' bitsandbytes 4-bit loading (``load_in_4bit``): every ``nn.Linear``
+    but the output layer (``get_keys_to_not_convert``) becomes a 4-bit linear; the rest
+    stays in the dtype it was loaded in; the model says it is loaded in 4 bits (PEFT and
+    ``prepare_model_for_kbit_training`` read ``is_loaded_in_4bit``)."""
+    four_bit = _four_bit_class()
+    head = model.get_output_embeddings()
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear) and child is not head:
+                setattr(module, name, four_bit(child))
+    model.is_loaded_in_4bit = True
 
 
 def _apply_method(model: torch.nn.Module, family: str, spec: StepSpec) -> torch.nn.Module:
@@ -324,7 +425,15 @@ def _apply_method(model: torch.nn.Module, family: str, spec: StepSpec) -> torch.
             if not keep and p.dtype != frozen_dtype(spec):
                 p.data = p.data.to(frozen_dtype(spec))
         return model
-    if spec.method == "lora":
+    if spec.method == "qlora":
+        quantize(model)
+        if spec.prepare_kbit:
+            from peft import prepare_model_for_kbit_training
+
+            # checkpointing, when the case asks for it, is enabled afterwards as for every
+            # case (non-reentrant, with the embedding output requiring grad)
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if spec.method in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
         names: list[str] = []

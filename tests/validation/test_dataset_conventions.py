@@ -29,7 +29,7 @@ STACKS = {
 }  # fmt: skip
 FAMILIES = {"llama", "mistral", "qwen2", "falcon", "mixtral"}
 PRECISIONS = {"bf16-mixed", "bf16"}
-METHODS = {"full", "lora", "freeze"}
+METHODS = {"full", "lora", "qlora", "freeze"}
 FROZEN = {"auto", "fp32", "bf16", "fp16"}
 ADAPTER = {"auto", "fp32", "bf16"}
 LOSSES = {"standard", "no-upcast", "chunked-output"}
@@ -90,8 +90,12 @@ def test_case_schema(case: dict[str, Any]) -> None:
     assert t["precision"] in PRECISIONS
     assert t["method"] in METHODS
     assert t["activation_checkpointing"] in CHECKPOINTING
-    if t["method"] == "lora":
+    if t["method"] in ("lora", "qlora"):
         assert t["lora"]["adapter_dtype"] in ADAPTER
+    if t["method"] == "qlora":  # the harness's 4-bit stand-in: bf16 base, no double quant
+        assert t["qlora"]["double_quant"] is False and t["qlora"]["compute_dtype"] == "bf16"
+        assert isinstance(t["qlora"]["prepare_kbit"], bool)
+        assert t["precision"] == "bf16-mixed" and t["frozen_weights_dtype"] == "auto"
     if t["loss"] == "chunked-output":
         assert isinstance(t["loss_chunks"], int) and t["loss_chunks"] >= 1
     else:
