@@ -110,6 +110,9 @@ class Ctx:
     loss_chunks: int = 8
     #: the model is LitGPT's own ``GPT`` (:func:`_litgpt_attention`, :meth:`Net._lora_qkv`)
     litgpt: bool = False
+    #: QLoRA: bitsandbytes' 4-bit matmul keeps its input (before 0.43.2; the convention
+    #: ``qlora.matmul_keeps_input``)
+    matmul_keeps_input: bool = False
     #: the model is Megatron-core's ``GPTModel`` with Transformer Engine's modules
     #: (:func:`_megatron_layer`): Megatron-LM and NeMo build their own, never transformers'
     megatron: bool = False
@@ -431,7 +434,7 @@ class Net:
             n = in_f * out_f * weights
             _, dequant_again = self._dequantize(n)
             redo = 2 * n
-            keeps_input = ctx.litgpt
+            keeps_input = ctx.matmul_keeps_input
         elif ctx.mode == "amp" and w_dtype == 4 and trainable:
             # autocast's cast of an fp32 weight, held by its cache through the forward and
             # kept for backward where the matmul saves it (its input needs a gradient); a

@@ -737,11 +737,16 @@ class QuantSpec:
     #: left unquantized (norms, embeddings, the LM head, biases) upcast to fp32; None: the
     #: training stack's convention
     prepare_kbit: bool | None = None
+    #: bitsandbytes' 4-bit matmul keeps its input for backward (before 0.43.2; 0.43.2 and
+    #: later keep only the 4-bit weight); None: the training stack's convention
+    matmul_keeps_input: bool | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "training.qlora.")
         if self.prepare_kbit is not None:
             check_bool("training.qlora.prepare_kbit", self.prepare_kbit)
+        if self.matmul_keeps_input is not None:
+            check_bool("training.qlora.matmul_keeps_input", self.matmul_keeps_input)
         if self.dequant_dtype is not None:
             check_choice("training.qlora.dequant_dtype", self.dequant_dtype, DEQUANT_DTYPES)
         check_choice("training.qlora.quant_type", self.quant_type, QUANT_TYPES)

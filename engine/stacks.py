@@ -266,6 +266,25 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         usual=lambda t: False,
         default=False,
     ),
+    ConventionField(
+        "qlora.matmul_keeps_input",
+        (True, False),
+        attr="matmul_keeps_input",
+        label="4-bit matmul input",
+        tip="Whether bitsandbytes' 4-bit matmul keeps its input for backward with the 4-bit "
+        "weight (ctx.tensors = (A, B), bitsandbytes before 0.43.2) or the weight alone "
+        "(0.43.2 and later: the input's gradient needs only the weight). Kept, it also "
+        "outlives non-reentrant checkpointing, which cannot drop what a custom function "
+        "holds.",
+        choices={True: "kept (bitsandbytes < 0.43.2)", False: "not kept (0.43.2 and later)"},
+        shown={True: "kept", False: "not kept"},
+        brief_words={True: "4-bit matmul keeps its input", False: "4-bit matmul input freed"},
+        methods=("qlora",),
+        unused="only QLoRA quantizes the base weights",
+        off=False,
+        usual=lambda t: False,
+        default=False,
+    ),
     ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
 )
 #: the convention keys of a stack file and the accepted values of each
@@ -418,6 +437,8 @@ class Conventions:
     gradient_as_bucket_view: bool = False
     #: QLoRA: PEFT's ``prepare_model_for_kbit_training`` ran (the unquantized weights fp32)
     prepare_kbit: bool = False
+    #: QLoRA: bitsandbytes' 4-bit matmul keeps its input (before 0.43.2)
+    matmul_keeps_input: bool = False
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:

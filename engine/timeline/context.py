@@ -54,6 +54,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         frozen_bytes=frozen,
         quantized=method == "qlora",
         litgpt=conv.implementation == "litgpt",
+        matmul_keeps_input=conv.matmul_keeps_input,
         megatron=par.framework == "megatron",
         qkv_enabled=qkv_adapted(training.lora.targets),
         dropout=training.lora.dropout,

@@ -545,3 +545,33 @@ def test_a_released_output_holds_its_kv_cache_until_the_loss_is_computed() -> No
     # bf16 keys and values are the tensors the attention saves: no cost of their own
     training = {"method": "lora"}
     assert points() == points(kv_cache_in_outputs=False)
+
+
+def test_the_4bit_matmul_keeps_its_input_where_the_stack_or_the_field_says() -> None:
+    """bitsandbytes before 0.43.2 (LitGPT's 0.42) keeps the 4-bit matmul's input for
+    backward; later versions keep the weight alone. The lightning stack says kept, the
+    others not; the field overrides the stack, and a kept input costs activations."""
+    import dataclasses
+
+    from memfit.engine.estimate import estimate
+    from memfit.engine.presets import load_gpu, load_model
+    from memfit.engine.specs import HardwareSpec, QuantSpec, Scenario, TrainingSpec
+    from memfit.engine.stacks import conventions
+
+    def training(stack: str, keeps: bool | None = None) -> TrainingSpec:
+        return TrainingSpec(method="qlora", stack=stack, micro_batch_size=2,
+                            sequence_length=1024, qlora=QuantSpec(matmul_keeps_input=keeps))  # fmt: skip
+
+    assert conventions(training("lightning")).matmul_keeps_input is True
+    assert conventions(training("hf-trainer")).matmul_keeps_input is False
+    assert conventions(training("hf-trainer", True)).matmul_keeps_input is True
+    hw = HardwareSpec(load_gpu("a100-sxm-80gb"))
+    model = load_model("llama-2-7b")
+
+    def activations(t: TrainingSpec) -> int:
+        est = estimate(Scenario(model, hw, t))
+        return sum(i.bytes for i in est.items if i.category == "activations")
+
+    plain = training("hf-trainer")
+    kept = dataclasses.replace(plain, qlora=QuantSpec(matmul_keeps_input=True))
+    assert activations(kept) > activations(plain)

@@ -46,6 +46,7 @@ QLORA_ROWS = (
     "training.qlora.quantize_lm_head",
     "training.qlora.dequant_dtype",
     "training.qlora.prepare_kbit",
+    "training.qlora.matmul_keeps_input",
 )
 NEW_ROWS = ("training.model_implementation", "training.previous_step_held", *QLORA_ROWS)
 ALL_ROWS = (*CONVENTION_ROWS, *NEW_ROWS)
@@ -299,6 +300,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
         "training.qlora.quantize_lm_head": "from stack (not quantized)",
         "training.qlora.dequant_dtype": "from stack (auto: bf16)",
         "training.qlora.prepare_kbit": "from stack (not run)",
+        "training.qlora.matmul_keeps_input": "from stack (not kept)",
     }
     dequant = combo(panel, "training.qlora.dequant_dtype")
     assert dequant.itemText(dequant.findData("auto")) == "auto (bf16)"
@@ -311,6 +313,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
         "training.qlora.quantize_lm_head": "from stack (quantized)",
         "training.qlora.dequant_dtype": "from stack (fp16)",
         "training.qlora.prepare_kbit": "from stack (not run)",
+        "training.qlora.matmul_keeps_input": "from stack (kept)",
     }
     for path in NEW_ROWS:
         box = combo(panel, path)
@@ -320,7 +323,8 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
         assert lightning.label in box.toolTip() and why in box.toolTip()
     assert panel.conventions.summary.text() == (
         "LitGPT model · outputs held · no KV cache · previous step held · frozen fp32 · "
-        "adapters fp32 · 4-bit LM head · dequant fp16 · loss on 16-bit logits"
+        "adapters fp32 · 4-bit LM head · dequant fp16 · 4-bit matmul keeps its input · "
+        "loss on 16-bit logits"
     )
 
 
@@ -421,7 +425,11 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
         s.training,
         previous_step_held=False,
         qlora=dataclasses.replace(
-            s.training.qlora, quantize_lm_head=False, dequant_dtype="bf16", prepare_kbit=True
+            s.training.qlora,
+            quantize_lm_head=False,
+            dequant_dtype="bf16",
+            prepare_kbit=True,
+            matmul_keeps_input=False,
         ),
     )
     scenario = dataclasses.replace(s, training=training)
@@ -437,12 +445,13 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
         "training.qlora.quantize_lm_head": False,
         "training.qlora.dequant_dtype": "bf16",
         "training.qlora.prepare_kbit": True,
+        "training.qlora.matmul_keeps_input": False,
     }
     assert all(panel.resets[p].isEnabled() for p in NEW_ROWS)
     assert panel.conventions.summary.text() == (
         "transformers model* · outputs held · no KV cache · previous step released* · "
         "frozen fp32 · adapters fp32 · LM head unquantized* · dequant bf16* · "
-        "k-bit prepared* · loss on 16-bit logits  (* set here)"
+        "k-bit prepared* · 4-bit matmul input freed* · loss on 16-bit logits  (* set here)"
     )
     assert field_mismatches(window) == []
     # given back to the stack, each is written as None and saved so
@@ -453,7 +462,10 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     assert data["model_implementation"] is None and data["previous_step_held"] is None
     assert data["qlora"]["quantize_lm_head"] is None and data["qlora"]["dequant_dtype"] is None
     assert data["qlora"]["prepare_kbit"] is None
+    assert data["qlora"]["matmul_keeps_input"] is None
     assert load_scenario(path) == window.store.scenario
+    window.undo_act.trigger()  # the 4-bit matmul's input, explicit again
+    assert window.store.scenario.training.qlora.matmul_keeps_input is False
     window.undo_act.trigger()  # the k-bit preparation, explicit again
     assert window.store.scenario.training.qlora.prepare_kbit is True
     window.undo_act.trigger()  # the dequantization dtype, explicit again
