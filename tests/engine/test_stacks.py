@@ -559,8 +559,10 @@ def test_the_4bit_matmul_keeps_its_input_where_the_stack_or_the_field_says() -> 
     from memfit.engine.stacks import conventions
 
     def training(stack: str, keeps: bool | None = None) -> TrainingSpec:
-        return TrainingSpec(method="qlora", stack=stack, micro_batch_size=2,
-                            sequence_length=1024, qlora=QuantSpec(matmul_keeps_input=keeps))  # fmt: skip
+        quant = QuantSpec(matmul_keeps_input=keeps)
+        return TrainingSpec(
+            method="qlora", stack=stack, micro_batch_size=2, sequence_length=1024, qlora=quant
+        )
 
     assert conventions(training("lightning")).matmul_keeps_input is True
     assert conventions(training("hf-trainer")).matmul_keeps_input is False
