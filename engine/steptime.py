@@ -74,7 +74,7 @@ from typing import NamedTuple
 from memfit.engine import memo
 from memfit.engine.graph import Block, Size, concrete
 from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic
-from memfit.engine.model_state import model_state
+from memfit.engine.model_state import model_state, split_tensors
 from memfit.engine.params import model_tensors
 from memfit.engine.plan.mesh import Mesh
 from memfit.engine.plan.precision import precision_of
@@ -198,6 +198,24 @@ FP8_RECIPE_COSTS: dict[str, tuple[float, tuple[float, float, float]]] = {
 }
 #: the shortest time a kernel takes: the host's launch rate through PyTorch's dispatcher
 KERNEL_S = 5e-6
+#: the optimizer step's kernels: per parameter tensor for the per-tensor loop (PyTorch's
+#: ``_single_tensor_adamw``: weight decay, ``lerp_``, ``mul_`` and ``addcmul_`` for the
+#: second moment, ``sqrt``, ``div_``, ``add_``, ``addcdiv_``; bitsandbytes' 8-bit
+#: optimizers one fused kernel a tensor), and per ``_foreach`` op for the foreach one
+OPTIMIZER_KERNELS: dict[str, tuple[int, int]] = {
+    "adamw": (8, 8),
+    "adamw-8bit": (1, 1),
+    "paged-adamw-8bit": (1, 1),
+    "sgd": (2, 2),
+    "sgd-momentum": (3, 3),
+    "adafactor": (12, 12),
+    "lion": (5, 5),
+}
+#: a ``_foreach`` or fused kernel takes at most this many tensors, and this many
+#: elements, a launch (``multi_tensor_apply``: 36 tensors at the depth of AdamW's lists,
+#: 320 blocks of 65,536 elements)
+MULTI_TENSOR_TENSORS = 36
+MULTI_TENSOR_ELEMS = 320 * 65536
 #: host memory bandwidth one node's CPU optimizer step reaches, GB/s (DeepSpeed CPU-Adam
 #: is bandwidth-bound; Ren et al. 2021, ZeRO-Offload, section 5)
 HOST_OPTIMIZER_GB_S = 100.0
@@ -1098,6 +1116,8 @@ class _Plan:
     gather_bytes: int
     #: the optimizer step's bytes per trainable element (0: nothing to update)
     opt_bytes: float
+    #: the trainable parameter tensors one rank steps (its pipeline stage's)
+    opt_tensors: float
     #: DDP copies the gradients into its all-reduce buckets and back
     #: (engine.sharding.not_ddp; not where they are the buckets' views)
     ddp_copies: bool
@@ -1204,6 +1224,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         param_b = prec.master
         temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
+    opt_tensors = sum(g.count for g in split_tensors(model, training).trainable) / mesh.pp
     stages = _Stages(
         model=model,
         rank_model=rank,
@@ -1252,6 +1273,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         g_bytes=prec.grad_comm,
         gather_bytes=gather_bytes,
         opt_bytes=opt_bytes,
+        opt_tensors=opt_tensors,
         ddp_copies=not_ddp(training, mesh) is None
         and not resolved.conventions.gradient_as_bucket_view,
         assumptions=tuple(assumptions),
@@ -1691,7 +1713,7 @@ def _optimizer(plan: _Plan, busiest: dict[str, float], out: _Terms) -> None:
         return
     per = plan.opt_bytes
     if training.offload.optimizer == "none":
-        opt_t = max(opt_params * per / dev.bandwidth, KERNEL_S * 8)
+        opt_t = max(opt_params * per / dev.bandwidth, _optimizer_launches(plan) * KERNEL_S)
         out.add(
             "optimizer step",
             "memory_bandwidth",
@@ -1726,6 +1748,22 @@ def _optimizer(plan: _Plan, busiest: dict[str, float], out: _Terms) -> None:
         h2d,
         "16-bit parameters over the host link",
     )
+
+
+def _optimizer_launches(plan: _Plan) -> float:
+    """The kernels of one optimizer step on a rank: per tensor and per kernel of the
+    update for the per-tensor loop; for ``foreach`` per op and per launch of
+    ``multi_tensor_apply`` (so many tensors, so many elements a launch), one op for
+    ``fused``. A model of many small tensors steps at the launch rate, not the bandwidth's."""
+    training = plan.scenario.training
+    per_tensor, ops = OPTIMIZER_KERNELS[training.optimizer]
+    tensors = plan.opt_tensors
+    if training.optimizer_impl == "for-loop" or per_tensor == 1:
+        return tensors * per_tensor
+    share = plan.mesh.shard if training.parallelism.zero_stage >= 1 else 1
+    elems = plan.trainable_rank / share
+    launches = max(-(-tensors // MULTI_TENSOR_TENSORS), -(-elems // MULTI_TENSOR_ELEMS), 1)
+    return launches * (1 if training.optimizer_impl == "fused" else ops)
 
 
 def _accumulation(plan: _Plan, micro: int, out: _Terms) -> None:
