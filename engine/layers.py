@@ -106,6 +106,9 @@ class Ctx:
     #: under autocast follows it)
     embedding_bytes: int = 4
     adapter_bytes: int = 4
+    #: components trained as PEFT's ``modules_to_save`` copies: they train, their weights
+    #: in the frozen weights' dtype (``model_state.saved_copies``)
+    copies: frozenset[str] = frozenset()
     loss: str = "standard"
     loss_chunks: int = 8
     #: the model is LitGPT's own ``GPT`` (:func:`_litgpt_attention`, :meth:`Net._lora_qkv`)
@@ -202,9 +205,11 @@ class Ctx:
         return self.tokens * hidden_size * self.res // self.sp
 
     def trains(self, component: str) -> bool:
-        return "all" in self.trainable or component in self.trainable
+        return "all" in self.trainable or component in self.trainable or component in self.copies
 
     def weight_bytes(self, component: str) -> int:
+        if component in self.copies:
+            return self.frozen_bytes
         if self.trains(component):
             return 2 if self.mode == "half" else 4
         return self.frozen_bytes

@@ -316,6 +316,38 @@ def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup
     return tuple(out)
 
 
+#: the component of each module ``modules_to_save`` may name
+_SAVED_COMPONENTS = {"lm_head": "lm_head", "embed_tokens": "embeddings"}
+
+
+def saved_components(training: TrainingSpec) -> frozenset[str]:
+    """The components PEFT's ``modules_to_save`` trains as copies (LoRA and QLoRA only)."""
+    if training.method not in ("lora", "qlora"):
+        return frozenset()
+    return frozenset(_SAVED_COMPONENTS[m] for m in training.lora.modules_to_save)
+
+
+def saved_copies(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup, ...]:
+    """The trainable copies of PEFT's ``modules_to_save`` (peft 0.21.2,
+    ``utils/other.py``, ``ModulesToSaveWrapper.update``): the named module is deep-copied
+    and the copy trains while the original stays frozen. The copy keeps the original's
+    dtype -- PEFT's upcast of adapters to fp32 (``cast_adapter_dtype``) touches only its
+    tuner layers, not this wrapper -- so its weight, gradient and optimizer states are in
+    the frozen weights' dtype. A copy of a head tied to the embedding is a matrix of its
+    own, no longer tied (without ``ensure_weight_tying``); the head then still reads the
+    original embedding, and a copied embedding is not the head's weight."""
+    parts = saved_components(training)
+    v, h = model.vocab_size, model.hidden_size
+    out: list[TensorGroup] = []
+    if "embeddings" in parts:
+        out.append(TensorGroup("embeddings", "embed_tokens.modules_to_save.weight", (v, h), 1))
+    if "lm_head" in parts:
+        out.append(TensorGroup("lm_head", "lm_head.modules_to_save.weight", (v, h), 1, matrix=True))
+        if model.lm_head_bias:
+            out.append(TensorGroup("lm_head", "lm_head.modules_to_save.bias", (v,), 1))
+    return tuple(out)
+
+
 def _is_trainable_part(g: TensorGroup, model: ModelSpec, training: TrainingSpec) -> bool:
     spec = training.freeze
     parts = {c for name in spec.trainable for c in FREEZE_COMPONENTS[name]}
@@ -386,6 +418,7 @@ def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") 
             frozen.append(g)
     if method in ("lora", "qlora"):
         trainable.extend(lora_adapters(model, training))
+        trainable.extend(g for g in saved_copies(model, training) if _on_stage(g, model, stage))
     return TensorSplit(tuple(trainable), tuple(frozen), tuple(quantized))
 
 
@@ -414,8 +447,34 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
             )
         if missed:
             warnings.append(f"LoRA target {', '.join(missed)} matches no layer of {model.name}")
+        saved = training.lora.modules_to_save
+        if saved and conventions(training).implementation == "litgpt":
+            raise EstimateError(
+                "training.lora.modules_to_save",
+                "is PEFT's: LitGPT's own model has no modules_to_save; leave it empty",
+            )
+        if "lm_head" in saved and "lm_head" in roles:
+            raise EstimateError(
+                "training.lora.modules_to_save",
+                "lm_head is a LoRA target too: name it in one of training.lora.targets and "
+                "training.lora.modules_to_save",
+            )
+        if "lm_head" in saved and method == "qlora" and conventions(training).quantize_head:
+            raise EstimateError(
+                "training.lora.modules_to_save",
+                "lm_head with a 4-bit LM head is not modelled: leave it out, or keep the "
+                "head unquantized (training.qlora.quantize_lm_head false)",
+            )
 
     n_trainable = sum(g.total for g in trainable)
+    # PEFT's modules_to_save copies: trained, in the frozen weights' dtype
+    copies = [g for g in trainable if method in ("lora", "qlora") and not g.adapter]
+    n_copies = sum(g.total for g in copies)
+    n_own = n_trainable - n_copies
+    # DeepSpeed's and Megatron's mixed precision keep an fp32 master of every trained
+    # weight, the copies too: their optimizer states are fp32 there
+    master = precision.endswith("-mixed") and training.parallelism.framework != "pytorch"
+    c_bytes = t_bytes if master else f_bytes
     n_frozen = sum(g.total for g in frozen)
     n_quant = sum(g.total for g in quantized)
     if n_trainable == 0:
@@ -429,12 +488,24 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
         MemoryItem(
             f"{label} ({t_dtype})",
             "parameters",
-            n_trainable * t_bytes,
-            f"{n_trainable:,} x {t_bytes} B",
+            n_own * t_bytes,
+            f"{n_own:,} x {t_bytes} B",
             "PyTorch AMP keeps fp32 weights; ZeRO section 3.1",
             role="trainable-weights",
         )
     )
+    if n_copies:
+        names = ", ".join(training.lora.modules_to_save)
+        items.append(
+            MemoryItem(
+                f"modules_to_save copies ({names}; {f_dtype})",
+                "parameters",
+                n_copies * f_bytes,
+                f"{n_copies:,} x {f_bytes} B",
+                "peft ModulesToSaveWrapper: a trained copy in the base's dtype",
+                role="saved-copies",
+            )
+        )
     frozen_bytes = n_frozen * f_bytes
     if n_frozen:
         items.append(
@@ -466,16 +537,27 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
         MemoryItem(
             f"gradients ({t_dtype})",
             "gradients",
-            n_trainable * t_bytes,
-            f"{n_trainable:,} x {t_bytes} B",
+            n_own * t_bytes,
+            f"{n_own:,} x {t_bytes} B",
             "one gradient per trainable weight, in its dtype",
             role="gradients",
         )
     )
+    if n_copies:
+        items.append(
+            MemoryItem(
+                f"gradients of the modules_to_save copies ({f_dtype})",
+                "gradients",
+                n_copies * f_bytes,
+                f"{n_copies:,} x {f_bytes} B",
+                "one gradient per trainable weight, in its dtype",
+                role="saved-copies",
+            )
+        )
     opt_bytes = 0
     formula = ""
     for g in trainable:
-        per_tensor, formula = optimizer_state(opt, g.shape, t_bytes)
+        per_tensor, formula = optimizer_state(opt, g.shape, c_bytes if g in copies else t_bytes)
         opt_bytes += per_tensor * g.count
     if opt_bytes:
         items.append(
@@ -522,10 +604,12 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
         )
 
     opt_per = opt_bytes / n_trainable
-    per_trainable = 2.0 * t_bytes + opt_per
-    words = f"{t_bytes} (weight, {t_dtype}) + {t_bytes} (gradient) + {opt_per:.4g} ({opt} state)"
+    w_per = (n_own * t_bytes + n_copies * f_bytes) / n_trainable
+    per_trainable = 2.0 * w_per + opt_per
+    w_words = f"{w_per:.4g} (weight, {t_dtype}" + (f"/{f_dtype})" if n_copies else ")")
+    words = f"{w_words} + {w_per:.4g} (gradient) + {opt_per:.4g} ({opt} state)"
     n_frozen_all = n_frozen + n_quant
-    adapters = n_trainable if method in ("lora", "qlora") else 0
+    adapters = n_own if method in ("lora", "qlora") else 0
     return ModelState(
         items=tuple(items),
         total_params=sum(g.total for g in base) + adapters,

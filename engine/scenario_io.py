@@ -80,7 +80,7 @@ _SUBSECTIONS: dict[str, type[Any]] = {
     "parallelism": ParallelismSpec,
     "offload": OffloadSpec,
 }
-_TUPLE_FIELDS = {("lora", "targets"), ("freeze", "trainable")}
+_TUPLE_FIELDS = {("lora", "targets"), ("lora", "modules_to_save"), ("freeze", "trainable")}
 
 
 def _key(key: Any) -> str:

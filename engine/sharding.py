@@ -154,6 +154,8 @@ def framework_items(state: ModelState, training: TrainingSpec) -> list[_Part]:
     parts: list[_Part] = []
     n = state.trainable_params
     for item in state.items:
+        if mixed and item.role == "saved-copies":
+            continue  # PEFT's modules_to_save copies: in the framework's items below (n)
         # under mixed precision the trainable weights are fp32 (model_state.trainable_dtype)
         if mixed and item.role == "trainable-weights":
             label = weights_label(training.method)

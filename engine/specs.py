@@ -199,6 +199,10 @@ LORA_TARGETS = (
 #: LoRA targets as PEFT users write them: a family's module names (PEFT matches the end of
 #: a module's name), each with the roles of :data:`LORA_TARGETS` it stands for. Names that
 #: mean different layers in different families (``dense``) are left out.
+#: the modules PEFT's ``modules_to_save`` may name here: each trains a full copy beside the
+#: frozen original (``ModulesToSaveWrapper``)
+MODULES_TO_SAVE = ("lm_head", "embed_tokens")
+
 LORA_MODULE_NAMES = {
     "c_attn": ("q_proj", "k_proj", "v_proj"),  # GPT-2, GPT-BigCode: fused q, k, v
     "query_key_value": ("q_proj", "k_proj", "v_proj"),  # GPT-NeoX, Falcon, BLOOM
@@ -700,9 +704,20 @@ class LoraSpec:
     dropout: float = 0.0
     #: a name of :data:`ADAPTER_DTYPES`; None: the training stack's convention
     adapter_dtype: str | None = None
+    #: PEFT's ``modules_to_save``: names of :data:`MODULES_TO_SAVE`, each trained as a full
+    #: copy (in the base's dtype) beside the frozen original
+    modules_to_save: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_fields(self, "training.lora.")
+        for name in self.modules_to_save:
+            check_choice("training.lora.modules_to_save", name, MODULES_TO_SAVE)
+        if len(set(self.modules_to_save)) != len(self.modules_to_save):
+            raise EstimateError(
+                "training.lora.modules_to_save",
+                f"got {list(self.modules_to_save)}, expected each of "
+                f"{', '.join(MODULES_TO_SAVE)} at most once",
+            )
         if self.adapter_dtype is not None:
             check_choice("training.lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
         check_int("training.lora.rank", self.rank, 1, 65536)

@@ -17,6 +17,9 @@ from memfit.engine.model_state import (
     lora_targets,
     optimizer_state,
     qkv_adapted,
+    saved_components,
+    saved_copies,
+    split_tensors,
 )
 from memfit.engine.params import model_tensors
 from memfit.engine.plan.precision import precision_of
@@ -74,6 +77,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         outputs_held=conv.outputs_held,
         kv_cache=conv.kv_cache,
         adapter_bytes=adapter,
+        copies=saved_components(training),
         loss=training.loss,
         loss_chunks=training.loss_chunks,
         # a tied head is the embedding, which stays unquantized
@@ -179,6 +183,8 @@ def embedding_output_grad(
         return True
     if checkpointing and conventions(training).implementation == "transformers":
         return True
+    if "embeddings" in saved_components(training):
+        return True  # PEFT's trained copy of the embedding (modules_to_save)
     if training.method != "freeze":
         return False
     parts = training.freeze.trainable
@@ -271,6 +277,15 @@ def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: Model
         return 0
     p_bytes = precision_of(training).master
     if training.optimizer == "adamw" and training.optimizer_impl == "foreach":
+        copies = sum(g.total for g in saved_copies(model, training))
+        whole = sum(g.total for g in split_tensors(model, training).trainable)
+        if copies and whole:
+            # PEFT's modules_to_save copies are a dtype group of their own (the frozen
+            # weights'), whose temporaries follow that dtype; the groups' temporaries are
+            # alive together (each group's list lives until the next one replaces it)
+            f_bytes = DTYPE_BYTES[conventions(training).frozen_dtype]
+            mix = (whole - copies) * p_bytes + copies * f_bytes
+            return state.trainable_params * mix // whole
         return state.trainable_params * p_bytes
     largest = max((g.numel for g in model_tensors(model)), default=0)
     if training.method in ("lora", "qlora"):

@@ -18,7 +18,7 @@ import numpy as np
 from memfit.engine import memo
 from memfit.engine.graph import Profile, Size
 from memfit.engine.layers import CHUNK_ROWS, Ctx
-from memfit.engine.model_state import ModelState
+from memfit.engine.model_state import DTYPE_BYTES, ModelState, saved_components
 from memfit.engine.plan.precision import precision_of
 from memfit.engine.specs import ModelSpec, TrainingSpec
 from memfit.engine.stacks import conventions
@@ -153,9 +153,11 @@ class StepPlan:
         """The plan of :func:`step_timeline`'s step (only ``training``'s strategy and
         whether a sliding window masks its sequence are read)."""
         ctx = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
+        copied = "embeddings" in saved_components(training)
         trains_embeddings = stage.first and (
             training.method == "full"
             or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
+            or copied
         )
         kinds, ckpt = step_layers(model, training, ctx, stage.first)
         chunked = training.loss == "chunked"
@@ -182,6 +184,13 @@ class StepPlan:
         temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
         dense_grad = model.vocab_size * model.hidden_size * precision_of(training).master
         tied = dense_grad if model.tie_word_embeddings else 0
+        if copied:  # PEFT's copy of the embedding: in its dtype, the head not tied to it
+            dense_grad = (
+                model.vocab_size
+                * model.hidden_size
+                * DTYPE_BYTES[conventions(training).frozen_dtype]
+            )
+            tied = 0
         # the per-op policy's saved outputs of each block, as linear forms of the shape
         per_op: tuple[Size, ...] = (0,) * len(blocks)
         if conventions(training).checkpointing == "per-op":

@@ -8,6 +8,7 @@ from memfit.engine.train_configs.common import (
     _attention,
     _fsdp,
     _hf_optimizer,
+    _modules_to_save,
     _name_model,
     _Reader,
     _sequence,
@@ -128,7 +129,6 @@ def _axolotl(r: _Reader) -> None:
     r.compiled("torch_compile")
     for key, reason in (
         ("neftune_noise_alpha", "no memory effect"),
-        ("lora_modules_to_save", "modules trained in full beside the adapters are not modelled"),
         ("peft_use_dora", "DoRA's magnitude vectors and weight norms are not modelled"),
         ("unfrozen_parameters", "training a chosen subset of parameters is not modelled"),
         ("gptq", "a GPTQ-quantized base is not modelled"),
@@ -162,6 +162,7 @@ def _axolotl_method(r: _Reader) -> None:
     if adapter is None:
         out.set("method", "full", "adapter")
         out.note("no adapter: full fine-tuning, as Axolotl trains every weight without one")
+        r.flag("lora_modules_to_save", "no adapter is trained")
         if four or eight:
             out.ignore(
                 "load_in_4bit" if four else "load_in_8bit",
@@ -200,6 +201,7 @@ def _axolotl_method(r: _Reader) -> None:
         _targets(out, ["all-linear"], "lora_target_linear")
     elif modules:
         _targets(out, modules, "lora_target_modules")
+    _modules_to_save(r, "lora_modules_to_save")
     if qlora:
         bnb = r.section("bnb_config_kwargs")
         if bnb is not None:

@@ -18,6 +18,7 @@ from memfit.engine.files import resolves_inside
 from memfit.engine.presets import load_model, model_names
 from memfit.engine.scenario_io import custom_gpu
 from memfit.engine.specs import (
+    MODULES_TO_SAVE,
     FreezeSpec,
     HardwareSpec,
     LoraSpec,
@@ -424,6 +425,29 @@ def _targets(out: _Out, names: list[str], key: str) -> None:
         out.set("lora.targets", ["all-linear"], key)
     else:
         out.set("lora.targets", list(dict.fromkeys(names)), key)
+
+
+def _modules_to_save(r: _Reader, key: str) -> None:
+    """PEFT's ``modules_to_save`` (``lora.modules_to_save``): names matched, as PEFT
+    matches them, by their last part; only the LM head and the token embedding are
+    modelled, any other name is reported ignored."""
+    names = r.names(key)
+    if not names:
+        return
+    saved: list[str] = []
+    for name in names:
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in MODULES_TO_SAVE:
+            if leaf not in saved:
+                saved.append(leaf)
+        else:
+            r.out.ignore(
+                r.key(key),
+                f"{shown(name)}: only {' and '.join(MODULES_TO_SAVE)} are modelled as modules "
+                "to save",
+            )
+    if saved:
+        r.out.set("lora.modules_to_save", saved, key)
 
 
 def _normalized(name: str) -> str:

@@ -8,6 +8,7 @@ from memfit.engine.train_configs.common import (
     _attention,
     _fsdp,
     _hf_optimizer,
+    _modules_to_save,
     _name_model,
     _Reader,
     _sequence,
@@ -170,7 +171,6 @@ def _training_arguments(r: _Reader) -> None:
             "emptying the cache between steps does not change a step's peak",
         ),
         ("optim_target_modules", "GaLore-style low-rank optimizer states are not modelled"),
-        ("lora_modules_to_save", "modules trained in full beside the adapters are not modelled"),
         ("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled"),
         ("use_dora", "DoRA's magnitude vectors and weight norms are not modelled"),
         (
@@ -202,6 +202,7 @@ _PEFT_KEYS = (
     "lora_alpha",
     "lora_dropout",
     "lora_target_modules",
+    "lora_modules_to_save",
     "bnb_4bit_quant_type",
     "use_bnb_nested_quant",
 )
@@ -248,6 +249,7 @@ def _hf_method(r: _Reader) -> None:
     targets = r.names("lora_target_modules")
     if targets:
         _targets(out, targets, "lora_target_modules")
+    _modules_to_save(r, "lora_modules_to_save")
     if four:
         quant = r.choice("bnb_4bit_quant_type", ("nf4", "fp4"))
         if quant is not None:

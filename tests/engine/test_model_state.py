@@ -350,3 +350,39 @@ def test_lora_on_the_lm_head_with_a_fused_loss_is_refused() -> None:
         )
     assert err.value.field == "training.lora.targets"
     assert "lm_head" in str(err.value)
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "llama-2-7b"])  # tied, untied head
+@pytest.mark.parametrize("saved", ["lm_head", "embed_tokens"])
+def test_modules_to_save_train_a_copy_in_the_base_dtype(model: str, saved: str) -> None:
+    """PEFT's ``modules_to_save`` deep-copies the module (a tied head's copy is its own
+    vocab x hidden matrix) and trains the copy in the base's dtype, beside fp32 adapters:
+    its weight, gradient and AdamW's two moments, 2 bytes each under bf16-mixed."""
+    m = load_model(model)
+    plain = TrainingSpec(method="lora", precision="bf16-mixed")
+    named = TrainingSpec(
+        method="lora", precision="bf16-mixed", lora=LoraSpec(modules_to_save=(saved,))
+    )
+    base, with_copy = model_state(m, plain), model_state(m, named)
+    n = m.vocab_size * m.hidden_size
+    assert with_copy.trainable_params == base.trainable_params + n
+    assert with_copy.total_params == base.total_params + n
+    for category in ("parameters", "gradients"):
+        assert with_copy.category_bytes(category) == base.category_bytes(category) + 2 * n
+    assert with_copy.category_bytes("optimizer_states") == (
+        base.category_bytes("optimizer_states") + 4 * n
+    )
+
+
+def test_modules_to_save_accepts_the_head_and_the_embedding_only() -> None:
+    with pytest.raises(EstimateError) as err:
+        LoraSpec(modules_to_save=("score",))
+    assert err.value.field == "training.lora.modules_to_save"
+    assert "lm_head, embed_tokens" in str(err.value)
+    with pytest.raises(EstimateError) as err:
+        LoraSpec(modules_to_save=("lm_head", "lm_head"))
+    assert err.value.field == "training.lora.modules_to_save"
+    both = LoraSpec(targets=("q_proj", "lm_head"), modules_to_save=("lm_head",))
+    with pytest.raises(EstimateError) as err:
+        model_state(load_model("llama-2-7b"), TrainingSpec(method="lora", lora=both))
+    assert err.value.field == "training.lora.modules_to_save"

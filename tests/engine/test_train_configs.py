@@ -75,6 +75,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None, dict[str, Any], dict[str,
                 "alpha": 16,
                 "dropout": 0.05,
                 "targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                "modules_to_save": ["embed_tokens", "lm_head"],
             },
             "precision": "bf16-mixed",
             "micro_batch_size": 2,
@@ -403,7 +404,7 @@ def test_the_model_is_replaced_only_when_asked_and_only_by_a_preset() -> None:
     ("name", "ignored"),
     [
         ("axolotl-llama3-70b-qlora-fsdp.yml", ["neftune_noise_alpha"]),
-        ("axolotl-llama3-8b-lora-zero2.yml", ["load_in_8bit", "lora_modules_to_save"]),
+        ("axolotl-llama3-8b-lora-zero2.yml", ["load_in_8bit"]),
         (
             "axolotl-qwen-full-zero3.yaml",
             [
@@ -907,3 +908,20 @@ def test_torch_compile_is_read_as_the_field(name: str, key: str) -> None:
     assert any("torch.compile" in n and "memory" in n for n in imported.notes)
     off = import_training_config(text="base_model: x\ntorch_compile: false\n")
     assert "torch_compile" not in off.training
+
+
+def test_modules_to_save_are_read_as_peft_names_them() -> None:
+    """``lora_modules_to_save`` maps to ``lora.modules_to_save`` by each name's last part
+    (PEFT matches suffixes); names other than lm_head and embed_tokens are reported."""
+    axolotl = import_training_config(
+        text="base_model: x\nadapter: lora\n"
+        "lora_modules_to_save: [model.embed_tokens, lm_head, score]\n"
+    )
+    assert axolotl.training["lora"]["modules_to_save"] == ["embed_tokens", "lm_head"]
+    assert [i for i in axolotl.ignored if i.startswith("lora_modules_to_save")] == [
+        "lora_modules_to_save: 'score': only lm_head and embed_tokens are modelled as modules "
+        "to save"
+    ]
+    full = import_training_config(text="base_model: x\nlora_modules_to_save: [lm_head]\n")
+    assert "lora" not in full.training
+    assert any(i.startswith("lora_modules_to_save: no adapter") for i in full.ignored)
