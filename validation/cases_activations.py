@@ -14,6 +14,8 @@
 * OLMo-2-7B: RMSNorms on the whole q and k projections and on each sublayer's output.
 * PEFT's LoRA on the output layer (``lm_head`` as a target) of Llama-3.2-1B (tied) and
   Llama-2-7B (untied), and the same steps without it.
+* PEFT's ``modules_to_save`` (``lm_head``, ``embed_tokens``): a trained copy of the module
+  in the base's dtype beside the frozen original, on the same two models.
 
 Each under autocast and in pure bf16. Records as in ``dataset.json``
 (:mod:`validation.measure`).
@@ -173,6 +175,22 @@ def all_cases() -> list[dict[str, Any]]:
                 f"{name}_L2_{precision}_lora_r16-{'+'.join(targets)}_adamw-foreach_sdpa_b4_s2048"
             )
             cases.append({"id": case_id, "family": "llama", "scenario": scenario})
+    # PEFT's modules_to_save: a trained copy of the LM head or of the embedding, on a tied
+    # head (Llama-3.2-1B) and an untied one (Llama-2-7B)
+    for name in ("llama-3.2-1b", "llama-2-7b"):
+        for saved in (["lm_head"], ["embed_tokens"]):
+            for precision in ("bf16-mixed", "bf16"):
+                scenario = _scenario(model_config(name, 2), precision, "sdpa", 4, 2048)
+                scenario["training"]["method"] = "lora"
+                scenario["training"]["lora"] = {
+                    "rank": 16, "alpha": 32.0, "targets": ["q_proj", "v_proj"], "dropout": 0.0,
+                    "modules_to_save": saved,
+                }  # fmt: skip
+                case_id = (
+                    f"{name}_L2_{precision}_lora_r16-q_proj+v_proj_save-{saved[0]}"
+                    "_adamw-foreach_sdpa_b4_s2048"
+                )
+                cases.append({"id": case_id, "family": "llama", "scenario": scenario})
     return cases
 
 

@@ -9,6 +9,7 @@ The step mirrors MemFit's scenario semantics (see ``engine/model_state.py``):
   under ``fp32``) and PEFT adds adapters -- in fp32 (PEFT's ``autocast_adapter_dtype``)
   except under pure bf16, where they stay bf16; ``freeze``: only the named parts and the
   last N blocks train, and under ``bf16-mixed`` the frozen weights are held in bf16;
+  ``lora.modules_to_save``: PEFT's ``modules_to_save`` (a trained copy of each named module);
 * optimizer ``adamw`` (``foreach=True`` or ``fused=True``) or ``sgd`` without momentum;
 * activation checkpointing ``full``: HF's non-reentrant checkpointing of every block;
 * the step: ``out = model(input_ids=ids, labels=ids)``, ``out.loss.backward()``,
@@ -103,6 +104,8 @@ class StepSpec:
     lora_rank: int = 16
     lora_alpha: float = 32.0
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    #: PEFT's ``modules_to_save`` (each trained as a full copy)
+    modules_to_save: tuple[str, ...] = ()
     freeze_trainable: tuple[str, ...] = ("lm_head",)
     freeze_last_layers: int = 0
     #: None (the field absent): the original dataset's order -- held, held, released, the
@@ -188,6 +191,7 @@ def spec_from_scenario(scenario: dict[str, Any]) -> StepSpec:
         lora_rank=lora.get("rank", 16),
         lora_alpha=lora.get("alpha", 32.0),
         lora_targets=tuple(lora.get("targets", ("q_proj", "v_proj"))),
+        modules_to_save=tuple(lora.get("modules_to_save", ())),
         freeze_trainable=tuple(freeze.get("trainable", ("lm_head",))),
         freeze_last_layers=freeze.get("last_layers", 0),
         outputs_held_through_backward=t.get("outputs_held_through_backward"),
@@ -453,6 +457,7 @@ def _apply_method(model: torch.nn.Module, family: str, spec: StepSpec) -> torch.
             lora_dropout=0.0,
             bias="none",
             fan_in_fan_out=family == "gpt2",
+            modules_to_save=list(spec.modules_to_save) or None,
         )
         if spec.adapter_dtype == "auto":  # fp32, except bf16 under pure bf16
             return get_peft_model(model, lcfg, autocast_adapter_dtype=spec.precision != "bf16")
@@ -645,6 +650,39 @@ def _unpacked_inputs() -> Iterator[None]:
         yield
     finally:
         mu.find_packed_sequence_indices = saved
+
+
+@contextlib.contextmanager
+def _fake_module_copies() -> Iterator[None]:
+    """Let PEFT deep-copy a module of fake parameters (``modules_to_save``).
+
+    ``copy.deepcopy`` of a FakeTensor makes one of a new fake mode, which the step's mode
+    then refuses to mix with its own; the copy's parameters and buffers are cloned in the
+    step's mode instead (each a new storage, as the real copy is) and the rest of the
+    module deep-copied around them.
+    """
+    import copy
+
+    from peft.utils import other
+
+    original = other.copy.deepcopy
+
+    def deepcopy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+        if not isinstance(obj, torch.nn.Module):
+            return original(obj, memo)
+        memo = {} if memo is None else memo
+        for p in obj.parameters():
+            memo[id(p)] = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+        for b in obj.buffers():
+            memo[id(b)] = b.clone()
+        return original(obj, memo)
+
+    namespace = type("copy_ns", (), {"deepcopy": staticmethod(deepcopy)})
+    other.copy = namespace  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        other.copy = copy
 
 
 @contextlib.contextmanager
@@ -890,7 +928,12 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
         mode,
         cuda_sdpa(gpu, log),
     ):
-        with fakecuda.FakeInit(), torch.device("cuda"), _swappable_fake_params(mode):
+        with (
+            fakecuda.FakeInit(),
+            torch.device("cuda"),
+            _swappable_fake_params(mode),
+            _fake_module_copies(),
+        ):
             model, family = _build_model(spec)
             model = _apply_method(model, family, spec)
             if spec.checkpointing in ("full", "per-op"):
