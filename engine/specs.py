@@ -1031,6 +1031,9 @@ class TrainingSpec:
     #: DDP's gradients are views of its all-reduce buckets (``gradient_as_bucket_view``)
     #: or separate tensors copied into them; None: the training stack's convention
     gradient_as_bucket_view: bool | None = None
+    #: activation checkpointing through torch's reentrant implementation
+    #: (``use_reentrant=True``) or the non-reentrant one; None: the training stack's
+    reentrant_checkpointing: bool | None = None
     #: :data:`MOE_IMPLEMENTATIONS`
     moe_implementation: str = "grouped"
     #: the optimizer steps each parameter in backward as soon as its gradient is ready and

@@ -285,6 +285,24 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         usual=lambda t: False,
         default=False,
     ),
+    ConventionField(
+        "reentrant_checkpointing",
+        (True, False),
+        attr="reentrant",
+        label="Checkpointing",
+        tip="Whether activation checkpointing runs through torch's reentrant implementation "
+        "(use_reentrant=True: the layer's forward runs without autograd and again, with "
+        "it, in backward) or the non-reentrant one (saved-tensor hooks). It matters where a "
+        "custom autograd function keeps a tensor on its ctx (bitsandbytes' 4-bit matmul "
+        "before 0.43.2): non-reentrant checkpointing cannot drop it, so every layer keeps "
+        "it until its backward; reentrant checkpointing keeps nothing of the forward.",
+        choices={True: "reentrant (use_reentrant=True)", False: "non-reentrant"},
+        shown={True: "reentrant", False: "non-reentrant"},
+        brief_words={True: "reentrant checkpointing", False: "non-reentrant checkpointing"},
+        usual=lambda t: False,
+        # torch.utils.checkpoint's recommended mode; transformers' default since 5.0
+        default=False,
+    ),
     ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
 )
 #: the convention keys of a stack file and the accepted values of each
@@ -439,6 +457,8 @@ class Conventions:
     prepare_kbit: bool = False
     #: QLoRA: bitsandbytes' 4-bit matmul keeps its input (before 0.43.2)
     matmul_keeps_input: bool = False
+    #: activation checkpointing is torch's reentrant implementation (``use_reentrant=True``)
+    reentrant: bool = False
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:

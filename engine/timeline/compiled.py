@@ -14,6 +14,7 @@ import numpy as np
 
 from memfit.engine.graph import TERMS, Profile, Size, _coefs
 from memfit.engine.specs import TrainingSpec
+from memfit.engine.stacks import conventions
 from memfit.engine.timeline.context import Gather, carries_previous
 from memfit.engine.timeline.sources import (
     _PREVIOUS_OUTPUT,
@@ -262,11 +263,13 @@ class _Compiler:
         # what custom autograd functions keep on their ctx (non-reentrant checkpointing
         # drops only what goes through its saved-tensor hooks: bitsandbytes' 4-bit matmul
         # keeps its input from the forward to the layer's backward, and its recomputation's
-        # copy goes with the recomputed graph)
+        # copy goes with the recomputed graph). Reentrant checkpointing runs the forward
+        # without autograd: no function keeps anything there
+        reentrant = conventions(training).reentrant
         self.kept_on = [
             ckpt_input
             + self.saved_form(per_op[b] if per_op else 0)
-            + self.saved_form(function_kept_of[b])
+            + (self.nothing if reentrant else self.saved_form(function_kept_of[b]))
             for b in range(len(plan.profiles))
         ]
         self.function_kept_of: Sequence[Size] = function_kept_of

@@ -152,3 +152,28 @@ def test_a_checkpointed_qlora_layer_keeps_what_its_4_bit_matmuls_keep_on_their_c
     assert kept["lightning", "qlora"] > 0  # LitGPT's bitsandbytes keeps the inputs
     assert kept["hf-trainer", "qlora"] == kept["hf-trainer", "lora"] == 0
     assert steps["hf-trainer", "qlora"] == steps["hf-trainer", "lora"]
+
+
+def test_reentrant_checkpointing_keeps_nothing_a_4_bit_matmul_keeps_on_its_ctx() -> None:
+    """Reentrant checkpointing (``use_reentrant=True``) runs a layer's forward without
+    autograd: no custom function keeps anything there, so a checkpointed layer keeps its
+    input alone even where the 4-bit matmul keeps its own (bitsandbytes before 0.43.2);
+    the recomputation's kept inputs go with the recomputed graph, as under the
+    non-reentrant one (traced: dataset_conventions.json's ``ckpt-reentrant`` cases)."""
+    base = {"method": "qlora", "lora": {"targets": ["all-linear"]},
+            "activation_checkpointing": "full", "micro_batch_size": 2,
+            "sequence_length": 1024}  # fmt: skip
+    steps, peaks = {}, {}
+    for keeps in (False, True):
+        for reentrant in (False, True):
+            training = {**base, "qlora": {"matmul_keeps_input": keeps},
+                        "reentrant_checkpointing": reentrant}  # fmt: skip
+            s = built(preset_scenario("llama-3.2-1b", "h100-sxm-80gb", training))
+            est = estimate(s)
+            layers = [p for p in est.timeline if p.phase == "forward" and p.label == "layer"]
+            steps[keeps, reentrant] = layers[2].activations - layers[1].activations
+            peaks[keeps, reentrant] = est.allocated_bytes
+    hidden = 2 * 1024 * 2048 * 2
+    assert steps[True, False] > hidden  # the kept inputs outlive non-reentrant checkpoints
+    assert steps[True, True] == steps[False, True] == steps[False, False] == hidden
+    assert peaks[True, True] == peaks[False, True] == peaks[False, False] < peaks[True, False]

@@ -48,7 +48,12 @@ QLORA_ROWS = (
     "training.qlora.prepare_kbit",
     "training.qlora.matmul_keeps_input",
 )
-NEW_ROWS = ("training.model_implementation", "training.previous_step_held", *QLORA_ROWS)
+NEW_ROWS = (
+    "training.model_implementation",
+    "training.previous_step_held",
+    "training.reentrant_checkpointing",
+    *QLORA_ROWS,
+)
 ALL_ROWS = (*CONVENTION_ROWS, *NEW_ROWS)
 
 
@@ -297,6 +302,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
     assert texts == {  # the Hugging Face Trainer
         "training.model_implementation": "from stack (transformers)",
         "training.previous_step_held": "from stack (released)",
+        "training.reentrant_checkpointing": "from stack (non-reentrant)",
         "training.qlora.quantize_lm_head": "from stack (not quantized)",
         "training.qlora.dequant_dtype": "from stack (auto: bf16)",
         "training.qlora.prepare_kbit": "from stack (not run)",
@@ -310,6 +316,7 @@ def test_the_new_rows_show_each_stacks_value_and_why(panel: TrainingPanel) -> No
     assert texts == {
         "training.model_implementation": "from stack (LitGPT)",
         "training.previous_step_held": "from stack (held)",
+        "training.reentrant_checkpointing": "from stack (non-reentrant)",
         "training.qlora.quantize_lm_head": "from stack (quantized)",
         "training.qlora.dequant_dtype": "from stack (fp16)",
         "training.qlora.prepare_kbit": "from stack (not run)",
@@ -424,6 +431,7 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     training = dataclasses.replace(
         s.training,
         previous_step_held=False,
+        reentrant_checkpointing=True,
         qlora=dataclasses.replace(
             s.training.qlora,
             quantize_lm_head=False,
@@ -442,6 +450,7 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     assert shown == {
         "training.model_implementation": "transformers",
         "training.previous_step_held": False,
+        "training.reentrant_checkpointing": True,
         "training.qlora.quantize_lm_head": False,
         "training.qlora.dequant_dtype": "bf16",
         "training.qlora.prepare_kbit": True,
@@ -451,7 +460,8 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     assert panel.conventions.summary.text() == (
         "transformers model* · outputs held · no KV cache · previous step released* · "
         "frozen fp32 · adapters fp32 · LM head unquantized* · dequant bf16* · "
-        "k-bit prepared* · 4-bit matmul input freed* · loss on 16-bit logits  (* set here)"
+        "k-bit prepared* · 4-bit matmul input freed* · reentrant checkpointing* · "
+        "loss on 16-bit logits  (* set here)"
     )
     assert field_mismatches(window) == []
     # given back to the stack, each is written as None and saved so
@@ -463,6 +473,7 @@ def test_a_scenario_with_the_new_conventions_set_reads_into_the_panel(
     assert data["qlora"]["quantize_lm_head"] is None and data["qlora"]["dequant_dtype"] is None
     assert data["qlora"]["prepare_kbit"] is None
     assert data["qlora"]["matmul_keeps_input"] is None
+    assert data["reentrant_checkpointing"] is None
     assert load_scenario(path) == window.store.scenario
     window.undo_act.trigger()  # the 4-bit matmul's input, explicit again
     assert window.store.scenario.training.qlora.matmul_keeps_input is False
