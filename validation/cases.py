@@ -204,6 +204,8 @@ def case_id(model: str, layers: int, s: dict[str, Any]) -> str:
         parts.append(f"r{lo['rank']}-" + "+".join(lo["targets"]))
     if t["method"] == "qlora" and t["qlora"].get("prepare_kbit"):
         parts.append("kbit")
+    if t["method"] == "qlora" and t["qlora"].get("matmul_keeps_input"):
+        parts.append("mmkeep")
     if t["method"] == "freeze":
         fr = t["freeze"]
         named = list(fr["trainable"]) + ([f"last{fr['last_layers']}"] if fr["last_layers"] else [])

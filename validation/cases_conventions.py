@@ -27,7 +27,12 @@ case says exactly which loop it emulates:
 * ``moe_implementation`` (MoE models): transformers' ``grouped_mm`` experts or its eager
   per-expert loop;
 * ``qlora.prepare_kbit`` (QLoRA on a bitsandbytes 4-bit base): PEFT's
-  ``prepare_model_for_kbit_training`` run on the model (every unquantized weight fp32).
+  ``prepare_model_for_kbit_training`` run on the model (every unquantized weight fp32);
+  ``qlora.matmul_keeps_input``: the 4-bit matmul keeps its input with the weight
+  (bitsandbytes before 0.43.2);
+* ``reentrant_checkpointing``: full checkpointing through torch's reentrant implementation
+  (``use_reentrant=True``, the embedding output requiring a gradient) instead of the
+  non-reentrant one.
 
 Every case records both ways of holding the outputs (its own is ``peak_allocated_bytes``).
 """
@@ -64,6 +69,7 @@ def conventions_case(
     adapter: str | None = None,
     loss_chunks: int | None = None,
     moe: str | None = None,
+    reentrant: bool = False,
     **kw: Any,
 ) -> dict[str, Any]:
     """One case: :func:`validation.cases.scenario` plus the conventions, all written out."""
@@ -83,6 +89,10 @@ def conventions_case(
     t["loss"] = loss
     if loss == "chunked-output":
         t["loss_chunks"] = loss_chunks or 8
+    if reentrant:
+        if t["activation_checkpointing"] != "full":
+            raise ValueError("reentrant checkpointing is measured under full checkpointing")
+        t["reentrant_checkpointing"] = True
     if FAMILY[model] == "mixtral":
         t["moe_implementation"] = moe or "grouped"
     elif moe is not None:
@@ -98,6 +108,8 @@ def conventions_id(model: str, layers: int, s: dict[str, Any]) -> str:
     base = case_id(model, layers, s)
     if t["activation_checkpointing"] == "per-op":
         base = base.removesuffix("_ckpt") + "_ckpt-per-op"
+    if t.get("reentrant_checkpointing"):
+        base = base.removesuffix("_ckpt") + "_ckpt-reentrant"
     parts = [
         base,
         t["stack"],
@@ -264,6 +276,14 @@ def _raw_cases() -> list[dict[str, Any]]:
             lora={"targets": ["all-linear"]}, **q, ckpt="full", batch=4, seq=2048)  # fmt: skip
         add("qwen2.5-0.5b", 2, stack="custom", held=False, kv_cache=True,
             lora={"targets": ["all-linear"]}, **q, batch=4, seq=2048)  # fmt: skip
+    # --- the 4-bit matmul keeping its input (bitsandbytes before 0.43.2) under full
+    # checkpointing, non-reentrant (the kept inputs outlive the checkpoint's hooks) and
+    # reentrant (the forward runs without autograd: nothing is kept there)
+    for keep, reentrant in ((True, False), (True, True), (False, True)):
+        q = {"method": "qlora", "adapter": "fp32",
+             "qlora": {"prepare_kbit": False, "matmul_keeps_input": keep}}  # fmt: skip
+        add(MHA, 2, stack="accelerate-loop", held=True, kv_cache=False, reentrant=reentrant,
+            lora={"targets": ["all-linear"]}, **q, ckpt="full", batch=4, seq=2048)  # fmt: skip
     full = {"precision": "bf16", "optimizer": "sgd", "batch": 1, "seq": 8192}
     add("llama-3-8b", 2, stack="custom", held=False, kv_cache=False, **full)
     add("llama-3-8b", 2, stack="torchtune", held=False, kv_cache=False, loss="chunked-output",

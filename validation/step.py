@@ -116,6 +116,10 @@ class StepSpec:
     adapter_dtype: str = "auto"
     #: QLoRA: PEFT's ``prepare_model_for_kbit_training`` run on the 4-bit model
     prepare_kbit: bool = False
+    #: QLoRA: the 4-bit matmul keeps its input with the weight (bitsandbytes before 0.43.2)
+    matmul_keeps_input: bool = False
+    #: checkpointing through torch's reentrant implementation (``use_reentrant=True``)
+    checkpoint_reentrant: bool = False
     loss: str = "standard"
     loss_chunks: int = 8
     moe_implementation: str = "grouped"
@@ -162,8 +166,10 @@ def check_spec(spec: StepSpec) -> None:
         spec.precision != "bf16-mixed" or spec.frozen_weights_dtype not in ("auto", "bf16")
     ):
         raise ValueError("QLoRA is measured under bf16-mixed on a base loaded in bf16")
-    if spec.prepare_kbit and spec.method != "qlora":
-        raise ValueError("prepare_kbit is a QLoRA setting")
+    if (spec.prepare_kbit or spec.matmul_keeps_input) and spec.method != "qlora":
+        raise ValueError("prepare_kbit and matmul_keeps_input are QLoRA settings")
+    if spec.checkpoint_reentrant and spec.checkpointing != "full":
+        raise ValueError("reentrant checkpointing is measured under full checkpointing")
     lora_like = spec.method in ("lora", "qlora")
     if lora_like and spec.adapter_dtype not in ADAPTER_DTYPES.get(spec.precision, ()):
         raise ValueError(f"adapter_dtype {spec.adapter_dtype!r} under {spec.precision}")
@@ -199,6 +205,8 @@ def spec_from_scenario(scenario: dict[str, Any]) -> StepSpec:
         frozen_weights_dtype=t.get("frozen_weights_dtype", "auto"),
         adapter_dtype=lora.get("adapter_dtype", "auto"),
         prepare_kbit=bool(t.get("qlora", {}).get("prepare_kbit", False)),
+        matmul_keeps_input=bool(t.get("qlora", {}).get("matmul_keeps_input", False)),
+        checkpoint_reentrant=bool(t.get("reentrant_checkpointing", False)),
         loss=t.get("loss", "standard"),
         loss_chunks=t.get("loss_chunks", 8),
         moe_implementation=t.get("moe_implementation", "grouped"),
@@ -334,18 +342,21 @@ class _MatMul4Bit(torch.autograd.Function):
     these shapes): the weight dequantized in the quant state's dtype (the dtype it was
     loaded in) and ``F.linear`` -- 0.50's ``gemm_4bit`` takes that path above 1536 rows --
     and ``ctx.tensors = (None, B)``: only the 4-bit weight is kept (0.43.2 stopped keeping
-    the input, "delete useless buffered activation"); backward dequantizes again, cast to
-    the gradient's dtype, for the input's gradient."""
+    the input, "delete useless buffered activation"); ``keep``: ``(A, B)``, as before
+    0.43.2. Backward dequantizes again, cast to the gradient's dtype, for the input's
+    gradient. The tensors are a ctx attribute, not ``save_for_backward``: no saved-tensor
+    hook sees them."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, a: torch.Tensor, packed: torch.Tensor, shape: tuple[int, int],
-        bias: Any, dtype: torch.dtype,
+        bias: Any, dtype: torch.dtype, keep: bool = False,
     ) -> torch.Tensor:  # fmt: skip
         weight = torch.empty(shape, dtype=dtype, device=a.device).to(a.dtype)
         out = F.linear(a, weight, bias)
         ctx.shape, ctx.dtype = shape, dtype
-        ctx.tensors = (None, packed) if any(ctx.needs_input_grad[:2]) else (None, None)
+        needed = any(ctx.needs_input_grad[:2])
+        ctx.tensors = ((a if keep else None), packed) if needed else (None, None)
         return out
 
     @staticmethod
@@ -354,10 +365,10 @@ class _MatMul4Bit(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             weight = torch.empty(ctx.shape, dtype=ctx.dtype, device=grad.device)
             grad_a = grad @ weight.to(grad.dtype)
-        return grad_a, None, None, None, None
+        return grad_a, None, None, None, None, None
 
 
-def _four_bit_class() -> type[torch.nn.Module]:
+def _four_bit_class(keep: bool = False) -> type[torch.nn.Module]:
     """:class:`FourBitLinear`'s class, made once bitsandbytes is imported: a subclass of
     its ``Linear4bit``, so that PEFT wraps it with its own 4-bit LoRA layer (which clones
     the base output and adds the adapters' product) as it wraps the real one."""
@@ -370,7 +381,8 @@ def _four_bit_class() -> type[torch.nn.Module]:
         is ``Linear4bit.forward``'s: the input cast to the compute dtype, the 4-bit matmul
         (:class:`_MatMul4Bit`), the output cast back to the input's dtype (``.to(inp_dtype)``:
         an fp32 input gets an fp32 output); a bias of another dtype than the compute dtype
-        is converted in place on the first call. Nothing of bitsandbytes' kernels runs."""
+        is converted in place on the first call. Nothing of bitsandbytes' kernels runs.
+        ``keep``: the matmul keeps its input (bitsandbytes before 0.43.2)."""
 
         def __init__(self, linear: torch.nn.Linear) -> None:
             torch.nn.Module.__init__(self)
@@ -395,18 +407,18 @@ def _four_bit_class() -> type[torch.nn.Module]:
             bias = self.bias
             if bias is not None and bias.dtype != x.dtype:
                 bias.data = bias.data.to(x.dtype)
-            out = _MatMul4Bit.apply(x, self.weight, self.shape, bias, self.quant_dtype)
+            out = _MatMul4Bit.apply(x, self.weight, self.shape, bias, self.quant_dtype, keep)
             return out.to(inp_dtype)  # type: ignore[no-any-return]
 
     return FourBitLinear
 
 
-def quantize(model: torch.nn.Module) -> None:
+def quantize(model: torch.nn.Module, keep: bool = False) -> None:
     """transformers' bitsandbytes 4-bit loading (``load_in_4bit``): every ``nn.Linear``
     but the output layer (``get_keys_to_not_convert``) becomes a 4-bit linear; the rest
     stays in the dtype it was loaded in; the model says it is loaded in 4 bits (PEFT and
     ``prepare_model_for_kbit_training`` read ``is_loaded_in_4bit``)."""
-    four_bit = _four_bit_class()
+    four_bit = _four_bit_class(keep)
     head = model.get_output_embeddings()
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -430,7 +442,7 @@ def _apply_method(model: torch.nn.Module, family: str, spec: StepSpec) -> torch.
                 p.data = p.data.to(frozen_dtype(spec))
         return model
     if spec.method == "qlora":
-        quantize(model)
+        quantize(model, spec.matmul_keeps_input)
         if spec.prepare_kbit:
             from peft import prepare_model_for_kbit_training
 
@@ -488,16 +500,23 @@ def _make_optimizer(params: list[torch.nn.Parameter], spec: StepSpec) -> torch.o
     raise ValueError(f"optimizer {spec.optimizer!r} is not measured by this harness")
 
 
-def _enable_checkpointing(model: torch.nn.Module, per_op: bool = False) -> None:
+def _enable_checkpointing(
+    model: torch.nn.Module, per_op: bool = False, reentrant: bool = False
+) -> None:
     """HF's non-reentrant checkpointing of every decoder layer; ``per_op``: with torchtitan's
-    per-op selective policy (:func:`per_op_context`) as the checkpoint's ``context_fn``."""
-    kwargs: dict[str, Any] = {"use_reentrant": False}
+    per-op selective policy (:func:`per_op_context`) as the checkpoint's ``context_fn``;
+    ``reentrant``: torch's reentrant checkpointing (``use_reentrant=True``), the embedding
+    output made to require a gradient (``enable_input_require_grads``), as Answer.AI's
+    fsdp_qlora ``train.py`` and transformers 4.x (for a PEFT model) do with it."""
+    kwargs: dict[str, Any] = {"use_reentrant": reentrant}
     if per_op:
         kwargs["context_fn"] = per_op_context
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:  # older transformers
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.enable_input_require_grads()
+    if reentrant:
         model.enable_input_require_grads()
     for module in model.modules():
         fn = getattr(module, "_gradient_checkpointing_func", None)
@@ -937,7 +956,10 @@ def measure(spec: StepSpec, gpu: GpuProfile | None = None) -> Measurement:
             model, family = _build_model(spec)
             model = _apply_method(model, family, spec)
             if spec.checkpointing in ("full", "per-op"):
-                _enable_checkpointing(model, per_op=spec.checkpointing == "per-op")
+                _enable_checkpointing(
+                    model, per_op=spec.checkpointing == "per-op",
+                    reentrant=spec.checkpoint_reentrant,
+                )  # fmt: skip
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
         opt = _make_optimizer(trainable, spec)

@@ -317,6 +317,21 @@ def test_per_op_checkpointing_lies_between_none_and_full() -> None:
     assert full < per_op < none
 
 
+def test_a_4_bit_matmul_keeping_its_input_costs_only_under_non_reentrant_checkpoints() -> None:
+    """bitsandbytes' 4-bit matmul before 0.43.2 keeps its input on its ctx: non-reentrant
+    checkpointing cannot drop it, reentrant checkpointing keeps nothing of the forward."""
+    peaks: dict[tuple[bool, bool], int] = {}
+    for case in _load():
+        t = _training(case)
+        if t["method"] == "qlora" and t["activation_checkpointing"] == "full":
+            keeps = bool(t["qlora"].get("matmul_keeps_input"))
+            reentrant = bool(t.get("reentrant_checkpointing"))
+            if keeps or reentrant:
+                peaks[keeps, reentrant] = case["measured"]["peak_allocated_bytes"]
+    assert set(peaks) == {(True, False), (True, True), (False, True)}
+    assert peaks[True, True] == peaks[False, True] < peaks[True, False]
+
+
 def test_the_eager_experts_loop_peaks_higher_in_backward() -> None:
     pairs = _pairs("moe_implementation")
     assert len(pairs) >= 3
