@@ -11,6 +11,7 @@ from memfit.engine.train_configs.common import (
     _modules_to_save,
     _name_model,
     _Reader,
+    _reentrant_checkpointing,
     _sequence,
     _targets,
 )
@@ -46,7 +47,7 @@ _AXOLOTL_QUIET = frozenset(
         "early_stopping_patience", "resume_from_checkpoint", "auto_resume_from_checkpoints",
         "local_rank", "debug", "seed", "special_tokens", "tokens", "added_tokens_overrides",
         "lora_model_dir", "lora_fan_in_fan_out", "peft_use_rslora", "lora_bias",
-        "lora_task_type", "gradient_checkpointing_kwargs", "tf32", "eval_table_size",
+        "lora_task_type", "tf32", "eval_table_size",
         "eval_max_new_tokens", "eval_causal_lm_metrics", "do_causal_lm_eval",
         "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
         "dataloader_drop_last", "ddp_timeout", "ddp_find_unused_parameters",
@@ -271,6 +272,7 @@ def _axolotl_checkpointing(r: _Reader) -> None:
             "gradient_checkpointing",
             f"got {shown(value)}, expected true, false, offload or unsloth",
         )
+    _reentrant_checkpointing(r, value is not False)
     offload = r.raw("activation_offloading")
     if offload is not None and offload is not False:
         if out.get("activation_checkpointing") in ("full",):

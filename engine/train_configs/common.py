@@ -101,6 +101,18 @@ class _Out:
             self.notes.append(text)
 
 
+def _reentrant_checkpointing(r: _Reader, checkpointing: bool) -> None:
+    """``gradient_checkpointing_kwargs.use_reentrant`` (transformers passes the mapping to
+    ``torch.utils.checkpoint``): the convention ``reentrant_checkpointing``, where the file
+    checkpoints or leaves it to the scenario; its other keys change nothing of memory."""
+    kwargs = r.section("gradient_checkpointing_kwargs")
+    if kwargs is None:
+        return
+    reentrant = kwargs.boolean("use_reentrant")
+    if reentrant is not None and checkpointing:
+        r.out.set("reentrant_checkpointing", reentrant, kwargs.key("use_reentrant"))
+
+
 class _Reader:
     """Typed reads of one mapping of the config; an absent key and ``null`` read as
     ``None``; every error names the key as the file spells it (with its section)."""

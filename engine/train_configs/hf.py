@@ -11,6 +11,7 @@ from memfit.engine.train_configs.common import (
     _modules_to_save,
     _name_model,
     _Reader,
+    _reentrant_checkpointing,
     _sequence,
     _targets,
 )
@@ -55,7 +56,7 @@ _HF_QUIET = frozenset(
         "ddp_broadcast_buffers", "dataloader_pin_memory", "dataloader_persistent_workers",
         "skip_memory_metrics", "use_legacy_prediction_loop", "push_to_hub",
         "resume_from_checkpoint", "hub_model_id", "hub_strategy", "hub_token",
-        "hub_private_repo", "hub_always_push", "hub_revision", "gradient_checkpointing_kwargs",
+        "hub_private_repo", "hub_always_push", "hub_revision",
         "include_inputs_for_metrics", "include_for_metrics", "eval_do_concat_batches",
         "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token",
         "mp_parameters", "full_determinism", "ray_scope", "ddp_timeout",
@@ -118,6 +119,7 @@ def _training_arguments(r: _Reader) -> None:
             "gradient_checkpointing not set: TRL's SFTConfig turns it on by default in recent "
             "versions; the scenario's checkpointing is kept"
         )
+    _reentrant_checkpointing(r, checkpointing is not False)
     if r.boolean("activation_offloading"):
         if checkpointing:
             out.set("offload.activations", "cpu", "activation_offloading")

@@ -57,6 +57,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None, dict[str, Any], dict[str,
             "optimizer": "adamw",
             "optimizer_impl": "fused",
             "activation_checkpointing": "full",
+            "reentrant_checkpointing": True,
             "attention": "flash",
             "parallelism": {"framework": "pytorch", "zero_stage": 3},
             "offload": {"optimizer": "cpu", "parameters": "cpu"},
@@ -148,6 +149,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None, dict[str, Any], dict[str,
             "gradient_accumulation_steps": 8,
             "optimizer": "paged-adamw-8bit",
             "activation_checkpointing": "full",
+            "reentrant_checkpointing": False,
             "attention": "flash",
             "sequence_length": 2048,
         },
@@ -816,6 +818,25 @@ def test_a_large_config_within_the_caps_is_read_quickly() -> None:
     imported = import_training_config(text=text)
     assert time.perf_counter() - start < 5.0
     assert len(imported.ignored) == keys
+
+
+def test_use_reentrant_in_the_checkpointing_kwargs_is_the_reentrant_convention() -> None:
+    """transformers hands ``gradient_checkpointing_kwargs`` to ``torch.utils.checkpoint``:
+    its ``use_reentrant`` is ``reentrant_checkpointing``; without checkpointing it is
+    moot, and a value that is not a boolean is refused naming the key."""
+    on = "gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: {}\n"
+    for value in (True, False):
+        text = "per_device_train_batch_size: 1\n" + on.format(str(value).lower())
+        imported = import_training_config(text=text, fmt="training-arguments")
+        assert imported.training["reentrant_checkpointing"] is value
+        assert "gradient_checkpointing_kwargs.use_reentrant" in imported.origins.values()
+    off = "per_device_train_batch_size: 1\ngradient_checkpointing: false\n"
+    off += "gradient_checkpointing_kwargs:\n  use_reentrant: true\n"
+    imported = import_training_config(text=off, fmt="training-arguments")
+    assert "reentrant_checkpointing" not in imported.training
+    with pytest.raises(EstimateError) as err:
+        import_training_config(text=on.format("'yes'"), fmt="training-arguments")
+    assert err.value.field == "gradient_checkpointing_kwargs.use_reentrant"
 
 
 def test_a_yaml_bomb_is_refused_before_it_is_built() -> None:
