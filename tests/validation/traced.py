@@ -20,6 +20,8 @@ HARNESS = {
     "frozen_weights_dtype": "auto",
     "model_implementation": "transformers",
     "previous_step_held": False,
+    # transformers 5's checkpointing (``use_reentrant=False``), whatever a stack says
+    "reentrant_checkpointing": False,
 }
 
 
