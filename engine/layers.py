@@ -109,6 +109,9 @@ class Ctx:
     #: components trained as PEFT's ``modules_to_save`` copies: they train, their weights
     #: in the frozen weights' dtype (``model_state.saved_copies``)
     copies: frozenset[str] = frozenset()
+    #: the routed experts' and router's roles PEFT adapts as parameters (``ParamWrapper``:
+    #: ``gate_up``, ``down_proj``, ``router``; ``model_state.expert_lora_roles``)
+    expert_lora: frozenset[str] = frozenset()
     loss: str = "standard"
     loss_chunks: int = 8
     #: the model is LitGPT's own ``GPT`` (:func:`_litgpt_attention`, :meth:`Net._lora_qkv`)
@@ -259,6 +262,8 @@ class Net:
         self.cached: dict[tuple[str, str | None, int, int, int], str] = {}
         #: weights whose gradient an op of the block produces: the op's index
         self.graded: dict[tuple[str, str | None, int, int, int], int] = {}
+        #: ``W + scaling B A`` of each parameter PEFT wraps, made at its first use
+        self.deltas: dict[tuple[str, str | None], str] = {}
 
     def new(self, prefix: str, elems: Size, dtype: int, rg: bool) -> str:
         self.n += 1
@@ -411,9 +416,14 @@ class Net:
         (transformers' eager experts loop, :func:`_moe_eager`); ``slice_grad``: this call's
         backward, the first to run, makes the gradient the later ones are summed into.
         """
+        ctx = self.ctx
+        wrapped = (component == "router" and "router" in ctx.expert_lora) or (
+            component == "experts" and role in ctx.expert_lora
+        )
+        if wrapped:
+            return self._wrapped_linear(x, in_f, out_f, component, role, tokens, weights, slice_of)
         if slice_of > 1:
             return self._sliced_linear(x, in_f, out_f, component, tokens, slice_of, slice_grad)
-        ctx = self.ctx
         tokens = tokens if tokens is not None else self.s.tokens
         trainable = ctx.trains(component)
         w_dtype = ctx.weight_bytes(component)
@@ -522,6 +532,81 @@ class Net:
                 op, weight_grad=0, transient_backward=op.transient_backward + 2 * op.weight_grad
             )
         self.graded[key] = len(self.block.ops)
+
+    def _wrapped_linear(
+        self,
+        x: str,
+        in_f: int,
+        out_f: int,
+        component: str,
+        role: str | None,
+        tokens: Size | None,
+        weights: int,
+        slice_of: int,
+    ) -> str:
+        """A linear of a parameter PEFT adapts through a ``ParamWrapper`` (peft 0.21.2
+        ``tuners/lora/layer.py``): the routed experts' 3-D ``gate_up_proj`` and
+        ``down_proj`` and the router's weight. While the module runs, a parametrization
+        replaces the parameter by ``W + scaling B A`` (:meth:`_param_delta`), a new tensor
+        of the whole parameter that needs a gradient; the matmuls read it as their weight,
+        so they keep it and their input for backward, and its gradient, the size of the
+        whole parameter, flows back to the adapters. No adapter product of the tokens is
+        made. The eager experts loop reads one expert's matrix of it per call
+        (``slice_of``)."""
+        ctx = self.ctx
+        experts = slice_of if slice_of > 1 else weights
+        weight = self._param_delta(component, role, in_f, out_f, experts)
+        rows = tokens if tokens is not None else self.s.tokens
+        xin = self.cast(x, 2) if ctx.mode == "amp" else x
+        y = self.new("lin", rows * out_f, ctx.act, True)
+        op = "grouped_mm" if weights > 1 else "mm"
+        self._op(
+            op, [xin, weight], [y], saves=[xin, weight], trains=True,
+            gemm=(rows, in_f, out_f, 1 if slice_of > 1 else weights),
+        )  # fmt: skip
+        return y
+
+    def _param_delta(
+        self, component: str, role: str | None, in_f: int, out_f: int, experts: int
+    ) -> str:
+        """``W + scaling B A`` of a parameter PEFT wraps (:meth:`_wrapped_linear`), made
+        once per module call. For 3-D experts ``_LoraFactorsProxy``: A and B cast to the
+        parameter's dtype (``get_delta_factors``; fp32 adapters get 16-bit copies) and
+        ``torch.baddbmm(W, B, A)`` with autocast off, which keeps both factors for their
+        gradients; for the router ``_LoraParameterProxy``: ``W + (B @ A * scaling)``, the
+        product cast to the parameter's dtype. The fused ``gate_up_proj`` has twice the
+        rank (PEFT's conversion of the gate and up targets)."""
+        key = (component, role)
+        cached = self.deltas.get(key)
+        if cached:
+            return cached
+        ctx = self.ctx
+        r = ctx.lora_rank * (2 if role == "gate_up" else 1)
+        a_elems, b_elems = r * experts * in_f, out_f * r * experts
+        adapter, w_bytes = ctx.adapter_bytes, ctx.frozen_bytes
+        factors = []
+        for name, elems in (("lora_A", a_elems), ("lora_B", b_elems)):
+            # B is read as a permuted view (E x out x r): its gradient comes back through
+            # the permute and the reshape, which copies it whole before it lands
+            copy = adapter * elems if name == "lora_B" else 0
+            if adapter != w_bytes:  # ``.to(param.dtype)``: a copy whose backward lands the grad
+                t = self.new("wcast", elems, w_bytes, True)
+                self._op(
+                    "cast_adapter", [], [t], weight_grad=adapter * elems, transient=copy,
+                    trains=True,
+                )  # fmt: skip
+                factors.append((t, 0, 0))
+            else:
+                factors.append(("", adapter * elems, copy))
+        delta = self.new("wdelta", experts * in_f * out_f, w_bytes, True)
+        inputs = [t for t, _, _ in factors if t]
+        self._op(
+            "lora_delta", inputs, [delta], saves=inputs,
+            weight_grad=sum(g for _, g, _ in factors), transient=sum(c for _, _, c in factors),
+            trains=True, gemm=(out_f, r, in_f, experts),
+        )  # fmt: skip
+        self.deltas[key] = delta
+        return delta
 
     def _sliced_linear(
         self,

@@ -274,6 +274,74 @@ def qkv_adapted(targets: tuple[str, ...]) -> tuple[bool, bool, bool]:
     return every or "q_proj" in names, every or "k_proj" in names, every or "v_proj" in names
 
 
+def expert_param_lora(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether PEFT adapts the routed experts as parameters: transformers 5 keeps them as
+    fused 3-D parameters (``gate_up_proj`` E x 2f x h, ``down_proj`` E x h x f), which no
+    ``nn.Linear`` matches, and PEFT 0.21.2 maps the v4 targets onto them
+    (``utils/transformers_weight_conversion.py``: ``gate_proj``/``up_proj`` or ``w1``/``w3``
+    to ``gate_up_proj`` at twice the rank and alpha, ``down_proj``/``w2`` to ``down_proj``,
+    the router ``gate`` -- an ``nn.Linear`` in v4, so in ``all-linear`` -- to
+    ``gate.weight``), each wrapped by a ``ParamWrapper`` (``tuners/lora/layer.py``). LoRA
+    on transformers' MoE models, not QLoRA (whose 4-bit experts are not modelled so)."""
+    return (
+        training.method == "lora"
+        and model.is_moe
+        and conventions(training).implementation == "transformers"
+        and training.parallelism.framework != "megatron"
+    )
+
+
+def expert_lora_roles(model: ModelSpec, training: TrainingSpec) -> frozenset[str]:
+    """The expert and router roles PEFT wraps as parameters (:func:`expert_param_lora`):
+    ``gate_up`` (gate and up named together; PEFT refuses one of them alone), ``down_proj``
+    and, under ``all-linear``, ``router``."""
+    if not expert_param_lora(model, training):
+        return frozenset()
+    roles, _ = lora_targets(model, training.lora.targets)
+    gate, up = "gate_proj" in roles, "up_proj" in roles
+    if gate != up:
+        raise EstimateError(
+            "training.lora.targets",
+            "gate_proj and up_proj are one fused parameter of transformers' experts "
+            "(gate_up_proj), which PEFT adapts only when both are named: name both or neither",
+        )
+    out = {"gate_up"} if gate else set()
+    if "down_proj" in roles:
+        out.add("down_proj")
+    if "all-linear" in training.lora.targets:
+        out.add("router")
+    return frozenset(out)
+
+
+def _expert_adapters(model: ModelSpec, training: TrainingSpec) -> list[TensorGroup]:
+    """PEFT's ``ParamWrapper`` adapters of the experts (:func:`expert_lora_roles`): one A
+    (``r E x in``) and one B (``out x r E``) for each 3-D parameter of E experts, the fused
+    ``gate_up_proj`` at rank 2r; the router's A (``r x hidden``) and B (``E x r``)."""
+    roles = expert_lora_roles(model, training)
+    r, h, f = training.lora.rank, model.hidden_size, model.moe_intermediate_size
+    e = model.local_experts
+    out: list[TensorGroup] = []
+    for g in model_tensors(model):
+        if g.component == "router" and g.matrix and "router" in roles:
+            shapes = {"gate.lora_A": (r, h), "gate.lora_B": (g.shape[0], r)}
+        elif g.component == "experts" and g.linear == "gate_proj" and "gate_up" in roles:
+            shapes = {
+                "experts.gate_up_proj.lora_A": (2 * r * e, h),
+                "experts.gate_up_proj.lora_B": (2 * f, 2 * r * e),
+            }
+        elif g.component == "experts" and g.linear == "down_proj" and "down_proj" in roles:
+            shapes = {
+                "experts.down_proj.lora_A": (r * e, f),
+                "experts.down_proj.lora_B": (h, r * e),
+            }
+        else:
+            continue
+        count = g.count // e if g.component == "experts" else g.count
+        for name, shape in shapes.items():
+            out.append(TensorGroup(g.component, name, shape, count, layers=g.layers, adapter=True))
+    return out
+
+
 def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup, ...]:
     """LoRA's ``A`` (``r x in``) and ``B`` (``out x r``) for every targeted linear layer.
 
@@ -284,8 +352,11 @@ def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup
     roles, _ = lora_targets(model, training.lora.targets)
     r = training.lora.rank
     litgpt = conventions(training).implementation == "litgpt"
-    out: list[TensorGroup] = []
+    param = expert_param_lora(model, training)
+    out: list[TensorGroup] = _expert_adapters(model, training) if param else []
     for g in model_tensors(model):
+        if param and g.component == "experts":
+            continue  # wrapped as parameters (above)
         if g.linear in roles:
             out_f, in_f = g.shape
             rows = r

@@ -12,23 +12,29 @@ piece of work is priced by what limits it:
 * **matmuls** (the block's ops that carry a GEMM shape: every ``nn.Linear``, the grouped
   experts, the LoRA adapters; the LM head) by a roofline per GEMM: ``max(FLOPs / (peak x
   e_mm), bytes / (bandwidth x e_mem))``, so large GEMMs are compute-bound and a rank-16
-  adapter or a router is bandwidth-bound (Williams et al. 2009, "Roofline"); backward runs
-  the input's gradient where the op's input needs one and the weight's where it trains;
+  adapter or a router is bandwidth-bound (Williams et al. 2009, "Roofline"); rows run in
+  whole 128-row tiles (:data:`GEMM_TILE_ROWS`); FP8 GEMMs by their recipe
+  (:data:`FP8_RECIPE_COSTS`), the LM head in 16 bits; backward runs the input's gradient
+  where the op's input needs one and the weight's where it trains;
 * the **attention core** (``softmax(QK^T) V``) by the kernel in use: flash/SDPA at the
   attention kernel's efficiency, with causal masking halving the work (Dao 2023,
-  FlashAttention-2, section 3.1); eager attention and SDPA's math fallback as two batched
-  matmuls plus the bytes the core's own ops of the block move (scaling, mask, softmax,
-  casts of the ``s x s`` scores);
+  FlashAttention-2, section 3.1) -- on Hopper each kernel's rate by the keys a query reads
+  (:data:`HOPPER_ATTENTION`, measured on an H200); eager attention and SDPA's math
+  fallback as two batched matmuls plus the bytes the core's own ops of the block move
+  (scaling, mask, softmax, casts of the ``s x s`` scores);
 * every other op of the block -- norms, activations as the model writes them, residual
   adds, RoPE, dropout, casts, routing -- by the bytes it moves at the device's bandwidth:
   forward each input read and each output written; backward its outputs' gradients and
   what it saved read, its inputs' gradients written (a fused loss's chunk of rows as many
   times as the rows need); autocast's weight casts, QLoRA's dequantization, the embedding
-  lookup and the optimizer step likewise;
+  lookup and the optimizer step likewise (the optimizer at its launches where they take
+  longer, :func:`_optimizer_launches`); under ``torch.compile`` the element-wise ops in
+  fused groups (:func:`_fused`);
 * **communication** by ring-collective volumes (Patarasuk and Yuan 2009: an all-reduce of
   ``S`` bytes over ``n`` ranks moves ``2 (n-1)/n S`` per rank, all-gather and
   reduce-scatter ``(n-1)/n S``) over NVLink inside a node and over the node's network
-  share across nodes, plus a latency per collective;
+  share across nodes, plus a latency per collective; an all-to-all across nodes through
+  each rank's own NIC;
 * **host transfers** (offload) over the host link, and the CPU optimizer step at the host's
   memory bandwidth;
 * the **pipeline bubble**: ``(pp - 1) / vpp`` micro-batch times of the slowest stage for
@@ -39,7 +45,8 @@ Every kernel costs at least :data:`KERNEL_S`: the GPU cannot run kernels faster 
 host issues them, which is what bounds small models.
 
 What overlaps what (:data:`OVERLAP`): tensor-parallel, expert-parallel and pipeline
-sends are on the critical path in all frameworks. Data-parallel gradient reduction
+sends are on the critical path in all frameworks, the tensor-parallel collectives hidden
+behind the layers' GEMMs where ``tp_comm_overlap`` says so. Data-parallel gradient reduction
 overlaps the last micro-batch's backward in PyTorch DDP/FSDP and Megatron-LM
 (``overlap_grad_reduce``), and in DeepSpeed only under ZeRO-3 (``overlap_comm`` defaults to
 false below stage 3). ZeRO-3 / FSDP prefetch the next unit's all-gather during the current

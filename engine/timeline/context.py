@@ -14,6 +14,7 @@ from memfit.engine.model_state import (
     DTYPE_BYTES,
     FREEZE_COMPONENTS,
     ModelState,
+    expert_lora_roles,
     lora_targets,
     optimizer_state,
     qkv_adapted,
@@ -78,6 +79,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         kv_cache=conv.kv_cache,
         adapter_bytes=adapter,
         copies=saved_components(training),
+        expert_lora=expert_lora_roles(model, training),
         loss=training.loss,
         loss_chunks=training.loss_chunks,
         # a tied head is the embedding, which stays unquantized

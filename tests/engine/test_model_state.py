@@ -5,6 +5,7 @@ stores them, out x in). Expected bytes are computed here from that hand-written 
 the formulas written out in each helper -- independently of engine.params' inventory.
 """
 
+import dataclasses
 from math import ceil
 
 import pytest
@@ -191,12 +192,20 @@ def test_8bit_adam_is_about_2_bytes_per_parameter() -> None:
         ("mistral-7b-v0.1", 16, ("all-linear",), 41_943_040),
         # GPT-2's fused c_attn: one adapter of r (768 + 2304) per layer
         ("gpt2", 8, ("q_proj",), 12 * 8 * (768 + 3 * 768)),
-        # Mixtral all-linear wraps each expert's w1/w2/w3 too
+        # Mixtral all-linear on transformers 5 (PEFT 0.21.2): the experts' 3-D gate_up_proj
+        # (rank 2r, A 2r E x h, B 2f x 2r E) and down_proj (A r E x f, B h x r E) and the
+        # router (A r x h, B E x r) wrapped as parameters
         (
             "mixtral-8x7b",
             8,
             ("all-linear",),
-            32 * 8 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + 8 * 3 * (4096 + 14336)),
+            32
+            * (
+                8 * ((4096 + 4096) * 2 + (4096 + 1024) * 2)
+                + 2 * 8 * 8 * (4096 + 2 * 14336)
+                + 8 * 8 * (14336 + 4096)
+                + 8 * (4096 + 8)
+            ),
         ),
     ],
 )
@@ -386,3 +395,24 @@ def test_modules_to_save_accepts_the_head_and_the_embedding_only() -> None:
     with pytest.raises(EstimateError) as err:
         model_state(load_model("llama-2-7b"), TrainingSpec(method="lora", lora=both))
     assert err.value.field == "training.lora.modules_to_save"
+
+
+def test_lora_on_transformers_fused_experts_wraps_their_parameters() -> None:
+    """PEFT adapts transformers' 3-D experts as parameters: one A (r E x in) and B
+    (out x r E) per parameter, ``gate_up_proj`` at rank 2r, and under all-linear the
+    router (A r x hidden, B E x r); per layer of Qwen3-30B-A3B at r 16, 20,482,048 beside
+    the attention's 278,528 (q, k, v, o; traced: 41,521,152 at two layers)."""
+    m = dataclasses.replace(load_model("qwen3-30b-a3b"), num_layers=2)
+    every = TrainingSpec(method="lora", lora=LoraSpec(targets=("all-linear",)))
+    r, h, f, e = 16, m.hidden_size, m.moe_intermediate_size, m.num_experts
+    per_layer = 2 * r * e * (h + 2 * f) + r * e * (f + h) + r * (h + e)
+    assert per_layer == 20_482_048
+    assert model_state(m, every).trainable_params == 2 * (per_layer + 278_528) == 41_521_152
+    named = LoraSpec(targets=("q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"))
+    state = model_state(m, TrainingSpec(method="lora", lora=named))
+    assert state.trainable_params == 2 * (per_layer - r * (h + e) + 139_264)  # q, v
+    alone = LoraSpec(targets=("q_proj", "gate_proj"))
+    with pytest.raises(EstimateError) as err:
+        model_state(m, TrainingSpec(method="lora", lora=alone))
+    assert err.value.field == "training.lora.targets"
+    assert "gate_up_proj" in str(err.value)
