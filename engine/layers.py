@@ -588,7 +588,7 @@ class Net:
         for name, elems in (("lora_A", a_elems), ("lora_B", b_elems)):
             # B is read as a permuted view (E x out x r): its gradient comes back through
             # the permute and the reshape, which copies it whole before it lands
-            copy = adapter * elems if name == "lora_B" else 0
+            copy = adapter * elems if name == "lora_B" and experts > 1 else 0
             if adapter != w_bytes:  # ``.to(param.dtype)``: a copy whose backward lands the grad
                 t = self.new("wcast", elems, w_bytes, True)
                 self._op(

@@ -274,6 +274,18 @@ def qkv_adapted(targets: tuple[str, ...]) -> tuple[bool, bool, bool]:
     return every or "q_proj" in names, every or "k_proj" in names, every or "v_proj" in names
 
 
+#: the families whose v4 targets PEFT 0.21.2 maps onto transformers 5's fused experts
+#: (``_MODEL_TO_CONVERSION_PATTERN``: the Mixtral and Qwen2-MoE patterns)
+PEFT_FUSED_EXPERTS = frozenset(
+    {
+        "mixtral", "minimax", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3",
+        "olmoe", "flex_olmo", "glm4_moe", "ernie4_5_moe", "dots1", "hunyuan_v1_moe",
+    }
+)  # fmt: skip
+#: the roles of a gated MLP's linears
+_MLP_ROLES = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up"})
+
+
 def expert_param_lora(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether PEFT adapts the routed experts as parameters: transformers 5 keeps them as
     fused 3-D parameters (``gate_up_proj`` E x 2f x h, ``down_proj`` E x h x f), which no
@@ -281,14 +293,24 @@ def expert_param_lora(model: ModelSpec, training: TrainingSpec) -> bool:
     (``utils/transformers_weight_conversion.py``: ``gate_proj``/``up_proj`` or ``w1``/``w3``
     to ``gate_up_proj`` at twice the rank and alpha, ``down_proj``/``w2`` to ``down_proj``,
     the router ``gate`` -- an ``nn.Linear`` in v4, so in ``all-linear`` -- to
-    ``gate.weight``), each wrapped by a ``ParamWrapper`` (``tuners/lora/layer.py``). LoRA
-    on transformers' MoE models, not QLoRA (whose 4-bit experts are not modelled so)."""
+    ``gate.weight``), each wrapped by a ``ParamWrapper`` (``tuners/lora/layer.py``). The
+    names move from the modules targeted to the parameters, so the ``nn.Linear`` MLPs of
+    the same model -- dense layers, shared experts -- get no adapter. LoRA on the families
+    of :data:`PEFT_FUSED_EXPERTS`, not QLoRA (whose 4-bit experts are not modelled so)."""
     return (
         training.method == "lora"
         and model.is_moe
+        and model.family in PEFT_FUSED_EXPERTS
         and conventions(training).implementation == "transformers"
         and training.parallelism.framework != "megatron"
     )
+
+
+def linear_lora_roles(model: ModelSpec, training: TrainingSpec) -> frozenset[str]:
+    """The linear roles LoRA adapts as ``lora.Linear`` modules: :func:`lora_targets`'s, less
+    the MLP's where PEFT maps those names onto the fused experts' parameters."""
+    roles, _ = lora_targets(model, training.lora.targets)
+    return roles - _MLP_ROLES if expert_param_lora(model, training) else roles
 
 
 def expert_lora_roles(model: ModelSpec, training: TrainingSpec) -> frozenset[str]:
@@ -355,8 +377,8 @@ def lora_adapters(model: ModelSpec, training: TrainingSpec) -> tuple[TensorGroup
     param = expert_param_lora(model, training)
     out: list[TensorGroup] = _expert_adapters(model, training) if param else []
     for g in model_tensors(model):
-        if param and g.component == "experts":
-            continue  # wrapped as parameters (above)
+        if param and (g.component == "experts" or g.linear in _MLP_ROLES):
+            continue  # wrapped as parameters (above); the linear MLPs lose their targets
         if g.linear in roles:
             out_f, in_f = g.shape
             rows = r

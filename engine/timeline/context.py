@@ -15,7 +15,7 @@ from memfit.engine.model_state import (
     FREEZE_COMPONENTS,
     ModelState,
     expert_lora_roles,
-    lora_targets,
+    linear_lora_roles,
     optimizer_state,
     qkv_adapted,
     saved_components,
@@ -38,7 +38,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         trainable = frozenset()
     roles: frozenset[str] = frozenset()
     if method in ("lora", "qlora"):
-        roles = lora_targets(model, training.lora.targets)[0]
+        roles = linear_lora_roles(model, training)
     conv = conventions(training)
     prec = precision_of(training)
     mode, frozen = prec.mode, prec.frozen

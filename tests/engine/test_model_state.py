@@ -11,7 +11,7 @@ from math import ceil
 import pytest
 
 from memfit.engine.errors import EstimateError
-from memfit.engine.model_state import model_state, nf4_bytes
+from memfit.engine.model_state import lora_adapters, model_state, nf4_bytes
 from memfit.engine.presets import load_model
 from memfit.engine.specs import (
     METHODS,
@@ -416,3 +416,15 @@ def test_lora_on_transformers_fused_experts_wraps_their_parameters() -> None:
         model_state(m, TrainingSpec(method="lora", lora=alone))
     assert err.value.field == "training.lora.targets"
     assert "gate_up_proj" in str(err.value)
+
+
+def test_fused_experts_take_the_mlp_targets_from_the_linear_mlps() -> None:
+    """PEFT moves the MLP names (gate_proj, up_proj, down_proj) from the modules targeted
+    to the experts' parameters: DeepSeek's dense first layer and shared experts, plain
+    ``nn.Linear`` MLPs, get no adapter; the attention keeps its own."""
+    m = load_model("deepseek-v2-lite")
+    every = TrainingSpec(method="lora", lora=LoraSpec(targets=("all-linear",)))
+    adapters = lora_adapters(m, every)
+    assert {g.component for g in adapters} == {"attention", "experts", "router"}
+    mixed = {g.module for g in adapters if g.component == "experts"}
+    assert mixed == {f"experts.{p}.lora_{x}" for p in ("gate_up_proj", "down_proj") for x in "AB"}
