@@ -16,6 +16,10 @@
   Llama-2-7B (untied), and the same steps without it.
 * PEFT's ``modules_to_save`` (``lm_head``, ``embed_tokens``): a trained copy of the module
   in the base's dtype beside the frozen original, on the same two models.
+* PEFT's LoRA on transformers' fused MoE experts (Qwen3-30B-A3B's widths, ``all-linear``):
+  the experts' 3-D parameters and the router wrapped as parameters (``ParamWrapper``), each
+  made whole again as ``W + scaling B A`` for the forward; q/v alone for the step without
+  it; transformers' grouped and eager experts.
 
 Each under autocast and in pure bf16. Records as in ``dataset.json``
 (:mod:`validation.measure`).
@@ -115,6 +119,36 @@ OLMO_2_7B = {
 }
 
 
+#: Qwen3-30B-A3B's widths (Qwen/Qwen3-30B-A3B config.json: 128 experts of width 768, 8 a
+#: token), two layers
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_hidden_layers": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "output_router_logits": False,
+    "_name_or_path": "qwen3-30b-a3b-2-layers",
+}
+
+
 def _scenario(
     model: dict[str, Any], precision: str, attention: str, batch: int, seq: int
 ) -> dict[str, Any]:
@@ -191,6 +225,23 @@ def all_cases() -> list[dict[str, Any]]:
                     "_adamw-foreach_sdpa_b4_s2048"
                 )
                 cases.append({"id": case_id, "family": "llama", "scenario": scenario})
+    # PEFT's LoRA on transformers' fused experts (all-linear: the experts' 3-D parameters
+    # and the router wrapped as parameters), and q/v alone for the step without it; both
+    # experts implementations
+    for targets in (["all-linear"], ["q_proj", "v_proj"]):
+        for precision in ("bf16", "bf16-mixed"):
+            for moe in ("grouped", "eager"):
+                scenario = _scenario(QWEN3_30B_A3B, precision, "sdpa", 1, 2048)
+                scenario["training"]["method"] = "lora"
+                scenario["training"]["moe_implementation"] = moe
+                scenario["training"]["lora"] = {
+                    "rank": 16, "alpha": 32.0, "targets": targets, "dropout": 0.0,
+                }  # fmt: skip
+                case_id = (
+                    f"qwen3-30b-a3b_L2_{precision}_lora_r16-{'+'.join(targets)}"
+                    f"_adamw-foreach_sdpa_b1_s2048_moe-{moe}"
+                )
+                cases.append({"id": case_id, "family": "qwen3_moe", "scenario": scenario})
     return cases
 
 
