@@ -384,6 +384,22 @@ def human_count(n: int) -> str:
     return str(n)
 
 
+def _modules_to_save_field() -> tuple[Any, Any]:
+    """PEFT's ``modules_to_save`` as one choice: none, the LM head, the embeddings or both."""
+    get, set_ = training_field("lora.modules_to_save")
+    names = {(): "none", ("lm_head",): "lm_head", ("embed_tokens",): "embed_tokens"}
+    values = {v: k for k, v in names.items()} | {"both": ("embed_tokens", "lm_head")}
+
+    def read(s: Scenario) -> str:
+        chosen = tuple(sorted(get(s)))
+        return names.get(chosen, "both" if len(chosen) == 2 else "none")
+
+    def write(s: Scenario, value: str) -> Scenario:
+        return set_(s, values[value])
+
+    return read, write
+
+
 class ModelPanel(FormPanel):
     """Preset picker with search and filters, editable architecture, live parameter count."""
 
@@ -892,6 +908,17 @@ class TrainingPanel(FormPanel):
         self.targets = TargetsWidget()
         row = self._add_targets()
         self.targets.changed.connect(lambda r=row: self.commit(r, self.targets.value()))
+        self.add_combo(
+            "training.lora.modules_to_save",
+            "Full copies",
+            [
+                ("none", "none"),
+                ("LM head", "lm_head"),
+                ("embeddings", "embed_tokens"),
+                ("LM head and embeddings", "both"),
+            ],
+            _modules_to_save_field(),
+        )
         self.add_check(
             "training.qlora.double_quant",
             "Double quant",
@@ -1058,6 +1085,8 @@ class TrainingPanel(FormPanel):
             "training.lora.rank": adapters,
             "training.lora.alpha": adapters,
             "training.lora.targets": adapters,
+            "training.lora.modules_to_save": adapters
+            or bool(scenario.training.lora.modules_to_save),
             "training.qlora.double_quant": method == "qlora",
             "training.freeze.trainable": method == "freeze",
             "training.freeze.last_layers": method == "freeze",

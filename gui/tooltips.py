@@ -130,6 +130,9 @@ TIPS: dict[str, str] = {
     "element-wise ops between the matmuls and the attention fuse into fewer kernels, which "
     "read and write less. Changes step time only: what inductor saves for backward is "
     "taken as eager PyTorch's.",
+    "training.lora.modules_to_save": "PEFT's modules_to_save: a full trainable copy of the LM "
+    "head or the embeddings beside the adapters (the original stays frozen), its weights, "
+    "gradients and optimizer states in the base's dtype.",
     "training.fp8_recipe": "How the FP8 GEMMs scale their inputs (FP8 precision only). Per "
     "tensor: casts fused into the ops that produce the inputs (Transformer Engine). Per row "
     "or per block: each operand quantized twice by kernels of its own, and a slightly "

@@ -206,3 +206,27 @@ def test_whatifs_that_do_not_apply_say_why(window: MainWindow) -> None:
     assert cost is not None and cost.group() + ":" in qlora.toolTip()
     window.hardware_panel.rows["hardware.gpus_per_node"].widget.setValue(8)
     assert buttons["zero3"].isEnabled()
+
+
+def test_modules_to_save_is_one_choice_of_the_lora_rows(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """PEFT's modules_to_save in the app: none, the LM head, the embeddings or both, shown
+    with the adapters' rows; each choice is the scenario's field, and back."""
+    import dataclasses
+
+    from memfit.engine.presets import load_gpu, load_model
+    from memfit.engine.specs import HardwareSpec, LoraSpec, Scenario, TrainingSpec
+    from memfit.gui.panels import _modules_to_save_field
+
+    read, write = _modules_to_save_field()
+    s = Scenario(load_model("llama-3-8b"), HardwareSpec(load_gpu("h100-sxm-80gb")),
+                 TrainingSpec(method="lora"))  # fmt: skip
+    assert read(s) == "none"
+    for choice, names in (("lm_head", ("lm_head",)), ("embed_tokens", ("embed_tokens",)),
+                          ("both", ("embed_tokens", "lm_head")), ("none", ())):  # fmt: skip
+        changed = write(s, choice)
+        assert tuple(sorted(changed.training.lora.modules_to_save)) == names
+        assert read(changed) == choice
+    both = dataclasses.replace(
+        s.training, lora=LoraSpec(modules_to_save=("lm_head", "embed_tokens"))
+    )
+    assert read(dataclasses.replace(s, training=both)) == "both"
