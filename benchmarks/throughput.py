@@ -39,6 +39,11 @@ def group(c: Case) -> str:
     return SOURCES.get(c.id.split("-")[0], c.id.split("-")[0])
 
 
+def _family(results: list[Case], name: str) -> list[Case]:
+    """The runs of the family ``name`` (:data:`FAMILIES`)."""
+    return [c for c in results if name in c.families]
+
+
 def _row(name: str, group_cases: list[Case]) -> str:
     e = [abs(c.error) for c in group_cases]
     signed = statistics.median(c.error for c in group_cases)
@@ -71,7 +76,7 @@ def main() -> None:
         print()
         print(head.format("family"))
         for name, _ in FAMILIES:
-            members = [c for c in results if name in c.families]
+            members = _family(results, name)
             print(_row(name, members) if members else f"| {name} | 0 | -- | -- | -- |")
         print()
         print(f"p90 {100 * p90:.1f} %. Pairs that differ in one setting, ordered as measured: "
@@ -86,7 +91,7 @@ def main() -> None:
           f"worst {100 * errs[-1]:.1f} %   (target: median 15 %)")  # fmt: skip
     print(f"pairs ordered as measured: {ordered} of {len(found)} (target 9 of 10)")
     for name, _ in FAMILIES:
-        members = [c for c in results if name in c.families]
+        members = _family(results, name)
         if members:
             signed = statistics.median(c.error for c in members)
             print(f"  {name:<24} {len(members):>3} runs, signed median {100 * signed:+.1f} %")

@@ -122,6 +122,24 @@ class ConventionField:
 
 
 #: every convention, in the order an estimate reports them and the app lists them
+def _qlora_switch(key: str, attr: str, label: str, tip: str, **words: Any) -> ConventionField:
+    """A QLoRA convention that is on or off: only QLoRA quantizes the base weights, and
+    off is the usual value (``words``: ``choices``, ``shown``, ``brief_words`` and, where
+    a stack file may leave it out, ``default``)."""
+    return ConventionField(
+        key,
+        (True, False),
+        attr=attr,
+        label=label,
+        tip=tip,
+        methods=("qlora",),
+        unused="only QLoRA quantizes the base weights",
+        off=False,
+        usual=lambda t: False,
+        **words,
+    )
+
+
 CONVENTION_FIELDS: tuple[ConventionField, ...] = (
     ConventionField(
         "model_implementation",
@@ -219,20 +237,15 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         unused="only LoRA and QLoRA train adapters",
         resolve=_auto_adapter,
     ),
-    ConventionField(
+    _qlora_switch(
         "qlora.quantize_lm_head",
-        (True, False),
-        attr="quantize_head",
-        label="QLoRA LM head",
-        tip="Whether QLoRA quantizes the LM head to 4 bits with the other linear layers "
+        "quantize_head",
+        "QLoRA LM head",
+        "Whether QLoRA quantizes the LM head to 4 bits with the other linear layers "
         "(Lightning's bitsandbytes plugin) or keeps it unquantized (transformers).",
         choices={True: "quantized to 4 bits", False: "not quantized"},
         shown={True: "quantized", False: "not quantized"},
         brief_words={True: "4-bit LM head", False: "LM head unquantized"},
-        methods=("qlora",),
-        unused="only QLoRA quantizes the base weights",
-        off=False,
-        usual=lambda t: False,
     ),
     ConventionField(
         "qlora.dequant_dtype",
@@ -248,30 +261,24 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         resolve=_auto_dequant,
         usual=lambda t: t.qlora.compute_dtype,
     ),
-    ConventionField(
+    _qlora_switch(
         "qlora.prepare_kbit",
-        (True, False),
-        attr="prepare_kbit",
-        label="k-bit preparation",
-        tip="Whether PEFT's prepare_model_for_kbit_training runs on the 4-bit model: it "
+        "prepare_kbit",
+        "k-bit preparation",
+        "Whether PEFT's prepare_model_for_kbit_training runs on the 4-bit model: it "
         "upcasts every weight left unquantized (norms, embeddings, the LM head) to fp32, so "
         "under autocast the residual stream, the norms' outputs and every 4-bit linear fed "
         "by them (bitsandbytes casts its output back to its input's dtype) are fp32.",
         choices={True: "fp32 norms, embeddings, head", False: "not run"},
         shown={True: "fp32 islands", False: "not run"},
         brief_words={True: "k-bit prepared", False: "not k-bit prepared"},
-        methods=("qlora",),
-        unused="only QLoRA quantizes the base weights",
-        off=False,
-        usual=lambda t: False,
         default=False,
     ),
-    ConventionField(
+    _qlora_switch(
         "qlora.matmul_keeps_input",
-        (True, False),
-        attr="matmul_keeps_input",
-        label="4-bit matmul input",
-        tip="Whether bitsandbytes' 4-bit matmul keeps its input for backward with the 4-bit "
+        "matmul_keeps_input",
+        "4-bit matmul input",
+        "Whether bitsandbytes' 4-bit matmul keeps its input for backward with the 4-bit "
         "weight (ctx.tensors = (A, B), bitsandbytes before 0.43.2) or the weight alone "
         "(0.43.2 and later: the input's gradient needs only the weight). Kept, it also "
         "outlives non-reentrant checkpointing, which cannot drop what a custom function "
@@ -279,10 +286,6 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         choices={True: "kept (bitsandbytes < 0.43.2)", False: "not kept (0.43.2 and later)"},
         shown={True: "kept", False: "not kept"},
         brief_words={True: "4-bit matmul keeps its input", False: "4-bit matmul input freed"},
-        methods=("qlora",),
-        unused="only QLoRA quantizes the base weights",
-        off=False,
-        usual=lambda t: False,
         default=False,
     ),
     ConventionField(
