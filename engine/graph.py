@@ -193,6 +193,9 @@ class Block:
     #: ops that run once per chunk of rows, ``ops[start:end]``, where the block holds one
     #: chunk live (a fused linear cross-entropy): ``ceil(tokens / chunk)`` times a step
     repeated: tuple[int, int] = (0, 0)
+    #: the first op of the loss, ``ops[loss_from:]``: what runs after the model returns
+    #: its output (a loss compiled on its own, :func:`memfit.engine.inductor.partition`)
+    loss_from: int = 0
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes

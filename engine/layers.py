@@ -130,6 +130,11 @@ class Ctx:
     #: state's, fp16 where Lightning quantized ``weight.to(torch.half)``), of these bytes:
     #: 0 when it returns the compute dtype itself
     dequant_other: int = 0
+    #: what runs under ``torch.compile`` (``""``: nothing; else the scope,
+    #: :data:`memfit.engine.specs.COMPILE_SCOPES`): each compiled block as inductor fuses it
+    #: and AOTAutograd's partitioner keeps it for backward
+    #: (:func:`memfit.engine.inductor.partition`)
+    compiled: str = ""
     #: build blocks with symbolic sizes (:class:`~memfit.engine.graph.Lin`) instead of at
     #: ``batch`` x ``seq``: one build then serves every shape (:func:`memfit.engine.graph.profile`)
     symbolic: bool = False
@@ -154,6 +159,7 @@ class Ctx:
         return dataclasses.replace(
             self, batch=1, seq=1, selective=self.selective and eager, outputs_held=True,
             kv_cache=False, loss="standard", loss_chunks=8, quantized_head=False,
+            compiled="layers" if self.compiled else "",
         )  # fmt: skip
 
     def for_head(self) -> Ctx:
@@ -1531,6 +1537,7 @@ def head_and_loss(
         logits = net.linear(x, h, vocab, "lm_head", None, m.lm_head_bias, tokens=rows)
         loss = net.unary("chunk_loss", net.cast(logits, F32), save_in=True, elems=1)
         net.block.repeated = (first, len(net.block.ops))  # every chunk of rows in turn
+        net.block.loss_from = first  # the fused loss computes the logits itself
         return net.block, loss
     fp32_out = F32 if ctx.mode == "amp" else 0
     litgpt = ctx.litgpt and ctx.loss == "no-upcast"
@@ -1547,6 +1554,7 @@ def head_and_loss(
             net.linear(x, h, vocab, "lm_head", "lm_head", m.lm_head_bias, tokens=ctx.batch * rows)
             for rows in (min(size, seq - start) for start in range(0, seq, size))
         ]
+        net.block.loss_from = len(net.block.ops)
         if logits_only:  # the model returns the list
             net.block.held.update(chunks)
             return net.block, chunks[-1]
@@ -1574,6 +1582,7 @@ def head_and_loss(
         # of the logits' size, the last the model's output
         scaled = net.unary("scale", logits)
         logits = net.unary("mul_c", net.unary("tanh", scaled, save_out=True))
+    net.block.loss_from = len(net.block.ops)
     if logits_only:
         return net.block, logits
     if ctx.loss == "no-upcast":

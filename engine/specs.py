@@ -155,6 +155,12 @@ CUDA_RUNTIMES = ("cuda12-lazy", "cuda12-eager", "cuda11-eager")
 #: transformers' experts implementation: grouped GEMMs over the sorted tokens, or the
 #: per-expert loop
 MOE_IMPLEMENTATIONS = ("grouped", "eager")
+#: what ``torch.compile`` compiles (``training.torch_compile_scope``): the whole model with
+#: its loss (``torch.compile(model)`` on a causal LM that computes its loss from labels,
+#: transformers' Trainer), each decoder layer alone (torchtitan before April 2025), or
+#: each layer and the loss function on their own (torchtune; torchtitan since) -- the
+#: final norm and the LM head run eager in both of the last
+COMPILE_SCOPES = ("model", "layers", "layers+loss")
 #: how FP8 GEMMs scale their inputs (``training.fp8_recipe``, under ``fp8-mixed``): one
 #: scale per tensor (Transformer Engine's delayed or current scaling, torchao's
 #: tensorwise), per row (torchao's rowwise), per 1x128 / 128x128 block (DeepSeek-V3's,
@@ -1044,10 +1050,13 @@ class TrainingSpec:
     token_budget: int | None = None
     #: :data:`FP8_RECIPES`: how the FP8 GEMMs of ``fp8-mixed`` scale their inputs
     fp8_recipe: str = "tensorwise"
-    #: the model runs under ``torch.compile`` (inductor): its element-wise ops fuse into
-    #: kernels between the matmuls and the attention (step time; what it saves for
-    #: backward is taken as eager PyTorch's)
+    #: the model runs under ``torch.compile`` (inductor), each layer and the head with the
+    #: loss compiled: its element-wise ops fuse into kernels between the matmuls and the
+    #: attention (step time), and AOTAutograd's partitioner chooses what the forward keeps
+    #: for backward (memory: :mod:`memfit.engine.inductor`)
     torch_compile: bool = False
+    #: :data:`COMPILE_SCOPES`; None: the training stack's
+    torch_compile_scope: str | None = None
     lora: LoraSpec = field(default_factory=LoraSpec)
     qlora: QuantSpec = field(default_factory=QuantSpec)
     freeze: FreezeSpec = field(default_factory=FreezeSpec)
@@ -1095,6 +1104,8 @@ class TrainingSpec:
         check_choice(t + "moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
         check_choice(t + "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
         check_bool(t + "torch_compile", self.torch_compile)
+        if self.torch_compile_scope is not None:
+            check_choice(t + "torch_compile_scope", self.torch_compile_scope, COMPILE_SCOPES)
         if self.model_implementation is not None:
             check_choice(
                 t + "model_implementation", self.model_implementation, MODEL_IMPLEMENTATIONS

@@ -44,6 +44,7 @@ from memfit.engine.errors import EstimateError
 from memfit.engine.locate import loadable, preset_files
 from memfit.engine.specs import (
     ADAPTER_DTYPES,
+    COMPILE_SCOPES,
     DEQUANT_DTYPES,
     FROZEN_DTYPES,
     LOSSES,
@@ -106,6 +107,8 @@ class ConventionField:
     #: the methods it applies to (empty: every method), and why not for the others
     methods: tuple[str, ...] = ()
     unused: str = ""
+    #: where it applies beyond its methods (None: wherever they do)
+    when: Callable[[TrainingSpec], bool] | None = None
     #: resolved whatever the method (the estimate reads it even where the app greys it)
     always: bool = False
     #: the value taken where it does not apply (before ``resolve``)
@@ -117,8 +120,12 @@ class ConventionField:
     #: what a stack file that does not state it gives
     default: Any = REQUIRED
 
-    def applies(self, method: str) -> bool:
-        return not self.methods or method in self.methods
+    def applies(self, training: TrainingSpec) -> bool:
+        """It changes ``training``'s step (its method is one of :attr:`methods`, and
+        :attr:`when` holds)."""
+        if self.methods and training.method not in self.methods:
+            return False
+        return self.when is None or self.when(training)
 
 
 #: every convention, in the order an estimate reports them and the app lists them
@@ -306,6 +313,32 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         # torch.utils.checkpoint's recommended mode; transformers' default since 5.0
         default=False,
     ),
+    ConventionField(
+        "torch_compile_scope",
+        COMPILE_SCOPES,
+        attr="compile_scope",
+        label="Compiled",
+        tip="What torch.compile compiles, where it is on: the whole model with its loss "
+        "(torch.compile(model) on a model that computes its loss, transformers' Trainer), "
+        "each decoder layer alone, or each layer and the loss function on their own "
+        "(torchtune; torchtitan since April 2025). The final norm and the LM head run eager "
+        "unless the whole model is compiled; a compiled loss keeps the logits and their "
+        "log-sum-exp instead of fp32 copies.",
+        choices={
+            "model": "the whole model and loss",
+            "layers": "each layer",
+            "layers+loss": "each layer, and the loss",
+        },
+        shown={"model": "whole model", "layers": "layers", "layers+loss": "layers and loss"},
+        brief="compiled: {}",
+        brief_words={"model": "whole model", "layers": "layers", "layers+loss": "layers, loss"},
+        usual=lambda t: "model",
+        unused="torch.compile is off",
+        when=lambda t: t.torch_compile,
+        off="model",
+        # torch.compile(model): what a loop that compiles does unless its stack says
+        default="model",
+    ),
     ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
 )
 #: the convention keys of a stack file and the accepted values of each
@@ -462,6 +495,8 @@ class Conventions:
     matmul_keeps_input: bool = False
     #: activation checkpointing is torch's reentrant implementation (``use_reentrant=True``)
     reentrant: bool = False
+    #: what torch.compile compiles, where it is on (:data:`memfit.engine.specs.COMPILE_SCOPES`)
+    compile_scope: str = "model"
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:
@@ -497,7 +532,7 @@ def conventions(training: TrainingSpec) -> Conventions:
         if not f.attr:
             continue
         explicit = _scenario_value(training, f.key)
-        value = pick(f.key, explicit) if f.always or f.applies(training.method) else f.off
+        value = pick(f.key, explicit) if f.always or f.applies(training) else f.off
         values[f.attr] = f.resolve(training, value) if f.resolve else value
     if values.get("prepare_kbit"):
         _kbit_frozen(training, values)

@@ -361,7 +361,7 @@ def conventions_summary(training: TrainingSpec) -> str:
 
     parts = []
     for f in CONVENTION_ROWS.values():
-        if not f.applies(training.method):
+        if not f.applies(training):
             continue
         value = getattr(c, f.attr)
         if f.usual is not None and not unusual(f.key, value == f.usual(training)):
@@ -1115,7 +1115,7 @@ class TrainingPanel(FormPanel):
         rows["training.stack"].widget.setToolTip(rich_text(f"{TIPS['training.stack']}\n{about}"))
         self.conventions.summary.setText(conventions_summary(training))
         for path, f in CONVENTION_ROWS.items():
-            unused = "" if f.applies(training.method) else f.unused
+            unused = "" if f.applies(training) else f.unused
             auto = f.resolve(training, "auto") if f.resolve and "auto" in f.values else None
             combo = rows[path].widget
             assert isinstance(combo, QComboBox)

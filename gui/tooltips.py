@@ -128,8 +128,9 @@ TIPS: dict[str, str] = {
     "SDPA runs flash for 16-bit compute, memory-efficient for fp32.",
     "training.torch_compile": "The model runs under torch.compile (inductor): the "
     "element-wise ops between the matmuls and the attention fuse into fewer kernels, which "
-    "read and write less. Changes step time only: what inductor saves for backward is "
-    "taken as eager PyTorch's.",
+    "read and write less, and AOTAutograd's partitioner keeps fewer tensors for backward "
+    "(it recomputes element-wise values from the ones it keeps). Changes step time and "
+    "activation memory.",
     "training.lora.modules_to_save": "PEFT's modules_to_save: a full trainable copy of the LM "
     "head or the embeddings beside the adapters (the original stays frozen), its weights, "
     "gradients and optimizer states in the base's dtype.",

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from memfit.engine.graph import Block
+from memfit.engine.graph import Block, Lin, Size
+from memfit.engine.inductor import partition
 from memfit.engine.layers import Ctx, attention_run, bert_layer, decoder_layer, head_and_loss
 from memfit.engine.model_state import (
     DTYPE_BYTES,
@@ -82,6 +83,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         expert_lora=expert_lora_roles(model, training),
         loss=training.loss,
         loss_chunks=training.loss_chunks,
+        compiled=conv.compile_scope if training.torch_compile else "",
         # a tied head is the embedding, which stays unquantized
         quantized_head=conv.quantize_head and not model.tie_word_embeddings,
         dequant_other=0
@@ -91,6 +93,30 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
 
 
 def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> tuple[Block, str]:
+    """The ops of one block of the step (``kind``: a layer kind of :func:`layer_kinds`,
+    ``head`` or :data:`HEAD_LOGITS`), and the tensor it hands on; under ``torch.compile``
+    as inductor and AOTAutograd's partitioner run it (:func:`memfit.engine.inductor.partition`)."""
+    block, out = _eager(model, ctx, kind, x_grad, chunked)
+    start = 0  # the first op compiled
+    if kind in ("head", HEAD_LOGITS) and ctx.compiled != "model":
+        # compiled layer by layer: the final norm and the LM head run eager, the loss
+        # compiled on its own or eager too
+        start = block.loss_from if ctx.compiled == "layers+loss" else len(block.ops)
+    if not ctx.compiled or start == len(block.ops):
+        return block, out
+    weigh = None
+    if ctx.symbolic:  # the partitioner's choice weighed at the profiles' held-out shape
+        terms = ctx.terms_at(3, 37 * ctx.sp)
+
+        def weigh(size: Size) -> int:
+            if not isinstance(size, Lin):
+                return size
+            return round(sum(float(a) * v for a, v in zip(size.c, terms, strict=True)))
+
+    return partition(block, out, weigh, start), out
+
+
+def _eager(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> tuple[Block, str]:
     if kind == "head":
         return head_and_loss(model, ctx, True, chunked)
     if kind == HEAD_LOGITS:

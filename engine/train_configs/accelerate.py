@@ -89,10 +89,6 @@ def _accelerate(r: _Reader) -> None:
     backend = dynamo.get("dynamo_backend") if isinstance(dynamo, dict) else r.raw("dynamo_backend")
     if isinstance(backend, str) and backend.upper() != "NO":
         out.set("torch_compile", True, "dynamo_config" if dynamo else "dynamo_backend")
-        out.note(
-            "torch.compile: the step time fuses the element-wise ops; memory is taken "
-            "as eager PyTorch's (what inductor saves for backward is not modelled)"
-        )
     parallel = r.section("parallelism_config")
     if parallel is not None:
         for key, name in (

@@ -202,10 +202,6 @@ class _Reader:
         """``key`` turns ``torch.compile`` on (:meth:`_on`): ``training.torch_compile``."""
         if self._on(key):
             self.out.set("torch_compile", True, self.key(key))
-            self.out.note(
-                "torch.compile: the step time fuses the element-wise ops; memory is taken "
-                "as eager PyTorch's (what inductor saves for backward is not modelled)"
-            )
 
     def flag(self, key: str, reason: str) -> None:
         """``key`` is ignored with ``reason`` when it is on (:meth:`_on`)."""

@@ -38,6 +38,8 @@ trainings = st.fixed_dictionaries(
         "attention": st.sampled_from(ATTENTION_KERNELS),
         "activation_checkpointing": st.sampled_from(["none", "selective"]),
         "loss": st.sampled_from(["standard", "chunked"]),
+        "torch_compile": st.booleans(),
+        "torch_compile_scope": st.sampled_from([None, "model", "layers", "layers+loss"]),
         "lora": st.builds(
             LoraSpec,
             rank=st.sampled_from([1, 8, 64]),
@@ -110,13 +112,15 @@ def test_profile_equals_direct_simulation(
 
 
 def test_every_preset_has_an_exact_profile_for_every_block() -> None:
-    """The fast path covers every preset: no block falls back to direct simulation."""
-    training = TrainingSpec(sequence_length=4096)
-    for name in model_names():
-        model = load_model(name)
-        key = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
-        for kind in ["dense", "head"] + (["moe"] if model.is_moe else []):
-            assert _profile(model, key, kind, True, False)[0] is not None, (name, kind)
+    """The fast path covers every preset, eager and compiled: no block falls back to
+    direct simulation."""
+    for compiled in (False, True):
+        training = TrainingSpec(sequence_length=4096, torch_compile=compiled)
+        for name in model_names():
+            model = load_model(name)
+            key = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
+            for kind in ["dense", "head"] + (["moe"] if model.is_moe else []):
+                assert _profile(model, key, kind, True, False)[0] is not None, (name, kind)
 
 
 def test_sequence_parallelism_is_exact_at_long_sequences() -> None:

@@ -753,7 +753,7 @@ def test_torch_compile_fuses_the_element_wise_ops_and_nothing_else() -> None:
     """Under torch.compile the element-wise ops between the matmuls and the attention fuse:
     fewer kernels and fewer bytes (what a fused group reads from outside it once, what
     leaves it once); the GEMMs, the attention and the collectives are priced as before;
-    memory is eager PyTorch's."""
+    memory keeps what the partitioner keeps (less than eager)."""
     from memfit.engine.steptime import _block_of, _kernel_of, _price
     from memfit.engine.timeline import make_ctx
 
@@ -774,7 +774,10 @@ def test_torch_compile_fuses_the_element_wise_ops_and_nothing_else() -> None:
     assert ew1 < ew0
     for name in ("forward", "backward"):
         assert _term(t1, name)[0] == pytest.approx(_term(t0, name)[0], rel=1e-12)
-    assert estimate(compiled).allocated_bytes == estimate(s).allocated_bytes
+    # the peak of this full fine-tune is the optimizer step's, which compiling leaves
+    assert estimate(compiled).allocated_bytes <= estimate(s).allocated_bytes
+    forward = [with_training(x, optimizer="sgd") for x in (s, compiled)]
+    assert estimate(forward[1]).allocated_bytes < estimate(forward[0]).allocated_bytes
     data = scenario_to_dict(compiled)
     assert data["training"]["torch_compile"] is True
     assert scenario_from_dict(data) == compiled

@@ -1,0 +1,142 @@
+"""What torch.compile keeps for backward (:mod:`memfit.engine.inductor`): the partitioner's
+rules on small blocks, and what they do to whole estimates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.graph import Block, simulate
+from memfit.engine.inductor import kept_set, partition
+from memfit.engine.presets import load_gpu, load_model, model_names
+from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+from memfit.engine.stacks import conventions
+from memfit.engine.timeline.context import _build, make_ctx
+
+
+def scenario(model: str, **training: object) -> Scenario:
+    return Scenario(
+        load_model(model),
+        HardwareSpec(load_gpu("h100-sxm-80gb")),
+        TrainingSpec(**training),  # type: ignore[arg-type]
+    )
+
+
+def with_training(s: Scenario, **fields: object) -> Scenario:
+    return dataclasses.replace(s, training=dataclasses.replace(s.training, **fields))  # type: ignore[arg-type]
+
+
+def _norm_then_matmul() -> Block:
+    """A bf16 input upcast to fp32, a row statistic, the normalized fp32 product cast
+    back, and a matmul that reads it: eager keeps the fp32 copy (6 bytes an element with
+    the matmul's input); the partitioner keeps the bf16 input, the statistic and the
+    matmul's input."""
+    b = Block("norm", input_bytes=200)
+    b.op("to", ["x"], [("xf", 400)], grads=["x"])
+    b.op("mean", ["xf"], [("var", 4)], saves=["xf"], grads=["xf"])
+    b.op("rsqrt", ["var"], [("rs", 4)], saves=["rs"], grads=["var"])
+    b.op("mul", ["xf", "rs"], [("hn", 400)], saves=["xf", "rs"], grads=["xf", "rs"])
+    b.op("to", ["hn"], [("hc", 200)], grads=["hn"])
+    b.op("mm", ["hc"], [("y", 200)], saves=["hc"], grads=["hc"], weight_grad=8, gemm=(1, 1, 1, 1))
+    return b
+
+
+def test_the_cut_keeps_the_cheaper_tensors_from_which_the_rest_recomputes() -> None:
+    block = _norm_then_matmul()
+    # the statistic is a reduction (4x smaller than what it reads): never recomputed;
+    # the matmul's input is read by a non-fusible backward op: kept as it is; the fp32
+    # upcast is recomputed from the bf16 input
+    assert kept_set(block, "y", int) == {"x", "hc", "var"}
+    eager = simulate(block, "y")
+    compiled = simulate(partition(block, "y"), "y")
+    assert eager.kept == 400 + 4 + 200  # xf, rs, hc
+    assert compiled.kept == 200 + 4 + 200  # x, var, hc
+    # the fused group writes only what leaves it: no fp32 product in the forward
+    assert compiled.forward_peak < eager.forward_peak
+    assert compiled.param_grads == eager.param_grads
+
+
+def test_repeated_casts_of_one_tensor_are_one_in_the_compiled_graph() -> None:
+    """Autocast casts a linear's input at every call (q, k and v: three copies); the
+    traced graph merges the identical casts into one."""
+    b = Block("qkv", input_bytes=400)
+    for i in range(3):
+        b.op("to", ["x"], [(f"c{i}", 200)], grads=["x"])
+        b.op("mm", [f"c{i}"], [(f"y{i}", 200)], saves=[f"c{i}"], grads=[f"c{i}"], gemm=(1, 1, 1, 1))
+    b.op("add", ["y0", "y1"], [("s", 200)], grads=["y0", "y1"])
+    b.op("add", ["s", "y2"], [("out", 200)], grads=["s", "y2"])
+    assert simulate(b, "out").kept == 3 * 200
+    assert simulate(partition(b, "out"), "out").kept == 200
+
+
+def test_ops_before_the_region_run_eager_as_they_are() -> None:
+    """A region from ``start`` on: the ops before it (a model's eager head) keep what
+    they keep, and what they made is the region's input."""
+    block = _norm_then_matmul()
+    compiled = partition(block, "y", start=5)  # only the matmul compiled
+    assert [op.saves for op in compiled.ops] == [op.saves for op in block.ops]
+    assert simulate(compiled, "y") == simulate(block, "y")
+
+
+def test_a_compiled_layer_keeps_less_and_fits_more_for_every_family() -> None:
+    """Every preset's layer, compiled, keeps no more than eager; Llama's much less (its
+    fp32 norm copies, SiLU's output and the residual stream are recomputed)."""
+    for name in model_names():
+        model = load_model(name)
+        eager_ctx = make_ctx(model, TrainingSpec(micro_batch_size=2, sequence_length=1024))
+        ctx = dataclasses.replace(eager_ctx, compiled="layers")
+        kind = "moe" if model.is_moe else "dense"
+        eager = simulate(*_build(model, eager_ctx, kind, True, False))
+        compiled = simulate(*_build(model, ctx, kind, True, False))
+        assert compiled.kept <= eager.kept, name
+        assert compiled.param_grads == eager.param_grads, name
+    llama = load_model("llama-3-8b")
+    ctx = make_ctx(llama, TrainingSpec(precision="bf16", micro_batch_size=1, sequence_length=1))
+    ctx = dataclasses.replace(ctx, batch=1, seq=1)
+    eager = simulate(*_build(llama, ctx, "dense", True, False)).kept
+    compiled = simulate(*_build(llama, dataclasses.replace(ctx, compiled="layers"),
+                                "dense", True, False)).kept  # fmt: skip
+    assert compiled < 0.8 * eager
+
+
+def test_the_scope_decides_whether_the_head_and_loss_are_compiled() -> None:
+    """The whole model compiled keeps neither fp32 copy of the logits; compiled layer by
+    layer the head runs eager, and a compiled loss keeps the 16-bit logits and their
+    log-sum-exp instead of the fp32 log-probabilities."""
+    s = scenario("llama-3-8b", precision="bf16", micro_batch_size=1, sequence_length=2048)
+
+    def head(scope: str | None, compiled: bool = True) -> int:
+        t = dataclasses.replace(s.training, torch_compile=compiled, torch_compile_scope=scope)
+        return simulate(*_build(s.model, make_ctx(s.model, t), "head", True, False)).backward_peak
+
+    eager = head(None, compiled=False)
+    assert head("layers") == eager
+    assert head("model") < head("layers+loss") < eager
+
+
+def test_torch_compile_lowers_the_estimate_and_the_stack_sets_its_scope() -> None:
+    s = scenario("llama-3-8b", precision="bf16", micro_batch_size=2, sequence_length=4096)
+    compiled = with_training(s, torch_compile=True)
+    assert estimate(compiled).allocated_bytes < 0.9 * estimate(s).allocated_bytes
+    for stack, scope in (("torchtune", "layers+loss"), ("torchtitan", "layers+loss"),
+                         ("hf-trainer", "model"), ("custom", "model")):  # fmt: skip
+        assert conventions(dataclasses.replace(compiled.training, stack=stack)).compile_scope == (
+            scope
+        )
+    mine = with_training(compiled, stack="torchtune", torch_compile_scope="layers")
+    assert conventions(mine.training).compile_scope == "layers"
+    data = scenario_to_dict(mine)
+    assert data["training"]["torch_compile_scope"] == "layers"
+    assert scenario_from_dict(data) == mine
+    # a file written before the field loads, with the stack's scope
+    del data["training"]["torch_compile_scope"]
+    assert scenario_from_dict(data).training.torch_compile_scope is None
+
+
+def test_an_unknown_scope_is_refused_by_name() -> None:
+    with pytest.raises(EstimateError, match=r"training\.torch_compile_scope"):
+        TrainingSpec(torch_compile=True, torch_compile_scope="everything")
