@@ -6,7 +6,7 @@
 2. Published measurements (``tests/validation/published.json``): each compared with the
    total of the same kind (allocated, reserved or nvidia-smi = device; "unknown" is
    compared with device). Not tuned per case; each case is tagged with what it uses
-   (several GPUs, torch.compile -- whose fusion MemFit does not model --, offload, packing).
+   (several GPUs, torch.compile -- ``training.torch_compile`` --, offload, packing).
    Every published case records the training stack that produced it (``stack``: its loop's
    conventions, see ``engine.stacks``); the errors are also grouped by stack, and the
    single-GPU cases are summed up as one group, "single GPU, stack recorded".
@@ -161,10 +161,10 @@ def published(markdown: bool = False) -> list[float]:
             continue
         measured = case["measured_gib"] * GIB
         e = rel(getattr(est, KIND[case["measure"]]), measured)
-        flags = [w for w in ("compile", "offload", "packed") if w in json.dumps(case).lower()]
+        compiled = scenario.training.torch_compile
+        flags = ["compile"] if compiled else []
+        flags += [w for w in ("offload", "packed") if w in json.dumps(case).lower()]
         multi = case.get("num_gpus", 1) > 1
-        # torch.compile fuses elementwise ops and drops their saved tensors: not modelled
-        compiled = "compile" in flags
         errors.append(e)
         for name in families(scenario):
             by_family[name].append(e)
