@@ -503,14 +503,16 @@ def gather_buffers(
         unit = gathered_units(model, training, part, 2).largest
         return Gather(forward=2 * unit, backward=2 * unit)
     mixed = training.precision in MIXED
-    units = gathered_units(model, training, part, 2 if mixed else None)
+    prec = precision_of(training)
+    gathered = prec.gather if mixed and training.method != "qlora" else 2 if mixed else None
+    units = gathered_units(model, training, part, gathered)
     root, unit = units.root, units.largest
     if pp > 1:  # pipelined: the whole stage stays gathered (see shard)
         return Gather(root + units.layers, root + units.layers)
-    # the unsharded gradients come in the gathered dtype, the reduce-scatter in fp32 but
-    # under pure bf16
-    grad_bytes = 2 if mixed else storage_bytes(training)[0]
-    reduce_bytes = precision_of(training).reduce
+    # the unsharded gradients come in the gathered dtype, the reduce-scatter in the
+    # policy's reduce dtype (fp32, but under pure bf16 and a 16-bit reduce_dtype)
+    grad_bytes = gathered or storage_bytes(training)[0]
+    reduce_bytes = prec.reduce
     grads, reduce = grad_bytes * units.trainable, reduce_bytes * units.trainable
     if stage == 3:
         return Gather(root + 3 * unit, root + 2 * unit, grads, reduce)

@@ -155,6 +155,11 @@ CUDA_RUNTIMES = ("cuda12-lazy", "cuda12-eager", "cuda11-eager")
 #: transformers' experts implementation: grouped GEMMs over the sorted tokens, or the
 #: per-expert loop
 MOE_IMPLEMENTATIONS = ("grouped", "eager")
+#: what FSDP's mixed-precision policy gathers the parameters in and reduces the gradients
+#: in under ``*-mixed`` (``training.parallelism.fsdp_param_dtype``, ``fsdp_reduce_dtype``):
+#: ``compute`` -- the precision's 16-bit dtype (``MixedPrecisionPolicy(param_dtype=bf16)``);
+#: ``fp32`` -- fp32 (a parameter policy of fp32 leaves autocast to compute in 16 bits)
+FSDP_DTYPES = ("compute", "fp32")
 #: what ``torch.compile`` compiles (``training.torch_compile_scope``): the whole model with
 #: its loss (``torch.compile(model)`` on a causal LM that computes its loss from labels,
 #: transformers' Trainer), each decoder layer alone (torchtitan before April 2025), or
@@ -938,6 +943,9 @@ class ParallelismSpec:
     expert_capacity_factor: float = 1.0
     dp_replicate: int = 1
     tp_comm_overlap: bool = False
+    #: :data:`FSDP_DTYPES`; None: the training stack's
+    fsdp_param_dtype: str | None = None
+    fsdp_reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         f = "training.parallelism."
@@ -952,6 +960,9 @@ class ParallelismSpec:
         check_choice(f + "framework", self.framework, FRAMEWORKS)
         check_bool(f + "hybrid_shard", self.hybrid_shard)
         check_bool(f + "tp_comm_overlap", self.tp_comm_overlap)
+        for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+            if getattr(self, name) is not None:
+                check_choice(f + name, getattr(self, name), FSDP_DTYPES)
         check_float(f + "expert_capacity_factor", self.expert_capacity_factor, 1.0, 64.0)
         if self.pp_schedule == "interleaved-1f1b" and self.vpp < 2:
             raise EstimateError(

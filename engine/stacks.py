@@ -47,6 +47,7 @@ from memfit.engine.specs import (
     COMPILE_SCOPES,
     DEQUANT_DTYPES,
     FROZEN_DTYPES,
+    FSDP_DTYPES,
     LOSSES,
     MODEL_IMPLEMENTATIONS,
     OPTIMIZER_IMPLS,
@@ -73,6 +74,15 @@ def _auto_adapter(training: TrainingSpec, value: str) -> str:
 
 def _auto_dequant(training: TrainingSpec, value: str) -> str:
     return training.qlora.compute_dtype if value == "auto" else value
+
+
+def fsdp_mixed(training: TrainingSpec) -> bool:
+    """FSDP shards the parameters (FULL_SHARD, SHARD_GRAD_OP, FSDP2) under mixed precision:
+    where its mixed-precision policy decides the gathered and the reduced dtypes."""
+    par = training.parallelism
+    return (
+        training.precision.endswith("-mixed") and par.framework == "pytorch" and par.zero_stage >= 2
+    )
 
 
 def _kv_cache(training: TrainingSpec, value: bool) -> bool:
@@ -339,6 +349,45 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         # torch.compile(model): what a loop that compiles does unless its stack says
         default="model",
     ),
+    ConventionField(
+        "parallelism.fsdp_param_dtype",
+        FSDP_DTYPES,
+        attr="fsdp_param_dtype",
+        label="FSDP parameters",
+        tip="The dtype FSDP gathers the parameters in under mixed precision: the compute "
+        "dtype (MixedPrecisionPolicy(param_dtype=bf16): the layers compute in 16 bits on "
+        "16-bit copies) or fp32 (Lightning's bf16-mixed: fp32 gathered, autocast casting "
+        "each weight for its matmul).",
+        choices={"compute": "the compute dtype (16-bit)", "fp32": "fp32, autocast"},
+        shown={"compute": "16-bit", "fp32": "fp32"},
+        brief="FSDP gathers {}",
+        brief_words={"compute": "16-bit", "fp32": "fp32"},
+        unused="only FSDP's sharding under mixed precision gathers parameters",
+        when=fsdp_mixed,
+        off="compute",
+        usual=lambda t: "compute",
+        default="compute",
+    ),
+    ConventionField(
+        "parallelism.fsdp_reduce_dtype",
+        FSDP_DTYPES,
+        attr="fsdp_reduce_dtype",
+        label="FSDP reduce",
+        tip="The dtype FSDP reduce-scatters the gradients in under mixed precision: fp32 "
+        "(torchtitan's MixedPrecisionPolicy(bf16, reduce_dtype=fp32): each layer's "
+        "gradients copied to an fp32 buffer, twice the bytes on the wire) or the compute "
+        "dtype (accelerate's policy, Lightning's, and PyTorch's when only param_dtype is "
+        "given).",
+        choices={"fp32": "fp32", "compute": "the compute dtype (16-bit)"},
+        shown={"fp32": "fp32", "compute": "16-bit"},
+        brief="FSDP reduces in {}",
+        brief_words={"fp32": "fp32", "compute": "16-bit"},
+        unused="only FSDP's sharding under mixed precision reduce-scatters gradients",
+        when=fsdp_mixed,
+        off="fp32",
+        usual=lambda t: "fp32",
+        default="fp32",
+    ),
     ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
 )
 #: the convention keys of a stack file and the accepted values of each
@@ -497,6 +546,10 @@ class Conventions:
     reentrant: bool = False
     #: what torch.compile compiles, where it is on (:data:`memfit.engine.specs.COMPILE_SCOPES`)
     compile_scope: str = "model"
+    #: FSDP's mixed-precision policy: the gathered and the reduced dtype
+    #: (:data:`memfit.engine.specs.FSDP_DTYPES`)
+    fsdp_param_dtype: str = "compute"
+    fsdp_reduce_dtype: str = "fp32"
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:

@@ -54,10 +54,26 @@ def test_a_mesh_that_does_not_divide_is_refused_when_resolving() -> None:
         (TrainingSpec(precision="bf16-mixed"), ("amp", 2, 4, 2, 4)),
         (TrainingSpec(precision="fp16-mixed"), ("amp", 2, 4, 2, 4)),
         (TrainingSpec(precision="fp8-mixed"), ("amp", 2, 4, 2, 4)),
-        # FSDP full sharding of mixed precision computes on 16-bit gathered units
+        # FSDP full sharding of mixed precision computes on 16-bit gathered units; the
+        # Trainer's (accelerate's) policy reduces in 16 bits, torchtitan's in fp32,
+        # Lightning's gathers fp32 and autocasts
         (
             TrainingSpec(precision="bf16-mixed", parallelism=ParallelismSpec(zero_stage=3)),
+            ("half", 2, 4, 2, 2),
+        ),
+        (
+            TrainingSpec(
+                precision="bf16-mixed",
+                stack="torchtitan",
+                parallelism=ParallelismSpec(zero_stage=3),
+            ),
             ("half", 2, 4, 2, 4),
+        ),
+        (
+            TrainingSpec(
+                precision="bf16-mixed", stack="lightning", parallelism=ParallelismSpec(zero_stage=3)
+            ),
+            ("amp", 2, 4, 4, 2),
         ),
         # QLoRA's 4-bit base is gathered as stored
         (TrainingSpec(method="qlora"), ("amp", 2, 4, 1, 4)),

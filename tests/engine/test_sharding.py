@@ -70,6 +70,7 @@ def test_more_sharding_never_increases_the_per_gpu_peak() -> None:
 
 def test_fsdp_full_shard_gathers_the_root_and_three_layer_units_in_16_bit() -> None:
     s = scenario(zero=3)
+    s = dataclasses.replace(s, training=dataclasses.replace(s.training, stack="torchtitan"))
     sharded = shard(model_state(s.model, s.training), s, make_mesh(s))
     layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
     root = 2 * 128256 * 4096 + 4096  # embedding, LM head, final norm
@@ -106,7 +107,8 @@ def test_fsdp_gathers_a_4bit_base_as_stored_and_reduces_only_the_adapters() -> N
     layer = packed + norms + 2 * adapters
     root = 2 * (2 * 128256 * 4096 + 4096)
     assert (g.forward, g.backward) == (root + 3 * layer, root + 2 * layer)
-    assert (g.grads, g.reduce) == (2 * adapters, 4 * adapters)
+    # the Trainer's (accelerate's) policy reduces in bf16 too
+    assert (g.grads, g.reduce) == (2 * adapters, 2 * adapters)
 
 
 def zero_run(zero: int, framework: str = "pytorch", **training: object) -> Scenario:
@@ -290,3 +292,49 @@ def test_zero_3_on_one_gpu_exceeds_zero_1_by_what_it_keeps_gathered(
     assert allocated(1) <= allocated(0)
     assert 0 < allocated(3) - allocated(1) <= gathered_bound(s)
     check_sharding_at_peak(s)
+
+
+def test_fsdp_policy_dtypes_come_from_the_stack_or_the_scenario() -> None:
+    """FSDP's mixed-precision policy: torchtitan reduces in fp32, accelerate's stacks in
+    the 16-bit dtype (half the reduce-scatter input, and half its bytes on the wire),
+    Lightning's bf16-mixed gathers fp32 and computes under autocast (twice the gathered
+    units); a scenario's own dtypes win over its stack's. Where FSDP does not shard under
+    mixed precision the policy is not used at all."""
+    from memfit.engine.plan.precision import precision_of
+    from memfit.engine.stacks import conventions
+    from memfit.engine.steptime import step_time
+
+    base = scenario(zero=3)
+
+    def run(stack: str, **par: object) -> Scenario:
+        p = dataclasses.replace(base.training.parallelism, **par)  # type: ignore[arg-type]
+        t = dataclasses.replace(base.training, stack=stack, parallelism=p)
+        return dataclasses.replace(base, training=t)
+
+    def gather(s: Scenario):  # type: ignore[no-untyped-def]
+        return shard(model_state(s.model, s.training), s, make_mesh(s)).gather
+
+    titan, trainer, lightning = run("torchtitan"), run("hf-trainer"), run("lightning")
+    assert gather(trainer).reduce * 2 == gather(titan).reduce
+    assert gather(trainer).forward == gather(titan).forward
+    # fp32 gathered: every unit twice the bytes; autocast computes
+    assert gather(lightning).forward == 2 * gather(titan).forward
+    assert precision_of(lightning.training).mode == "amp"
+    assert precision_of(titan.training).mode == "half"
+    # the reduce-scatter sends half the bytes
+    assert precision_of(trainer.training).grad_comm == 2
+    assert precision_of(titan.training).grad_comm == 4
+    assert step_time(trainer).step_time_s < step_time(titan).step_time_s
+    # the scenario's own policy
+    mine = run("hf-trainer", fsdp_reduce_dtype="fp32", fsdp_param_dtype="fp32")
+    assert gather(mine).reduce == gather(titan).reduce
+    assert gather(mine).forward == gather(lightning).forward
+    used = {u.field: u.origin for u in conventions(mine.training).used}
+    assert used["parallelism.fsdp_reduce_dtype"] == "scenario"
+    # DDP, DeepSpeed and pure bf16: no policy
+    for other in (run("hf-trainer", zero_stage=0), run("hf-trainer", framework="deepspeed")):
+        assert "parallelism.fsdp_reduce_dtype" not in {
+            u.field for u in conventions(other.training).used
+        }
+    with pytest.raises(EstimateError, match=r"training\.parallelism\.fsdp_reduce_dtype"):
+        ParallelismSpec(zero_stage=3, fsdp_reduce_dtype="fp16")
