@@ -67,8 +67,11 @@ def fsdp_case(
     reshard_after_forward: bool,
     precision: str = "bf16-mixed",
     replicate: int = 1,
+    policy: tuple[str, str] | None = None,
     **kw: Any,
 ) -> dict[str, Any]:
+    """``policy``: the (param, reduce) dtypes of FSDP2's MixedPrecisionPolicy under
+    bf16-mixed, set in the scenario too (None: bf16 and fp32, the scenario's stack's)."""
     s = scenario(model, layers, precision=precision, **kw)
     s["hardware"]["gpus_per_node"] = world
     s["training"]["parallelism"] = _parallelism(
@@ -80,6 +83,10 @@ def fsdp_case(
         "fsdp_mixed_precision": precision == "bf16-mixed",
         "wrap": "every decoder layer, then the root model",
     }
+    if policy is not None:
+        setup["fsdp_param_dtype"], setup["fsdp_reduce_dtype"] = policy
+        p = s["training"]["parallelism"]
+        p["fsdp_param_dtype"], p["fsdp_reduce_dtype"] = policy
     if replicate > 1:
         setup["mesh"] = f"2-D: {replicate} replicas x {world // replicate} shards (HSDP)"
     return _case(model, layers, s, setup)
@@ -118,6 +125,8 @@ def _case(model: str, layers: int, s: dict[str, Any], setup: dict[str, Any]) -> 
     if setup["strategy"] == "fsdp2":
         par = f"fsdp2-z{p['zero_stage']}-w{s['hardware']['gpus_per_node']}"
         par += f"-r{p['dp_replicate']}" if p.get("dp_replicate", 1) > 1 else ""
+        if "fsdp_param_dtype" in setup:
+            par += f"-mp-{setup['fsdp_param_dtype']}-{setup['fsdp_reduce_dtype']}"
     else:
         par = f"tp{p['tp']}-{setup['tp_plan']}" + ("-sp" if p["sequence_parallel"] else "")
     cid = "_".join(
@@ -162,6 +171,14 @@ def all_cases() -> list[dict[str, Any]]:
                                  replicate=replicate, batch=2, seq=1024))  # fmt: skip
             out.append(fsdp_case("llama-2-7b", 2, world, reshard_after_forward=raf,
                                  replicate=replicate, impl="fused", batch=1, seq=2048))  # fmt: skip
+    # the other mixed-precision policies: a 16-bit reduce (accelerate's), fp32 gathered
+    # under autocast with a 16-bit reduce (Lightning's bf16-mixed)
+    for policy in (("compute", "compute"), ("fp32", "compute")):
+        for raf in (True, False):
+            out.append(fsdp_case("llama-3.2-1b", 4, 4, reshard_after_forward=raf,
+                                 policy=policy, batch=2, seq=1024))  # fmt: skip
+            out.append(fsdp_case("llama-2-7b", 2, 4, reshard_after_forward=raf, policy=policy,
+                                 impl="fused", batch=1, seq=2048))  # fmt: skip
     # pure bf16 model without a policy
     out.append(fsdp_case("llama-3.2-1b", 4, 4, reshard_after_forward=True, precision="bf16",
                          batch=2, seq=1024))  # fmt: skip

@@ -89,6 +89,10 @@ class MultiSpec:
     reshard_after_forward: bool = True
     #: FSDP2: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on fp32 parameters
     fsdp_mixed_precision: bool = False
+    #: FSDP2's policy: the dtypes it gathers and reduces in ("compute": bf16, or "fp32");
+    #: fp32 gathered, the forward runs under torch.autocast(bf16) (Lightning's bf16-mixed)
+    fsdp_param_dtype: str = "compute"
+    fsdp_reduce_dtype: str = "fp32"
     #: TP: also shard the embedding (row-wise) and the LM head (column-wise, sharded logits)
     tp_vocab_parallel: bool = False
     #: TP: sequence parallelism on the norms (needs tp_vocab_parallel)
@@ -107,6 +111,8 @@ def multi_spec_from_case(case: dict[str, Any]) -> MultiSpec:
         world_size=int(case["scenario"]["hardware"]["gpus_per_node"]),
         reshard_after_forward=bool(setup.get("reshard_after_forward", True)),
         fsdp_mixed_precision=bool(setup.get("fsdp_mixed_precision", False)),
+        fsdp_param_dtype=str(setup.get("fsdp_param_dtype", "compute")),
+        fsdp_reduce_dtype=str(setup.get("fsdp_reduce_dtype", "fp32")),
         tp_vocab_parallel=bool(setup.get("tp_vocab_parallel", False)),
         sequence_parallel=bool(p.get("sequence_parallel", False)),
         replicate=int(p.get("dp_replicate", 1)),
@@ -333,8 +339,9 @@ def apply_fsdp2(model: torch.nn.Module, spec: MultiSpec, mesh: Any) -> None:
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
     if spec.fsdp_mixed_precision:
+        dtype = {"compute": torch.bfloat16, "fp32": torch.float32}
         kwargs["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            param_dtype=dtype[spec.fsdp_param_dtype], reduce_dtype=dtype[spec.fsdp_reduce_dtype]
         )
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
@@ -507,7 +514,10 @@ def measure_multi(spec: MultiSpec, gpu: GpuProfile | None = None) -> MultiMeasur
             params = list(model.parameters())
             opt = _make_optimizer(params, s)
             ids = torch.zeros((s.batch, s.seq), dtype=torch.long, device="cuda")
-            autocast = s.precision == "bf16-mixed" and spec.strategy != "fsdp2"
+            # FSDP2's policy computes in bf16 itself, but where it gathers fp32
+            autocast = s.precision == "bf16-mixed" and (
+                spec.strategy != "fsdp2" or spec.fsdp_param_dtype == "fp32"
+            )
             mixed = s.precision == "bf16-mixed"
             if spec.strategy == "fsdp2" and mixed and not spec.fsdp_mixed_precision:
                 raise ValueError("FSDP2 bf16-mixed is measured with its MixedPrecisionPolicy")

@@ -25,9 +25,12 @@ def _notes(case: dict[str, Any]) -> list[str]:
     t, world = s["training"], s["hardware"]["gpus_per_node"]
     notes = [f"rank 0 of {world}, fake process group (collectives allocate, never communicate)"]
     if setup["strategy"] == "fsdp2":
+        dtypes = {"compute": "bf16", "fp32": "fp32"}
+        param = dtypes[setup.get("fsdp_param_dtype", "compute")]
+        reduce = dtypes[setup.get("fsdp_reduce_dtype", "fp32")]
         policy = (
-            "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on fp32 parameters, "
-            "no autocast"
+            f"MixedPrecisionPolicy(param_dtype={param}, reduce_dtype={reduce}) on fp32 "
+            "parameters, " + ("torch.autocast(bf16)" if param == "fp32" else "no autocast")
             if setup["fsdp_mixed_precision"]
             else f"no mixed-precision policy, {t['precision']} parameters, no autocast"
         )

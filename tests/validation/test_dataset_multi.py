@@ -98,9 +98,17 @@ def test_case_schema(case: dict[str, Any]) -> None:
     assert world in (2, 4, 8)
     t = s["training"]
     p = t["parallelism"]
-    # HSDP cases name their replicas (FSDP2 on a 2-D mesh); the others have none
+    # HSDP cases name their replicas (FSDP2 on a 2-D mesh), the cases of another
+    # mixed-precision policy its dtypes; the others have neither
     replicas = p.get("dp_replicate", 1)
-    assert set(p) == PARALLELISM_KEYS | ({"dp_replicate"} if "dp_replicate" in p else set())
+    policy = {"fsdp_param_dtype", "fsdp_reduce_dtype"}
+    optional = ({"dp_replicate"} if "dp_replicate" in p else set()) | (policy & set(p))
+    assert set(p) == PARALLELISM_KEYS | optional
+    if policy & set(p):
+        assert (p["fsdp_param_dtype"], p["fsdp_reduce_dtype"]) == (
+            setup["fsdp_param_dtype"],
+            setup["fsdp_reduce_dtype"],
+        )
     assert replicas == 1 or (replicas > 1 and world % replicas == 0 and "mesh" in case["setup"])
     assert (p["pp"], p["cp"], p["ep"], p["vpp"], p["hybrid_shard"]) == (1, 1, 1, 1, False)
     assert p["framework"] == "pytorch"
