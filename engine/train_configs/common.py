@@ -598,9 +598,13 @@ _FSDP_QUIET = frozenset(
         "xla_fsdp_grad_ckpt",
         "xla_fsdp_v2",
         "version",
-        "mixed_precision_policy",
     }
 )
+#: the dtype names accelerate's ``mixed_precision_policy`` takes, as FSDP's policy fields
+_POLICY_DTYPES = {
+    "bf16": "compute", "bfloat16": "compute", "fp16": "compute", "float16": "compute",
+    "fp32": "fp32", "float32": "fp32",
+}  # fmt: skip
 
 
 def _zero(out: _Out, stage: int, hybrid: bool, key: str) -> None:
@@ -662,6 +666,9 @@ def _fsdp(out: _Out, options: list[str] | None, config: _Reader | None, key: str
                 if not isinstance(value, bool):
                     raise EstimateError(where(short), f"got {shown(value)}, expected true or false")
                 offload = offload or value
+        policy = read("mixed_precision_policy")
+        if policy is not None:
+            _fsdp_policy(out, policy, where("mixed_precision_policy"))
         checkpointing = read("activation_checkpointing")
         if checkpointing is not None:
             if not isinstance(checkpointing, bool):
@@ -682,6 +689,25 @@ def _fsdp(out: _Out, options: list[str] | None, config: _Reader | None, key: str
     _zero(out, stage, hybrid, key)
     if offload:
         _fsdp_offload(out, stage, key)
+
+
+def _fsdp_policy(out: _Out, policy: Any, key: str) -> None:
+    """accelerate's ``mixed_precision_policy``: one dtype for every field, or a mapping of
+    ``param_dtype`` and ``reduce_dtype`` (``buffer_dtype`` and ``output_dtype`` change no
+    memory MemFit models)."""
+    accepted = ", ".join(_POLICY_DTYPES)
+    if isinstance(policy, str):
+        policy = {"param_dtype": policy, "reduce_dtype": policy}
+    if not isinstance(policy, dict):
+        raise EstimateError(key, f"got {shown(policy)}, expected a dtype ({accepted}) or a mapping")
+    for name, field in (("param_dtype", "fsdp_param_dtype"), ("reduce_dtype", "fsdp_reduce_dtype")):
+        value = policy.get(name)
+        if value is None:
+            continue
+        dtype = _POLICY_DTYPES.get(str(value).lower().removeprefix("torch."))
+        if dtype is None:
+            raise EstimateError(f"{key}.{name}", f"got {shown(value)}, expected one of {accepted}")
+        out.set(f"parallelism.{field}", dtype, f"{key}.{name}")
 
 
 def _fsdp_offload(out: _Out, stage: int, key: str) -> None:

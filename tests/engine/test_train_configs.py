@@ -947,3 +947,22 @@ def test_modules_to_save_are_read_as_peft_names_them() -> None:
     full = import_training_config(text="base_model: x\nlora_modules_to_save: [lm_head]\n")
     assert "lora" not in full.training
     assert any(i.startswith("lora_modules_to_save: no adapter") for i in full.ignored)
+
+
+def test_accelerates_fsdp_policy_is_read_as_the_policy_fields() -> None:
+    """``mixed_precision_policy`` of accelerate's FSDP config sets the gathered and the
+    reduced dtype (one dtype for both, or ``param_dtype`` and ``reduce_dtype``); a dtype
+    FSDP's policy cannot take is refused, naming the key."""
+    base = "distributed_type: FSDP\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n"
+    both = import_training_config(
+        text=base + "  mixed_precision_policy: {param_dtype: float32, reduce_dtype: bfloat16}\n"
+    )
+    par = both.training["parallelism"]
+    assert (par["fsdp_param_dtype"], par["fsdp_reduce_dtype"]) == ("fp32", "compute")
+    assert both.origins["parallelism.fsdp_reduce_dtype"] == (
+        "fsdp_config.mixed_precision_policy.reduce_dtype"
+    )
+    one = import_training_config(text=base + "  mixed_precision_policy: fp32\n")
+    assert one.training["parallelism"]["fsdp_reduce_dtype"] == "fp32"
+    with pytest.raises(EstimateError, match=r"mixed_precision_policy\.param_dtype.*int8"):
+        import_training_config(text=base + "  mixed_precision_policy: {param_dtype: int8}\n")
