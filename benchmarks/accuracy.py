@@ -128,6 +128,8 @@ def traced_multi() -> list[float]:
         kind = f"FSDP2 ZeRO-{par['zero_stage']}" if par["zero_stage"] else f"tp {par['tp']}"
         groups[kind].append(e)
         groups[f"precision={case['scenario']['training']['precision']}"].append(e)
+        if "fsdp_param_dtype" in par:  # a policy other than (bf16, fp32)
+            groups[f"policy {par['fsdp_param_dtype']}/{par['fsdp_reduce_dtype']}"].append(e)
     table(
         f"Traced multi-GPU steps: {len(errors)} cases, allocated peak of rank 0",
         [("all", errors), *sorted(groups.items())],
