@@ -1115,6 +1115,10 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
             # OLMo-2 (transformers 5.24 modeling_olmo2.py): q_norm and k_norm, RMSNorms over
             # the whole q and k projections (every head at once), before RoPE
             q, k = norm(q, q_out), norm(k, kv_out)
+        elif m.qk_norm == "head" and not m.fused_qkv:
+            # Qwen3, Gemma-3 (transformers 5.24 modeling_qwen3.py, modeling_gemma3.py): q_norm
+            # and k_norm over each head's head_dim, on q and k viewed as heads, before RoPE
+            q, k = norm(q, m.head_dim), norm(k, m.head_dim)
         if m.position_embedding == "rotary":
             q, k = _rope(net, q, m.rope_keeps_dtype), _rope(net, k, m.rope_keeps_dtype)
         if ctx.kv_cache:

@@ -12,6 +12,8 @@
 * Gemma-2-9B: the attention scores soft-capped (``cap * tanh(scores / cap)``, eager
   attention, transformers' default for it), with and without the cap; four norms a layer.
 * OLMo-2-7B: RMSNorms on the whole q and k projections and on each sublayer's output.
+* Qwen3-8B and Gemma-3-1B: RMSNorms over each head of q and k (``q_norm``, ``k_norm`` of
+  width ``head_dim``), Gemma-3's in fp32 with its four norms a layer.
 * PEFT's LoRA on the output layer (``lm_head`` as a target) of Llama-3.2-1B (tied) and
   Llama-2-7B (untied), and the same steps without it.
 * PEFT's ``modules_to_save`` (``lm_head``, ``embed_tokens``): a trained copy of the module
@@ -119,6 +121,56 @@ OLMO_2_7B = {
 }
 
 
+#: Qwen3-8B's widths (Qwen/Qwen3-8B config.json: an RMSNorm over each head of q and k),
+#: two layers
+QWEN3_8B = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_hidden_layers": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "_name_or_path": "qwen3-8b-2-layers",
+}
+
+
+#: Gemma-3-1B's widths (google/gemma-3-1b-pt config.json: per-head q and k norms, four
+#: norms a layer, one key/value head of 256), two layers; a 512-token window, so a
+#: sequence of 512 is unmasked
+GEMMA_3_1B = {
+    "model_type": "gemma3_text",
+    "architectures": ["Gemma3ForCausalLM"],
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "num_hidden_layers": 2,
+    "vocab_size": 262144,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 512,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "tie_word_embeddings": True,
+    "_name_or_path": "gemma-3-1b-2-layers",
+}
+
+
 #: Qwen3-30B-A3B's widths (Qwen/Qwen3-30B-A3B config.json: 128 experts of width 768, 8 a
 #: token), two layers
 QWEN3_30B_A3B = {
@@ -183,6 +235,8 @@ def all_cases() -> list[dict[str, Any]]:
         ("falcon-7b", "falcon", FALCON_7B, ("eager",), 1, 2048),
         ("gemma-2-9b", "gemma2", GEMMA_2_9B, ("eager",), 1, 4096),
         ("olmo-2-7b", "olmo2", OLMO_2_7B, ("sdpa", "eager"), 4, 2048),
+        ("qwen3-8b", "qwen3", QWEN3_8B, ("sdpa",), 2, 2048),
+        ("gemma-3-1b", "gemma3_text", GEMMA_3_1B, ("sdpa",), 4, 512),
     )
     for name, family, model, attentions, batch, seq in mechanisms:
         for attention in attentions:
