@@ -145,9 +145,13 @@ class Ctx:
 
     def quantizes(self, component: str) -> bool:
         """Whether QLoRA stores ``component``'s matrices in 4 bits: every linear but the
-        embedding, and the LM head where the stack quantizes it."""
+        embedding, and the LM head where the stack quantizes it; not transformers' fused
+        experts and router, which are parameters, not linears
+        (:func:`memfit.engine.model_state.quantizable`)."""
         if component == "lm_head":
             return self.quantized_head
+        if component in ("experts", "router"):
+            return self.litgpt
         return component != "embeddings"
 
     def for_layers(self) -> Ctx:

@@ -452,12 +452,37 @@ def _is_trainable_part(g: TensorGroup, model: ModelSpec, training: TrainingSpec)
     return spec.last_layers > 0 and g.layers is not None and g.layers[0] >= first
 
 
-def quantizable(g: TensorGroup, head: bool = False) -> bool:
+def quantizable(g: TensorGroup, head: bool = False, fused_experts: bool = True) -> bool:
     """bitsandbytes replaces every ``nn.Linear`` but the output layer with ``Linear4bit``
-    (``head``: the output layer too, as Lightning's plugin does)."""
+    (``head``: the output layer too, as Lightning's plugin does). transformers 5 holds an MoE
+    layer's routed experts as fused 3-D parameters and its router as a parameter, not
+    ``nn.Linear`` modules (``fused_experts``): they stay in the dtype they were loaded in
+    (traced: transformers 5.24 with bitsandbytes 0.50.2 quantizes Qwen3-MoE's attention and
+    leaves ``experts.gate_up_proj``, ``experts.down_proj`` and ``gate.weight`` bf16);
+    LitGPT's experts are linears of their own, quantized."""
     if g.component == "lm_head":
         return head and g.matrix
+    if fused_experts and g.component in ("experts", "router"):
+        return False
     return g.matrix and g.component != "embeddings"
+
+
+def fused_experts(training: TrainingSpec) -> bool:
+    """The routed experts are fused parameters, one per projection and layer (transformers
+    5's MoE layers: ``experts.gate_up_proj`` and ``experts.down_proj`` of shape ``E x ...``),
+    not a linear per expert (LitGPT's ``LLaMAMoE``, Megatron's per-expert weights)."""
+    return (
+        conventions(training).implementation != "litgpt"
+        and training.parallelism.framework != "megatron"
+    )
+
+
+def stored_tensors(g: TensorGroup, model: ModelSpec, fused: bool) -> tuple[int, int]:
+    """How many tensors hold ``g`` and the elements of each, as the model stores them: a
+    fused experts parameter holds every local expert's matrix of a layer (:func:`fused_experts`)."""
+    if fused and g.component == "experts" and model.local_experts > 1:
+        return g.count // model.local_experts, g.numel * model.local_experts
+    return g.count, g.numel
 
 
 def _on_stage(g: TensorGroup, model: ModelSpec, stage: str) -> bool:
@@ -500,12 +525,13 @@ def split_tensors(model: ModelSpec, training: TrainingSpec, stage: str = "all") 
     frozen: list[TensorGroup] = []
     quantized: list[TensorGroup] = []
     head = method == "qlora" and conventions(training).quantize_head
+    fused = fused_experts(training)
     for g in model_tensors(model, cuts):
         if not _on_stage(g, model, stage):
             continue
         if method == "full" or (method == "freeze" and _is_trainable_part(g, model, training)):
             trainable.append(g)
-        elif method == "qlora" and quantizable(g, head):
+        elif method == "qlora" and quantizable(g, head, fused):
             quantized.append(g)
         else:
             frozen.append(g)

@@ -38,9 +38,11 @@ from memfit.engine.model_state import (
     BUFFERS,
     MemoryItem,
     ModelState,
+    fused_experts,
     nf4_bytes,
     split_tensors,
     storage_bytes,
+    stored_tensors,
     weights_label,
 )
 from memfit.engine.overhead import MIB
@@ -406,16 +408,18 @@ def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: 
         trained = 2  # the module's 16-bit copy; the fp32 master is the optimizer's
     q = training.qlora
     split = split_tensors(model, training, part)
+    fused = fused_experts(training)
     blocks = 0
     for groups, size in (
-        (split.trainable, lambda g: trained * g.numel),
-        (split.frozen, lambda g: frozen * g.numel),
-        (split.quantized, lambda g: nf4_bytes(g.numel, q.block_size, q.double_quant)),
+        (split.trainable, lambda numel: trained * numel),
+        (split.frozen, lambda numel: frozen * numel),
+        (split.quantized, lambda numel: nf4_bytes(numel, q.block_size, q.double_quant)),
     ):
         for g in groups:
             share = experts if g.component == "experts" else dense
-            if _ceil_div(size(g), share) > MIB:
-                blocks += g.count
+            count, numel = stored_tensors(g, model, fused)
+            if _ceil_div(size(numel), share) > MIB:
+                blocks += count
     return blocks
 
 

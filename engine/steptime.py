@@ -81,7 +81,7 @@ from typing import NamedTuple
 from memfit.engine import memo
 from memfit.engine.graph import Block, Size, concrete
 from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic
-from memfit.engine.model_state import model_state, split_tensors
+from memfit.engine.model_state import fused_experts, model_state, split_tensors, stored_tensors
 from memfit.engine.params import model_tensors
 from memfit.engine.plan.mesh import Mesh
 from memfit.engine.plan.precision import precision_of
@@ -1232,7 +1232,11 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         param_b = prec.master
         temp_b = 8 if training.optimizer_impl == "foreach" and training.optimizer == "adamw" else 0
         opt_bytes = 2 * param_b + grad_b + 2 * state_b + temp_b
-    opt_tensors = sum(g.count for g in split_tensors(model, training).trainable) / mesh.pp
+    fused = fused_experts(training)
+    opt_tensors = (
+        sum(stored_tensors(g, model, fused)[0] for g in split_tensors(model, training).trainable)
+        / mesh.pp
+    )
     stages = _Stages(
         model=model,
         rank_model=rank,
