@@ -196,6 +196,9 @@ class Block:
     #: the first op of the loss, ``ops[loss_from:]``: what runs after the model returns
     #: its output (a loss compiled on its own, :func:`memfit.engine.inductor.partition`)
     loss_from: int = 0
+    #: views -> the tensor whose storage they share (a split of a fused projection): a view
+    #: allocates nothing, reading it reads its base, and saving it keeps its base
+    views: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sizes["x"] = self.input_bytes
@@ -290,13 +293,19 @@ def _play(
     """The liveness walk; every possible peak is returned as a candidate, so that it works
     on plain byte counts and on vectors of byte counts alike (see :func:`profile`)."""
     ops = block.ops
+    views = block.views
+    # what each tensor allocates: a view nothing (its base holds the storage)
+    alloc = {t: zero if t in views else s for t, s in size.items()} if views else size
+    saves_of = [[views.get(t, t) for t in op.saves] for op in ops] if views else None
     saved: set[str] = set()
     last_save: dict[str, int] = {}  # earliest op (forward order) that saved it
     last_read: dict[str, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
             last_read[t] = i
-        for t in op.saves:
+            if t in views:  # reading a view reads its base
+                last_read[views[t]] = i
+        for t in saves_of[i] if saves_of else op.saves:
             saved.add(t)
             last_save.setdefault(t, i)
 
@@ -307,20 +316,21 @@ def _play(
     for i, op in enumerate(ops):
         for t, _ in op.outputs:
             live.add(t)
-            level = level + size[t]
+            level = level + alloc[t]
         fwd.append(level)
-        for t in [*op.inputs, *(t for t, _ in op.outputs)]:
+        bases = [views[t] for t in op.inputs if t in views] if views else []
+        for t in [*op.inputs, *bases, *(t for t, _ in op.outputs)]:
             keep = t in saved or t == output or t in block.held or t in block.cached
             if t in live and not keep and last_read.get(t, -1) <= i:
                 live.discard(t)
-                level = level - size[t]
-    kept = level - size[output]
+                level = level - alloc[t]
+    kept = level - alloc[output]
     # the autocast region closes before backward: its cache lets go of the copies that no
     # op saved
     for t in sorted(block.cached - saved):
         if t in live:
             live.discard(t)
-            level = level - size[t]
+            level = level - alloc[t]
 
     # backward: start from the kept tensors plus the gradient of the output
     grad_of = {output: size[output]}
@@ -343,13 +353,13 @@ def _play(
         for t, _ in op.outputs:
             if t in grad_of:
                 level = level - grad_of.pop(t)
-        for t in op.saves:
+        for t in saves_of[i] if saves_of else op.saves:
             if last_save.get(t) == i and t in live:
                 live.discard(t)
                 level = level - size[t]
     held = zero
     for t in block.held:
-        held = held + size[t]
+        held = held + alloc[t]
     return (
         kept - held,
         fwd,

@@ -195,6 +195,7 @@ def partition(
 
     out = Block(block.name, block.input_bytes)
     out.sizes.update(block.sizes)
+    out.views = dict(block.views)
     out.held = set(block.held)
     # autocast's cache holds the copies the eager part made
     out.cached = {t for t in block.cached if made.get(t, -1) < start}
@@ -264,6 +265,7 @@ def _deduplicated(block: Block, start: int) -> Block:
     if not alias:
         return block
     out = Block(block.name, block.input_bytes, ops, dict(block.sizes))
+    out.views = dict(block.views)
     out.held = {alias.get(t, t) for t in block.held}
     out.cached = set(block.cached)
     out.kept_by_functions = {alias.get(t, t) for t in block.kept_by_functions}

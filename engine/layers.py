@@ -329,6 +329,14 @@ class Net:
         return deq, (self.ctx.dequant_other + 2) * n
 
     # -- elementwise ---------------------------------------------------------------------
+    def view(self, name: str, x: str, elems: Size) -> str:
+        """A view of ``x`` (a split of a fused projection): no storage of its own; whoever
+        keeps it keeps ``x`` (:attr:`memfit.engine.graph.Block.views`)."""
+        y = self.new(name, elems, self.dtype[x], self.rg[x])
+        self.block.views[y] = self.block.views.get(x, x)
+        self._op(name, [x], [y])
+        return y
+
     def cast(self, x: str, dtype: int) -> str:
         if self.dtype[x] == dtype:
             return x
@@ -1107,9 +1115,16 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         attn = _litgpt_attention(net, m, n1)
     elif m.fused_qkv:
         qkv = net.linear(n1, h, q_out + 2 * kv_out, "attention", "qkv", m.attention_bias)
-        q = net.unary("split_q", qkv, elems=tokens * q_out)
-        k = net.unary("split_k", qkv, elems=tokens * kv_out)
-        v = net.unary("split_v", qkv, elems=tokens * kv_out)
+        # views of the fused output (transformers' split / view / transpose): SDPA keeping
+        # q keeps the whole projection. FalconAttention's _split_heads indexes k and v with
+        # a list (``[..., [-2], :]``): copies
+        q = net.view("split_q", qkv, tokens * q_out)
+        if m.eager_attention == "falcon":
+            k = net.unary("split_k", qkv, elems=tokens * kv_out)
+            v = net.unary("split_v", qkv, elems=tokens * kv_out)
+        else:
+            k = net.view("split_k", qkv, tokens * kv_out)
+            v = net.view("split_v", qkv, tokens * kv_out)
     else:
         q = net.linear(n1, h, q_out, "attention", "q_proj", m.attention_bias)
         k = net.linear(n1, h, kv_out, "attention", "k_proj", m.attention_bias)
@@ -1128,7 +1143,10 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
         if ctx.kv_cache:
             # transformers' DynamicCache keeps each layer's keys (after RoPE) and values
             # in the model output: alive until the output is released -- after the step,
-            # or, released before backward, once the loss is computed
+            # or, released before backward, once the loss is computed. It concatenates
+            # them onto its empty cache: copies, which attention then reads (a view of a
+            # fused projection is copied out of it)
+            k, v = (net.unary("cache_cat", t) if t in net.block.views else t for t in (k, v))
             net.block.held.update((k, v))
         attn = net.attention(
             q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim,

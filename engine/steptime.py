@@ -693,6 +693,12 @@ def _price(block: Block, kernel: str, fused: bool = False) -> _Priced:
     repeated = range(*block.repeated)
     pointwise: list[int] = []
     for i, op in enumerate(block.ops):
+        if op.outputs and all(t in block.views for t, _ in op.outputs):
+            # a view: no kernel forward; backward its gradient is copied into its slice of
+            # its base's (split's backward concatenates them)
+            if op.out_grad and not fused:
+                e_b, k_b = e_b + 2 * op.out_grad, k_b + 1
+            continue
         if op.gemm is not None:
             # backward: the input's gradient where it needs one, the weight's where it trains
             gemms.append((*op.gemm, bool(op.grads) + op.trains, i in repeated))
