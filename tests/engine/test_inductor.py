@@ -140,3 +140,27 @@ def test_torch_compile_lowers_the_estimate_and_the_stack_sets_its_scope() -> Non
 def test_an_unknown_scope_is_refused_by_name() -> None:
     with pytest.raises(EstimateError, match=r"training\.torch_compile_scope"):
         TrainingSpec(torch_compile=True, torch_compile_scope="everything")
+
+
+def test_a_view_allocates_nothing_and_keeps_its_base_where_it_is_read_or_saved() -> None:
+    """A split of a fused projection: the views cost no bytes, the projection lives until
+    its last view is read, and an op saving a view keeps the whole projection."""
+    from memfit.engine.graph import profile
+
+    def block(save_view: bool) -> Block:
+        b = Block("fused", input_bytes=100)
+        b.op("mm", ["x"], [("qkv", 300)], saves=["x"], grads=["x"], gemm=(1, 1, 1, 1))
+        for name in ("q", "k", "v"):
+            b.op("split_" + name, ["qkv"], [(name, 100)], grads=["qkv"], out_grad=100)
+            b.views[name] = "qkv"
+        b.op("attn", ["q", "k", "v"], [("o", 100)], saves=["q"] if save_view else [],
+             grads=["q", "k", "v"])  # fmt: skip
+        return b
+
+    saving, reading = simulate(block(True), "o"), simulate(block(False), "o")
+    # forward peak: the input, the projection, the output -- no bytes for the views
+    assert saving.forward_peak == reading.forward_peak == 100 + 300 + 100
+    assert saving.kept == 100 + 300  # the input, and the whole projection for its view
+    assert reading.kept == 100
+    symbolic = profile(block(True), "o")
+    assert symbolic.at((1, 1, 1, 1, 1, 1)) == saving
