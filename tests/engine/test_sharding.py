@@ -331,6 +331,15 @@ def test_fsdp_policy_dtypes_come_from_the_stack_or_the_scenario() -> None:
     assert gather(mine).forward == gather(lightning).forward
     used = {u.field: u.origin for u in conventions(mine.training).used}
     assert used["parallelism.fsdp_reduce_dtype"] == "scenario"
+    # saved and read back; a file without the fields takes the stack's
+    from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
+
+    data = scenario_to_dict(mine)
+    assert data["training"]["parallelism"]["fsdp_param_dtype"] == "fp32"
+    assert scenario_from_dict(data) == mine
+    for key in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+        del data["training"]["parallelism"][key]
+    assert scenario_from_dict(data).training.parallelism.fsdp_reduce_dtype is None
     # DDP, DeepSpeed and pure bf16: no policy
     for other in (run("hf-trainer", zero_stage=0), run("hf-trainer", framework="deepspeed")):
         assert "parallelism.fsdp_reduce_dtype" not in {
