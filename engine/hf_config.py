@@ -246,10 +246,32 @@ def _gemma(c: _Keys) -> dict[str, Any]:
     return spec
 
 
+def _full_every(c: _Keys, default: int) -> int:
+    """Every how many layers one attends over the whole sequence: transformers'
+    ``layer_types`` where the config lists them (periodic: ``full_attention`` at layers
+    n-1, 2n-1, ...), else ``sliding_window_pattern``, else the family's ``default``."""
+    types = c.raw("layer_types", default=None)
+    if isinstance(types, list) and types:
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        if not full:
+            return 0
+        n = full[0] + 1
+        if full != list(range(n - 1, len(types), n)):
+            raise EstimateError(
+                c.field("layer_types"),
+                "expected full_attention every n-th layer (layers n-1, 2n-1, ...): "
+                "another pattern is not modelled",
+            )
+        return n
+    return c.integer("sliding_window_pattern", default=default, lo=0)
+
+
 def _gemma2(c: _Keys) -> dict[str, Any]:
     spec = _gemma(c)
     spec["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
     spec["norm_placement"] = "sandwich"
+    # sliding and global layers alternate (modeling_gemma2.py: layer_types)
+    spec["full_attention_every"] = _full_every(c, 2)
     # soft-capping of the final logits and of the attention scores (transformers 5.24
     # modeling_gemma2.py); null in Gemma 3's configs
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
@@ -262,6 +284,8 @@ def _gemma2(c: _Keys) -> dict[str, Any]:
 def _gemma3_text(c: _Keys) -> dict[str, Any]:
     spec = _gemma2(c)
     spec["qk_norm"] = "head"
+    # five sliding layers, then a global one (configuration_gemma3.py)
+    spec["full_attention_every"] = _full_every(c, 6)
     return spec
 
 

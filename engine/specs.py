@@ -340,6 +340,10 @@ class ModelSpec:
     fused_gate_up: bool = False
     parallel_attention: bool = False
     sliding_window: int = 0
+    #: every n-th layer attends over the whole sequence, the others over the sliding window
+    #: (Gemma-2: 2, Gemma-3: 6; layer i is global where ``(i + 1) % n == 0``, transformers'
+    #: ``layer_types``); 0: every layer slides the window, where there is one
+    full_attention_every: int = 0
     #: the transformers module calls SDPA with multi-query keys and values it does not
     #: repeat, and a mask: CUDA has no fused kernel for that and runs the math fallback,
     #: which materializes the scores (Falcon's original architecture)
@@ -440,6 +444,7 @@ class ModelSpec:
         ):
             check_bool(f + name, getattr(self, name))
         check_int(f + "sliding_window", self.sliding_window, 0, MAX_DIM)
+        check_int(f + "full_attention_every", self.full_attention_every, 0, MAX_DIM)
         check_float(f + "attention_dropout", self.attention_dropout, *DROPOUT)
         check_float(f + "hidden_dropout", self.hidden_dropout, *DROPOUT)
         check_float(f + "final_logit_softcapping", self.final_logit_softcapping, 0.0, 1e6)
@@ -1153,6 +1158,13 @@ class Scenario:
                 f"got {rank}, expected an integer in [1, {self.model.hidden_size}] "
                 f"(the model's hidden_size)",
             )
+
+
+def full_attention(model: ModelSpec, layer: int) -> bool:
+    """Whether layer ``layer`` (from 0) attends over the whole sequence though the model
+    has a sliding window (:attr:`ModelSpec.full_attention_every`)."""
+    n = model.full_attention_every
+    return n > 0 and model.sliding_window > 0 and (layer + 1) % n == 0
 
 
 def window_masks(model: ModelSpec, seq: int) -> bool:

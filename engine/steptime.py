@@ -95,6 +95,7 @@ from memfit.engine.specs import (
     ModelSpec,
     Scenario,
     TrainingSpec,
+    full_attention,
     window_masks,
 )
 from memfit.engine.timeline import head_block, layer_block, make_ctx, recomputed_layers
@@ -557,11 +558,13 @@ class _Work:
     compiled: bool = False
 
 
-def _work(stages: _Stages, b: int, s: int) -> _Work:
-    """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``."""
+def _work(stages: _Stages, b: int, s: int, full: bool = False) -> _Work:
+    """What one layer's work depends on, at micro-batch ``b`` and sequence length ``s``
+    (``full``: a global layer among sliding-window ones, attending over the sequence)."""
     mesh, rank = stages.mesh, stages.rank_model
     # the walk's context without the shape, but with whether this sequence is masked
-    masked = window_masks(rank, s) or (rank.sdpa_math and stages.attention == "sdpa")
+    window = window_masks(rank, s) and not full
+    masked = window or (rank.sdpa_math and stages.attention == "sdpa")
     ctx = stages.ctx
     if ctx.masked != masked:
         ctx = dataclasses.replace(ctx, masked=masked)
@@ -823,7 +826,7 @@ def _gemms(ops: _Priced, share: float, dt: int, dev: Device) -> _Gemms:
 
 
 @memo.cached(maxsize=8192)
-def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
+def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool, full: bool = False) -> _Layer:
     """The work of one layer of ``model`` (dense or MoE) on one GPU, one micro-batch: the
     ops of the block the memory walk plays for it (:func:`memfit.engine.timeline.layer_block`,
     built for the rank's share of the model), each priced -- matrix products as GEMMs, the
@@ -848,7 +851,7 @@ def _layer(model: ModelSpec, work: _Work, dev: Device, moe: bool) -> _Layer:
     d_qk = model.qk_nope_head_dim + model.qk_rope_head_dim if model.kv_lora_rank else model.head_dim
     d_v = model.v_head_dim if model.kv_lora_rank else model.head_dim
     causal = model.architecture == "decoder"
-    window = model.sliding_window if 0 < model.sliding_window < s else s
+    window = model.sliding_window if 0 < model.sliding_window < s and not full else s
     if kernel in ("eager", "math"):
         keys = float(s)  # every score is computed and masked afterwards
     elif causal:
@@ -1092,6 +1095,9 @@ class _Stages:
     amp: bool
     trainable_rank: float
     moe_share: float
+    #: the share of the layers that attend over the whole sequence where the others slide
+    #: a window (:func:`memfit.engine.specs.full_attention`)
+    full_share: float
     tp_ring: _Ring = field(compare=False)
     cp_ring: _Ring = field(compare=False)
     ep_ring: _Ring = field(compare=False)
@@ -1272,6 +1278,8 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         amp=prec.mode == "amp",
         trainable_rank=trainable_rank,
         moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
+        full_share=sum(full_attention(model, i) for i in range(model.num_layers))
+        / max(model.num_layers, 1),
         tp_ring=_ring(mesh.tp, 1, scenario, dev),
         cp_ring=_ring(mesh.cp, mesh.tp, scenario, dev),
         ep_ring=_ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev),
@@ -1409,13 +1417,21 @@ def _new_block(stages: _Stages, b: int, s: int) -> _Block:
     dense = _layer(model, work, dev, False)
     moe = _layer(model, work, dev, True) if model.is_moe else None
     moe_share = stages.moe_share
+    parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
+    if window_masks(stages.rank_model, s) and stages.full_share:
+        # the global layers among sliding-window ones run their attention over the whole
+        # sequence, unmasked (their share of every kind alike)
+        g = stages.full_share
+        full = _work(stages, b, s, full=True)
+        parts = [(layer, share * (1 - g)) for layer, share in parts] + [
+            (_layer(model, full, dev, kind is moe, full=True), share * g) for kind, share in parts
+        ]
 
     # the embedding (on the first stage), the LM head and the loss (on the last)
     tokens = b * s / mesh.cp
     head = _head(stages, b, s)
     embed_t = max(4 * tokens * h * dt / dev.bandwidth, 2 * KERNEL_S)
 
-    parts = [(dense, 1 - moe_share)] + ([(moe, moe_share)] if moe else [])
     per_layer = {
         name: sum(getattr(layer, name) * share for layer, share in parts) for name in _FIELDS
     }

@@ -13,7 +13,8 @@
   attention, transformers' default for it), with and without the cap; four norms a layer.
 * OLMo-2-7B: RMSNorms on the whole q and k projections and on each sublayer's output.
 * Qwen3-8B and Gemma-3-1B: RMSNorms over each head of q and k (``q_norm``, ``k_norm`` of
-  width ``head_dim``), Gemma-3's in fp32 with its four norms a layer.
+  width ``head_dim``), Gemma-3's in fp32 with its four norms a layer; Gemma-3-1B's six
+  layers past its 512-token window, five sliding and one global.
 * PEFT's LoRA on the output layer (``lm_head`` as a target) of Llama-3.2-1B (tied) and
   Llama-2-7B (untied), and the same steps without it.
 * PEFT's ``modules_to_save`` (``lm_head``, ``embed_tokens``): a trained copy of the module
@@ -244,6 +245,12 @@ def all_cases() -> list[dict[str, Any]]:
                 scenario = _scenario(model, precision, attention, batch, seq)
                 case_id = f"{name}_L2_{precision}_full_adamw-foreach_{attention}_b{batch}_s{seq}"
                 cases.append({"id": case_id, "family": family, "scenario": scenario})
+    # Gemma-3-1B's six layers past its window: five sliding-window layers, whose SDPA takes
+    # the mask, and a global one, which runs causal and unmasked
+    for precision in ("bf16-mixed", "bf16"):
+        scenario = _scenario({**GEMMA_3_1B, "num_hidden_layers": 6}, precision, "sdpa", 1, 4096)
+        case_id = f"gemma-3-1b_L6_{precision}_full_adamw-foreach_sdpa_b1_s4096"
+        cases.append({"id": case_id, "family": "gemma3_text", "scenario": scenario})
     # the same Gemma-2 without soft-capped scores: what the capping itself keeps
     plain = _scenario({**GEMMA_2_9B, "attn_logit_softcapping": None}, "bf16", "eager", 1, 4096)
     case_id = "gemma-2-9b_L2_bf16_full_adamw-foreach_eager_b1_s4096_no-attn-softcap"

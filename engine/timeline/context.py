@@ -25,7 +25,7 @@ from memfit.engine.model_state import (
 )
 from memfit.engine.params import model_tensors
 from memfit.engine.plan.precision import precision_of
-from memfit.engine.specs import ModelSpec, TrainingSpec, window_masks
+from memfit.engine.specs import ModelSpec, TrainingSpec, full_attention, window_masks
 from memfit.engine.stacks import conventions
 
 
@@ -124,6 +124,9 @@ def _eager(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -
     if kind.endswith(TRAINED):  # one of the last layers ``freeze`` trains whole
         ctx = dataclasses.replace(ctx, trainable=ctx.trainable | {"all"})
         kind = kind.removesuffix(TRAINED)
+    if kind.endswith(FULL):  # a global layer among sliding ones: no window to mask
+        ctx = dataclasses.replace(ctx, masked=False)
+        kind = kind.removesuffix(FULL)
     if model.architecture == "encoder":
         return bert_layer(model, ctx, x_grad)
     return decoder_layer(model, ctx, x_grad, kind == "moe")
@@ -132,6 +135,9 @@ def _eager(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -
 #: the suffix of a layer kind that trains every weight of the layer (``freeze``'s last
 #: layers)
 TRAINED = "+trained"
+#: the suffix of a layer kind that attends over the whole sequence where the others slide
+#: a window (:func:`memfit.engine.specs.full_attention`): its SDPA runs unmasked
+FULL = "+full"
 #: the LM head up to the model's output (the logits), without the loss: the moment the
 #: previous step's output is still alive (:func:`carries_previous`)
 HEAD_LOGITS = "head-logits"
@@ -164,6 +170,8 @@ def _layers(
     grad = embed_grad
     for i in range(n):
         kind = "moe" if model.is_moe and i >= model.first_dense_layers else "dense"
+        if ctx.masked and full_attention(model, i):
+            kind += FULL
         trained = i >= trained_from
         out.append((kind + TRAINED if trained else kind, grad))
         grad = grad or every_layer or trained

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.engine.timeline.context import TRAINED
+from memfit.engine.timeline.context import FULL, TRAINED
 
 #: the kind of a :class:`Source`: what a user can change to remove it
 SOURCE_KINDS = (
@@ -90,9 +90,11 @@ class _Kept:
         out = []
         for key, n_bytes in self.bytes.items():
             base = key.removesuffix(TRAINED)
-            name, formula, source = _KEPT.get(base, _KEPT["dense"])
+            name, formula, source = _KEPT.get(base.removesuffix(FULL), _KEPT["dense"])
             if key != base:
                 name = name.replace("layers", "fully trained layers")
+            if base.endswith(FULL):
+                name = name.replace("layers", "global-attention layers")
             kind = base if base in ("checkpointed", "kv-cache") else "saved"
             out.append(Source(name.format(n=self.layers[key]), kind, n_bytes, formula, source))
         return out

@@ -736,3 +736,23 @@ def test_transformers_python_op_activations_are_read_as_their_ops(
     obj, _ = _where(cfg)
     obj["hidden_act"] = hidden_act
     assert model_from_hf_config(cfg).activation == kind
+
+
+def test_gemmas_global_layers_are_read_from_the_layer_types() -> None:
+    """Gemma-2 alternates sliding and global layers, Gemma-3 has five sliding to one
+    global: from ``layer_types`` where the config lists them, else
+    ``sliding_window_pattern``, else the family's; a pattern that is not every n-th layer
+    is refused, naming the key."""
+    g3 = config("gemma3_text")
+    assert model_from_hf_config(g3).full_attention_every == 6
+    assert model_from_hf_config(config("gemma2")).full_attention_every == 2
+    layers = g3["num_hidden_layers"]
+    every_fourth = [
+        "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)
+    ]
+    assert model_from_hf_config({**g3, "layer_types": every_fourth}).full_attention_every == 4
+    assert model_from_hf_config({**g3, "sliding_window_pattern": 3}).full_attention_every == 3
+    odd = ["full_attention", *["sliding_attention"] * (layers - 1)]
+    with pytest.raises(EstimateError) as info:
+        model_from_hf_config({**g3, "layer_types": odd})
+    assert info.value.field == "model.layer_types"

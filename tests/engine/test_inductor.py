@@ -164,3 +164,36 @@ def test_a_view_allocates_nothing_and_keeps_its_base_where_it_is_read_or_saved()
     assert reading.kept == 100
     symbolic = profile(block(True), "o")
     assert symbolic.at((1, 1, 1, 1, 1, 1)) == saving
+
+
+def test_global_layers_among_sliding_ones_run_unmasked() -> None:
+    """Gemma-3's every sixth layer attends over the whole sequence: past the window its
+    SDPA runs causal with no mask to convert and keep, where the five sliding layers keep
+    a 16-bit bias of the scores' size each (traced: Gemma-3-1B, six layers at 4,096
+    tokens, within 0.1 %); the step time prices their attention over every key."""
+    from memfit.engine.specs import full_attention
+    from memfit.engine.steptime import step_time
+    from memfit.engine.timeline.context import layer_kinds
+
+    gemma = load_model("gemma-3-1b")
+    assert [full_attention(gemma, i) for i in range(12)] == [False] * 5 + [True] + [False] * 5 + [
+        True
+    ]
+    s = scenario("gemma-3-1b", precision="bf16", micro_batch_size=1, sequence_length=4096)
+    kinds = [k for k, _ in layer_kinds(s.model, s.training, make_ctx(s.model, s.training), True)]
+    assert kinds.count("dense+full") == gemma.num_layers // 6
+    ctx = make_ctx(s.model, s.training)
+    ctx = dataclasses.replace(ctx, batch=1, seq=4096)
+    sliding = simulate(*_build(gemma, ctx, "dense", True, False)).kept
+    full = simulate(*_build(gemma, ctx, "dense+full", True, False)).kept
+    assert sliding - full == 2 * 4096 * 4096  # the bias, one a layer
+    # inside the window every layer is unmasked, and alike
+    short = with_training(s, sequence_length=256)
+    assert "dense+full" not in [
+        k
+        for k, _ in layer_kinds(
+            short.model, short.training, make_ctx(short.model, short.training), True
+        )
+    ]
+    every = dataclasses.replace(s, model=dataclasses.replace(gemma, full_attention_every=0))
+    assert step_time(s).step_time_s > step_time(every).step_time_s

@@ -119,7 +119,10 @@ def test_every_preset_has_an_exact_profile_for_every_block() -> None:
         for name in model_names():
             model = load_model(name)
             key = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
-            for kind in ["dense", "head"] + (["moe"] if model.is_moe else []):
+            kinds = ["dense", "head"] + (["moe"] if model.is_moe else [])
+            if model.full_attention_every:  # its global layers among sliding ones
+                kinds.append("dense+full")
+            for kind in kinds:
                 assert _profile(model, key, kind, True, False)[0] is not None, (name, kind)
 
 
