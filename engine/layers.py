@@ -135,6 +135,8 @@ class Ctx:
     #: and AOTAutograd's partitioner keeps it for backward
     #: (:func:`memfit.engine.inductor.partition`)
     compiled: str = ""
+    #: the model returns the fp32 copy of its logits (torchtune), not the loss making it
+    upcast_in_model: bool = False
     #: build blocks with symbolic sizes (:class:`~memfit.engine.graph.Lin`) instead of at
     #: ``batch`` x ``seq``: one build then serves every shape (:func:`memfit.engine.graph.profile`)
     symbolic: bool = False
@@ -1619,16 +1621,20 @@ def head_and_loss(
         # reads the 16-bit logits and writes fp32 without a copy of its input; in pure
         # bf16 it stays bf16
         upcast = net.cast(logits, F32) if upcasts_logits(m, ctx.loss) else logits
+        if ctx.upcast_in_model:  # the model returns the copy: the loss starts after it
+            net.block.loss_from = len(net.block.ops)
     logp = net.unary("log_softmax", upcast, save_out=True, dtype=fp32_out or net.dtype[upcast])
     loss = net.nll_loss(logp, vocab)
+    # the model's output: the logits, or the fp32 copy where the model makes it
+    output = upcast if ctx.upcast_in_model else logits
     if ctx.outputs_held:  # the model output holds the logits until it is dropped
-        net.block.held.add(logits)
+        net.block.held.add(output)
     if not ctx.megatron:
         # the loss is computed while the model output is referenced -- inside the model's
         # forward from labels, or by the loop from the output it holds -- so the logits
         # live until it is computed; transformers' loss from labels runs inside the
         # causal-LM forward, where the inner model's output, the last hidden state, is
         # referenced too (traced: both live through log_softmax)
-        alive = [logits] + ([x] if ctx.loss == "standard" and m.architecture == "decoder" else [])
+        alive = [output] + ([x] if ctx.loss == "standard" and m.architecture == "decoder" else [])
         net.block.op("release_logits", alive, [])
     return net.block, loss

@@ -166,6 +166,12 @@ FSDP_DTYPES = ("compute", "fp32")
 #: each layer and the loss function on their own (torchtune; torchtitan since) -- the
 #: final norm and the LM head run eager in both of the last
 COMPILE_SCOPES = ("model", "layers", "layers+loss")
+#: where the standard loss's fp32 copy of the logits is made (``training.logits_upcast``):
+#: in the loss function (transformers' ``ForCausalLMLoss``, torchtitan's
+#: ``cross_entropy_loss``) or by the model, which returns it (torchtune's
+#: ``TransformerDecoder``: ``self.output(h).float()``) -- which side of a loss compiled
+#: on its own the copy falls on
+LOGITS_UPCASTS = ("loss", "model")
 #: how FP8 GEMMs scale their inputs (``training.fp8_recipe``, under ``fp8-mixed``): one
 #: scale per tensor (Transformer Engine's delayed or current scaling, torchao's
 #: tensorwise), per row (torchao's rowwise), per 1x128 / 128x128 block (DeepSeek-V3's,
@@ -1073,6 +1079,9 @@ class TrainingSpec:
     torch_compile: bool = False
     #: :data:`COMPILE_SCOPES`; None: the training stack's
     torch_compile_scope: str | None = None
+    #: :data:`LOGITS_UPCASTS`: where the standard loss's fp32 copy of the logits is made;
+    #: None: the training stack's
+    logits_upcast: str | None = None
     lora: LoraSpec = field(default_factory=LoraSpec)
     qlora: QuantSpec = field(default_factory=QuantSpec)
     freeze: FreezeSpec = field(default_factory=FreezeSpec)
@@ -1122,6 +1131,8 @@ class TrainingSpec:
         check_bool(t + "torch_compile", self.torch_compile)
         if self.torch_compile_scope is not None:
             check_choice(t + "torch_compile_scope", self.torch_compile_scope, COMPILE_SCOPES)
+        if self.logits_upcast is not None:
+            check_choice(t + "logits_upcast", self.logits_upcast, LOGITS_UPCASTS)
         if self.model_implementation is not None:
             check_choice(
                 t + "model_implementation", self.model_implementation, MODEL_IMPLEMENTATIONS

@@ -48,6 +48,7 @@ from memfit.engine.specs import (
     DEQUANT_DTYPES,
     FROZEN_DTYPES,
     FSDP_DTYPES,
+    LOGITS_UPCASTS,
     LOSSES,
     MODEL_IMPLEMENTATIONS,
     OPTIMIZER_IMPLS,
@@ -388,6 +389,24 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         usual=lambda t: "fp32",
         default="fp32",
     ),
+    ConventionField(
+        "logits_upcast",
+        LOGITS_UPCASTS,
+        attr="logits_upcast",
+        label="Logits upcast",
+        tip="Where the full loss's fp32 copy of the logits is made: by the loss function "
+        "(transformers' ForCausalLMLoss, torchtitan's loss), or by the model, which returns "
+        "it (torchtune's decoder: self.output(h).float()). The model's output is that copy, "
+        "and a loss compiled on its own receives it and keeps it for backward.",
+        choices={"loss": "by the loss", "model": "by the model (its output)"},
+        shown={"loss": "loss", "model": "model"},
+        brief="logits upcast by the {}",
+        unused="only the full, unchunked loss upcasts the whole logits",
+        usual=lambda t: "loss",
+        when=lambda t: t.loss == "standard",
+        off="loss",
+        default="loss",
+    ),
     ConventionField("selective_checkpointing", SELECTIVE_POLICIES),
 )
 #: the convention keys of a stack file and the accepted values of each
@@ -550,6 +569,8 @@ class Conventions:
     #: (:data:`memfit.engine.specs.FSDP_DTYPES`)
     fsdp_param_dtype: str = "compute"
     fsdp_reduce_dtype: str = "fp32"
+    #: where the standard loss's fp32 copy of the logits is made (``LOGITS_UPCASTS``)
+    logits_upcast: str = "loss"
 
 
 def auto_frozen_dtype(training: TrainingSpec) -> str:

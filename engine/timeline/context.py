@@ -84,6 +84,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         loss=training.loss,
         loss_chunks=training.loss_chunks,
         compiled=conv.compile_scope if training.torch_compile else "",
+        upcast_in_model=conv.logits_upcast == "model",
         # a tied head is the embedding, which stays unquantized
         quantized_head=conv.quantize_head and not model.tie_word_embeddings,
         dequant_other=0

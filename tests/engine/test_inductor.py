@@ -197,3 +197,25 @@ def test_global_layers_among_sliding_ones_run_unmasked() -> None:
     ]
     every = dataclasses.replace(s, model=dataclasses.replace(gemma, full_attention_every=0))
     assert step_time(s).step_time_s > step_time(every).step_time_s
+
+
+def test_a_model_that_returns_fp32_logits_hands_its_compiled_loss_the_copy() -> None:
+    """torchtune's decoder returns ``self.output(h).float()``: the fp32 copy is its output,
+    made eager, and the loss compiled on its own keeps it; where the loss makes the copy
+    (transformers', torchtitan's), the compiled loss recomputes it from the 16-bit logits."""
+    s = scenario(
+        "llama-3.2-3b", precision="bf16", micro_batch_size=1, sequence_length=2048,
+        torch_compile=True, loss="standard",
+    )  # fmt: skip
+
+    def head(stack: str) -> tuple[int, str]:
+        t = dataclasses.replace(s.training, stack=stack)
+        block, loss = _build(s.model, make_ctx(s.model, t), "head", True, False)
+        return simulate(block, loss).backward_peak, conventions(t).logits_upcast
+
+    tune, tune_upcast = head("torchtune")
+    titan, titan_upcast = head("torchtitan")
+    assert (tune_upcast, titan_upcast) == ("model", "loss")
+    vocab, tokens = s.model.vocab_size, 2048
+    # the kept fp32 copy, against the 16-bit logits the other loss recomputes it from
+    assert tune - titan >= 2 * tokens * vocab
