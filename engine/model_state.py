@@ -284,14 +284,26 @@ PEFT_FUSED_EXPERTS = frozenset(
 )  # fmt: skip
 #: the roles of a gated MLP's linears
 _MLP_ROLES = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up"})
+#: the families on transformers' Mixtral conversion pattern (the others of
+#: :data:`PEFT_FUSED_EXPERTS` are on Qwen2-MoE's), and the target names PEFT maps onto each
+#: pattern's fused experts (peft 0.21.2 ``_MOE_TARGET_MODULE_MAPPING``): Mixtral's ``w1``,
+#: ``w3`` (gate and up) and ``w2`` (down), Qwen2-MoE's ``gate_proj``, ``up_proj`` and
+#: ``down_proj``. A name of the other pattern matches no module (traced: PEFT refuses
+#: ``gate_proj`` on Mixtral, "Target modules ... not found")
+_MIXTRAL_PATTERN = frozenset({"mixtral", "minimax"})
+_EXPERT_NAMES = {
+    True: {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
+    False: {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"},
+}
 
 
 def expert_param_lora(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether PEFT adapts the routed experts as parameters: transformers 5 keeps them as
     fused 3-D parameters (``gate_up_proj`` E x 2f x h, ``down_proj`` E x h x f), which no
     ``nn.Linear`` matches, and PEFT 0.21.2 maps the v4 targets onto them
-    (``utils/transformers_weight_conversion.py``: ``gate_proj``/``up_proj`` or ``w1``/``w3``
-    to ``gate_up_proj`` at twice the rank and alpha, ``down_proj``/``w2`` to ``down_proj``,
+    (``utils/transformers_weight_conversion.py``: ``gate_proj``/``up_proj`` -- Mixtral's
+    ``w1``/``w3`` -- to ``gate_up_proj`` at twice the rank and alpha, ``down_proj`` -- ``w2``
+    -- to ``down_proj`` (:data:`_EXPERT_NAMES`),
     the router ``gate`` -- an ``nn.Linear`` in v4, so in ``all-linear`` -- to
     ``gate.weight``), each wrapped by a ``ParamWrapper`` (``tuners/lora/layer.py``). The
     names move from the modules targeted to the parameters, so the ``nn.Linear`` MLPs of
@@ -319,7 +331,19 @@ def expert_lora_roles(model: ModelSpec, training: TrainingSpec) -> frozenset[str
     and, under ``all-linear``, ``router``."""
     if not expert_param_lora(model, training):
         return frozenset()
-    roles, _ = lora_targets(model, training.lora.targets)
+    targets = training.lora.targets
+    names = _EXPERT_NAMES[model.family in _MIXTRAL_PATTERN]
+    if "all-linear" in targets:
+        roles = set(names.values())
+    else:
+        roles = {names[t] for t in targets if t in names}
+        if not roles and not linear_lora_roles(model, training):
+            raise EstimateError(
+                "training.lora.targets",
+                f"{', '.join(targets)} match no module PEFT adapts on {model.name}: its "
+                f"experts are named {', '.join(names)}, the names PEFT maps onto "
+                "transformers' fused experts for this family",
+            )
     gate, up = "gate_proj" in roles, "up_proj" in roles
     if gate != up:
         raise EstimateError(
@@ -330,9 +354,19 @@ def expert_lora_roles(model: ModelSpec, training: TrainingSpec) -> frozenset[str
     out = {"gate_up"} if gate else set()
     if "down_proj" in roles:
         out.add("down_proj")
-    if "all-linear" in training.lora.targets:
+    if "all-linear" in targets:
         out.add("router")
     return frozenset(out)
+
+
+def misnamed_expert_targets(model: ModelSpec, training: TrainingSpec) -> list[str]:
+    """Targets that name the experts by the other conversion pattern's names (``gate_proj``
+    on Mixtral, ``w1`` on Qwen3-MoE): PEFT matches no module by them and skips them."""
+    if not expert_param_lora(model, training):
+        return []
+    names = _EXPERT_NAMES[model.family in _MIXTRAL_PATTERN]
+    other = _EXPERT_NAMES[model.family not in _MIXTRAL_PATTERN]
+    return [t for t in training.lora.targets if t in other and t not in names]
 
 
 def _expert_adapters(model: ModelSpec, training: TrainingSpec) -> list[TensorGroup]:
@@ -564,6 +598,7 @@ def model_state(model: ModelSpec, training: TrainingSpec, stage: str = "all") ->
                 "the fused kernel reads the head's weight, not its adapter; name lm_head with "
                 "another loss, or leave it out",
             )
+        missed = [*missed, *misnamed_expert_targets(model, training)]
         if missed:
             warnings.append(f"LoRA target {', '.join(missed)} matches no layer of {model.name}")
         saved = training.lora.modules_to_save

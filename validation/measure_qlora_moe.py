@@ -1,4 +1,5 @@
-"""Which parameters of an MoE model QLoRA's 4-bit loading quantizes, recorded.
+"""Which parameters of an MoE model QLoRA's 4-bit loading quantizes, and which PEFT's
+target names adapt, recorded.
 
     VENV/bin/python -m validation.measure_qlora_moe    # -> tests/validation/qlora_moe_params.json
 
@@ -8,6 +9,11 @@ quantizes a checkpoint; each parameter of the first layer is recorded with its c
 and dtype. bitsandbytes replaces ``nn.Linear`` modules with ``Linear4bit``; transformers 5
 holds an MoE layer's routed experts as fused 3-D parameters and its router's weight as a
 parameter, so neither is a linear to replace (``engine.model_state.quantizable``).
+
+The same models then take LoRA (rank 4, alpha 8) by each naming of the experts -- Mixtral's
+``w1``/``w3``/``w2`` and the Qwen2-MoE pattern's ``gate_proj``/``up_proj``/``down_proj`` --
+with and without ``q_proj``, and ``all-linear``: the trainable elements PEFT 0.21.2 gives,
+or the error it raises (``engine.model_state.expert_lora_roles``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ from typing import Any
 from validation.measure import ROOT
 
 DEFAULT_OUT = ROOT / "tests" / "validation" / "qlora_moe_params.json"
+
+#: the LoRA targets tried on each model
+TARGETS: list[Any] = [
+    ["w1", "w2", "w3"], ["gate_proj", "up_proj", "down_proj"],
+    ["q_proj", "w1", "w3"], ["q_proj", "gate_proj", "up_proj"], "all-linear",
+]  # fmt: skip
 
 #: two small layers of each family, the experts' layout as the released configs have it
 MODELS: dict[str, dict[str, Any]] = {
@@ -52,6 +64,17 @@ def measure(family: str) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_pretrained(
             folder, quantization_config=quant, dtype=torch.bfloat16, device_map="cpu"
         )
+    trainable: dict[str, Any] = {}
+    for targets in TARGETS:
+        import peft
+
+        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+        try:
+            net = peft.get_peft_model(AutoModelForCausalLM.from_config(config), lora)
+        except ValueError as exc:  # NoMatchingPeftModuleError
+            trainable[json.dumps(targets)] = f"error: {type(exc).__name__}"
+            continue
+        trainable[json.dumps(targets)] = sum(p.numel() for p in net.parameters() if p.requires_grad)
     params = {
         name.removeprefix("model.layers.0."): {
             "class": type(p).__name__,
@@ -65,10 +88,12 @@ def measure(family: str) -> dict[str, Any]:
         "family": family,
         "config": MODELS[family],
         "layer_0": params,
+        "lora_trainable": trainable,
         "environment": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "bitsandbytes": bitsandbytes.__version__,
+            "peft": __import__("peft").__version__,
         },
     }
 

@@ -50,3 +50,29 @@ def test_litgpts_experts_are_linears_and_quantized() -> None:
     model = model_from_hf_config(RECORDS[0]["config"])
     training = TrainingSpec(method="qlora", precision="bf16-mixed", model_implementation="litgpt")
     assert any(g.component == "experts" for g in split_tensors(model, training).quantized)
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=[r["family"] for r in RECORDS])
+def test_lora_adapts_what_peft_adapts_by_each_naming_of_the_experts(record: dict) -> None:
+    """PEFT 0.21.2 maps Mixtral's ``w1``/``w3``/``w2`` and the Qwen2-MoE pattern's
+    ``gate_proj``/``up_proj``/``down_proj`` onto transformers 5's fused experts, each
+    family only its own names: the other names match nothing -- an error where nothing else
+    matches, skipped beside ``q_proj``. The engine trains what PEFT trains, and refuses
+    what it refuses, naming the field."""
+    from memfit.engine.errors import EstimateError
+    from memfit.engine.model_state import model_state
+    from memfit.engine.specs import LoraSpec
+
+    model = model_from_hf_config(record["config"])
+    for key, peft_trainable in record["lora_trainable"].items():
+        targets = json.loads(key)
+        lora = LoraSpec(
+            rank=4, alpha=8, targets=(targets,) if isinstance(targets, str) else tuple(targets)
+        )
+        training = TrainingSpec(method="lora", lora=lora)
+        if isinstance(peft_trainable, str):
+            with pytest.raises(EstimateError) as info:
+                model_state(model, training)
+            assert info.value.field == "training.lora.targets", key
+        else:
+            assert model_state(model, training).trainable_params == peft_trainable, key
