@@ -359,6 +359,15 @@ def expert_lora_roles(model: ModelSpec, training: TrainingSpec) -> frozenset[str
     return frozenset(out)
 
 
+def expert_target_names(model: ModelSpec) -> dict[str, str]:
+    """The names that stand for the MLP roles as LoRA targets of ``model``'s experts, where
+    they are not the roles' own: Mixtral's ``w1``, ``w3`` and ``w2`` (a target written so
+    also reaches per-expert linears, :data:`memfit.engine.specs.LORA_MODULE_NAMES`)."""
+    if not (model.is_moe and model.family in _MIXTRAL_PATTERN):
+        return {}
+    return {role: name for name, role in _EXPERT_NAMES[True].items()}
+
+
 def misnamed_expert_targets(model: ModelSpec, training: TrainingSpec) -> list[str]:
     """Targets that name the experts by the other conversion pattern's names (``gate_proj``
     on Mixtral, ``w1`` on Qwen3-MoE): PEFT matches no module by them and skips them."""

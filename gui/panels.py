@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import GIB
-from memfit.engine.model_state import model_state
+from memfit.engine.model_state import expert_target_names, model_state
 from memfit.engine.params import count_parameters
 from memfit.engine.plan import resolve
 from memfit.engine.presets import (
@@ -826,6 +826,8 @@ class TargetsWidget(QWidget):
             box.toggled.connect(self._user_toggled)
         self.boxes["all-linear"].toggled.connect(self._enable_parts)
         self.show_latent(False)
+        #: role -> the name a target of it is written as (Mixtral's experts: ``w1``, ...)
+        self.names: dict[str, str] = {}
 
     @Slot()
     def _user_toggled(self) -> None:
@@ -844,13 +846,24 @@ class TargetsWidget(QWidget):
             if box is not None:
                 box.setVisible(show or box.isChecked())
 
+    def set_names(self, names: dict[str, str]) -> None:
+        """Write the roles in ``names`` as the model names them (Mixtral's experts: gate is
+        ``w1``), and say so on their boxes."""
+        self.names = names
+        for role, box in self.boxes.items():
+            short = role.removesuffix("_proj")
+            box.setText(f"{short} ({names[role]})" if role in names else short)
+
     def value(self) -> tuple[str, ...]:
         if self.boxes["all-linear"].isChecked():
             return ("all-linear",) + (("lm_head",) if self.boxes["lm_head"].isChecked() else ())
-        return tuple(n for n in TARGETS if self.boxes[n].isChecked())
+        return tuple(self.names.get(n, n) for n in TARGETS if self.boxes[n].isChecked())
 
     def set_value(self, targets: tuple[str, ...]) -> None:
-        """Check the boxes of ``targets`` (without emitting :attr:`changed`)."""
+        """Check the boxes of ``targets`` (without emitting :attr:`changed`); a name a
+        model gives a role (``w1``) checks the role's box."""
+        head = ("lm_head",) if "lm_head" in targets else ()
+        targets = canonical_targets(targets) + head
         with QSignalBlocker(self):
             for name, box in self.boxes.items():
                 box.setChecked(name in targets)
@@ -1071,7 +1084,10 @@ class TrainingPanel(FormPanel):
             "training.lora.targets",
             "LoRA targets",
             self.targets,
-            lambda s: canonical_targets(get(s)),
+            # as the model names them (Mixtral's experts: w1, w3, w2), as the boxes write them
+            lambda s: tuple(
+                expert_target_names(s.model).get(t, t) for t in canonical_targets(get(s))
+            ),
             set_,
             self.targets.value,
             lambda value: self.targets.set_value(tuple(value)),
@@ -1100,6 +1116,7 @@ class TrainingPanel(FormPanel):
         for path, show in visible.items():
             self.set_row_visible(path, show)
         self.targets.show_latent(scenario.model.is_mla)
+        self.targets.set_names(expert_target_names(scenario.model))
         self._show_conventions(scenario.training)
 
     def _show_conventions(self, training: TrainingSpec) -> None:

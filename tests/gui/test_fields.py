@@ -230,3 +230,25 @@ def test_modules_to_save_is_one_choice_of_the_lora_rows(qtbot) -> None:  # type:
         s.training, lora=LoraSpec(modules_to_save=("lm_head", "embed_tokens"))
     )
     assert read(dataclasses.replace(s, training=both)) == "both"
+
+
+def test_mixtrals_expert_targets_are_written_as_peft_names_them(
+    window: MainWindow, tmp_path: Path
+) -> None:
+    """PEFT adapts Mixtral's fused experts by the names w1, w3 and w2 only: the gate, up
+    and down boxes say so and write those names, which the engine then adapts."""
+    training = scenario_to_dict(default_scenario())["training"]
+    training.update(method="lora")
+    training["lora"].update(targets=["q_proj", "w1", "w3"])
+    path = write(
+        tmp_path / "mixtral.memfit.json",
+        model={"preset": "mixtral-8x7b"},
+        hardware={"gpu": "h200-sxm-141gb", "gpus_per_node": 8},
+        training=training,
+    )
+    assert window.open_path(path)
+    boxes = window.training_panel.targets.boxes
+    assert boxes["gate_proj"].isChecked() and boxes["gate_proj"].text() == "gate (w1)"
+    boxes["down_proj"].setChecked(True)
+    assert window.store.scenario.training.lora.targets == ("q_proj", "w1", "w3", "w2")
+    assert field_mismatches(window) == []
