@@ -45,12 +45,14 @@ from collections.abc import Callable
 from memfit.engine.graph import Block, Op, Size
 
 #: ops of :mod:`memfit.engine.layers` that do not fuse with element-wise work (compute
-#: intensive, collectives, custom kernels, ops outside the partitioner's recomputable
-#: list) besides every matrix product (``Op.gemm``) and attention kernel (``sdpa_*``)
+#: intensive, collectives, custom kernels -- a fused linear cross-entropy's chunk among
+#: them --, ops outside the partitioner's recomputable list) besides every matrix product
+#: (``Op.gemm``) and attention kernel (``sdpa_*``)
 OPAQUE = frozenset(
     {"matmul_qk", "matmul_pv", "all_gather", "reduce_scatter", "all_to_all", "ring_recv",
      "dequantize", "dequantize_backward", "release_logits", "te_norm", "fused_swiglu",
-     "fused_rope", "fused_softmax", "topk", "index_add", "index_copy", "cat"}
+     "fused_rope", "fused_softmax", "topk", "index_add", "index_copy", "cat",
+     "chunk_loss"}
 )  # fmt: skip
 #: random ops: fusible, never recomputed
 RANDOM = frozenset({"dropout"})
