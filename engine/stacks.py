@@ -226,6 +226,9 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         brief="DDP gradients {}",
         brief_words={True: "as bucket views", False: "copied into buckets"},
         usual=lambda t: False,
+        unused="only DDP (ZeRO stage 0, PyTorch) keeps gradient buckets",
+        when=lambda t: t.parallelism.zero_stage == 0 and t.parallelism.framework == "pytorch",
+        off=False,
         # torch.nn.parallel.DistributedDataParallel, accelerate's DistributedDataParallelKwargs
         # and Lightning's DDPStrategy all default to False; a stack may state otherwise
         default=False,

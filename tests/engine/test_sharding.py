@@ -340,6 +340,10 @@ def test_fsdp_policy_dtypes_come_from_the_stack_or_the_scenario() -> None:
     for key in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
         del data["training"]["parallelism"][key]
     assert scenario_from_dict(data).training.parallelism.fsdp_reduce_dtype is None
+    # DDP's buckets are DDP's alone: FSDP keeps none
+    assert "gradient_as_bucket_view" not in {u.field for u in conventions(titan.training).used}
+    ddp = run("hf-trainer", zero_stage=0)
+    assert "gradient_as_bucket_view" in {u.field for u in conventions(ddp.training).used}
     # DDP, DeepSpeed and pure bf16: no policy
     for other in (run("hf-trainer", zero_stage=0), run("hf-trainer", framework="deepspeed")):
         assert "parallelism.fsdp_reduce_dtype" not in {
