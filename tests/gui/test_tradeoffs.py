@@ -7,8 +7,10 @@ import csv
 import dataclasses
 import io
 import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
@@ -18,7 +20,9 @@ from pytestqt.qtbot import QtBot
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import GIB
 from memfit.engine.solve import max_micro_batch, max_sequence_length, min_gpus
+from memfit.engine.specs import Scenario
 from memfit.engine.sweep import Space, default_space, describe, pareto, sweep
+from memfit.gui import tradeoffs
 from memfit.gui.background import Channel
 from memfit.gui.curves import FIELDS, with_checkpointing
 from memfit.gui.forms import in_user_words
@@ -158,22 +162,35 @@ def test_an_edit_during_a_sweep_restarts_it_for_the_new_scenario(
 
 
 def test_cancel_stops_a_running_sweep_and_the_view_stays_usable(
-    window: MainWindow, qtbot: QtBot
+    window: MainWindow, qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     window.store.reset(cluster())
     view = show(window, qtbot, 0)
     # the default space on seven GPU types and two sizes each: tens of thousands of
-    # configurations, many seconds even with every cache warm, so Cancel comes first
+    # configurations, paced so that however fast the machine, Cancel comes first
     gpus = ("h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "l40s",
             "mi300x", "a100-sxm-40gb")  # fmt: skip
     big = dataclasses.replace(
         default_space(cluster()), hardware=tuple((g, 8, n) for g in gpus for n in (1, 2))
     )
+    pacing = threading.Event()
+    pacing.set()
+
+    def paced(scenario: Scenario, space: Space, progress: Any = None) -> list[Any]:
+        def report(done: int, total: int) -> bool:
+            if pacing.is_set():
+                time.sleep(0.005)
+            return bool(progress(done, total))
+
+        return sweep(scenario, space, progress=report)
+
+    monkeypatch.setattr(tradeoffs, "sweep", paced)
     with qtbot.waitSignal(view.sweeper.progressed, timeout=WAIT_MS):
         assert view.start_sweep(big)
     assert view.cancel_button.isEnabled() and not view.sweep_button.isEnabled()
     with qtbot.waitSignal(view.sweeper.finished, timeout=WAIT_MS) as blocker:
         qtbot.mouseClick(view.cancel_button, Qt.MouseButton.LeftButton)
+    pacing.clear()
     result, complete = blocker.args
     assert not complete and len(result.points) < result.total
     assert view.sweep_status.text().startswith("Cancelled")
