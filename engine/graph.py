@@ -48,6 +48,9 @@ TERMS = ("tokens", "pairs", "padded", "routed", "chunk", "one")
 _ONE = len(TERMS) - 1
 
 Coef = int | Fraction
+#: the ops of the blocks that are collectives (tensor, sequence, context and expert
+#: parallelism): priced by the rings, never fused nor recomputed
+COLLECTIVES = frozenset({"all_gather", "reduce_scatter", "all_to_all", "ring_recv"})
 
 
 class Lin:
@@ -265,6 +268,30 @@ class Block:
                 reads,
             )
         )
+
+
+def connected(ops: list[Op], members: list[int]) -> list[list[int]]:
+    """The ops ``members`` (indices, in order) split into the groups that a tensor one of
+    them makes and another reads joins: each group in order, the groups by their first op.
+    What ``torch.compile`` fuses into one kernel (:mod:`memfit.engine.inductor`, the step
+    time's pricing of it)."""
+    parent = {i: i for i in members}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    made = {t: i for i in members for t, _ in ops[i].outputs}
+    for i in members:
+        for t in ops[i].inputs:
+            if t in made:
+                parent[root(i)] = root(made[t])
+    groups: dict[int, list[int]] = {}
+    for i in members:
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values())
 
 
 @dataclass(frozen=True, slots=True)

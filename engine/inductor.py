@@ -42,14 +42,14 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 
-from memfit.engine.graph import Block, Op, Size
+from memfit.engine.graph import COLLECTIVES, Block, Op, Size, connected
 
 #: ops of :mod:`memfit.engine.layers` that do not fuse with element-wise work (compute
 #: intensive, collectives, custom kernels -- a fused linear cross-entropy's chunk among
 #: them --, ops outside the partitioner's recomputable list) besides every matrix product
 #: (``Op.gemm``) and attention kernel (``sdpa_*``)
-OPAQUE = frozenset(
-    {"matmul_qk", "matmul_pv", "all_gather", "reduce_scatter", "all_to_all", "ring_recv",
+OPAQUE = COLLECTIVES | frozenset(
+    {"matmul_qk", "matmul_pv",
      "dequantize", "dequantize_backward", "release_logits", "te_norm", "fused_swiglu",
      "fused_rope", "fused_softmax", "topk", "index_add", "index_copy", "cat",
      "chunk_loss"}
@@ -287,22 +287,7 @@ def _runs(ops: list[Op], start: int) -> list[list[int]]:
     run: list[int] = []
 
     def close() -> None:
-        parent = {i: i for i in run}
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                i = parent[i]
-            return i
-
-        made = {t: i for i in run for t, _ in ops[i].outputs}
-        for i in run:
-            for t in ops[i].inputs:
-                if t in made:
-                    parent[root(i)] = root(made[t])
-        by_root: dict[int, list[int]] = {}
-        for i in run:
-            by_root.setdefault(root(i), []).append(i)
-        groups.extend(sorted(by_root.values()))
+        groups.extend(connected(ops, run))
         run.clear()
 
     for i, op in enumerate(ops[start:], start):

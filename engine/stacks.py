@@ -158,6 +158,30 @@ def _qlora_switch(key: str, attr: str, label: str, tip: str, **words: Any) -> Co
     )
 
 
+def _fsdp_policy(
+    which: str, label: str, tip: str, verb: str, does: str, usual: str, fp32_choice: str = "fp32"
+) -> ConventionField:
+    """A dtype of FSDP's mixed-precision policy (``which``: ``param`` or ``reduce``), used
+    only where FSDP shards under mixed precision; ``usual`` is the value where a stack does
+    not state it and where it does not apply."""
+    return ConventionField(
+        f"parallelism.fsdp_{which}_dtype",
+        FSDP_DTYPES,
+        attr=f"fsdp_{which}_dtype",
+        label=label,
+        tip=tip,
+        choices={"compute": "the compute dtype (16-bit)", "fp32": fp32_choice},
+        shown={"compute": "16-bit", "fp32": "fp32"},
+        brief=f"FSDP {verb} {{}}",
+        brief_words={"compute": "16-bit", "fp32": "fp32"},
+        unused=f"only FSDP's sharding under mixed precision {does}",
+        when=fsdp_mixed,
+        off=usual,
+        usual=lambda t: usual,
+        default=usual,
+    )
+
+
 CONVENTION_FIELDS: tuple[ConventionField, ...] = (
     ConventionField(
         "model_implementation",
@@ -353,44 +377,29 @@ CONVENTION_FIELDS: tuple[ConventionField, ...] = (
         # torch.compile(model): what a loop that compiles does unless its stack says
         default="model",
     ),
-    ConventionField(
-        "parallelism.fsdp_param_dtype",
-        FSDP_DTYPES,
-        attr="fsdp_param_dtype",
-        label="FSDP parameters",
-        tip="The dtype FSDP gathers the parameters in under mixed precision: the compute "
+    _fsdp_policy(
+        "param",
+        "FSDP parameters",
+        "The dtype FSDP gathers the parameters in under mixed precision: the compute "
         "dtype (MixedPrecisionPolicy(param_dtype=bf16): the layers compute in 16 bits on "
         "16-bit copies) or fp32 (Lightning's bf16-mixed: fp32 gathered, autocast casting "
         "each weight for its matmul).",
-        choices={"compute": "the compute dtype (16-bit)", "fp32": "fp32, autocast"},
-        shown={"compute": "16-bit", "fp32": "fp32"},
-        brief="FSDP gathers {}",
-        brief_words={"compute": "16-bit", "fp32": "fp32"},
-        unused="only FSDP's sharding under mixed precision gathers parameters",
-        when=fsdp_mixed,
-        off="compute",
-        usual=lambda t: "compute",
-        default="compute",
+        "gathers",
+        "gathers parameters",
+        usual="compute",
+        fp32_choice="fp32, autocast",
     ),
-    ConventionField(
-        "parallelism.fsdp_reduce_dtype",
-        FSDP_DTYPES,
-        attr="fsdp_reduce_dtype",
-        label="FSDP reduce",
-        tip="The dtype FSDP reduce-scatters the gradients in under mixed precision: fp32 "
+    _fsdp_policy(
+        "reduce",
+        "FSDP reduce",
+        "The dtype FSDP reduce-scatters the gradients in under mixed precision: fp32 "
         "(torchtitan's MixedPrecisionPolicy(bf16, reduce_dtype=fp32): each layer's "
         "gradients copied to an fp32 buffer, twice the bytes on the wire) or the compute "
         "dtype (accelerate's policy, Lightning's, and PyTorch's when only param_dtype is "
         "given).",
-        choices={"fp32": "fp32", "compute": "the compute dtype (16-bit)"},
-        shown={"fp32": "fp32", "compute": "16-bit"},
-        brief="FSDP reduces in {}",
-        brief_words={"fp32": "fp32", "compute": "16-bit"},
-        unused="only FSDP's sharding under mixed precision reduce-scatters gradients",
-        when=fsdp_mixed,
-        off="fp32",
-        usual=lambda t: "fp32",
-        default="fp32",
+        "reduces in",
+        "reduce-scatters gradients",
+        usual="fp32",
     ),
     ConventionField(
         "logits_upcast",

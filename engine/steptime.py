@@ -79,7 +79,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from memfit.engine import memo
-from memfit.engine.graph import Block, Size, concrete
+from memfit.engine.graph import COLLECTIVES, Block, Size, concrete, connected
 from memfit.engine.layers import Ctx, attention_kernel, dequant_traffic
 from memfit.engine.model_state import fused_experts, model_state, split_tensors, stored_tensors
 from memfit.engine.params import model_tensors
@@ -578,10 +578,10 @@ def _work(stages: _Stages, b: int, s: int, full: bool = False) -> _Work:
 #: they move: the attention core (by its kernel), collectives (by the rings), autocast's
 #: weight casts (over the rank's weights) and QLoRA's dequantization (by its traffic); and
 #: the release of the logits, which is no kernel
-_NOT_ELEMENTWISE = frozenset(
-    {"matmul_qk", "matmul_pv", "all_gather", "reduce_scatter", "all_to_all", "ring_recv",
-     "cast_weight", "dequantize", "dequantize_backward", "release_logits"}
-)  # fmt: skip
+_NOT_ELEMENTWISE = COLLECTIVES | {
+    "matmul_qk", "matmul_pv", "cast_weight", "dequantize", "dequantize_backward",
+    "release_logits",
+}  # fmt: skip
 
 
 class _Priced(NamedTuple):
@@ -618,15 +618,6 @@ def _fused(block: Block, members: list[int]) -> tuple[Size, Size, int, int]:
     what it took in (saved, or recomputed from), and writes the gradients of its inputs
     that need one. Bytes forward and backward, and kernels forward and backward."""
     ops = block.ops
-    inside = set(members)
-    parent = {i: i for i in members}
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
     made: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
     saved: set[str] = set()
@@ -636,18 +627,11 @@ def _fused(block: Block, members: list[int]) -> tuple[Size, Size, int, int]:
         saved.update(op.saves)
         for t, _ in op.outputs:
             made[t] = i
-    for i in members:
-        for t in ops[i].inputs:
-            j = made.get(t)
-            if j is not None and j in inside:
-                parent[root(i)] = root(j)
-    groups: dict[int, list[int]] = {}
-    for i in members:
-        groups.setdefault(root(i), []).append(i)
+    groups = connected(ops, members)
     fwd: Size = 0
     bwd: Size = 0
     k_b = 0
-    for group in groups.values():
+    for group in groups:
         mine = set(group)
         ins: dict[str, Size] = {}
         grads: set[str] = set()
