@@ -33,8 +33,11 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any, ClassVar
 
-from PySide6.QtCore import QEvent, QSignalBlocker, Qt, Signal, Slot
+from PySide6.QtCore import QEvent, QObject, QSignalBlocker, Qt, Signal, Slot
+from PySide6.QtGui import QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
+    QAbstractScrollArea,
+    QApplication,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -216,6 +219,69 @@ class ErrorLabel(QLabel):
         super().changeEvent(event)
 
 
+def undo_keys() -> list[QKeySequence]:
+    """The platform's Undo keys (Ctrl+Z)."""
+    return list(QKeySequence.keyBindings(QKeySequence.StandardKey.Undo))
+
+
+def redo_keys() -> list[QKeySequence]:
+    """The platform's Redo keys, then Ctrl+Shift+Z and Ctrl+Y, each once: a key registered
+    twice is an ambiguous shortcut, which Qt never fires (Linux's Redo is Ctrl+Shift+Z)."""
+    out: list[QKeySequence] = []
+    for key in (
+        *QKeySequence.keyBindings(QKeySequence.StandardKey.Redo),
+        QKeySequence("Ctrl+Shift+Z"),
+        QKeySequence("Ctrl+Y"),
+    ):
+        if not key.isEmpty() and key not in out:
+            out.append(key)
+    return out
+
+
+class FieldGuard(QObject):
+    """What a form's field takes from the mouse wheel and the keyboard (an event filter).
+
+    * The wheel changes a number or a choice only while the field has the keyboard focus
+      (clicked or tabbed into): over any other field it scrolls the form, as the user meant.
+      Qt's default let a form scrolled by the wheel change every field that passed under
+      the pointer.
+    * Undo and Redo keys are the window's even while the cursor is in a field: a field's
+      own text undo would take them (Qt sends it the key first) and change nothing stored.
+    """
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        kind = event.type()
+        if kind == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
+            # handed to the scroll area the field is in, which scrolls (Qt would not pass
+            # on a synthesized wheel event, and a passed-on real one would come back here)
+            area = watched.parentWidget()
+            while area is not None and not isinstance(area, QAbstractScrollArea):
+                area = area.parentWidget()
+            if area is not None:
+                QApplication.sendEvent(area.viewport(), event)
+            event.accept()
+            return True
+        if kind == QEvent.Type.ShortcutOverride and isinstance(event, QKeyEvent):
+            combo = QKeySequence(event.keyCombination())
+            if combo in undo_keys() or combo in redo_keys():
+                event.ignore()  # not taken by the field: the window's action gets the key
+                return True
+        return False
+
+
+_GUARD: FieldGuard | None = None
+
+
+def guard_field(widget: QWidget) -> None:
+    """Give ``widget`` (a number box, a choice or a line of text) :class:`FieldGuard`'s
+    rules: focus from a click or Tab, never from the wheel."""
+    global _GUARD
+    if _GUARD is None:
+        _GUARD = FieldGuard()
+    widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+    widget.installEventFilter(_GUARD)
+
+
 @dataclasses.dataclass
 class Row:
     path: str
@@ -292,6 +358,7 @@ class FormPanel(QGroupBox):
         widget.setToolTip(rich_text(tip))
         widget.setStatusTip(tip.replace("\n", " "))
         widget.setAccessibleName(label)
+        guard_field(widget)
         self._target.addRow(label, box)
         row = Row(path, label, widget, error, get, set_, read, write, self._target)
         self.rows[path] = row

@@ -75,7 +75,7 @@ from memfit.gui.chart_export import (
     export_svg,
     image_pixels,
 )
-from memfit.gui.forms import FormPanel, in_user_words
+from memfit.gui.forms import FormPanel, in_user_words, redo_keys
 from memfit.gui.importing import Importer
 from memfit.gui.importing import is_scenario_file as _is_scenario_file
 from memfit.gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
@@ -443,7 +443,7 @@ class MainWindow(QMainWindow):
         # Undo first discards a value a field holds that the spec rejected, then undoes
         self.undo_act = self._action("&Undo", self.undo, keys.Undo, "", sp.SP_ArrowBack)
         self.redo_act = self.store.undo_stack.createRedoAction(self, "&Redo")
-        self.redo_act.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence(keys.Redo)])
+        self.redo_act.setShortcuts(redo_keys())
         self.redo_act.setIcon(self.style().standardIcon(sp.SP_ArrowForward))
         self.compare_all_act = self._action(
             "Compare &All What-ifs",

@@ -76,6 +76,7 @@ from memfit.gui.forms import (
     Getter,
     Row,
     Setter,
+    guard_field,
     hardware_field,
     in_user_words,
     model_field,
@@ -438,6 +439,8 @@ class ModelPanel(FormPanel):
             (self.preset, "preset"),
         ):
             widget.setToolTip(rich_text(WIDGET_TIPS[key]))
+        for combo in (self.family, self.size_filter, self.preset):
+            guard_field(combo)
         self.preset.setAccessibleName("Model preset")
         self.count = QLabel()
         self.count.setObjectName("paramCount")

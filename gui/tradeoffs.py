@@ -56,6 +56,7 @@ from memfit.engine.sweep import Point, Space, default_space, describe, pareto, p
 from memfit.gui.background import Channel, KeepGoing
 from memfit.gui.chart_export import export_png, export_svg
 from memfit.gui.curves import Curves, CurvesView, compute_curves, curves_csv
+from memfit.gui.forms import guard_field
 from memfit.gui.hardware_compare import COMMON_GPUS, HardwareRow, HardwareView, compare
 from memfit.gui.make_fit import FitResult, FitView, find_fixes
 from memfit.gui.store import ScenarioStore
@@ -251,6 +252,7 @@ class TradeoffsView(QWidget):
         self.metric_box.addItem("Cost / 1M tokens", "cost")
         self.metric_box.setToolTip("What the vertical axis shows")
         self.metric_box.setAccessibleName("Vertical axis")
+        guard_field(self.metric_box)
         self.metric_box.currentIndexChanged.connect(self._on_metric)
         self.show_oom = QCheckBox("Does not fit")
         self.show_oom.setChecked(True)

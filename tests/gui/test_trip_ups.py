@@ -1,0 +1,162 @@
+"""What a new user tripped on: the wheel over a form, Undo and Redo keys in a field.
+
+* the wheel changes a field only while it has the keyboard focus; over any other field it
+  scrolls the form (it changed LoRA rank, precision and sequence length as the form scrolled);
+* Redo's keys are each registered once (Ctrl+Shift+Z was twice on Linux: "ambiguous
+  shortcut", never fired), and no two of the window's actions share a key;
+* Ctrl+Z and Redo in a field are the window's Undo and Redo (the field's own text undo
+  took them and nothing happened), and Ctrl+Z after a rejected value discards it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QKeySequence, QWheelEvent
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication, QComboBox, QSpinBox, QWidget
+from pytestqt.qtbot import QtBot
+
+from memfit.gui.forms import redo_keys
+from memfit.gui.main_window import MainWindow
+from tests.gui.helpers import type_into
+
+
+def wheel(widget: QWidget, clicks: int = 1) -> None:
+    """One notch (or ``clicks``) of the wheel up over the middle of ``widget``."""
+    centre = QPointF(widget.rect().center())
+    event = QWheelEvent(
+        centre,
+        QPointF(widget.mapToGlobal(centre.toPoint())),
+        QPoint(0, 0),
+        QPoint(0, 120 * clicks),
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QApplication.sendEvent(widget, event)
+
+
+def rank_box(window: MainWindow) -> QSpinBox:
+    box = window.training_panel.rows["training.lora.rank"].widget
+    assert isinstance(box, QSpinBox)
+    return box
+
+
+def lora_on(window: MainWindow) -> None:
+    method = window.training_panel.rows["training.method"].widget
+    assert isinstance(method, QComboBox)
+    method.setCurrentIndex(method.findData("lora"))
+    assert window.store.scenario.training.method == "lora"
+
+
+def test_the_wheel_over_an_unfocused_field_scrolls_the_form(
+    window: MainWindow, qtbot: QtBot
+) -> None:
+    lora_on(window)
+    window.resize(1280, 500)  # a form taller than its column: it scrolls
+    box = rank_box(window)
+    bar = window.column_scroll.verticalScrollBar()
+    assert bar.maximum() > 0
+    bar.setValue(bar.maximum() // 2)
+    window.column_scroll.ensureWidgetVisible(box)
+    window.chart.setFocus()
+    before, scenario, position = box.value(), window.store.scenario, bar.value()
+    assert position > 0
+    wheel(box, 3)  # up
+    assert box.value() == before and window.store.scenario == scenario
+    assert bar.value() != position  # the wheel went on to the form's scroll area
+    for path in ("training.precision", "training.sequence_length"):
+        field = window.training_panel.rows[path].widget
+        wheel(field)
+        assert window.store.scenario == scenario, path
+    # a combo of the model panel (the preset list) too
+    preset = window.model_panel.preset
+    index = preset.currentIndex()
+    wheel(preset, -1)
+    assert preset.currentIndex() == index
+
+
+def test_the_wheel_changes_a_focused_field(window: MainWindow) -> None:
+    lora_on(window)
+    box = rank_box(window)
+    box.setFocus()
+    QApplication.processEvents()
+    assert box.hasFocus()
+    before = box.value()
+    wheel(box)
+    assert box.value() > before
+    assert window.store.scenario.training.lora.rank == box.value()
+
+
+def test_fields_take_focus_from_a_click_or_tab_not_from_the_wheel(window: MainWindow) -> None:
+    for panel in window.panels:
+        for row in panel.rows.values():
+            assert row.widget.focusPolicy() == Qt.FocusPolicy.StrongFocus, row.path
+
+
+def test_each_key_is_one_action_s(window: MainWindow) -> None:
+    redo = window.redo_act.shortcuts()
+    assert QKeySequence("Ctrl+Shift+Z") in redo and QKeySequence("Ctrl+Y") in redo
+    assert len({k.toString() for k in redo}) == len(redo)
+    seen: dict[str, str] = {}
+    for action in window.findChildren(type(window.redo_act)):
+        for key in action.shortcuts():
+            name = key.toString()
+            assert name not in seen or seen[name] == action.text(), (
+                f"{name} is both {seen.get(name)!r} and {action.text()!r}"
+            )
+            seen[name] = action.text()
+
+
+def test_redo_by_keyboard(window: MainWindow, qtbot: QtBot) -> None:
+    lora_on(window)
+    type_into(rank_box(window), "48")
+    window.chart.setFocus()
+    window.undo_act.trigger()
+    assert window.store.scenario.training.lora.rank != 48
+    for key in ("Ctrl+Shift+Z", "Ctrl+Y"):
+        QTest.keySequence(window, QKeySequence(key))
+        assert window.store.scenario.training.lora.rank == 48, key
+        window.undo_act.trigger()
+
+
+def test_ctrl_z_in_a_field_undoes_the_window_s_last_edit(window: MainWindow) -> None:
+    lora_on(window)
+    box = rank_box(window)
+    box.setFocus()
+    type_into(box, "64")
+    assert window.store.scenario.training.lora.rank == 64
+    assert box.hasFocus()
+    QTest.keySequence(box, QKeySequence("Ctrl+Z"))
+    assert window.store.scenario.training.lora.rank != 64
+    assert box.value() == window.store.scenario.training.lora.rank
+    QTest.keySequence(box, QKeySequence("Ctrl+Shift+Z"))
+    assert window.store.scenario.training.lora.rank == 64
+
+
+def test_ctrl_z_in_a_field_discards_its_rejected_value(window: MainWindow) -> None:
+    heads = window.model_panel.rows["model.num_key_value_heads"].widget
+    assert isinstance(heads, QSpinBox)
+    before = window.store.scenario
+    heads.setFocus()
+    type_into(heads, "5")  # 32 heads: 5 KV heads is rejected
+    assert window.model_panel.is_pending("model.num_key_value_heads")
+    QTest.keySequence(heads, QKeySequence("Ctrl+Z"))
+    assert not window.model_panel.is_pending("model.num_key_value_heads")
+    assert window.store.scenario == before
+    assert heads.value() == before.model.num_key_value_heads
+
+
+def test_redo_keys_are_each_once_where_the_platform_s_redo_is_ctrl_shift_z(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Linux desktops bind Redo to Ctrl+Shift+Z (the offscreen platform to Ctrl+Y): the
+    window added Ctrl+Shift+Z beside the platform's Redo, twice there."""
+    for platform in (["Ctrl+Shift+Z"], ["Ctrl+Y"], ["Ctrl+Shift+Z", "Ctrl+Y"], []):
+        monkeypatch.setattr(
+            QKeySequence, "keyBindings", lambda _key, p=platform: [QKeySequence(k) for k in p]
+        )
+        keys = [k.toString() for k in redo_keys()]
+        assert sorted(keys) == ["Ctrl+Shift+Z", "Ctrl+Y"], platform
