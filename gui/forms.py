@@ -30,11 +30,12 @@ import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Iterator, Sequence
+from decimal import Decimal
 from functools import cache
 from typing import Any, ClassVar
 
 from PySide6.QtCore import QEvent, QObject, QSignalBlocker, Qt, Signal, Slot
-from PySide6.QtGui import QKeyEvent, QKeySequence
+from PySide6.QtGui import QKeyEvent, QKeySequence, QValidator
 from PySide6.QtWidgets import (
     QAbstractScrollArea,
     QApplication,
@@ -282,6 +283,76 @@ def guard_field(widget: QWidget) -> None:
     widget.installEventFilter(_GUARD)
 
 
+#: the suffixes a count takes (case-insensitive): thousand, million, billion, trillion
+COUNT_SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_COUNT = re.compile(r"(\d+\.?\d*|\.\d+)(e[+-]?\d+)?([kmbgt]?)")
+#: what may still become a count as the user types it
+_COUNT_PREFIX = re.compile(r"(\d*\.?\d*)(e[+-]?\d*)?([kmbgt]?)")
+
+
+def parse_count(text: str) -> int | None:
+    """A count as a user writes it: ``1000000000``, ``1,000,000,000``, ``1e9``, ``10B``,
+    ``500M``, ``2.5T``, ``1.5e3k`` (optionally followed by ``tokens``); None if it is not one.
+
+    >>> [parse_count(t) for t in ("1e9", "10B", "500 M tokens", "1,000,000", "2.5t", "x")]
+    [1000000000, 10000000000, 500000000, 1000000, 2500000000000, None]
+    """
+    compact = re.sub(r"[\s,_]", "", text.lower()).removesuffix("tokens").removesuffix("token")
+    match = _COUNT.fullmatch(compact)
+    if not match:
+        return None
+    number, exponent, suffix = match.groups()
+    value = Decimal(number + (exponent or "")) * COUNT_SUFFIXES.get(suffix, 1)
+    return int(value.to_integral_value())
+
+
+def count_text(value: int) -> str:
+    """A count in the largest suffix it has at least one of, to 4 significant figures:
+    ``10 B``, ``500 M``, ``1.234 T``, ``950``."""
+    for suffix, unit in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if value >= unit:
+            return f"{value / unit:.4g} {suffix}"
+    return str(value)
+
+
+class CountBox(QDoubleSpinBox):
+    """A count of tokens (or any large count): typed plainly, in scientific notation or
+    with a suffix (``1000000000``, ``1e9``, ``10B``, ``500M``), shown with its suffix and
+    unit (``10 B tokens``). A plain number box read ``1e9`` as 19 and clamped
+    1000000000 billion to its maximum."""
+
+    def __init__(self, unit: str = "tokens") -> None:
+        super().__init__()
+        self.unit = unit
+        self.setDecimals(0)
+        self.setSingleStep(1e9)
+
+    def textFromValue(self, value: float) -> str:
+        return f"{count_text(round(value))} {self.unit}"
+
+    def valueFromText(self, text: str) -> float:
+        count = parse_count(text)
+        return float(count) if count is not None else self.value()
+
+    def validate(self, text: str, pos: int) -> object:
+        state = QValidator.State
+        if text == self.specialValueText() or parse_count(text) is not None:
+            return state.Acceptable, text, pos
+        compact = re.sub(r"[\s,_]", "", text.lower())
+        for word in (self.unit, "token"):
+            for n in range(len(word), 0, -1):
+                if compact.endswith(word[:n]):
+                    compact = compact[:-n]
+                    break
+        if _COUNT_PREFIX.fullmatch(compact):
+            return state.Intermediate, text, pos
+        return state.Invalid, text, pos
+
+    def fixup(self, text: str) -> str:
+        count = parse_count(text)
+        return self.textFromValue(count) if count is not None else text
+
+
 @dataclasses.dataclass
 class Row:
     path: str
@@ -477,6 +548,38 @@ class FormPanel(QGroupBox):
             with_range(self.words(path, label, tip), range_text(lo, hi, suffix)),
         )
         w.valueChanged.connect(lambda v, r=row: self.commit(r, v))
+        return w
+
+    def add_count(
+        self,
+        path: str,
+        label: str,
+        hi: int,
+        field: tuple[Getter, Setter],
+        tip: str = "",
+        unit: str = "tokens",
+    ) -> CountBox:
+        """A count (:class:`CountBox`): 0 shows the box's special value text; a typed count
+        above ``hi`` is handed to the spec, whose range check names it."""
+        w = CountBox(unit)
+        w.setRange(0, 100 * float(hi))
+        w.setKeyboardTracking(False)
+
+        def write(value: int) -> None:
+            w.setMaximum(max(w.maximum(), float(value)))
+            w.setValue(float(value))
+
+        row = self._add(
+            path,
+            label,
+            w,
+            field[0],
+            field[1],
+            lambda: round(w.value()),
+            write,
+            with_range(self.words(path, label, tip), f"0 to {count_text(hi)} {unit}"),
+        )
+        w.valueChanged.connect(lambda v, r=row: self.commit(r, round(v)))
         return w
 
     def add_combo(

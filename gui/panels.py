@@ -1024,15 +1024,11 @@ class TrainingPanel(FormPanel):
             training_field("torch_compile"),
         ).setText("element-wise ops fused")
         get_budget, set_budget = training_field("token_budget")
-        budget = self.add_double(
+        budget = self.add_count(
             "training.token_budget",
             "Token budget",
-            0.0,
-            1e7,
-            (lambda s: get_budget(s) or 0, lambda s, v: set_budget(s, round(v) or None)),
-            decimals=1,
-            scale=1e-9,
-            suffix=" B",
+            10**16,
+            (lambda s: get_budget(s) or 0, lambda s, v: set_budget(s, v or None)),
         )
         budget.setSpecialValueText("not given")
         self.after_refresh(store.scenario)

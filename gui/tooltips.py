@@ -141,8 +141,9 @@ TIPS: dict[str, str] = {
     "training.moe_implementation": "How the experts run (MoE models): grouped GEMMs over "
     "the tokens sorted by expert, or transformers' eager loop over the experts one by "
     "one, which keeps each expert's inputs separately.",
-    "training.token_budget": "Tokens the whole run trains on, in billions (10^9), for its "
-    "time, GPU-hours and cost (Tradeoffs); no effect on memory. 0 leaves them out.",
+    "training.token_budget": "Tokens the whole run trains on, for its time, GPU-hours and "
+    "cost (Tradeoffs); no effect on memory. Type a plain number or one with a suffix: "
+    "1000000000, 1e9, 10B, 500M, 2T. 0 leaves them out.",
     # -- conventions: engine.stacks.CONVENTION_FIELDS (the stack's words are added) -------
     **{f"training.{f.key}": f.tip for f in CONVENTION_FIELDS if f.tip},
     "training.loss": "How the loss is computed from the last hidden states: the full "

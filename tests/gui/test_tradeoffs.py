@@ -332,7 +332,7 @@ def test_a_price_costs_the_run_on_its_own_gpu_only(window: MainWindow, qtbot: Qt
 def test_token_budget_field_reaches_the_store(window: MainWindow) -> None:
     box = window.training_panel.rows["training.token_budget"].widget
     assert box.specialValueText() == "not given" and box.value() == 0
-    box.setValue(2.5)
+    box.setValue(2.5e9)  # tokens
     assert window.store.scenario.training.token_budget == 2_500_000_000
     box.setValue(0)
     assert window.store.scenario.training.token_budget is None

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
-from PySide6.QtGui import QKeySequence, QWheelEvent
+from PySide6.QtGui import QKeySequence, QValidator, QWheelEvent
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QComboBox, QSpinBox, QWidget
 from pytestqt.qtbot import QtBot
 
-from memfit.gui.forms import redo_keys
+from memfit.gui.forms import CountBox, redo_keys
 from memfit.gui.main_window import MainWindow
 from tests.gui.helpers import type_into
 
@@ -160,3 +160,59 @@ def test_redo_keys_are_each_once_where_the_platform_s_redo_is_ctrl_shift_z(
         )
         keys = [k.toString() for k in redo_keys()]
         assert sorted(keys) == ["Ctrl+Shift+Z", "Ctrl+Y"], platform
+
+
+def budget_box(window: MainWindow) -> CountBox:
+    box = window.training_panel.rows["training.token_budget"].widget
+    assert isinstance(box, CountBox)
+    return box
+
+
+@pytest.mark.parametrize(
+    ("typed", "tokens", "shown"),
+    [
+        ("1e9", 10**9, "1 B tokens"),
+        ("1000000000", 10**9, "1 B tokens"),
+        ("1,000,000,000", 10**9, "1 B tokens"),
+        ("10B", 10**10, "10 B tokens"),
+        ("500M", 5 * 10**8, "500 M tokens"),
+        ("2.5t", 25 * 10**11, "2.5 T tokens"),
+        ("15 T tokens", 15 * 10**12, "15 T tokens"),
+    ],
+)
+def test_the_token_budget_takes_plain_numbers_and_suffixes(
+    window: MainWindow, typed: str, tokens: int, shown: str
+) -> None:
+    """``1e9`` was stored as 19 billion tokens and 1000000000 clamped to 10^16."""
+    box = budget_box(window)
+    box.setFocus()
+    type_into(box, typed)
+    assert window.store.scenario.training.token_budget == tokens
+    assert box.text() == shown
+    assert not window.training_panel.is_pending("training.token_budget")
+
+
+def test_a_token_budget_out_of_range_is_named_and_zero_is_none(window: MainWindow) -> None:
+    box = budget_box(window)
+    type_into(box, "10B")
+    assert window.store.scenario.training.token_budget == 10**10
+    type_into(box, "2e16")
+    assert window.training_panel.is_pending("training.token_budget")
+    error = window.training_panel.rows["training.token_budget"].error
+    assert error.isVisibleTo(window) and "10000000000000000" in error.text()
+    assert window.store.scenario.training.token_budget == 10**10
+    window.undo_act.trigger()  # discards the rejected value
+    type_into(box, "0")
+    assert window.store.scenario.training.token_budget is None
+    assert box.text() == "not given"
+    assert "1e9" in box.toolTip() and "10B" in box.toolTip()
+
+
+def test_typing_letters_that_are_no_count_is_refused() -> None:
+    box = CountBox()
+    box.setRange(0, 1e17)
+    state = QValidator.State
+    assert box.validate("12q", 3)[0] == state.Invalid
+    assert box.validate("1e", 2)[0] == state.Intermediate
+    assert box.validate("10 B tok", 8)[0] == state.Intermediate
+    assert box.validate("10 B tokens", 11)[0] == state.Acceptable
