@@ -588,6 +588,16 @@ def _index_files(folder: Path) -> tuple[list[str], dict[str, str], int | None]:
     return sorted(set(weight_map.values())), weight_map, total if _is_int(total) else None
 
 
+def has_weights(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds a ``*.safetensors`` file (a model cached or saved with its
+    config alone has none); an unreadable folder is left to :func:`read_checkpoint`."""
+    try:
+        with os.scandir(folder) as it:
+            return any(e.name.endswith(".safetensors") for e in it)
+    except OSError:
+        return True
+
+
 def _folder_files(folder: Path) -> list[str]:
     try:
         with os.scandir(folder) as it:
@@ -933,7 +943,7 @@ def _is_folder(path: Path) -> bool:
 # -- the model beside it ------------------------------------------------------------------
 
 
-def _default_name(folder: Path) -> str:
+def folder_model_name(folder: Path) -> str:
     """``org/name`` for a snapshot of the hub cache, else the folder's name."""
     found = snapshot_of(folder)
     return found[0] if found is not None else Path(os.path.abspath(folder)).name or "model"
@@ -949,7 +959,7 @@ def model_config(folder: str | os.PathLike[str]) -> Mapping[str, Any]:
         raise EstimateError("model", f"{folder} is not a folder")
     repository = _repository(folder)
     if repository is not None and not _present(path, repository):
-        raise EstimateError("model", f"{_default_name(folder)}: config.json: {NOT_HELD}")
+        raise EstimateError("model", f"{folder_model_name(folder)}: config.json: {NOT_HELD}")
     if not os.path.lexists(path):
         raise EstimateError("model", f"{folder.name or folder} has no config.json")
     cfg = read_json(path, "model")
@@ -978,7 +988,7 @@ def model_from_folder(
     """
     folder = Path(folder)
     cfg = model_config(folder)
-    label = name or _default_name(folder)
+    label = name or folder_model_name(folder)
     reader: Callable[..., ModelSpec] = model_from_hf_config
     if read_as is None:
         spec = reader(cfg, label)

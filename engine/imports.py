@@ -111,12 +111,19 @@ def _is_scenario(data: Any) -> bool:
 
 
 def _from_data(
-    data: Any, base: Scenario, source: str, text: str, read_as: str | None = None
+    data: Any,
+    base: Scenario,
+    source: str,
+    text: str,
+    read_as: str | None = None,
+    name: str | None = None,
 ) -> Imported:
+    """``data`` as a scenario, a model config (named by its ``_name_or_path``, else
+    ``name``) or a training configuration."""
     if _is_scenario(data):
         return Imported("scenario", source, scenario_from_dict(data))
     if _is_hf_config(data):
-        name = data.get("_name_or_path") or None
+        name = data.get("_name_or_path") or name
         model = model_from_hf_config(data, name=name, read_as=read_as)
         scenario, said = _with_model(base, model)
         return Imported("model-config", source, scenario, (*_model_messages(model), *said))
@@ -163,8 +170,24 @@ def _folder(
     progress: Progress | None = None,
     cancelled: Cancelled | None = None,
 ) -> Imported:
-    from memfit.engine.checkpoint import compare, model_from_folder
+    from memfit.engine.checkpoint import (
+        compare,
+        folder_model_name,
+        has_weights,
+        model_config,
+        model_from_folder,
+    )
 
+    if not has_weights(folder):  # its config alone (a cache entry without the weights)
+        model = model_from_hf_config(
+            model_config(folder), name=folder_model_name(folder), read_as=read_as
+        )
+        scenario, said = _with_model(base, model)
+        note = (
+            f"{folder.name or folder}: no *.safetensors files; the parameters are counted"
+            " from the config alone"
+        )
+        return Imported(kind, str(folder), scenario, (*_model_messages(model), note, *said))
     model, info = model_from_folder(folder, read_as=read_as, progress=progress, cancelled=cancelled)
     messages = _model_messages(model)
     c = compare(model, info)
@@ -211,8 +234,18 @@ def import_path(
     if p.suffix.lower() == ".json":
         data = parse_json(text, "import", p.name)
         if _is_scenario(data) or _is_hf_config(data):
-            return _from_data(data, base, str(p), text, read_as)
+            return _from_data(data, base, str(p), text, read_as, _file_model_name(p))
     return _training(base, str(p), text, p, allow_outside_paths)
+
+
+def _file_model_name(path: Path) -> str:
+    """The name of the model whose config is the file ``path``: its folder's (``org/name``
+    in the hub cache) for a ``config.json``, else the file's own name."""
+    from memfit.engine.checkpoint import folder_model_name
+
+    if path.stem.lower() == "config":
+        return folder_model_name(path.parent)
+    return path.stem
 
 
 def import_text(

@@ -235,10 +235,12 @@ def rows(
 def to_csv(
     est: Estimate, *, whatifs: Sequence[WhatIfResult] = (), baseline: Estimate | None = None
 ) -> str:
-    """:func:`rows` as CSV, one header line of :data:`COLUMNS`."""
+    """:func:`rows` as CSV, one header line of :data:`COLUMNS`, then the scenario in words
+    (category ``scenario``: a file read alone says what it measured)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
+    writer.writerow({"category": "scenario", "item": scenario_line(est).replace("**", "")})
     writer.writerows(rows(est, whatifs, baseline))
     return buffer.getvalue()
 
@@ -299,14 +301,20 @@ def mesh_text(est: Estimate) -> str:
 
 def scenario_line(est: Estimate) -> str:
     """The scenario in one Markdown line: model, GPUs (how many, which, the nodes), method,
-    precision, optimizer, micro-batch x sequence and the framework."""
+    precision, optimizer, micro-batch x sequence, activation checkpointing (where on) and
+    the framework."""
     s = est.scenario
     t, hw = s.training, s.hardware
     nodes = f" ({hw.nodes} nodes x {hw.gpus_per_node})" if hw.nodes > 1 else ""
+    checkpointing = (
+        f", checkpointing {t.activation_checkpointing}"
+        if t.activation_checkpointing != "none"
+        else ""
+    )
     return (
         f"**{s.model.label}** on **{hw.world_size} x {hw.gpu.display_name}**{nodes} -"
         f" {t.method}, {t.precision}, {t.optimizer}, micro-batch {t.micro_batch_size:,}"
-        f" x {t.sequence_length:,} tokens, framework {t.parallelism.framework}"
+        f" x {t.sequence_length:,} tokens{checkpointing}, framework {t.parallelism.framework}"
     )
 
 

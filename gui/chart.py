@@ -54,7 +54,7 @@ from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import GIB, Estimate
 from memfit.engine.explain import explained
 from memfit.engine.model_state import CATEGORIES, MemoryItem
-from memfit.engine.specs import PARALLEL_AXES
+from memfit.engine.specs import PARALLEL_AXES, TrainingSpec
 from memfit.engine.stacks import load_stack
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour
@@ -113,11 +113,11 @@ GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
 #: The most rank groups (pipeline stages) drawn as bars of their own.
 MAX_GROUP_BARS = 12
-#: The y axis ends at most at this many times the capacity (or 1.2 x the current bar,
-#: when that is taller): a what-if ten times the capacity would squash the capacity line
-#: to the floor. Taller bars are drawn cut at the top, with their true total and an arrow.
+#: The y axis ends at most at this many times the capacity: a bar ten times the capacity
+#: would squash the capacity line to the floor. Taller bars (the current one too) are
+#: drawn cut at the top, with their true total and an arrow.
 AXIS_CAPACITIES = 3.0
-#: room above the current bar, and above the cut of a cut bar, for its total
+#: room above the cut of a cut bar, for its total
 TOP_ROOM = 1.2
 CUT_MARK = "↑"
 #: the gap, in pixels, kept between labels and between a label and a line
@@ -151,26 +151,25 @@ def view_point(plot_item: pg.PlotItem, scene_pos: QPointF) -> QPointF | None:
     return point
 
 
-def axis_top(
-    capacity: float, current_totals: Sequence[float], totals: Sequence[float]
-) -> tuple[float, float]:
+def axis_top(capacity: float, totals: Sequence[float]) -> tuple[float, float]:
     """The y axis' top and the height bars are cut at (GiB; ``inf``: none is cut).
 
     The axis covers the capacity and the tallest bar, with 10 % room; but it ends at
-    most at :data:`AXIS_CAPACITIES` x the capacity or :data:`TOP_ROOM` x the current
-    bar, whichever is higher, so a what-if ten times the capacity leaves the capacity
-    line readable. The current bars are never cut; a taller what-if is cut below the top.
+    most at :data:`AXIS_CAPACITIES` x the capacity, so the capacity and budget lines stay
+    in the plot's upper part whatever the bars: a taller bar -- a what-if ten times the
+    capacity, or the current scenario itself (a 70B model's full fine-tune on one card is
+    1,316 GiB) -- is drawn cut below the top, with its true total and an arrow.
 
-    >>> axis_top(80.0, [40.0], [40.0, 60.0])
+    >>> axis_top(80.0, [40.0, 60.0])
     (88.0, inf)
-    >>> axis_top(80.0, [40.0], [40.0, 800.0])
+    >>> axis_top(80.0, [40.0, 800.0])
     (240.0, 200.0)
     """
     tallest = max(totals, default=0.0)
     natural = max(capacity, tallest) * 1.1 or 1.0
     if capacity <= 0:
         return natural, float("inf")
-    limit = max(AXIS_CAPACITIES * capacity, max(current_totals, default=0.0) * TOP_ROOM)
+    limit = AXIS_CAPACITIES * capacity
     if natural <= limit:
         return natural, float("inf")
     return limit, limit / TOP_ROOM
@@ -219,10 +218,22 @@ def scenario_caption(est: Estimate) -> str:
             METHOD_WORDS.get(t.method, t.method),
             t.precision,
             f"micro-batch {t.micro_batch_size:,} x {t.sequence_length:,} tokens",
+            *([checkpointing_words(t)] if t.activation_checkpointing != "none" else []),
             gpus,
             stack,
         )
     )
+
+
+def checkpointing_words(t: TrainingSpec) -> str:
+    """Activation checkpointing in a caption's words: ``full checkpointing``,
+    ``checkpointing every 4th layer``, ``checkpointing the first 8 layers``."""
+    mode, k = t.activation_checkpointing, t.checkpoint_every_k
+    if mode == "every-k-layers":
+        return "checkpointing every layer" if k == 1 else f"checkpointing every {k:,} layers"
+    if mode == "first-k-layers":
+        return f"checkpointing the first {k:,} layers"
+    return f"{mode} checkpointing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,9 +374,15 @@ def short_not_modelled(notes: Sequence[str]) -> str:
     return text
 
 
+#: the fewest letters a broken word leaves on either side of its hyphen where it can
+#: (``checkpoint-`` ``ing``, not ``checkpointin-`` ``g``)
+MIN_WORD_PIECE = 3
+
+
 def _split_word(word: str, width: float, metrics: QFontMetrics) -> list[str]:
     """``word`` in pieces that each fit ``width``, every piece but the last ending in a
-    hyphen: a word wider than a bar is broken, never cut."""
+    hyphen: a word wider than a bar is broken, never cut, and no piece is shorter than
+    :data:`MIN_WORD_PIECE` letters where the word is long enough."""
     if metrics.horizontalAdvance(word) <= width or len(word) < 2:
         return [word]
     pieces: list[str] = []
@@ -374,6 +391,8 @@ def _split_word(word: str, width: float, metrics: QFontMetrics) -> list[str]:
         cut = len(rest) - 1
         while cut > 1 and metrics.horizontalAdvance(rest[:cut] + "-") > width:
             cut -= 1
+        if len(rest) - cut < MIN_WORD_PIECE and len(rest) >= 2 * MIN_WORD_PIECE:
+            cut = min(cut, len(rest) - MIN_WORD_PIECE)  # a shorter head still fits
         pieces.append(rest[:cut] + "-")
         rest = rest[cut:]
     if rest:
@@ -939,7 +958,7 @@ class BreakdownChart(QWidget):
         n = len(solid)
         totals = heights.sum(axis=1)
         capacity = current.capacity_bytes / GIB if current is not None else 0.0
-        top, cut = axis_top(capacity, totals[:n], totals)
+        top, cut = axis_top(capacity, totals)
         self._cut = cut
         # a bar taller than the cut is drawn up to it: its segments above end there
         drawn = np.clip(bottoms + heights, None, cut) - np.clip(bottoms, None, cut)

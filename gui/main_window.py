@@ -32,6 +32,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
+    QResizeEvent,
     QShowEvent,
 )
 from PySide6.QtWidgets import (
@@ -110,6 +111,11 @@ __all__ = ["MainWindow", "app_icon", "message_box"]
 APP_NAME = "MemFit"
 MAX_RECENT = 8
 SCENARIO_FILTER = "MemFit scenario (*.memfit.json);;JSON (*.json)"
+#: what File > Open reads: a scenario, or a model or training config to import
+OPEN_FILTER = (
+    "Scenario, model config or training config (*.json *.yaml *.yml);;"
+    "MemFit scenario (*.memfit.json);;All files (*)"
+)
 #: the chart export's file type for an SVG (the PNG types name their size, see chart_filters)
 SVG_FILTER = "SVG drawing, vector (*.svg)"
 DATA_FILTERS = {"CSV (*.csv)": "csv", "JSON (*.json)": "json", "Markdown table (*.md)": "md"}
@@ -144,7 +150,12 @@ def message_box(
 
 class NoticeBar(QFrame):
     """A non-modal notice above the chart: what could not be restored or written, in plain
-    text, until the user closes it."""
+    text, until the user closes it. It grows to :attr:`MAX_LINES` lines and scrolls beyond
+    them, showing the newest (each import added its notes, and the chart shrank under it to
+    a strip); it keeps the newest :attr:`MAX_MESSAGES`."""
+
+    MAX_LINES = 4
+    MAX_MESSAGES = 200
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -163,9 +174,21 @@ class NoticeBar(QFrame):
         close.setToolTip("Dismiss")
         close.setAccessibleName("Dismiss the notice")
         close.clicked.connect(self.dismiss)
+        self.label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.area = QScrollArea()
+        self.area.setWidget(self.label)
+        self.area.setWidgetResizable(True)
+        self.area.setFrameShape(QFrame.Shape.NoFrame)
+        self.area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.area.setStyleSheet(
+            "QScrollArea, QScrollArea > QWidget > QWidget { background: transparent; }"
+        )
+        # the newest message in view: to the end whenever the text grows
+        bar = self.area.verticalScrollBar()
+        bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi))
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 4, 4)
-        layout.addWidget(self.label, 1)
+        layout.addWidget(self.area, 1)
         layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
         self._messages: list[str] = []
         self.hide()
@@ -173,9 +196,22 @@ class NoticeBar(QFrame):
     def add(self, text: str) -> None:
         if text in self._messages:
             return
-        self._messages.append(text)
+        self._messages = [*self._messages, text][-self.MAX_MESSAGES :]
         self.label.setText("\n".join(self._messages))
+        self._fit()
         self.show()
+
+    def _fit(self) -> None:
+        """The scroll area as tall as the text, up to :attr:`MAX_LINES` lines."""
+        width = max(self.area.viewport().width(), 200)
+        needed = self.label.heightForWidth(width)
+        cap = self.MAX_LINES * self.label.fontMetrics().lineSpacing() + 4
+        self.area.setFixedHeight(max(self.label.fontMetrics().lineSpacing(), min(needed, cap)))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        if self._messages:
+            self._fit()
 
     def messages(self) -> list[str]:
         return list(self._messages)
@@ -396,7 +432,11 @@ class MainWindow(QMainWindow):
             "&New", self.new_scenario, keys.New, "Start a new scenario", sp.SP_FileIcon
         )
         self.open_act = self._action(
-            "&Open...", self.open_dialog, keys.Open, "Open a scenario file", sp.SP_DialogOpenButton
+            "&Open...",
+            self.open_dialog,
+            keys.Open,
+            "Open a scenario file, or import a model's config.json or a training config",
+            sp.SP_DialogOpenButton,
         )
         self.save_act = self._action(
             "&Save", self.save, keys.Save, "Save the scenario", sp.SP_DialogSaveButton
@@ -916,13 +956,18 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def open_dialog(self) -> None:
-        if not self.maybe_save():
-            return
-        name, _ = QFileDialog.getOpenFileName(
-            self, "Open scenario", self._last_dir(), SCENARIO_FILTER
-        )
+        """Open what the user picks: a scenario becomes the document (after asking about
+        unsaved changes); a model's ``config.json`` or a training configuration is imported
+        into the current one, as File > Import does (Open had refused them as scenarios)."""
+        name, _ = QFileDialog.getOpenFileName(self, "Open", self._last_dir(), OPEN_FILTER)
         if name:
-            self.open_path(Path(name))
+            self.open_any(Path(name))
+
+    def open_any(self, path: Path) -> bool:
+        """A scenario file opens as the document; any other file is imported."""
+        if path.is_file() and _is_scenario_file(path):
+            return self.maybe_save() and self.open_path(path)
+        return self.importer.import_path(path)
 
     def open_recent(self, path: Path) -> bool:
         """A recent scenario opens; a recent import (a config, a model folder, a training

@@ -196,6 +196,39 @@ def gpu_name_field() -> tuple[Getter, Setter]:
     return get, set_
 
 
+#: the most characters of a model's name in the Name field
+MODEL_NAME_CHARS = 200
+
+
+def model_name_field() -> tuple[Getter, Setter]:
+    """The model's name as every view shows it (:attr:`ModelSpec.label`); an empty name
+    gives the model its own back (a preset's, or the name it was imported under)."""
+
+    def get(s: Scenario) -> str:
+        return s.model.label
+
+    def set_(s: Scenario, text: str) -> Scenario:
+        text = text.strip()
+        model = s.model
+        if not text:
+            own = load_model(model.name).display_name if model.name in model_names() else ""
+            model = dataclasses.replace(model, display_name=own)
+        elif text != model.label:
+            model = dataclasses.replace(model, display_name=text)
+        return dataclasses.replace(s, model=model)
+
+    return get, set_
+
+
+def renamed_preset_of(model: ModelSpec) -> str | None:
+    """The preset ``model`` is, under a name of the user's (or its own), if any."""
+    if model.name not in model_names():
+        return None
+    preset = load_model(model.name)
+    same = dataclasses.replace(model, display_name=preset.display_name) == preset
+    return model.name if same else None
+
+
 def set_memory(s: Scenario, gib: float) -> Scenario:
     """The memory override (0: none); a custom GPU under its own name is renamed with
     it (``Custom GPU (24 GiB)``), one the user named keeps that name."""
@@ -454,6 +487,10 @@ class ModelPanel(FormPanel):
         self.size_filter.currentIndexChanged.connect(self._fill_presets)
         self.preset.activated.connect(self._choose_preset)
 
+        self.name_field = self.add_text(
+            "model.display_name", "Name", model_name_field(), max_length=MODEL_NAME_CHARS
+        )
+        self.name_field.setPlaceholderText("the preset's or the config's name")
         dims = 1 << 24
         # the architecture folds under the model: a preset fills it; open it to edit
         self.architecture = Collapsible("Architecture")
@@ -539,10 +576,12 @@ class ModelPanel(FormPanel):
     def current_preset_text(self) -> str:
         """What the preset combo should show for the current model."""
         model = self.store.scenario.model
-        name = preset_name_of(model)
+        name = preset_name_of(model) or renamed_preset_of(model)
         if name:
             return self._preset_text(name, model)
-        return f"{model.label} (edited)"
+        if model.name in model_names():  # a preset whose architecture the user changed
+            return f"{model.label} (edited)"
+        return f"{model.label}  ({human_count(count_parameters(model).total)})"
 
     def _preset_text(self, name: str, model: ModelSpec) -> str:
         """``Llama 3 8B  (8.0B)``, and ``— your preset`` for one of the user's own."""

@@ -49,6 +49,9 @@ TIPS: dict[str, str] = {
     "into smaller shards; activations per GPU do not shrink.",
     "hardware.memory_gib": "Device memory in GiB (2^30 bytes), for a card the presets do "
     "not describe (a MIG slice, another memory size). 0 keeps the preset's memory.",
+    "model.display_name": "What the chart, its caption, exports and the saved scenario call "
+    "the model. An import fills it from the config's name or its folder's; empty gives the "
+    "model its own name back.",
     "hardware.gpu_name": "What the chart, its caption, exports and the saved scenario call "
     "this GPU, e.g. a custom one or one with its memory overridden. Empty gives it its "
     "own name back.",

@@ -10,7 +10,15 @@ import pytest
 from memfit.engine.estimate import Estimate, estimate
 from memfit.engine.model_state import CATEGORIES
 from memfit.engine.presets import load_gpu, load_model
-from memfit.engine.report import rows, shows_host, shows_ranks, to_csv, to_json, to_markdown
+from memfit.engine.report import (
+    rows,
+    scenario_line,
+    shows_host,
+    shows_ranks,
+    to_csv,
+    to_json,
+    to_markdown,
+)
 from memfit.engine.specs import HardwareSpec, OffloadSpec, ParallelismSpec, Scenario, TrainingSpec
 from memfit.engine.whatif import (
     WHATIFS,
@@ -175,7 +183,10 @@ def test_every_unavailable_whatif_says_why() -> None:
 def test_csv_rows_match_the_estimate() -> None:
     est = estimate(scenario(method="lora"))
     parsed = list(csv.DictReader(io.StringIO(to_csv(est))))
-    items = [r for r in parsed if r["category"] not in ("total", "convention")]
+    assert parsed[0]["category"] == "scenario" and parsed[0]["bytes"] == ""
+    assert parsed[0]["item"] == scenario_line(est).replace("**", "")
+    assert "Llama" in parsed[0]["item"] and "lora" in parsed[0]["item"]
+    items = [r for r in parsed if r["category"] not in ("scenario", "total", "convention")]
     assert [(r["item"], int(r["bytes"])) for r in items] == [(i.name, i.bytes) for i in est.items]
     totals = {r["item"]: int(r["bytes"]) for r in parsed if r["category"] == "total"}
     assert totals["device"] == est.device_bytes and totals["budget"] == est.budget_bytes

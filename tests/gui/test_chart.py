@@ -155,7 +155,9 @@ def test_y_range_covers_capacity_and_tallest_bar(chart: BreakdownChart) -> None:
     chart.set_estimates(e)
     (_x0, _x1), (y0, y1) = chart.plot_item.getViewBox().viewRange()
     assert y0 == pytest.approx(0.0)
-    assert y1 == pytest.approx(e.device_bytes / GIB * 1.1)
+    # a bar over the capacity, up to 3 x it, is covered whole; a taller one is cut there
+    expected = min(e.device_bytes / GIB * 1.1, 3 * e.capacity_bytes / GIB)
+    assert y1 == pytest.approx(expected)
     chart.set_estimates(fits())
     _xr, (_y0, y1) = chart.plot_item.getViewBox().viewRange()
     assert y1 == pytest.approx(fits().capacity_bytes / GIB * 1.1)
@@ -618,3 +620,15 @@ def test_the_activations_segment_says_where_they_come_from(chart: BreakdownChart
     # a ghost's activations are its own estimate's
     g_bottom, g_height = chart._segments[1]["activations"]
     assert "By source: " in chart.tooltip_at(1, g_bottom + g_height / 2)
+
+
+def test_a_broken_word_leaves_no_stub_of_a_letter_or_two(chart: BreakdownChart) -> None:
+    """A ghost's label read ``checkpointin-`` over ``g`` where the bar was a little narrower
+    than the word."""
+    metrics = QFontMetrics(chart.font())
+    for word in ("checkpointing", "offloading", "activations"):
+        width = metrics.horizontalAdvance(word[:-1] + "-") + 1
+        lines = tick_lines(word, "", width, metrics)
+        assert "".join(line.removesuffix("-") for line in lines) == word
+        assert all(len(line.removesuffix("-")) >= 3 for line in lines), lines
+        assert all(metrics.horizontalAdvance(line) <= width for line in lines)

@@ -229,7 +229,7 @@ def test_a_ghost_ten_times_the_capacity_is_cut(chart: BreakdownChart, qtbot: QtB
     assert max(tops) < y1
     texts = [text for text, _rect in labels(chart)]
     assert f"{gib_text(big.device_bytes)} {CUT_MARK}" in texts
-    assert gib_text(current.device_bytes) in texts  # the current bar is never cut
+    assert gib_text(current.device_bytes) in texts  # the current bar, under the cut, is whole
     # the numbers behind the bar stay true
     assert sum(h for _b, h in chart.segments(1).values()) == pytest.approx(big.device_bytes / GIB)
     assert overlapping(chart) == []
@@ -248,13 +248,31 @@ def _stacks(items: object) -> tuple[list[float], list[float], list[float]]:
 
 
 def test_axis_top() -> None:
-    assert axis_top(80.0, [40.0], [40.0, 60.0]) == (pytest.approx(88.0), float("inf"))
-    top, cut = axis_top(80.0, [40.0], [40.0, 800.0])
+    assert axis_top(80.0, [40.0, 60.0]) == (pytest.approx(88.0), float("inf"))
+    top, cut = axis_top(80.0, [40.0, 800.0])
     assert top == pytest.approx(240.0) and cut == pytest.approx(200.0)
-    # a current bar far over the capacity stays whole; what-ifs taller than it are cut
-    top, cut = axis_top(80.0, [400.0], [400.0, 4000.0])
-    assert top == pytest.approx(480.0) and 400.0 <= cut < top
-    assert axis_top(0.0, [], []) == (1.0, float("inf"))
+    # a current bar far over the capacity is cut too: the capacity line stays readable
+    top, cut = axis_top(80.0, [1316.0, 4000.0])
+    assert top == pytest.approx(240.0) and cut < top
+    assert axis_top(0.0, []) == (1.0, float("inf"))
+
+
+def test_a_current_bar_far_over_the_capacity_leaves_the_capacity_line_readable(
+    chart: BreakdownChart, qtbot: QtBot
+) -> None:
+    """A current bar of 1,316 GiB flattened the 80 GiB capacity line to the floor."""
+    big = huge()
+    assert big.device_bytes > 10 * big.capacity_bytes
+    chart.resize(QSize(900, 560))
+    chart.set_estimates(big, [])
+    settle(qtbot)
+    _xr, (y0, y1) = chart.plot_item.getViewBox().viewRange()
+    capacity = chart.capacity_line.value()
+    assert (capacity - y0) / (y1 - y0) >= 0.25
+    texts = [text for text, _rect in labels(chart)]
+    assert f"{gib_text(big.device_bytes)} {CUT_MARK}" in texts  # its true total, cut
+    assert sum(h for _b, h in chart.segments(0).values()) == pytest.approx(big.device_bytes / GIB)
+    assert overlapping(chart) == []
 
 
 def test_the_peak_is_named(chart: BreakdownChart) -> None:

@@ -10,16 +10,35 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QKeySequence, QValidator, QWheelEvent
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QApplication, QComboBox, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QSpinBox,
+    QWidget,
+)
 from pytestqt.qtbot import QtBot
 
+from memfit.engine.report import scenario_line
+from memfit.engine.scenario_io import load_scenario, save_scenario
+from memfit.gui.chart import baseline_summary, scenario_caption
 from memfit.gui.forms import CountBox, redo_keys
-from memfit.gui.main_window import MainWindow
+from memfit.gui.importing import ModelBrowser
+from memfit.gui.main_window import MainWindow, NoticeBar
+from tests.engine.test_imports import cached
 from tests.gui.helpers import type_into
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
+TRAIN_CONFIGS = FIXTURES.parent / "train_configs"
 
 
 def wheel(widget: QWidget, clicks: int = 1) -> None:
@@ -216,3 +235,135 @@ def test_typing_letters_that_are_no_count_is_refused() -> None:
     assert box.validate("1e", 2)[0] == state.Intermediate
     assert box.validate("10 B tok", 8)[0] == state.Intermediate
     assert box.validate("10 B tokens", 11)[0] == state.Acceptable
+
+
+def test_an_imported_config_is_named_by_its_folder(window: MainWindow, tmp_path: Path) -> None:
+    """Imports showed as ``qwen2 (edited)``: a config.json without ``_name_or_path`` is
+    named by its folder, and a model that is no preset is shown by name and size."""
+    data = json.loads((FIXTURES / "qwen2.json").read_text())
+    del data["_name_or_path"]
+    folder = tmp_path / "Qwen2.5-7B-local"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(data))
+    assert window.importer.import_path(folder / "config.json")
+    model = window.store.scenario.model
+    assert model.label == "Qwen2.5-7B-local"
+    panel = window.model_panel
+    assert panel.preset.currentText().startswith("Qwen2.5-7B-local  (7.6")
+    assert "(edited)" not in panel.preset.currentText()
+    assert panel.name_field.text() == "Qwen2.5-7B-local"
+    assert scenario_caption(window.store.estimate).startswith("Qwen2.5-7B-local · ")
+
+
+def test_the_name_field_renames_the_model_everywhere(window: MainWindow, tmp_path: Path) -> None:
+    panel = window.model_panel
+    preset = window.store.scenario.model
+    assert panel.name_field.text() == preset.label
+    panel.name_field.setText("Our 8B run")
+    panel.name_field.editingFinished.emit()
+    est = window.store.estimate
+    assert window.store.scenario.model.label == "Our 8B run"
+    assert scenario_caption(est).startswith("Our 8B run · ")
+    assert baseline_summary(est).startswith("Our 8B run, ")
+    # a preset under a name of the user's is still that preset, with its size
+    assert panel.preset.currentText().startswith("Our 8B run  (")
+    assert "(edited)" not in panel.preset.currentText()
+    assert window.save_to(tmp_path / "named.memfit.json")
+    assert load_scenario(tmp_path / "named.memfit.json").model.label == "Our 8B run"
+    panel.name_field.setText("")
+    panel.name_field.editingFinished.emit()
+    assert window.store.scenario.model == preset  # its own name back: the preset again
+    window.undo_act.trigger()
+    assert window.store.scenario.model.label == "Our 8B run"
+
+
+def test_captions_say_the_checkpointing(window: MainWindow) -> None:
+    mode = window.training_panel.rows["training.activation_checkpointing"].widget
+    assert isinstance(mode, QComboBox)
+    assert "checkpointing" not in scenario_caption(window.store.estimate)
+    mode.setCurrentIndex(mode.findData("full"))
+    assert "full checkpointing" in scenario_caption(window.store.estimate)
+    assert "checkpointing full" in scenario_line(window.store.estimate)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["config.json", "axolotl.yaml"],
+)
+def test_file_open_imports_a_config_instead_of_refusing_it(
+    window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Open on a config.json said ``memfit_scenario: got None, expected 1``."""
+    path = tmp_path / name
+    if name == "config.json":
+        path.write_text((FIXTURES / "mistral.json").read_text())
+    else:
+        path.write_text(TRAIN_CONFIGS.joinpath("axolotl-llama3-8b-lora-zero2.yml").read_text())
+    before = window.store.scenario
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
+    window.open_act.trigger()
+    assert window.store.scenario != before
+    assert window.store.path is None  # imported into the document, not opened as one
+    assert "Imported" in " ".join(window.notice.messages())
+    window.undo_act.trigger()
+    assert window.store.scenario == before
+
+
+def test_file_open_still_opens_a_scenario(
+    window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "run.memfit.json"
+    scenario = dataclasses.replace(
+        window.store.scenario,
+        training=dataclasses.replace(window.store.scenario.training, micro_batch_size=3),
+    )
+    save_scenario(scenario, path)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
+    window.open_act.trigger()
+    assert window.store.path == path and window.store.scenario == scenario
+
+
+def test_a_cached_model_with_only_its_config_imports(
+    window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qtbot: QtBot
+) -> None:
+    """Browse Local Models said ``no *.safetensors files`` where the command line reads it."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "config.json").write_text((FIXTURES / "qwen2.json").read_text())
+    root = tmp_path / "hub"
+    cached(root, "Qwen/Qwen2.5-7B", files)
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+
+    def accept_first(self: ModelBrowser) -> QDialog.DialogCode:
+        self.view.selectRow(0)
+        self.accept()
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ModelBrowser, "exec", accept_first)
+    window.importer.browse_act.trigger()
+    qtbot.waitUntil(lambda: not window.importer.busy, timeout=20_000)
+    model = window.store.scenario.model
+    assert model.hidden_size == json.loads((files / "config.json").read_text())["hidden_size"]
+    said = " ".join(window.notice.messages())
+    assert "counted from the config alone" in said
+    assert model.label == "Qwen/Qwen2.5-7B"
+
+
+def test_the_notice_bar_stays_a_few_lines_however_many_imports(
+    window: MainWindow, qtbot: QtBot
+) -> None:
+    """Each import added its notes until the chart was about 90 px tall."""
+    QApplication.processEvents()
+    chart_before = window.chart.height()
+    for i in range(40):
+        window.notify(f"Imported model config number {i}: every note of an import, in words")
+    QApplication.processEvents()
+    lines = window.notice.label.fontMetrics().lineSpacing()
+    assert window.notice.height() <= (NoticeBar.MAX_LINES + 2) * lines + 20
+    assert window.chart.height() >= chart_before - (NoticeBar.MAX_LINES + 3) * lines
+    assert window.chart.height() > 300
+    bar = window.notice.area.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()  # the newest is shown
+    assert window.notice.messages()[-1].startswith("Imported model config number 39")
+    window.notice.dismiss()
+    assert window.notice.isHidden()
