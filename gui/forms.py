@@ -353,6 +353,57 @@ class CountBox(QDoubleSpinBox):
         return self.textFromValue(count) if count is not None else text
 
 
+def with_mnemonic(text: str, index: int) -> str:
+    """``text`` with an ampersand before its character ``index`` (Qt underlines it and
+    Alt+it is the shortcut); the text's own ampersands doubled, shown as they are."""
+    return text[:index].replace("&", "&&") + "&" + text[index:].replace("&", "&&")
+
+
+def _letter_order(text: str) -> list[int]:
+    """Where a mnemonic may go in ``text``, best first: the first letters of its words,
+    then its other letters."""
+    letters = [i for i, c in enumerate(text) if c.isascii() and c.isalpha()]
+    starts = [i for i in letters if i == 0 or not text[i - 1].isalnum()]
+    return starts + [i for i in letters if i not in starts]
+
+
+def _folds(widget: QWidget, panel: QWidget) -> bool:
+    """Whether ``widget`` is in a folding section (:class:`Collapsible`) of ``panel``."""
+    parent = widget.parentWidget()
+    while parent is not None and parent is not panel:
+        if isinstance(parent, Collapsible):
+            return True
+        parent = parent.parentWidget()
+    return False
+
+
+def give_mnemonics(panels: Sequence[FormPanel], taken: str = "") -> dict[str, str]:
+    """An Alt+letter for each row of ``panels``, in order: the first letter of a word of
+    its label (then any other letter) that no earlier row and no letter of ``taken`` (the
+    menus') has, the rows in view before those of folding sections. The label shows it
+    underlined and Alt+letter puts the focus in the row's field; a row left without a
+    free letter keeps its plain label. Returns path -> letter."""
+    used = set(taken.lower())
+    out: dict[str, str] = {}
+    # the rows always in view first, panel by panel; then those of folding sections
+    rows = [r for p in panels for r in p.rows.values() if not _folds(r.widget, p)]
+    rows += [r for p in panels for r in p.rows.values() if _folds(r.widget, p)]
+    for row in rows:
+        box = row.widget.parentWidget()
+        label = row.form.labelForField(box) if box is not None else None
+        if not isinstance(label, QLabel):
+            continue
+        for i in _letter_order(row.label):
+            letter = row.label[i].lower()
+            if letter not in used:
+                used.add(letter)
+                out[row.path] = letter
+                label.setText(with_mnemonic(row.label, i))
+                label.setBuddy(row.widget)
+                break
+    return out
+
+
 @dataclasses.dataclass
 class Row:
     path: str

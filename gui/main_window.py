@@ -76,7 +76,7 @@ from memfit.gui.chart_export import (
     export_svg,
     image_pixels,
 )
-from memfit.gui.forms import FormPanel, in_user_words, redo_keys
+from memfit.gui.forms import FormPanel, give_mnemonics, in_user_words, redo_keys
 from memfit.gui.importing import Importer
 from memfit.gui.importing import is_scenario_file as _is_scenario_file
 from memfit.gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
@@ -282,6 +282,8 @@ class MainWindow(QMainWindow):
         self.create_widgets()
         self.create_actions()
         self.create_menus()
+        # Alt+letter into each field, apart from the menus' letters (File, Edit, View, Help)
+        give_mnemonics(self.panels, taken="fevh")
         self.create_tool_bars()
         self.create_status_bar()
         self.connect_store()

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QFileDialog,
+    QLabel,
     QSpinBox,
     QWidget,
 )
@@ -367,3 +368,29 @@ def test_the_notice_bar_stays_a_few_lines_however_many_imports(
     assert window.notice.messages()[-1].startswith("Imported model config number 39")
     window.notice.dismiss()
     assert window.notice.isHidden()
+
+
+def test_form_labels_have_mnemonics_that_focus_their_fields(window: MainWindow) -> None:
+    """Form labels had no mnemonics: no field could be reached by Alt+letter."""
+    letters: dict[str, str] = {}
+    for panel in window.panels:
+        for row in panel.rows.values():
+            label = row.form.labelForField(row.widget.parentWidget())
+            assert isinstance(label, QLabel)
+            text = label.text().replace("&&", "")
+            if "&" in text:
+                letter = text[text.index("&") + 1].lower()
+                assert letter not in letters, f"{row.path} and {letters.get(letter)}"
+                assert label.buddy() is row.widget
+                letters[letter] = row.path
+    menus = {a.text()[a.text().index("&") + 1].lower() for a in window.menuBar().actions()}
+    assert not menus & set(letters)
+    for path in ("model.display_name", "hardware.gpu", "training.method", "training.precision"):
+        assert path in letters.values(), path
+    window.activateWindow()
+    QApplication.processEvents()
+    method = window.training_panel.rows["training.method"].widget
+    key = next(k for k, p in letters.items() if p == "training.method")
+    QTest.keyClick(window, key, Qt.KeyboardModifier.AltModifier)
+    QApplication.processEvents()
+    assert method.hasFocus()
