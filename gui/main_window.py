@@ -18,6 +18,7 @@ Session). Text from files and the engine is shown as plain text.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -59,11 +60,16 @@ from PySide6.QtWidgets import (
 )
 
 from memfit.engine.errors import EstimateError
-from memfit.engine.estimate import GIB, Estimate
+from memfit.engine.estimate import GIB, Estimate, estimate
 from memfit.engine.files import write_text
 from memfit.engine.presets import preset_problems
 from memfit.engine.report import to_csv, to_json, to_markdown
-from memfit.engine.scenario_io import load_scenario, save_scenario
+from memfit.engine.scenario_io import (
+    load_scenario,
+    save_scenario,
+    scenario_from_dict,
+    scenario_to_dict,
+)
 from memfit.engine.specs import Scenario
 from memfit.engine.whatif import COMBINED_KEY, WhatIfResult
 from memfit.gui.assets import icon_path
@@ -642,6 +648,7 @@ class MainWindow(QMainWindow):
         if theme is not None and theme not in self.theme_acts:
             bad.append("view/theme")
         self.set_theme(theme if theme in self.theme_acts else "system", save=False)
+        self._restore_baseline(bad)
         self._recent_ok = True
         self.recent_files()
         if not self._recent_ok:
@@ -653,6 +660,20 @@ class MainWindow(QMainWindow):
             "some settings could not be restored and start afresh: "
             + setting_words(list(dict.fromkeys(bad)))
         ]
+
+    def _restore_baseline(self, bad: list[str]) -> None:
+        """The baseline pinned when the app last ran, estimated again from its scenario;
+        one that no longer reads or estimates is named in ``bad`` and dropped."""
+        text = self._setting("view/baseline", bad, str)
+        if not text:
+            return
+        try:
+            self.baseline = estimate(scenario_from_dict(json.loads(text)))
+        except (EstimateError, ValueError, TypeError, KeyError, RecursionError):
+            bad.append("view/baseline")
+            self._put_setting("view/baseline", "")
+            return
+        self.clear_baseline_act.setEnabled(True)
 
     def _setting(self, key: str, bad: list[str], kind: type) -> Any:
         """The setting ``key`` if it is a ``kind`` (``None`` when absent); a value of the
@@ -840,11 +861,14 @@ class MainWindow(QMainWindow):
         self.clear_baseline_act.setEnabled(True)
         self.chart.set_estimates(est, self._ghosts, self.baseline)
         self.statusBar().showMessage(f"Pinned as the baseline: {baseline_summary(est)}", 5000)
+        # kept for the next start (its scenario: the estimate is made again from it)
+        self._put_setting("view/baseline", json.dumps(scenario_to_dict(est.scenario)))
 
     @Slot()
     def clear_baseline(self) -> None:
         self.baseline = None
         self.clear_baseline_act.setEnabled(False)
+        self._put_setting("view/baseline", "")
         if self.store.estimate is not None:
             self.chart.set_estimates(self.store.estimate, self._ghosts)
 

@@ -76,6 +76,7 @@ SETTING_NAMES = {
     "window/splitter": "the width of the left column",
     "view/table": "whether Breakdown Details show",
     "view/conventions": "whether Conventions is unfolded",
+    "view/baseline": "the pinned baseline",
     "document/recent": "the recent files",
     "document/last": "the document to reopen",
 }

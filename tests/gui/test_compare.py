@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QSettings, QSize, Qt
 from PySide6.QtGui import QColor, QKeySequence
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMenu
@@ -21,6 +21,7 @@ from memfit.engine.specs import Scenario
 from memfit.engine.whatif import COMBINED_KEY, WhatIfResult, combined
 from memfit.gui.chart import BASELINE_PATTERN, CATEGORY_COLOURS, BreakdownChart, Ghost, gib_text
 from memfit.gui.main_window import MainWindow
+from memfit.gui.store import default_scenario
 from memfit.gui.whatif_bar import COMBINED_LABEL
 from tests.gui.helpers import bad_mesh, type_into
 from tests.gui.test_chart import double_click
@@ -386,3 +387,40 @@ def test_render_a_comparison(window: MainWindow, qtbot: QtBot, tmp_path: Path) -
     assert window.chart.x_labels()[-1].startswith(COMBINED_LABEL.split()[0])
     assert overlapping(window.chart) == []
     assert window.grab().save(str(tmp_path / "compare.png"))
+
+
+def test_the_pinned_baseline_is_kept_across_a_restart(qtbot: QtBot, tmp_path: Path) -> None:
+    """The pinned baseline was lost when the app closed."""
+
+    def start() -> MainWindow:
+        settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(settings=settings, data_dir=tmp_path, scenario=default_scenario())
+        qtbot.addWidget(window)
+        window.resize(1280, 800)
+        window.show()
+        return window
+
+    first = start()
+    first.store.edit(seventy_b_on_a100(first.store.scenario), "Change Model")
+    pinned = first.store.estimate
+    assert pinned is not None
+    first.pin_baseline_act.trigger()
+    first.close()
+    second = start()
+    assert second.baseline is not None
+    assert second.baseline.scenario == pinned.scenario
+    assert second.baseline.device_bytes == pinned.device_bytes
+    assert second.clear_baseline_act.isEnabled()
+    assert second.chart.baseline_bar() == 1  # drawn beside the (default) current scenario
+    second.clear_baseline_act.trigger()
+    second.close()
+    third = start()
+    assert third.baseline is None and not third.clear_baseline_act.isEnabled()
+    third.close()
+    # a baseline that no longer reads is dropped, and said
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    settings.setValue("view/baseline", '{"memfit_scenario": 1, "model": 7}')
+    settings.sync()
+    fourth = start()
+    assert fourth.baseline is None
+    assert any("the pinned baseline" in m for m in fourth.notice.messages())
