@@ -37,7 +37,9 @@ micro-batch, the sharding and offload that place the optimizer's state and the p
 and last the layout: a model-parallel axis twice as wide on the same GPUs (one change per
 axis of :data:`memfit.engine.specs.PARALLEL_AXES` that splits the model), twice the GPUs,
 half the sequence. A change whose mesh does not hold (an axis that does not divide the
-GPUs, the heads or the experts) does not apply, and says why.
+GPUs, the heads or the experts) does not apply, and says why; nor does one the scenario's
+training stack cannot run (pipeline parallelism under the Hugging Face Trainer: the
+stack's abilities, :mod:`memfit.engine.abilities`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from memfit.engine.layers import attention_kernel, attention_run
 from memfit.engine.plan import resolve
 from memfit.engine.sharding import not_ddp
 from memfit.engine.specs import PARALLEL_AXES, Scenario
-from memfit.engine.stacks import as_built, conventions
+from memfit.engine.stacks import as_built, conventions, new_refusal
 
 #: A change's rule: why it does not apply to a scenario, or ``None`` where it does.
 Rule = Callable[[Scenario], str | None]
@@ -128,14 +130,17 @@ class Change:
 
     def attempt(self, scenario: Scenario) -> Scenario | str:
         """The scenario with this change made, or the reason it does not apply: its rule's,
-        or that the specs reject the changed training."""
+        that the specs reject the changed training, or that the scenario's training stack
+        cannot run it (:func:`memfit.engine.stacks.new_refusal`: a plan stays inside what
+        the user's stack can run)."""
         reason = self.rule(scenario)
         if reason is not None:
             return reason
         try:
-            return self.make(scenario)
+            made = self.make(scenario)
         except EstimateError as exc:
             return f"the changed scenario is invalid: {exc}"
+        return new_refusal(scenario, made) or made
 
     def why_not(self, scenario: Scenario) -> str | None:
         """Why this change does not apply to ``scenario``; ``None`` where it applies."""

@@ -79,7 +79,19 @@ from memfit.engine.specs import (
 )
 from memfit.engine.stacks import stacks
 from memfit.engine.steptime import StepTime
-from memfit.engine.sweep import best, describe, points_csv, sweep
+from memfit.engine.sweep import (
+    LOCKS,
+    NUMERICS_MARK,
+    best,
+    beyond_stack,
+    check_locks,
+    default_space,
+    describe,
+    locked,
+    numerics_changed,
+    points_csv,
+    sweep,
+)
 from memfit.engine.train_configs import ALLOW_FLAG, import_training_config
 from memfit.engine.train_configs import apply as apply_training_config
 
@@ -514,6 +526,14 @@ def make_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="every configuration of the strategy space")
     _add_estimate_flags(sw)
     sw.add_argument("--gpus", type=int, help="the GPU count to sweep (default: the scenario's)")
+    for plan in (fit, sw):
+        plan.add_argument(
+            "--lock",
+            type=_csv,
+            default=[],
+            metavar="WHAT,...",
+            help=f"keep these as the scenario has them: {', '.join(LOCKS)}",
+        )
     sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
     pre = sub.add_parser(
         "presets",
@@ -760,12 +780,22 @@ def _on_gpus(scenario: Scenario, gpus: int | None) -> Scenario:
 def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     """``memfit fit`` and ``memfit sweep``."""
     scenario = _on_gpus(scenario, args.gpus)
-    points = sweep(scenario)
+    locks = check_locks(args.lock)
+    space = locked(default_space(scenario), scenario, locks)
+    left: list[Scenario] = []
+    points = sweep(scenario, space, beyond=left)
+    beyond = beyond_stack(scenario, space, left)
+    left_out = {
+        "strategies": beyond.strategies,
+        "stack_cannot_run": list(beyond.needs),
+        "stacks_that_can": list(beyond.stacks),
+    }
     if args.command == "sweep":
         if args.csv:
             write_text(args.csv, points_csv(points))
         if args.json:
-            json.dump({"configs": len(points), "points": [p.as_dict() for p in points]}, out)
+            data = {"configs": len(points), "left_out": left_out}
+            json.dump({**data, "points": [p.as_dict() for p in points]}, out)
             out.write("\n")
         elif not args.csv:
             out.write(points_csv(points))
@@ -780,7 +810,8 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         "max_sequence_length": max_sequence_length(scenario),
         "min_gpus": (lambda s: s.hardware.world_size if s else None)(min_gpus(scenario)),
     }
-    fixes = make_it_fit(scenario, top=args.top) if not fits(scenario) else []
+    leave_out = [c for lock in locks for c in LOCKS[lock]]
+    fixes = make_it_fit(scenario, top=args.top, leave_out=leave_out) if not fits(scenario) else []
     if args.json:
         fix_rows = [
             {
@@ -793,7 +824,14 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
             for f in fixes
         ]
         json.dump(
-            {**limits, "configs": [p.as_dict() for p in top], "fixes": fix_rows}, out, indent=2
+            {
+                **limits,
+                "configs": [p.as_dict() for p in top],
+                "fixes": fix_rows,
+                "left_out": left_out,
+            },
+            out,
+            indent=2,
         )
         out.write("\n")
         return 0
@@ -807,23 +845,32 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     )
     for key, value in limits.items():
         print(f"  {key.replace('_', ' ')}: {value if value is not None else 'none fits'}", file=out)
+    if beyond.strategies:
+        print(printable(f"  {beyond.sentence()}"), file=out)
     print(
         f"\n{'#':>3} {'GiB':>8} {'tokens/s':>12} {'MFU':>6}  {'bound':<17} configuration", file=out
     )
+    differs: dict[str, None] = {}
     for i, p in enumerate(top, 1):
+        changed = numerics_changed(scenario, p.scenario)
+        differs.update(dict.fromkeys(changed))
+        mark = f" {NUMERICS_MARK}" if changed else ""
         print(
             f"{i:>3} {p.device_bytes / GIB:>8.2f} {p.time.tokens_per_s:>12,.0f} "
-            f"{100 * p.time.mfu:>5.1f}%  {p.time.bound:<17} {describe(p.scenario)}",
+            f"{100 * p.time.mfu:>5.1f}%  {p.time.bound:<17} {describe(p.scenario)}{mark}",
             file=out,
         )
+    if differs:
+        print(f"  {NUMERICS_MARK} trains differently: {'; '.join(differs)}", file=out)
     if not top:
         print("no configuration of the space fits the budget", file=out)
     if fixes:
         print("\nmake it fit: the changes to this scenario, fastest first", file=out)
         for i, f in enumerate(fixes, 1):
+            mark = f" {NUMERICS_MARK}" if numerics_changed(scenario, f.scenario) else ""
             print(
                 f"{i:>3} {f.device_bytes / GIB:>8.2f} {f.time.tokens_per_s:>12,.0f}  "
-                f"{' + '.join(f.labels)}",
+                f"{' + '.join(f.labels)}{mark}",
                 file=out,
             )
     return 0

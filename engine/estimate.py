@@ -36,7 +36,7 @@ from memfit.engine.rank import (
 )
 from memfit.engine.sharding import Sharded, resident_blocks
 from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec
-from memfit.engine.stacks import Conventions
+from memfit.engine.stacks import Conventions, load_stack, refusals
 from memfit.engine.steptime import StepTime, step_time
 from memfit.engine.timeline import (
     Gather,
@@ -480,11 +480,21 @@ def estimate(scenario: Scenario) -> Estimate:
         bytes_per_frozen_param=state.bytes_per_frozen_param,
         bytes_per_param_formula=state.bytes_per_param_formula,
         not_modelled=ready.not_modelled,
-        warnings=state.warnings,
+        warnings=state.warnings + stack_warnings(scenario),
         rank_groups=tuple(rank.group(name) for name, rank in stages),
         worst_group=worst_name,
         steps=worst.timeline,
     )
+
+
+def stack_warnings(scenario: Scenario) -> tuple[str, ...]:
+    """What of the scenario its training stack cannot run, a sentence each (the stack's
+    abilities, :mod:`memfit.engine.abilities`): estimated all the same, and said."""
+    found = refusals(scenario)
+    if not found:
+        return ()
+    label = load_stack(scenario.training.stack).label
+    return tuple(r.sentence(label) for r in found)
 
 
 def _temporaries(training: TrainingSpec, nbytes: int) -> MemoryItem:

@@ -197,14 +197,19 @@ def combine(scenario: Scenario, keys: Iterable[str]) -> Scenario | None:
     return made if isinstance(made, Scenario) else None
 
 
-def make_it_fit(scenario: Scenario, top: int = 10, max_changes: int = 3) -> list[Fix]:
+def make_it_fit(
+    scenario: Scenario, top: int = 10, max_changes: int = 3, leave_out: Iterable[str] = ()
+) -> list[Fix]:
     """The changes, alone and up to ``max_changes`` combined, that bring the device total
     under the budget, fastest (tokens/s) first; a combination whose every change is
-    needed -- no smaller subset of it fits -- and no two that give the same scenario."""
+    needed -- no smaller subset of it fits -- and no two that give the same scenario.
+    ``leave_out``: changes not to make (what the user locked)."""
     fitting: dict[Scenario, Fix] = {}
     fit_sets: list[frozenset[str]] = []
+    skipped = set(leave_out)
+    ids = [c.id for c in CHANGES if c.id not in skipped]
     for size in range(1, max_changes + 1):
-        for keys in itertools.combinations([c.id for c in CHANGES], size):
+        for keys in itertools.combinations(ids, size):
             if not changes.compatible(keys) or any(f <= set(keys) for f in fit_sets):
                 continue
             s = combine(scenario, keys)

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.engine import memo
+from memfit.engine.abilities import Refusal, refused
+from memfit.engine.abilities import parse as parse_abilities
 from memfit.engine.errors import EstimateError
 from memfit.engine.locate import loadable, preset_files
 from memfit.engine.specs import (
@@ -438,6 +440,10 @@ class Stack:
     conventions: dict[str, Any]
     why: dict[str, str]
     defaults: dict[str, Any]
+    #: what it can run (:mod:`memfit.engine.abilities`): ability -> false or the values
+    #: it runs; an ability left out limits nothing
+    abilities: dict[str, Any] = field(default_factory=dict)
+    abilities_why: dict[str, str] = field(default_factory=dict)
 
     def convention(self, key: str, precision: str, method: str = "full") -> Any:
         """The stack's value of ``key``: one for all, or by method, else by precision,
@@ -486,8 +492,19 @@ def _parse(name: str, data: Any) -> Stack:
             raise EstimateError(f"{where}: defaults.{key}", "unknown key")
         _check_value(f"{where}: defaults.{key}", value, DEFAULTS[key])
     why = data.get("why", {})
+    abilities, abilities_why = parse_abilities(
+        where, data.get("abilities"), data.get("abilities_why")
+    )
     return Stack(
-        name, data["label"], data["description"], data["source"], conventions, why, defaults
+        name,
+        data["label"],
+        data["description"],
+        data["source"],
+        conventions,
+        why,
+        defaults,
+        abilities,
+        abilities_why,
     )
 
 
@@ -712,3 +729,56 @@ def with_stack(training: TrainingSpec, name: str) -> TrainingSpec:
     every convention left to the stack (explicit convention values are kept)."""
     stack = load_stack(name)
     return dataclasses.replace(training, stack=name, **stack.defaults)
+
+
+def refusals(scenario: Scenario) -> tuple[Refusal, ...]:
+    """What of ``scenario``'s training its own stack cannot run (:mod:`memfit.engine.
+    abilities`); nothing for a stack whose file does not load (its conventions say so
+    where they are read).
+
+    >>> from memfit.engine.presets import load_gpu, load_model
+    >>> from memfit.engine.specs import HardwareSpec, ParallelismSpec
+    >>> hw = HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=4)
+    >>> s = Scenario(load_model("gpt2"), hw, TrainingSpec(parallelism=ParallelismSpec(pp=2)))
+    >>> refusals(s)[0].words
+    'pipeline parallelism (pp 2)'
+    >>> stacks_that_can(s)
+    ('torchtitan', 'custom')
+    """
+    return _refusals(scenario.training.stack, scenario.training)
+
+
+@memo.cached(maxsize=4096)
+def _refusals(name: str, training: TrainingSpec) -> tuple[Refusal, ...]:
+    try:
+        stack = load_stack(name)
+    except EstimateError:
+        return ()
+    return refused(stack.abilities, stack.abilities_why, training)
+
+
+def refusal_text(scenario: Scenario) -> str | None:
+    """The first thing ``scenario``'s stack cannot run, as a sentence; ``None`` where it
+    can run all of it."""
+    found = refusals(scenario)
+    if not found:
+        return None
+    return found[0].sentence(load_stack(scenario.training.stack).label)
+
+
+def new_refusal(before: Scenario, after: Scenario) -> str | None:
+    """What ``after`` asks of its stack that the stack cannot run and ``before`` did not
+    ask already, as a sentence: a change must not lead out of the stack's abilities (what
+    the user set up already is theirs to keep)."""
+    same = before.training.stack == after.training.stack
+    had = {r.ability for r in refusals(before)} if same else set()
+    fresh = [r for r in refusals(after) if r.ability not in had]
+    if not fresh:
+        return None
+    return fresh[0].sentence(load_stack(after.training.stack).label)
+
+
+def stacks_that_can(scenario: Scenario) -> tuple[str, ...]:
+    """The stacks (by name) that can run all of ``scenario``'s training: where a plan
+    leaves the stack's abilities, the ones to switch to."""
+    return tuple(name for name in loadable_stack_names() if not _refusals(name, scenario.training))

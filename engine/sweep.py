@@ -5,7 +5,9 @@ precision, optimizer, checkpointing, ZeRO/FSDP stage, tensor, pipeline and conte
 parallel sizes, optimizer offload and the micro-batch -- over one or several GPU types
 and counts. Gradient accumulation keeps the global batch (in sequences) of the scenario:
 a configuration whose micro-batch times data-parallel size does not divide it is left
-out, as is any the engine rejects. Each point carries the device total, the verdict and
+out, as is any the engine rejects and any the scenario's training stack cannot run (its
+abilities, :mod:`memfit.engine.abilities`: no pipeline stages under the Hugging Face
+Trainer). Each point carries the device total, the verdict and
 the step time (:mod:`memfit.engine.steptime`); :func:`pareto` picks the configurations no other
 beats on both memory and speed.
 
@@ -26,6 +28,7 @@ import functools
 import io
 import itertools
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,7 @@ from memfit.engine.errors import EstimateError
 from memfit.engine.scenario_io import scenario_to_dict
 from memfit.engine.solve import hardware_with
 from memfit.engine.specs import PARALLEL_AXES, WORLD_AXES, Scenario
+from memfit.engine.stacks import load_stack, new_refusal, refusals, stacks_that_can
 from memfit.engine.steptime import StepTime, step_time, step_times
 
 #: the parallel axes a sweep varies (:attr:`memfit.engine.specs.ParallelAxis.sweep`): its
@@ -141,15 +145,50 @@ def default_space(scenario: Scenario) -> Space:
     )
 
 
+#: what a user can lock, so that no plan changes it, and the changes of the registry
+#: (:mod:`memfit.engine.changes`) that would: the sweep keeps the scenario's value of a
+#: locked axis and make-it-fit leaves out those changes
+LOCKS: dict[str, tuple[str, ...]] = {
+    "precision": ("mixed-precision", "pure-bf16"),
+    "optimizer": ("8bit-optimizer",),
+    "method": ("qlora", "lora"),
+    "loss": ("chunked-loss",),
+    "framework": (),
+    "gpus": ("more-gpus",),
+}
+
+
+def check_locks(locks: Sequence[str]) -> tuple[str, ...]:
+    """``locks`` checked against :data:`LOCKS` (an unknown one is an error naming it)."""
+    for lock in locks:
+        if lock not in LOCKS:
+            raise EstimateError("--lock", f"got {lock!r}, expected any of {', '.join(LOCKS)}")
+    return tuple(locks)
+
+
+def locked(space: Space, scenario: Scenario, locks: Sequence[str]) -> Space:
+    """``space`` with the locked axes held at the scenario's values."""
+    t = scenario.training
+    held: dict[str, tuple[Any, ...]] = {}
+    if "precision" in locks:
+        held["precisions"] = (t.precision,)
+    if "optimizer" in locks:
+        held["optimizers"] = (t.optimizer,)
+    return dataclasses.replace(space, **held)
+
+
 #: one strategy of a sweep: its scenario and the (micro-batch, sequence length,
 #: accumulation) shapes it is evaluated at
 Strategy = tuple[Scenario, list[tuple[int, int, int]]]
 
 
-def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strategy]:
-    """Every strategy of ``space`` around ``scenario`` whose fields are valid, with the
-    micro-batches that keep the global batch; the engine may still reject a layout or a
-    shape (:func:`sweep` leaves those out)."""
+def strategies(
+    scenario: Scenario, space: Space | None = None, beyond: list[Scenario] | None = None
+) -> Iterator[Strategy]:
+    """Every strategy of ``space`` around ``scenario`` whose fields are valid and that the
+    scenario's training stack can run, with the micro-batches that keep the global batch;
+    the engine may still reject a layout or a shape (:func:`sweep` leaves those out).
+    The strategies the stack cannot run are appended to ``beyond`` where it is given."""
     space = space or default_space(scenario)
     t, hw = scenario.training, scenario.hardware
     par = t.parallelism
@@ -200,9 +239,60 @@ def strategies(scenario: Scenario, space: Space | None = None) -> Iterator[Strat
             except EstimateError:
                 continue
             strategy = dataclasses.replace(scenario, hardware=base_hw, training=training)
-            # the ZeRO stages and offloads the registry's changes make, and no others
-            if changes.zero_refusal(strategy) is None:
+            # the ZeRO stages and offloads the registry's changes make, and no others; and
+            # only what the scenario's training stack can run
+            if changes.zero_refusal(strategy) is not None:
+                continue
+            if new_refusal(scenario, strategy) is None:
                 yield strategy, shapes
+            elif beyond is not None:
+                beyond.append(strategy)
+
+
+@dataclass(frozen=True, slots=True)
+class Beyond:
+    """What a sweep left out because the scenario's training stack cannot run it: the
+    stack, how many strategies, what they needed (as the stack file names the abilities:
+    ``pipeline parallelism``) and the stacks that can run them -- switching to one of
+    those is a change of its own, which the sweep does not make."""
+
+    stack: str
+    strategies: int
+    needs: tuple[str, ...]
+    stacks: tuple[str, ...]
+
+    def sentence(self) -> str:
+        """``40 strategies left out: Hugging Face Trainer cannot run pipeline parallelism;
+        torchtitan or custom can`` (``""`` where none was)."""
+        if not self.strategies:
+            return ""
+        can = " or ".join(self.stacks) if self.stacks else "no stack here"
+        return (
+            f"{self.strategies:,} strategies left out: {self.stack} cannot run "
+            f"{' or '.join(self.needs)}; {can} can"
+        )
+
+
+def beyond_stack(
+    scenario: Scenario, space: Space | None = None, left: list[Scenario] | None = None
+) -> Beyond:
+    """The strategies of ``space`` the scenario's training stack cannot run (see
+    :class:`Beyond`): ``left``, where a sweep gathered them already, else found here."""
+    if left is None:
+        left = []
+        for _ in strategies(scenario, space, left):
+            pass
+    needs: dict[str, None] = {}
+    can: dict[str, None] = {}
+    for strategy in left:
+        for refusal in refusals(strategy):
+            needs[re.sub(r" \(.*\)$", "", refusal.words)] = None
+        can.update(dict.fromkeys(stacks_that_can(strategy)))
+    try:
+        label = load_stack(scenario.training.stack).label
+    except EstimateError:
+        label = scenario.training.stack
+    return Beyond(label, len(left), tuple(needs), tuple(can))
 
 
 def reshaped(scenario: Scenario, micro_batch_size: int, accumulation: int) -> Scenario:
@@ -299,6 +389,35 @@ class Point:
         }
 
 
+#: the mark of a configuration that trains differently from the scenario it was swept
+#: around (:func:`numerics_changed`)
+NUMERICS_MARK = "†"
+
+
+def numerics_changed(base: Scenario, scenario: Scenario) -> tuple[str, ...]:
+    """How ``scenario`` trains differently from ``base``, in words: the numerics of each
+    change of the registry (:attr:`memfit.engine.changes.Change.numerics`) whose settings
+    ``scenario`` has and ``base`` has not -- pure bf16 weights, 8-bit optimizer states, a
+    quantized base, another loss. Sharding, offload, recomputation and the micro-batch
+    train the same thing and are not named.
+
+    >>> from memfit.engine.presets import load_gpu, load_model
+    >>> from memfit.engine.specs import HardwareSpec
+    >>> s = Scenario(load_model("gpt2"), HardwareSpec(load_gpu("l4")))
+    >>> numerics_changed(s, changes.BY_ID["8bit-optimizer"].apply(s))
+    ("AdamW's moments quantized to 8 bits, block by block",)
+    """
+    out = []
+    for change in changes.CHANGES:
+        if not change.numerics or not change.sets:
+            continue
+        has = [getattr(scenario.training, k) == v for k, v in change.sets]
+        had = [getattr(base.training, k) == v for k, v in change.sets]
+        if all(has) and not all(had):
+            out.append(change.numerics)
+    return tuple(out)
+
+
 def describe(scenario: Scenario) -> str:
     """A configuration in one line: ``bf16-mixed adamw ckpt full ZeRO-3 tp 2 mb 4 x 8``."""
     t, p = scenario.training, scenario.training.parallelism
@@ -343,15 +462,19 @@ Progress = Callable[[int, int], bool]
 
 
 def sweep(
-    scenario: Scenario, space: Space | None = None, progress: Progress | None = None
+    scenario: Scenario,
+    space: Space | None = None,
+    progress: Progress | None = None,
+    beyond: list[Scenario] | None = None,
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
     memory and time, in enumeration order: each strategy's shapes at once
     (:func:`memfit.engine.batch.totals_over`, :func:`memfit.engine.steptime.step_times`), equal to
     :func:`point` of each configuration. ``progress`` is called every
     :data:`PROGRESS_EVERY` configurations or so; returning ``False`` stops the sweep with
-    the points so far."""
-    todo = list(strategies(scenario, space))
+    the points so far. The strategies the training stack cannot run are left out, and
+    appended to ``beyond`` where it is given (:func:`beyond_stack` says them in words)."""
+    todo = list(strategies(scenario, space, beyond))
     total = sum(len(shapes) for _, shapes in todo)
     out: list[Point] = []
     done = reported = 0

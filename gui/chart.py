@@ -1083,20 +1083,18 @@ class BreakdownChart(QWidget):
                 f"{MAX_GROUP_BARS} of {groups:,} pipeline stages drawn: the first, the worst, "
                 "the last and evenly spaced ones between"
             )
+        lines += [f"Warning: {w.split(': ')[0]}" for w in current.warnings]
         if current.not_modelled:
             lines.append(
                 f"Not modelled: {short_not_modelled(current.not_modelled)} (hover for each)"
             )
         if lines:
             self.note_label.setText("\n".join(lines))
-            self.note_label.setToolTip(
-                rich_text(
-                    "Left out of the estimate, or counted approximately:\n"
-                    + "\n".join(f"• {note}" for note in current.not_modelled)
-                )
-                if current.not_modelled
-                else ""
-            )
+            tip = [f"• {w}" for w in current.warnings]
+            if current.not_modelled:
+                tip += ["Left out of the estimate, or counted approximately:"]
+                tip += [f"• {note}" for note in current.not_modelled]
+            self.note_label.setToolTip(rich_text("\n".join(tip)) if tip else "")
             self.note_label.show()
         else:
             self.note_label.hide()

@@ -35,7 +35,7 @@ from memfit.engine.estimate import GIB, estimate
 from memfit.engine.solve import CHANGES, Fix, make_it_fit
 from memfit.engine.specs import Scenario
 from memfit.engine.steptime import StepTime
-from memfit.engine.sweep import describe
+from memfit.engine.sweep import NUMERICS_MARK, describe, numerics_changed
 from memfit.gui.chart import gib_text, rich_text
 
 #: how many fixes to list, and how many changes one may combine
@@ -107,8 +107,13 @@ def find_fixes(
     return FitResult(scenario, est.device_bytes, est.budget_bytes, est.time, fixes)
 
 
-def changes_text(fix: Fix) -> str:
-    return " + ".join(fix.labels)
+def changes_text(fix: Fix, base: Scenario | None = None) -> str:
+    """The fix's changes, marked :data:`memfit.engine.sweep.NUMERICS_MARK` where they
+    change what is trained against ``base`` (pure bf16, an 8-bit optimizer, another loss)."""
+    text = " + ".join(fix.labels)
+    if base is not None and numerics_changed(base, fix.scenario):
+        text += f" {NUMERICS_MARK}"
+    return text
 
 
 def step_change(fix: Fix, base: StepTime) -> float:
@@ -128,7 +133,7 @@ def row_texts(rank: int, fix: Fix, result: FitResult) -> list[str]:
     change = step_change(fix, result.time) * 100
     return [
         f"{rank}",
-        changes_text(fix),
+        changes_text(fix, result.scenario),
         gib_text(fix.device_bytes),
         signed(gib_text(abs(delta)), delta),
         f"{t.tokens_per_s:,.0f}",
@@ -164,7 +169,7 @@ def fixes_csv(result: FitResult | None) -> str:
             writer.writerow(
                 {
                     "rank": rank,
-                    "changes": changes_text(fix),
+                    "changes": changes_text(fix, result.scenario),
                     "keys": " ".join(fix.changes),
                     "device_bytes": fix.device_bytes,
                     "budget_bytes": fix.budget_bytes,
@@ -286,7 +291,11 @@ class FitView(QWidget):
     def _fill(self, result: FitResult) -> None:
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         for r, fix in enumerate(result.fixes):
-            tip = rich_text(describe(fix.scenario))
+            differs = numerics_changed(result.scenario, fix.scenario)
+            words = describe(fix.scenario)
+            if differs:
+                words += f"\n{NUMERICS_MARK} Trains differently: " + "; ".join(differs)
+            tip = rich_text(words)
             for c, text in enumerate(row_texts(r + 1, fix, result)):
                 cell = QTableWidgetItem(text)
                 if COLUMNS[c] not in ("Changes", "Bound"):

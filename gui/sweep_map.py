@@ -28,7 +28,8 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from memfit.engine.estimate import GIB
-from memfit.engine.sweep import Point, describe, pareto
+from memfit.engine.specs import Scenario
+from memfit.engine.sweep import NUMERICS_MARK, Point, describe, numerics_changed, pareto
 from memfit.gui.chart import gib_text, rich_text, view_point
 from memfit.gui.plot_style import (
     VERDICT_WORDS,
@@ -78,9 +79,11 @@ class NumberAxis(pg.AxisItem):
         return [f"{v * scale:,.{decimals}f}" for v in values]
 
 
-def point_text(p: Point) -> str:
-    """Plain text of a configuration for the hover label and tooltip."""
+def point_text(p: Point, base: Scenario | None = None) -> str:
+    """Plain text of a configuration for the hover label and tooltip; marked, with how,
+    where it trains differently from the scenario ``base`` it was swept around."""
     t = p.time
+    differs = numerics_changed(base, p.scenario) if base is not None else ()
     lines = [
         describe(p.scenario),
         f"{gib_text(p.device_bytes)} per GPU of {gib_text(p.capacity_bytes)} "
@@ -93,6 +96,9 @@ def point_text(p: Point) -> str:
         lines[-1] += f" · {number_text(p.cost_per_token)} per million tokens"
     hw = p.scenario.hardware
     lines[0] += f" · {hw.world_size} x {hw.gpu.display_name}"
+    if differs:
+        lines[0] += f" {NUMERICS_MARK}"
+        lines.append(f"{NUMERICS_MARK} Trains differently: " + "; ".join(differs))
     return "\n".join(lines)
 
 
@@ -110,6 +116,7 @@ class SweepMap(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._built = False  # palette changes wait for the plot
+        self._base: Scenario | None = None
         self._points: list[Point] = []
         self._front: list[Point] = []
         self._metric = "tokens"
@@ -218,11 +225,19 @@ class SweepMap(QWidget):
 
     # -- the one way in --------------------------------------------------------------------
 
-    def set_points(self, points: Sequence[Point], note: str = "", empty: str = NO_SWEEP) -> None:
+    def set_points(
+        self,
+        points: Sequence[Point],
+        note: str = "",
+        empty: str = NO_SWEEP,
+        base: Scenario | None = None,
+    ) -> None:
         """Show ``points`` (a sweep's, in any order); ``note`` goes under the plot when
         nothing is hovered (e.g. how many there are), ``empty`` in it when there are no
-        points."""
+        points; ``base``: the scenario swept around (a point that trains differently from
+        it is marked when hovered)."""
         self._points = list(points)
+        self._base = base
         self._note = note
         self._empty = empty
         self._hovered = None
@@ -443,7 +458,7 @@ class SweepMap(QWidget):
             return
         p = self._points[index]
         self.hover_marker.setData(x=[self._xs[index]], y=[self._ys[index]])
-        text = point_text(p)
+        text = point_text(p, self._base)
         if not self._stale:
             text += "\nClick to make this the current scenario (Ctrl+Z undoes)."
         self.hover_label.setText(text)

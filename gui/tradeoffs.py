@@ -52,7 +52,17 @@ from memfit.engine.files import write_text
 from memfit.engine.presets import gpu_names
 from memfit.engine.solve import Fix
 from memfit.engine.specs import Scenario
-from memfit.engine.sweep import Point, Space, default_space, describe, pareto, points_csv, sweep
+from memfit.engine.sweep import (
+    Beyond,
+    Point,
+    Space,
+    beyond_stack,
+    default_space,
+    describe,
+    pareto,
+    points_csv,
+    sweep,
+)
 from memfit.gui.background import Channel, KeepGoing
 from memfit.gui.chart_export import export_png, export_svg
 from memfit.gui.curves import Curves, CurvesView, compute_curves, curves_csv
@@ -83,6 +93,8 @@ class SweepResult:
     seconds: float
     #: every scenario the map holds a dot for, and the sweep's own
     scenarios: frozenset[Scenario]
+    #: what the training stack cannot run, left out (said under the map)
+    beyond: Beyond | None = None
 
 
 def run_sweep(scenario: Scenario, space: Space, keep_going: KeepGoing) -> SweepResult:
@@ -97,7 +109,9 @@ def run_sweep(scenario: Scenario, space: Space, keep_going: KeepGoing) -> SweepR
             stopped[0] = True
         return not stopped[0]
 
-    points = tuple(sweep(scenario, space, progress=progress))
+    left: list[Scenario] = []
+    points = tuple(sweep(scenario, space, progress=progress, beyond=left))
+    beyond = beyond_stack(scenario, space, left)
     return SweepResult(
         scenario,
         points,
@@ -105,6 +119,7 @@ def run_sweep(scenario: Scenario, space: Space, keep_going: KeepGoing) -> SweepR
         not stopped[0],
         time.perf_counter() - start,
         frozenset([scenario, *(p.scenario for p in points)]),
+        beyond,
     )
 
 
@@ -247,6 +262,7 @@ class TradeoffsView(QWidget):
         self.sweep_status = QLabel()
         self.sweep_status.setObjectName("sweepStatus")
         self.sweep_status.setTextFormat(Qt.TextFormat.PlainText)
+        self.sweep_status.setWordWrap(True)
         self.metric_box = QComboBox()
         self.metric_box.addItem("Tokens/s", "tokens")
         self.metric_box.addItem("Cost / 1M tokens", "cost")
@@ -426,11 +442,22 @@ class TradeoffsView(QWidget):
             done = len(result.points)
             head = f"Cancelled: {done:,} of {result.total:,} configurations swept"
         summary = f"{head} · {fits:,} fit the budget · {front:,} on the Pareto front"
-        self.sweep_status.setText(f"{head} in {result.seconds:.1f} s")
+        left_out = result.beyond.sentence() if result.beyond else ""
+        self.sweep_status.setText(
+            f"{head} in {result.seconds:.1f} s" + (f" · {left_out}" if left_out else "")
+        )
+        self.sweep_status.setToolTip(
+            "The map holds only what the scenario's training stack can run (its abilities, "
+            "in the stack's file); switching the stack in the Training strategy panel is a "
+            "change of its own."
+            if left_out
+            else ""
+        )
         self.map.set_points(
             result.points,
             f"{summary} · swept around {describe(result.scenario)}",
             empty="No configuration of this space is valid for the scenario",
+            base=result.scenario,
         )
         self._update_metric_choice()
         self._update_map_state()

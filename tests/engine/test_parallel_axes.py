@@ -38,6 +38,7 @@ def moe(**parallelism: int) -> Scenario:
             method="lora",
             sequence_length=4096,
             parallelism=ParallelismSpec(zero_stage=1, **parallelism),
+            stack="custom",  # a loop of one's own: every axis (the Trainer has no ep)
         ),
     )
 

@@ -18,6 +18,7 @@ from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.solve import fits, make_it_fit
 from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
 from memfit.engine.steptime import step_time
+from memfit.engine.sweep import NUMERICS_MARK, numerics_changed
 from memfit.gui.main_window import MainWindow
 from memfit.gui.make_fit import MINUS, find_fixes
 from memfit.gui.tradeoffs import TradeoffsView
@@ -91,7 +92,8 @@ def test_fixes_of_a_scenario_that_does_not_fit_are_listed_fastest_first(
     base = step_time(too_big()).step_time_s
     first = fixes[0]
     assert fv.cell_text(0, "#") == "1"
-    assert fv.cell_text(0, "Changes") == " + ".join(first.labels)
+    mark = f" {NUMERICS_MARK}" if numerics_changed(too_big(), first.scenario) else ""
+    assert fv.cell_text(0, "Changes") == " + ".join(first.labels) + mark
     assert fv.cell_text(0, "Memory per GPU") == f"{first.device_bytes / GIB:.1f} GiB"
     assert fv.cell_text(0, "Memory change") == (
         f"{MINUS}{(est.device_bytes - first.device_bytes) / GIB:.1f} GiB"
@@ -188,7 +190,11 @@ def test_exports_write_csv_png_and_svg(window: MainWindow, qtbot: QtBot, tmp_pat
     rows = list(csv.DictReader(io.StringIO((tmp_path / "fixes.csv").read_text())))
     fixes = view.fit_view.fixes()
     assert [r["rank"] for r in rows] == [str(i) for i in range(1, len(fixes) + 1)]
-    assert [r["changes"] for r in rows] == [" + ".join(f.labels) for f in fixes]
+    assert [r["changes"] for r in rows] == [
+        " + ".join(f.labels)
+        + (f" {NUMERICS_MARK}" if numerics_changed(too_big(), f.scenario) else "")
+        for f in fixes
+    ]
     assert [int(r["device_bytes"]) for r in rows] == [f.device_bytes for f in fixes]
     assert float(rows[0]["tokens_per_s"]) == pytest.approx(fixes[0].time.tokens_per_s)
     assert not QImage(str(tmp_path / "fixes.png")).isNull()

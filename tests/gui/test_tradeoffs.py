@@ -176,13 +176,13 @@ def test_cancel_stops_a_running_sweep_and_the_view_stays_usable(
     pacing = threading.Event()
     pacing.set()
 
-    def paced(scenario: Scenario, space: Space, progress: Any = None) -> list[Any]:
+    def paced(scenario: Scenario, space: Space, progress: Any = None, **kw: Any) -> list[Any]:
         def report(done: int, total: int) -> bool:
             if pacing.is_set():
                 time.sleep(0.005)
             return bool(progress(done, total))
 
-        return sweep(scenario, space, progress=report)
+        return sweep(scenario, space, progress=report, **kw)
 
     monkeypatch.setattr(tradeoffs, "sweep", paced)
     with qtbot.waitSignal(view.sweeper.progressed, timeout=WAIT_MS):

@@ -1,0 +1,75 @@
+"""Plans a user can run, in the app: the map says what the stack cannot run and left out,
+a configuration that trains differently is marked, an estimate of a layout the stack
+cannot run is warned of, and make-it-fit marks its numerics changes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pytestqt.qtbot import QtBot
+
+from memfit.engine.specs import ParallelismSpec
+from memfit.engine.stacks import refusals
+from memfit.engine.sweep import NUMERICS_MARK, Space, numerics_changed
+from memfit.gui.main_window import MainWindow
+from memfit.gui.sweep_map import point_text
+from tests.gui.helpers import cluster
+from tests.gui.test_make_fit import shown, too_big
+from tests.gui.test_tradeoffs import WAIT_MS, show
+
+#: pipeline sizes the Hugging Face Trainer cannot run, pure bf16 beside mixed
+PIPED = Space(precisions=("bf16-mixed", "bf16"), checkpointing=("full",),
+              parallel=(("pp", (1, 2)),), micro_batches=(1,))  # fmt: skip
+
+
+def test_the_map_leaves_out_and_names_what_the_stack_cannot_run(
+    window: MainWindow, qtbot: QtBot
+) -> None:
+    window.store.reset(cluster())
+    view = show(window, qtbot, 0)
+    with qtbot.waitSignal(view.sweeper.finished, timeout=WAIT_MS):
+        assert view.start_sweep(PIPED)
+    points = view.map.points()
+    assert points and all(p.scenario.training.parallelism.pp == 1 for p in points)
+    status = view.sweep_status.text()
+    assert "strategies left out: Hugging Face Trainer cannot run pipeline parallelism" in status
+    assert "torchtitan" in status
+    base = window.store.scenario
+    pure = next(p for p in points if p.scenario.training.precision == "bf16")
+    mixed = next(p for p in points if p.scenario.training.precision == "bf16-mixed")
+    assert numerics_changed(base, pure.scenario)
+    text = point_text(pure, base)
+    assert f"{NUMERICS_MARK} Trains differently: bf16 weights" in text
+    assert NUMERICS_MARK not in point_text(mixed, base)
+
+
+def test_a_layout_the_stack_cannot_run_is_estimated_with_a_warning(window: MainWindow) -> None:
+    s = cluster()
+    piped = dataclasses.replace(
+        s,
+        training=dataclasses.replace(
+            s.training,
+            parallelism=ParallelismSpec(pp=2, zero_stage=s.training.parallelism.zero_stage),
+        ),
+    )
+    assert refusals(piped)
+    window.store.reset(piped)
+    note = window.chart.note_label
+    assert not note.isHidden()
+    assert "Warning: Hugging Face Trainer cannot run pipeline parallelism (pp 2)" in note.text()
+    assert "accelerate" in note.toolTip()  # the stack file's reason, with its source
+    window.store.reset(s)
+    note = window.chart.note_label
+    assert note.isHidden() or "cannot run" not in note.text()
+
+
+def test_make_it_fit_marks_the_fixes_that_train_differently(
+    window: MainWindow, qtbot: QtBot
+) -> None:
+    view = shown(window, qtbot, too_big())
+    fv = view.fit_view
+    fixes = fv.fixes()
+    marked = [i for i, f in enumerate(fixes) if numerics_changed(too_big(), f.scenario)]
+    assert marked and len(marked) < len(fixes)
+    for i, _fix in enumerate(fixes):
+        assert fv.cell_text(i, "Changes").endswith(f" {NUMERICS_MARK}") == (i in marked)
