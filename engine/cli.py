@@ -54,10 +54,10 @@ from memfit.engine.scenario_io import save_scenario, scenario_from_dict, scenari
 from memfit.engine.solve import (
     SERVER_GPUS,
     fits,
-    make_it_fit,
     max_micro_batch,
     max_sequence_length,
     min_gpus,
+    search,
     with_gpus,
 )
 from memfit.engine.specs import (
@@ -811,7 +811,9 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         "min_gpus": (lambda s: s.hardware.world_size if s else None)(min_gpus(scenario)),
     }
     leave_out = [c for lock in locks for c in LOCKS[lock]]
-    fixes = make_it_fit(scenario, top=args.top, leave_out=leave_out) if not fits(scenario) else []
+    found = search(scenario, top=args.top, leave_out=leave_out) if not fits(scenario) else None
+    fixes = list(found.fixes) if found is not None else []
+    floor = found.floor if found is not None and not fixes else None
     if args.json:
         fix_rows = [
             {
@@ -828,6 +830,15 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
                 **limits,
                 "configs": [p.as_dict() for p in top],
                 "fixes": fix_rows,
+                "floor": None
+                if floor is None
+                else {
+                    "changes": list(floor.changes),
+                    "labels": list(floor.labels),
+                    "device_bytes": floor.device_bytes,
+                    "budget_bytes": floor.budget_bytes,
+                    "breakdown": dict(estimate(floor.scenario).breakdown),
+                },
                 "left_out": left_out,
             },
             out,
@@ -864,6 +875,16 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         print(f"  {NUMERICS_MARK} trains differently: {'; '.join(differs)}", file=out)
     if not top:
         print("no configuration of the space fits the budget", file=out)
+    if floor is not None:
+        made = " + ".join(floor.labels) or "the scenario as it is"
+        lowest = estimate(floor.scenario)
+        parts = ", ".join(f"{c} {b / GIB:.2f}" for c, b in lowest.breakdown.items() if b)
+        print(
+            f"\nnothing makes it fit: the least it goes down to is {floor.device_bytes / GIB:.2f}"
+            f" GiB per GPU ({made}), over the budget of {floor.budget_bytes / GIB:.2f} GiB;"
+            f" that floor is {parts} (GiB)",
+            file=out,
+        )
     if fixes:
         print("\nmake it fit: the changes to this scenario, fastest first", file=out)
         for i, f in enumerate(fixes, 1):

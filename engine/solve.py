@@ -20,16 +20,18 @@ True
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from memfit.engine import changes
 from memfit.engine.batch import totals
 from memfit.engine.changes import Change, with_training
 from memfit.engine.errors import EstimateError
 from memfit.engine.presets import load_gpu
-from memfit.engine.specs import MAX_DIM, HardwareSpec, Scenario
+from memfit.engine.specs import MAX_DIM, PARALLEL_AXES, HardwareSpec, Scenario
 from memfit.engine.steptime import StepTime, step_time
 
 #: the largest world size :func:`min_gpus` tries
@@ -149,8 +151,11 @@ def min_gpus(scenario: Scenario, gpu: str | None = None, limit: int = MAX_GPUS) 
     return at[hi]
 
 
-#: what make_it_fit tries: the changes of the registry (:mod:`memfit.engine.changes`) that save
-#: memory and keep the model and what it trains, in the registry's order
+#: what make_it_fit tries: every change of the registry (:mod:`memfit.engine.changes`)
+#: that saves memory and keeps the model and what it trains on -- the number formats,
+#: kernels and loop habits, the optimizer, checkpointing and activation offload, the
+#: micro-batch, ZeRO and the offloads of optimizer and parameters, a model-parallel axis
+#: twice as wide, twice the GPUs -- in the registry's order
 CHANGES: tuple[Change, ...] = changes.pick(
     changes.in_order(
         (
@@ -165,16 +170,29 @@ CHANGES: tuple[Change, ...] = changes.pick(
             "8bit-optimizer",
             "selective-checkpointing",
             "checkpointing",
+            "offload-activations",
             "half-micro-batch",
             "micro-batch-1",
             "zero1",
             "zero2",
             "zero3",
             "cpu-offload",
+            "offload-parameters",
+            *(f"{a.key}-x2" for a in PARALLEL_AXES if a.section == "model"),
+            "more-gpus",
         )
     )
 )
 CHANGES_BY_KEY = {c.id: c for c in CHANGES}
+#: every combination of up to this many changes is tried (the fastest fits are near the
+#: budget, where a search by memory comes last); deeper ones best first, lowest memory first
+EXHAUSTIVE = 3
+#: the most changes one fix makes
+MAX_CHANGES = 8
+#: the most scenarios one search estimates (each a few milliseconds)
+MAX_TRIES = 1500
+#: a search's progress: (scenarios tried, the most it tries) -> False to stop
+Progress = Callable[[int, int], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +207,31 @@ class Fix:
     time: StepTime
 
 
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The least memory per GPU a search reached, and the changes that reach it: where
+    nothing fits, what the scenario cannot go under (its breakdown says what it is made
+    of: :func:`memfit.engine.estimate.estimate` of :attr:`scenario`)."""
+
+    changes: tuple[str, ...]
+    labels: tuple[str, ...]
+    scenario: Scenario
+    device_bytes: int
+    budget_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """What make-it-fit found: the fixes, fastest first; the floor; how many scenarios it
+    estimated and whether it went through the space it set out to (not stopped by its
+    limit or a cancel)."""
+
+    fixes: tuple[Fix, ...]
+    floor: Floor | None
+    tries: int
+    complete: bool
+
+
 def combine(scenario: Scenario, keys: Iterable[str]) -> Scenario | None:
     """``scenario`` with the changes ``keys`` made in order; ``None`` when one of them
     does not apply where the ones before it left the scenario (an earlier one made it
@@ -198,40 +241,102 @@ def combine(scenario: Scenario, keys: Iterable[str]) -> Scenario | None:
 
 
 def make_it_fit(
-    scenario: Scenario, top: int = 10, max_changes: int = 3, leave_out: Iterable[str] = ()
+    scenario: Scenario,
+    top: int = 10,
+    max_changes: int = MAX_CHANGES,
+    leave_out: Iterable[str] = (),
 ) -> list[Fix]:
-    """The changes, alone and up to ``max_changes`` combined, that bring the device total
-    under the budget, fastest (tokens/s) first; a combination whose every change is
-    needed -- no smaller subset of it fits -- and no two that give the same scenario.
-    ``leave_out``: changes not to make (what the user locked)."""
-    fitting: dict[Scenario, Fix] = {}
-    fit_sets: list[frozenset[str]] = []
+    """The changes that bring the device total under the budget, fastest (tokens/s)
+    first (see :func:`search`); ``leave_out``: changes not to make (what the user locked)."""
+    return list(search(scenario, top, max_changes, leave_out).fixes)
+
+
+def search(
+    scenario: Scenario,
+    top: int = 10,
+    max_changes: int = MAX_CHANGES,
+    leave_out: Iterable[str] = (),
+    progress: Progress | None = None,
+    max_tries: int = MAX_TRIES,
+) -> Search:
+    """Every combination of up to :data:`EXHAUSTIVE` changes of :data:`CHANGES`, then
+    deeper ones best first -- the combination of least memory per GPU grown by one more
+    change at a time -- up to ``max_changes`` at once and ``max_tries`` scenarios, until
+    ``top`` fixes are found. A fix is a combination whose every change is needed (no
+    smaller one among the fixes fits) and no two give the same scenario; changes are
+    made in the registry's order, and those the scenario's stack cannot run are not made
+    (:meth:`memfit.engine.changes.Change.attempt`). The floor is the least memory reached.
+    ``progress`` is told (tried, max_tries) now and then; ``False`` stops the search."""
     skipped = set(leave_out)
     ids = [c.id for c in CHANGES if c.id not in skipped]
-    for size in range(1, max_changes + 1):
+    fitting: dict[Scenario, tuple[tuple[str, ...], Any]] = {}
+    seen: set[Scenario] = {scenario}
+    floor: tuple[int, tuple[str, ...], Scenario, int] | None = None
+    queue: list[tuple[int, int, tuple[str, ...]]] = []
+    tries = 0
+    stopped = False
+
+    def fits_a_subset(keys: tuple[str, ...]) -> bool:
+        have = set(keys)
+        return any(set(k) < have or set(k) == have for k, _ in fitting.values())
+
+    def visit(keys: tuple[str, ...]) -> None:
+        nonlocal tries, floor, stopped
+        if fits_a_subset(keys) or not changes.compatible(keys):
+            return
+        s = combine(scenario, keys)
+        if s is None or s in seen:
+            return
+        seen.add(s)
+        tries += 1
+        if progress is not None and tries % 50 == 0 and not progress(tries, max_tries):
+            stopped = True
+        try:
+            t = totals(s)
+        except EstimateError:
+            return
+        if floor is None or t.device_bytes < floor[0]:
+            floor = (t.device_bytes, keys, s, t.budget_bytes)
+        if t.device_bytes <= t.budget_bytes:
+            fitting[s] = (keys, t)
+        elif len(keys) < max_changes:
+            heapq.heappush(queue, (t.device_bytes, tries, keys))
+
+    for size in range(1, min(EXHAUSTIVE, max_changes) + 1):
         for keys in itertools.combinations(ids, size):
-            if not changes.compatible(keys) or any(f <= set(keys) for f in fit_sets):
-                continue
-            s = combine(scenario, keys)
-            if s is None or s in fitting:
-                continue
-            try:
-                t = totals(s)
-            except EstimateError:
-                continue
-            if t.device_bytes > t.budget_bytes:
-                continue
-            fit_sets.append(frozenset(keys))
-            fitting[s] = Fix(
-                keys,
-                tuple(CHANGES_BY_KEY[k].label for k in keys),
-                s,
-                t.device_bytes,
-                t.budget_bytes,
-                step_time(s),
-            )
-    ranked = sorted(fitting.values(), key=lambda f: (-f.time.tokens_per_s, len(f.changes)))
-    return ranked[:top]
+            if tries >= max_tries or stopped:
+                break
+            visit(keys)
+    queue = [q for q in queue if len(q[2]) == min(EXHAUSTIVE, max_changes)]
+    heapq.heapify(queue)
+    while queue and len(fitting) < top and tries < max_tries and not stopped:
+        _bytes, _order, keys = heapq.heappop(queue)
+        for i in ids:
+            if i not in keys:
+                visit(changes.in_order((*keys, i)))
+    # a fix whose changes include another fix's is not needed whole
+    sets = {s: set(k) for s, (k, _) in fitting.items()}
+    minimal = [s for s in fitting if not any(o < sets[s] for o in sets.values())]
+    fixes = [
+        Fix(
+            fitting[s][0],
+            tuple(CHANGES_BY_KEY[k].label for k in fitting[s][0]),
+            s,
+            fitting[s][1].device_bytes,
+            fitting[s][1].budget_bytes,
+            step_time(s),
+        )
+        for s in minimal
+    ]
+    # fastest per GPU first: a fix that adds GPUs is weighed by what each one does
+    ranked = sorted(fixes, key=lambda f: (-f.time.tokens_per_s_per_gpu, len(f.changes)))
+    lowest = None
+    if floor is not None:
+        keys = floor[1]
+        labels = tuple(CHANGES_BY_KEY[k].label for k in keys)
+        lowest = Floor(keys, labels, floor[2], floor[0], floor[3])
+    complete = not stopped and tries < max_tries
+    return Search(tuple(ranked[:top]), lowest, tries, complete)
 
 
 def hardware_with(scenario: Scenario, gpu: str) -> Scenario:

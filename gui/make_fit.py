@@ -32,15 +32,23 @@ from PySide6.QtWidgets import (
 )
 
 from memfit.engine.estimate import GIB, estimate
-from memfit.engine.solve import CHANGES, Fix, make_it_fit
+from memfit.engine.model_state import CATEGORIES
+from memfit.engine.solve import (
+    CHANGES,
+    EXHAUSTIVE,
+    MAX_CHANGES,
+    MAX_TRIES,
+    Fix,
+    Floor,
+    search,
+)
 from memfit.engine.specs import Scenario
 from memfit.engine.steptime import StepTime
 from memfit.engine.sweep import NUMERICS_MARK, describe, numerics_changed
-from memfit.gui.chart import gib_text, rich_text
+from memfit.gui.chart import CATEGORY_NAMES, gib_text, rich_text
 
 #: how many fixes to list, and how many changes one may combine
 TOP = 10
-MAX_CHANGES = 3
 COLUMNS = (
     "#",
     "Changes",
@@ -85,6 +93,9 @@ class FitResult:
     budget_bytes: int
     time: StepTime
     fixes: tuple[Fix, ...]
+    #: where nothing fits, the least memory the search reached and what it is made of
+    floor: Floor | None = None
+    floor_breakdown: tuple[tuple[str, int], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -94,17 +105,30 @@ class FitResult:
 def find_fixes(
     scenario: Scenario, keep_going: Callable[[int, int], bool] | None = None
 ) -> FitResult:
-    """The scenario's total and the fixes that make it fit, as a worker runs it (no Qt).
-    ``keep_going`` is told of the start and the end only: the solver runs in one go."""
+    """The scenario's total and the fixes that make it fit, as a worker runs it (no Qt):
+    the search of :func:`memfit.engine.solve.search`, which tells ``keep_going`` how far
+    it is and stops when it returns ``False``."""
     if keep_going is not None:
-        keep_going(0, 1)
+        keep_going(0, MAX_TRIES)
     est = estimate(scenario)
-    fixes: tuple[Fix, ...] = ()
-    if est.device_bytes > est.budget_bytes:
-        fixes = tuple(make_it_fit(scenario, top=TOP, max_changes=MAX_CHANGES))
+    if est.device_bytes <= est.budget_bytes:
+        return FitResult(scenario, est.device_bytes, est.budget_bytes, est.time, ())
+    found = search(scenario, top=TOP, progress=keep_going)
+    breakdown: tuple[tuple[str, int], ...] = ()
+    if not found.fixes and found.floor is not None:
+        lowest = estimate(found.floor.scenario)
+        breakdown = tuple((c, lowest.breakdown[c]) for c in CATEGORIES if lowest.breakdown[c])
     if keep_going is not None:
-        keep_going(1, 1)
-    return FitResult(scenario, est.device_bytes, est.budget_bytes, est.time, fixes)
+        keep_going(MAX_TRIES, MAX_TRIES)
+    return FitResult(
+        scenario,
+        est.device_bytes,
+        est.budget_bytes,
+        est.time,
+        found.fixes,
+        found.floor,
+        breakdown,
+    )
 
 
 def changes_text(fix: Fix, base: Scenario | None = None) -> str:
@@ -150,13 +174,28 @@ def summary_text(result: FitResult) -> str:
         return f"Fits already: {used:,.1f} of {budget:,.1f} GiB per GPU; nothing to change."
     head = f"Does not fit: {used:,.1f} GiB per GPU, over the budget of {budget:,.1f} GiB."
     if not result.fixes:
-        return (
-            f"{head} No change of up to {MAX_CHANGES} at once makes it fit: try more "
-            "GPUs (Hardware tab) or a smaller model."
-        )
+        return f"{head} {floor_text(result)}"
     n = len(result.fixes)
     ways = "1 way" if n == 1 else f"{n} ways"
     return f"{head} {ways} to make it fit, fastest first; double-click one to apply it."
+
+
+def floor_text(result: FitResult) -> str:
+    """Where nothing fits: the least memory per GPU the search reached, with which
+    changes, and what that floor is made of (GiB = 2^30 bytes)."""
+    floor = result.floor
+    if floor is None:
+        return "No change of the registry applies to it: try another GPU or a smaller model."
+    how = " + ".join(floor.labels) if floor.labels else "the scenario as it is"
+    parts = ", ".join(
+        f"{CATEGORY_NAMES.get(c, c).lower()} {gib_text(b)}" for c, b in result.floor_breakdown
+    )
+    return (
+        f"Nothing fits: the least it goes down to is {gib_text(floor.device_bytes)} per GPU "
+        f"({how}), over the budget of {gib_text(floor.budget_bytes)}"
+        + (f"; that floor is {parts}" if parts else "")
+        + ". Try a larger GPU, more GPUs or a smaller model."
+    )
 
 
 def fixes_csv(result: FitResult | None) -> str:
@@ -283,8 +322,9 @@ class FitView(QWidget):
             base = result.time
             self.note.setText(
                 f"As it is: {base.tokens_per_s:,.0f} tokens/s, step {base.step_time_s:.3g} s, "
-                f"MFU {base.mfu * 100:.1f} %. {len(CHANGES)} changes tried, up to "
-                f"{MAX_CHANGES} at once; hover a row for its whole configuration."
+                f"MFU {base.mfu * 100:.1f} %. {len(CHANGES)} changes tried, every "
+                f"combination of up to {EXHAUSTIVE} and deeper ones lowest memory first "
+                f"(up to {MAX_CHANGES} at once); hover a row for its whole configuration."
             )
         self._update_apply()
 

@@ -11,9 +11,11 @@ import json
 import pytest
 
 from memfit.engine import solve, sweep
+from memfit.engine.batch import totals
 from memfit.engine.cli import main
 from memfit.engine.estimate import estimate
 from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.solve import CHANGES, combine, search
 from memfit.engine.specs import HardwareSpec, LoraSpec, ParallelismSpec, Scenario, TrainingSpec
 from memfit.engine.steptime import step_time
 
@@ -308,3 +310,66 @@ def test_make_it_fit_and_the_what_ifs_offer_zero_by_one_rule() -> None:
     spread = preset_scenario("llama-3-8b", "h100-sxm-80gb", {}, gpus_per_node=8)
     assert nothing_to_shard(spread, 3) is None
     assert all(c.applies(spread) for c in CHANGES if c.id.startswith("zero"))
+
+
+# -- make-it-fit's whole search ------------------------------------------------------------
+
+
+def qlora_70b_on_two_4090s() -> Scenario:
+    """The new user's task: Llama 3 70B QLoRA on 2 x RTX 4090 (micro-batch 4, 2k tokens)."""
+    return Scenario(
+        load_model("llama-3-70b"),
+        HardwareSpec(load_gpu("rtx-4090"), gpus_per_node=2),
+        TrainingSpec(method="qlora", micro_batch_size=4, sequence_length=2048),
+    )
+
+
+def test_make_it_fit_finds_fits_of_four_changes_the_three_change_search_missed() -> None:
+    """It said 70B QLoRA on 2 x RTX 4090 cannot fit, while ZeRO-3, parameter offload, full
+    checkpointing and micro-batch 1 give 11.8 GiB."""
+    s = qlora_70b_on_two_4090s()
+    assert not fits(s)
+    four = combine(s, ("checkpointing", "micro-batch-1", "zero3", "offload-parameters"))
+    assert four is not None and fits(four)
+    found = search(s)
+    assert found.fixes and found.complete
+    for fix in found.fixes:
+        assert fits(fix.scenario) and fix.device_bytes <= fix.budget_bytes
+        assert combine(s, fix.changes) == fix.scenario
+        others = [set(f.changes) for f in found.fixes if f is not fix]
+        assert not any(o < set(fix.changes) for o in others)  # every change needed
+    assert any("offload-parameters" in f.changes for f in found.fixes)
+    per_gpu = [f.time.tokens_per_s_per_gpu for f in found.fixes]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    assert found.floor is not None and found.floor.device_bytes <= min(
+        f.device_bytes for f in found.fixes
+    )
+
+
+def test_where_nothing_fits_the_floor_is_said() -> None:
+    s = Scenario(load_model("llama-3.1-405b"), HardwareSpec(load_gpu("rtx-4090")),
+                 TrainingSpec(method="full"))  # fmt: skip
+    found = search(s)
+    assert found.fixes == () and found.floor is not None
+    floor = found.floor
+    assert floor.device_bytes > floor.budget_bytes
+    assert combine(s, floor.changes) == floor.scenario
+    assert totals(floor.scenario).device_bytes == floor.device_bytes
+    # no single change of the search goes under it
+    for change in CHANGES:
+        made = combine(s, (change.id,))
+        if made is not None:
+            assert totals(made).device_bytes >= floor.device_bytes
+
+
+def test_the_search_reports_progress_and_stops_when_told() -> None:
+    s = qlora_70b_on_two_4090s()
+    seen: list[tuple[int, int]] = []
+
+    def stop_soon(done: int, total: int) -> bool:
+        seen.append((done, total))
+        return done < 100
+
+    found = search(s, progress=stop_soon)
+    assert seen and not found.complete and found.tries <= 150
+    assert search(s, max_tries=40).complete is False

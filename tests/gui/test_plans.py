@@ -8,9 +8,11 @@ import dataclasses
 
 from pytestqt.qtbot import QtBot
 
-from memfit.engine.specs import ParallelismSpec
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from memfit.engine.stacks import refusals
 from memfit.engine.sweep import NUMERICS_MARK, Space, numerics_changed
+from memfit.gui.chart import gib_text
 from memfit.gui.main_window import MainWindow
 from memfit.gui.sweep_map import point_text
 from tests.gui.helpers import cluster
@@ -73,3 +75,34 @@ def test_make_it_fit_marks_the_fixes_that_train_differently(
     assert marked and len(marked) < len(fixes)
     for i, _fix in enumerate(fixes):
         assert fv.cell_text(i, "Changes").endswith(f" {NUMERICS_MARK}") == (i in marked)
+
+
+def test_make_it_fit_says_the_floor_where_nothing_fits(window: MainWindow, qtbot: QtBot) -> None:
+    """It said "try more GPUs or a smaller model" where no change of three fitted, without
+    saying how far down the scenario can go, or what is left."""
+    s = Scenario(load_model("llama-3.1-405b"), HardwareSpec(load_gpu("rtx-4090")),
+                 TrainingSpec(method="full"))  # fmt: skip
+    view = shown(window, qtbot, s)
+    result = view.fit_view.result()
+    assert result is not None and result.fixes == () and result.floor is not None
+    text = view.fit_view.summary.text()
+    assert text.startswith("Does not fit:")
+    assert f"the least it goes down to is {gib_text(result.floor.device_bytes)}" in text
+    assert "that floor is parameters" in text and "activations" in text
+
+
+def test_make_it_fit_finds_the_four_change_fix_for_70b_qlora_on_two_4090s(
+    window: MainWindow, qtbot: QtBot
+) -> None:
+    s = Scenario(
+        load_model("llama-3-70b"),
+        HardwareSpec(load_gpu("rtx-4090"), gpus_per_node=2),
+        TrainingSpec(method="qlora", micro_batch_size=4, sequence_length=2048),
+    )
+    view = shown(window, qtbot, s)
+    fixes = view.fit_view.fixes()
+    assert fixes and all(f.device_bytes <= f.budget_bytes for f in fixes)
+    assert (
+        "ways to make it fit" in view.fit_view.summary.text()
+        or "1 way" in view.fit_view.summary.text()
+    )
