@@ -108,6 +108,8 @@ METHOD_WORDS = {
 Y_LABEL = "Memory per GPU (GiB, 2^30 bytes)"
 #: the y axis' title where the plot is too short for :data:`Y_LABEL`
 SHORT_Y_LABEL = "GiB per GPU (2^30 B)"
+#: and where it is too short for that (a small window with the details open)
+TINY_Y_LABEL = "GiB (2^30 B)"
 BAR_HALF_WIDTH = 0.32
 GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
@@ -747,7 +749,10 @@ class BreakdownChart(QWidget):
         axis = self.plot_item.getAxis("left")
         metrics = QFontMetrics(axis.label.font())
         height = self.plot_item.getViewBox().height()
-        text = Y_LABEL if metrics.horizontalAdvance(Y_LABEL) + 8 <= height else SHORT_Y_LABEL
+        text = next(
+            (t for t in (Y_LABEL, SHORT_Y_LABEL) if metrics.horizontalAdvance(t) + 8 <= height),
+            TINY_Y_LABEL,
+        )
         colour = self._foreground.name()
         if text != axis.labelText or axis.labelStyle.get("color") != colour:
             axis.setLabel(text, color=colour)

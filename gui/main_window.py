@@ -86,7 +86,14 @@ from memfit.gui.forms import FormPanel, give_mnemonics, in_user_words, redo_keys
 from memfit.gui.importing import Importer
 from memfit.gui.importing import is_scenario_file as _is_scenario_file
 from memfit.gui.panels import HardwarePanel, ModelPanel, ParallelismPanel, TrainingPanel
-from memfit.gui.readout import HELP_TITLE, Readout, gib_cell, show_help, status_summary
+from memfit.gui.readout import (
+    HELP_TITLE,
+    Readout,
+    StepReadout,
+    gib_cell,
+    show_help,
+    status_summary,
+)
 from memfit.gui.session import (
     LEGACY_NAME,
     RECOVERY_FOLDER,
@@ -117,6 +124,9 @@ __all__ = ["MainWindow", "app_icon", "message_box"]
 APP_NAME = "MemFit"
 MAX_RECENT = 8
 SCENARIO_FILTER = "MemFit scenario (*.memfit.json);;JSON (*.json)"
+#: the window height from which the step time has a line of its own under the memory
+#: readout; below it the chart keeps that height (the status bar says the step time)
+STEP_LINE_HEIGHT = 720
 #: what File > Open reads: a scenario, or a model or training config to import
 OPEN_FILTER = (
     "Scenario, model config or training config (*.json *.yaml *.yml);;"
@@ -364,6 +374,10 @@ class MainWindow(QMainWindow):
         top_layout.addWidget(self.whatif)
         self.readout = Readout(self.store)  # allocated, reserved, device, by the banner
         top_layout.addWidget(self.readout)
+        # the step time beside the memory; a short window keeps its height for the chart
+        # (the status bar says the step time too)
+        self.step_readout = StepReadout(self.store)
+        top_layout.addWidget(self.step_readout)
         top_layout.addWidget(self.chart, 1)
         memory.addWidget(top)
         # under the chart: the items, the activations by source, the step over time
@@ -1290,6 +1304,10 @@ class MainWindow(QMainWindow):
         if not self._shown_once:
             self._shown_once = True
             repolish_window(self)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.step_readout.setVisible(self.height() >= STEP_LINE_HEIGHT)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         choice = self.ask_to_save()

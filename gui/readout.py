@@ -7,10 +7,15 @@
 * :data:`HELP_TITLE` / :data:`HELP_TEXT` -- the Help > "What the numbers mean" page, and
   :func:`show_help`, which shows it;
 * :func:`status_summary` -- the status bar's summary, which states the banner's figure
-  with the banner's rounding and verdict word.
+  with the banner's rounding and verdict word;
+* :class:`StepReadout` -- the step time beside the memory: a line under the readout with
+  the terms on the critical path, the bound, tokens/s and MFU (:func:`step_words`).
 """
 
 from __future__ import annotations
+
+import html
+import re
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QResizeEvent
@@ -21,14 +26,18 @@ from memfit.gui.chart import gib_text
 from memfit.gui.store import ScenarioStore
 
 __all__ = [
+    "BOUND_WORDS",
     "HELP_TEXT",
     "HELP_TITLE",
     "VERDICT_WORDS",
     "Readout",
+    "StepReadout",
     "gib_cell",
     "overhead_split",
+    "seconds_text",
     "show_help",
     "status_summary",
+    "step_words",
 ]
 
 #: the overhead items between allocated and reserved bytes (the caching allocator's slack)
@@ -86,11 +95,15 @@ def overhead_split(est: Estimate) -> tuple[int, int]:
 
 
 def status_summary(est: Estimate) -> str:
-    """The status bar's words for ``est``: the banner's verdict word and figure, e.g.
-    ``Does not fit · 150.2 GiB per GPU of 45.0 GiB``."""
+    """The status bar's words for ``est``: the banner's verdict word and figure, then the
+    step time and tokens/s, e.g. ``Does not fit · 150.2 GiB per GPU of 45.0 GiB · step
+    1.23 s · 13,300 tokens/s`` (the step is there too where a short window has no room
+    for its own line: :class:`StepReadout`)."""
+    t = est.time
     return (
         f"{VERDICT_WORDS[est.verdict]} · {gib_text(est.device_bytes)} per GPU of "
-        f"{gib_text(est.capacity_bytes)}"
+        f"{gib_text(est.capacity_bytes)} · step {seconds_text(t.step_time_s)} · "
+        f"{t.tokens_per_s:,.0f} tokens/s"
     )
 
 
@@ -242,6 +255,115 @@ class Readout(QFrame):
                 return
         self.heading.setText(SHORT_HEADING)
         self.split.setVisible(False)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit()
+
+
+#: the bound of a step in words (:data:`memfit.engine.steptime.BOUNDS`)
+BOUND_WORDS = {
+    "compute": "compute-bound",
+    "memory_bandwidth": "memory-bandwidth-bound",
+    "communication": "communication-bound",
+    "host_transfer": "host-transfer-bound",
+    "pipeline_bubble": "bubble-bound",
+}
+#: terms shorter than this share of the step are left to the tooltip
+MINOR_TERM = 0.005
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as a step time is read: ``0.650 s``, ``12.3 ms``, ``84 µs``."""
+    if seconds >= 1.0:
+        return f"{seconds:,.2f} s"
+    if seconds >= 0.1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def short_term(name: str) -> str:
+    """A step term's name for the one-line readout: ``forward``, ``element-wise``,
+    ``ZeRO-3 / FSDP gathers and reduce-scatters`` (its words in parentheses and the
+    ``matmuls and attention`` of the compute terms left to the tooltip)."""
+    short = re.sub(r" \([^)]*\)", "", name).replace(" matmuls and attention", "")
+    return short.replace("elementwise ops", "element-wise")
+
+
+def step_words(est: Estimate) -> tuple[str, str, str]:
+    """The step time in one line, in a short line (the terms left out, for a narrow
+    window), and in full for the tooltip: the time, each term on the critical path
+    (forward, backward, recomputation, exposed communication, optimizer, pipeline bubble,
+    host transfers) with its seconds, the bound, tokens/s and MFU."""
+    t = est.time
+    total = t.step_time_s or 1.0
+    shown = [x for x in t.terms if x.seconds >= MINOR_TERM * total]
+    terms = " + ".join(f"{short_term(x.name)} {seconds_text(x.seconds)}" for x in shown)
+    tail = (
+        f"{BOUND_WORDS.get(t.bound, t.bound)} · {t.tokens_per_s:,.0f} tokens/s · "
+        f"MFU {t.mfu * 100:.1f} %"
+    )
+    line = f"Step {seconds_text(t.step_time_s)} = {terms} · {tail}"
+    short = f"Step {seconds_text(t.step_time_s)} · {tail}"
+    rows = "".join(
+        f"<br>&nbsp;&nbsp;{html.escape(x.name)}: {seconds_text(x.seconds)}"
+        + (
+            f" on the critical path ({seconds_text(x.busy_s)} of work)"
+            if abs(x.busy_s - x.seconds) > 1e-9
+            else ""
+        )
+        + f" <i>{html.escape(x.formula)}</i>"
+        for x in t.terms
+    )
+    tip = (
+        f"<qt><b>One optimizer step: {seconds_text(t.step_time_s)}</b>{rows}<br>"
+        f"{BOUND_WORDS.get(t.bound, t.bound)}; {t.tokens_per_s:,.0f} tokens/s over "
+        f"{t.gpus:,} GPU(s), {t.tokens_per_s_per_gpu:,.0f} per GPU; MFU {t.mfu * 100:.1f} % "
+        "(model FLOPs over the dense 16-bit peak). Each what-if's ghost bar says its step "
+        "time change; Tradeoffs weighs them.</qt>"
+    )
+    return line, short, tip
+
+
+class StepReadout(QLabel):
+    """The step time beside the memory: one line under the memory readout (the half of
+    every tradeoff the bars do not show), its terms in the tooltip. Where the line does
+    not fit the width, the terms go (they stay in the tooltip): it never takes a second
+    line from the chart."""
+
+    def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("stepReadout")
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setMinimumWidth(1)  # the text follows the width, not the other way round
+        self._lines = ("", "")
+        self.store = store
+        store.estimateChanged.connect(self.refresh)
+        store.errorChanged.connect(self.refresh)
+        self.refresh()
+
+    @Slot()
+    def refresh(self, *_: object) -> None:
+        est = self.store.estimate
+        if est is None:
+            self.setText("Step —")
+            self.setToolTip("Out of date: the current scenario has no valid estimate")
+            self.setEnabled(False)
+            return
+        self.setEnabled(True)
+        line, short, tip = step_words(est)
+        self._lines = (line, short)
+        self.setToolTip(tip)
+        self._fit()
+
+    def _fit(self) -> None:
+        line, short = self._lines
+        if not line:
+            return
+        roomy = self.fontMetrics().horizontalAdvance(line) <= self.width()
+        self.setText(line if roomy else short)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)

@@ -5,7 +5,9 @@ cannot run is warned of, and make-it-fit marks its numerics changes."""
 from __future__ import annotations
 
 import dataclasses
+import html
 
+from PySide6.QtWidgets import QApplication, QComboBox
 from pytestqt.qtbot import QtBot
 
 from memfit.engine.presets import load_gpu, load_model
@@ -14,8 +16,9 @@ from memfit.engine.stacks import refusals
 from memfit.engine.sweep import NUMERICS_MARK, Space, numerics_changed
 from memfit.gui.chart import gib_text
 from memfit.gui.main_window import MainWindow
+from memfit.gui.readout import BOUND_WORDS, seconds_text
 from memfit.gui.sweep_map import point_text
-from tests.gui.helpers import cluster
+from tests.gui.helpers import bad_mesh, cluster
 from tests.gui.test_make_fit import shown, too_big
 from tests.gui.test_tradeoffs import WAIT_MS, show
 
@@ -106,3 +109,47 @@ def test_make_it_fit_finds_the_four_change_fix_for_70b_qlora_on_two_4090s(
         "ways to make it fit" in view.fit_view.summary.text()
         or "1 way" in view.fit_view.summary.text()
     )
+
+
+def test_the_step_time_sits_beside_the_memory(window: MainWindow) -> None:
+    """The step time -- half of every tradeoff -- was only on the Tradeoffs tab."""
+    strip = window.step_readout
+    est = window.store.estimate
+    assert est is not None and strip.isVisible()
+    t = est.time
+    text = strip.text()
+    assert text.startswith(f"Step {seconds_text(t.step_time_s)} = forward ")
+    assert f"{t.tokens_per_s:,.0f} tokens/s" in text and f"MFU {t.mfu * 100:.1f} %" in text
+    assert BOUND_WORDS[t.bound] in text
+    tip = strip.toolTip()
+    assert all(html.escape(term.name) in tip for term in t.terms)
+    # an edit moves it: full checkpointing adds recomputation to the step
+    mode = window.training_panel.rows["training.activation_checkpointing"].widget
+    assert isinstance(mode, QComboBox)
+    mode.setCurrentIndex(mode.findData("full"))
+    after = window.store.estimate
+    assert after is not None and after.time.step_time_s > t.step_time_s
+    assert strip.text().startswith(f"Step {seconds_text(after.time.step_time_s)}")
+    assert "recomputation" in strip.toolTip() or "recompute" in strip.toolTip()
+    # one line, never cut: the terms go to the tooltip where the width is short
+    window.resize(1100, 760)
+    QApplication.processEvents()
+    assert strip.isVisible() and strip.height() < 2 * strip.fontMetrics().lineSpacing()
+    assert strip.text().startswith(f"Step {seconds_text(after.time.step_time_s)}")
+    assert strip.fontMetrics().horizontalAdvance(strip.text()) <= strip.width()
+    # a short window keeps the chart's height; the status bar says the step time
+    window.resize(1024, 640)
+    QApplication.processEvents()
+    assert not strip.isVisible()
+    assert f"step {seconds_text(after.time.step_time_s)}" in window.summary.text()
+    window.store.edit(bad_mesh(), "Break it")
+    assert strip.text() == "Step —" and not strip.isEnabled()
+
+
+def test_seconds_read_as_a_step_time_is() -> None:
+    assert [seconds_text(x) for x in (12.345, 0.6501, 0.01234, 0.000084)] == [
+        "12.35 s",
+        "0.650 s",
+        "12.3 ms",
+        "84 µs",
+    ]

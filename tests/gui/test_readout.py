@@ -145,10 +145,11 @@ def test_banner_and_status_bar_state_the_same_figure(
     banner = window.chart.verdict_text()
     status = window.summary.text()
     assert status == status_summary(est)
-    words, figure = status.split(" · ", 1)
+    words, figure, step, speed = status.split(" · ")
     assert words == VERDICT_WORDS[verdict]
     assert banner.startswith(VERDICTS[verdict][0]) and VERDICTS[verdict][0].startswith(words)
     assert banner.endswith(f" · {figure}")
+    assert step.startswith("step ") and speed.endswith(" tokens/s")  # the step beside it
 
 
 def test_the_readout_is_readable_in_dark_mode(window: MainWindow, qapp: QApplication) -> None:
