@@ -144,3 +144,13 @@ def test_hf_config_reader_matches_preset() -> None:
 def test_every_preset_counts() -> None:
     for name in model_names():
         assert count_parameters(load_model(name)).total > 10_000_000
+
+
+@pytest.mark.parametrize(
+    ("name", "millions"), [("gemma-3-4b", 3_209), ("gemma-3-12b", 10_759), ("gemma-3-27b", 25_600)]
+)
+def test_gemma_3_language_models_against_the_technical_report(name: str, millions: int) -> None:
+    """Gemma 3 Technical Report (arXiv 2503.19786), Table 1: non-embedding parameters of
+    the 4B, 12B and 27B models, in millions (the SigLIP vision encoder, 417M, apart)."""
+    counts = count_parameters(load_model(name))
+    assert round((counts.total - counts["embeddings"]) / 1e6) == millions
