@@ -2,7 +2,9 @@
 
 :func:`compare` (no Qt; run it in a worker) takes the scenario to each GPU preset asked
 for and finds the fewest GPUs of it that fit (:func:`memfit.engine.solve.min_gpus`: the same
-parallel layout, micro-batch and accumulation), then the step time there. Prices come
+parallel layout, micro-batch and accumulation), then the step time there; and the run on
+as many of it as the scenario has, fitting or not (a user with 64 GPUs asks what each kind
+would do on 64, not only that 24 H100s would do). Prices come
 only from what is known: the scenario's own price per GPU-hour for the scenario's GPU,
 else the GPU preset's; a price given for one GPU is never carried to another. Without a
 price, or without a token budget, the cost is "—".
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QHeaderView,
     QLabel,
     QListView,
@@ -40,6 +43,7 @@ from memfit.engine.solve import hardware_with, min_gpus
 from memfit.engine.specs import Scenario
 from memfit.engine.sweep import Point, describe, point
 from memfit.gui.chart import gib_text, rich_text
+from memfit.gui.forms import guard_field
 
 #: ticked by default beside the scenario's own GPU
 COMMON_GPUS = ("h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb")
@@ -88,19 +92,29 @@ CSV_FIELDS = (
 )
 
 
+#: what the table compares each GPU at: the fewest of it that fit, or the user's count
+MODES = (("fewest", "the fewest GPUs that fit"), ("yours", "your GPU count"))
+
+
 @dataclass(frozen=True, slots=True)
 class HardwareRow:
     """One GPU's answer: ``point`` is ``None`` when no count of it fits (``problem``
-    then says why, or is empty)."""
+    then says why, or is empty); ``at_count`` is the run on as many of it as the
+    scenario has (``None`` where the layout does not hold there), fitting or not."""
 
     gpu: str
     display_name: str
     point: Point | None
     problem: str = ""
+    at_count: Point | None = None
 
     @property
     def fits(self) -> bool:
         return self.point is not None
+
+    def shown(self, mode: str) -> Point | None:
+        """The point the table shows in ``mode`` (:data:`MODES`)."""
+        return self.at_count if mode == "yours" else self.point
 
 
 def on_gpu(scenario: Scenario, gpu: str) -> Scenario:
@@ -117,12 +131,17 @@ def compare_one(scenario: Scenario, gpu: str) -> HardwareRow:
     try:
         base = on_gpu(scenario, gpu)
         name = base.hardware.gpu.display_name
-        found = min_gpus(base)
-        if found is None:
-            return HardwareRow(gpu, name, None)
-        return HardwareRow(gpu, name, point(found))
     except EstimateError as exc:
         return HardwareRow(gpu, gpu, None, str(exc))
+    try:
+        at_count: Point | None = point(base)
+    except EstimateError:
+        at_count = None
+    try:
+        found = min_gpus(base)
+    except EstimateError as exc:
+        return HardwareRow(gpu, name, None, str(exc), at_count)
+    return HardwareRow(gpu, name, point(found) if found else None, "", at_count)
 
 
 def compare(
@@ -156,17 +175,22 @@ def gpus_text(s: Scenario) -> str:
     return f"{hw.world_size:,} ({hw.nodes:,} nodes x {hw.gpus_per_node})"
 
 
-def row_texts(row: HardwareRow) -> list[str]:
-    """The table's cells for ``row`` (see :data:`COLUMNS`)."""
-    p = row.point
+def row_texts(row: HardwareRow, mode: str = "fewest") -> list[str]:
+    """The table's cells for ``row`` (see :data:`COLUMNS`) in ``mode`` (:data:`MODES`):
+    at the fewest GPUs that fit, or at the scenario's own count (fitting or not)."""
+    p = row.shown(mode)
     if p is None:
-        return [row.display_name, "does not fit", *([DASH] * (len(COLUMNS) - 2))]
+        words = "does not fit" if mode == "fewest" else "the layout does not hold"
+        return [row.display_name, words, *([DASH] * (len(COLUMNS) - 2))]
     t = p.time
     price = t.price_per_gpu_hour
+    memory = gib_text(p.device_bytes)
+    if not p.fits:
+        memory += ", over budget"
     return [
         row.display_name,
         gpus_text(p.scenario),
-        gib_text(p.device_bytes),
+        memory,
         f"{t.tokens_per_s:,.0f}",
         f"{t.tokens_per_s_per_gpu:,.0f}",
         f"{t.mfu * 100:.1f} %",
@@ -178,13 +202,13 @@ def row_texts(row: HardwareRow) -> list[str]:
     ]
 
 
-def rows_csv(rows: Sequence[HardwareRow]) -> str:
+def rows_csv(rows: Sequence[HardwareRow], mode: str = "fewest") -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        p = row.point
-        out: dict[str, object] = {"gpu": row.gpu, "fits": p is not None}
+        p = row.shown(mode)
+        out: dict[str, object] = {"gpu": row.gpu, "fits": p is not None and p.fits}
         if p is not None:
             hw, t = p.scenario.hardware, p.time
             out.update(
@@ -261,6 +285,18 @@ class HardwareView(QWidget):
             if cell is not None:
                 cell.setToolTip(tips.get(name, name))
 
+        self.mode = QComboBox()
+        for key, words in MODES:
+            self.mode.addItem(f"Each GPU at {words}", key)
+        self.mode.setAccessibleName("Compare each GPU at")
+        self.mode.setToolTip(
+            "The fewest GPUs of each kind that fit the budget, or as many as the scenario "
+            "has (its GPUs per node and nodes): what each would do on your cluster"
+        )
+        self.mode.currentIndexChanged.connect(self._redraw)
+        guard_field(self.mode)
+        self._scenario: Scenario | None = None
+
         self.note = QLabel()
         self.note.setObjectName("hardwareNote")
         self.note.setTextFormat(Qt.TextFormat.PlainText)
@@ -270,6 +306,7 @@ class HardwareView(QWidget):
         heading.setStyleSheet("font-weight: bold;")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.mode)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.note)
         layout.addWidget(heading)
@@ -311,19 +348,33 @@ class HardwareView(QWidget):
     def rows(self) -> list[HardwareRow]:
         return list(self._rows)
 
+    def mode_key(self) -> str:
+        """What the table compares at (:data:`MODES`)."""
+        return str(self.mode.currentData())
+
     def set_rows(self, rows: Sequence[HardwareRow], scenario: Scenario) -> None:
         self._rows = list(rows)
+        self._scenario = scenario
         self._stale = None
         self.table.setEnabled(True)
+        self._redraw()
+
+    @Slot()
+    def _redraw(self) -> None:
+        scenario = self._scenario
+        if scenario is None:
+            return
+        mode = self.mode_key()
         self.table.setRowCount(len(self._rows))
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         for r, row in enumerate(self._rows):
+            shown = row.shown(mode)
             tip = row.problem or (
-                describe(row.point.scenario)
-                if row.point is not None
+                describe(shown.scenario)
+                if shown is not None
                 else "No number of these GPUs fits this run as it is laid out"
             )
-            for c, text in enumerate(row_texts(row)):
+            for c, text in enumerate(row_texts(row, mode)):
                 cell = QTableWidgetItem(text)
                 if c > 0:
                     cell.setTextAlignment(right)
@@ -333,10 +384,12 @@ class HardwareView(QWidget):
 
     def _set_note(self, scenario: Scenario) -> None:
         t = scenario.training
-        parts = [
-            f"Each GPU with the scenario's layout ({describe(scenario)}); the fewest GPUs "
-            "that fit the budget line."
-        ]
+        if self.mode_key() == "yours":
+            count = scenario.hardware.world_size
+            head = f"on your {count:,} GPUs, fitting the budget line or not"
+        else:
+            head = "the fewest GPUs that fit the budget line"
+        parts = [f"Each GPU with the scenario's layout ({describe(scenario)}); {head}."]
         if t.token_budget is None:
             parts.append("Give a token budget (Training strategy) for the run time and cost.")
         else:
@@ -358,7 +411,7 @@ class HardwareView(QWidget):
         return self._stale is not None
 
     def csv_text(self) -> str:
-        return rows_csv(self._rows)
+        return rows_csv(self._rows, self.mode_key())
 
     def cell_text(self, row: int, column: str) -> str:
         item = self.table.item(row, COLUMNS.index(column))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QComboBox
 from pytestqt.qtbot import QtBot
 
@@ -153,3 +154,36 @@ def test_seconds_read_as_a_step_time_is() -> None:
         "12.3 ms",
         "84 µs",
     ]
+
+
+def test_hardware_is_compared_at_the_user_s_count_too(window: MainWindow, qtbot: QtBot) -> None:
+    """Each GPU was shown only at its fewest (24 H100s, 16 B200s) when the user has 64."""
+    s = Scenario(
+        load_model("llama-3-70b"),
+        HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=8),
+        TrainingSpec(
+            method="full", sequence_length=4096, parallelism=ParallelismSpec(zero_stage=3)
+        ),
+    )
+    window.store.reset(s)
+    view = show(window, qtbot, 2)
+    hv = view.hardware_view
+    hv.set_checked(["h100-sxm-80gb"])
+    item = next(
+        hv.gpu_list.item(i)
+        for i in range(hv.gpu_list.count())
+        if hv.gpu_list.item(i).data(Qt.ItemDataRole.UserRole) == "a100-sxm-80gb"
+    )
+    with qtbot.waitSignal(view.comparer.finished, timeout=WAIT_MS):
+        item.setCheckState(Qt.CheckState.Checked)
+    rows = hv.rows()
+    assert sorted(r.gpu for r in rows) == ["a100-sxm-80gb", "h100-sxm-80gb"]
+    assert all(r.at_count is not None and r.at_count.scenario.hardware.world_size == 64
+               for r in rows)  # fmt: skip
+    fewest = [hv.cell_text(i, "GPUs needed") for i in range(len(rows))]
+    hv.mode.setCurrentIndex(hv.mode.findData("yours"))
+    assert [hv.cell_text(i, "GPUs needed") for i in range(len(rows))] == ["64 (8 nodes x 8)"] * 2
+    assert "on your 64 GPUs" in hv.note.text()
+    assert all(line.split(",")[1] == "64" for line in hv.csv_text().splitlines()[1:])
+    hv.mode.setCurrentIndex(hv.mode.findData("fewest"))
+    assert [hv.cell_text(i, "GPUs needed") for i in range(len(rows))] == fewest
