@@ -57,7 +57,9 @@ from memfit.engine.solve import (
     max_micro_batch,
     max_sequence_length,
     min_gpus,
+    models_that_fit,
     search,
+    shape_grid,
     with_gpus,
 )
 from memfit.engine.specs import (
@@ -535,6 +537,28 @@ def make_parser() -> argparse.ArgumentParser:
             help=f"keep these as the scenario has them: {', '.join(LOCKS)}",
         )
     sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
+    big = sub.add_parser(
+        "largest",
+        help="the largest model preset that fits these GPUs with this training",
+        description="Every model preset (or those of one family) with the hardware and "
+        "training given, largest first: the first that fits the budget is the answer. "
+        "--model is not needed (any given is only the starting point of the flags).",
+    )
+    _add_estimate_flags(big)
+    big.add_argument("--family", help="only the presets of this family (e.g. llama, qwen3)")
+    grid = sub.add_parser(
+        "grid",
+        help="memory and tokens/s over micro-batch sizes and sequence lengths",
+    )
+    _add_estimate_flags(grid)
+    grid.add_argument(
+        "--batches", type=_csv, default=["1", "2", "4", "8", "16"], metavar="B,...",
+        help="the micro-batch sizes (1,2,4,8,16)",
+    )  # fmt: skip
+    grid.add_argument(
+        "--seqs", type=_csv, default=["512", "1024", "2048", "4096", "8192", "16384"],
+        metavar="N,...", help="the sequence lengths (512 to 16384)",
+    )  # fmt: skip
     pre = sub.add_parser(
         "presets",
         help="list the model, GPU or stack presets, built-in and your own",
@@ -724,15 +748,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "checkpoint":
             _checkpoint(args.target, args.json, out)
             return 0
-        if args.command not in ("estimate", "fit", "sweep"):
+        if args.command not in ("estimate", "fit", "sweep", "largest", "grid"):
             parser.print_help(out)
             return EXIT_USAGE
+        if args.command == "largest" and not (args.model or args.model_config or args.scenario):
+            args.model = "gpt2"  # a starting point only: every preset is tried
         notes: list[str] = []
         scenario = scenario_from_dict(build_scenario_dict(args, notes))
         for note in notes:
             print(message_line(f"memfit: note: {note}"), file=sys.stderr)
         if args.command in ("fit", "sweep"):
             return _plan(args, scenario, out)
+        if args.command == "largest":
+            return _largest(args, scenario, out)
+        if args.command == "grid":
+            return _grid(args, scenario, out)
         result = estimate(scenario)
         if args.save:
             save_scenario(scenario, args.save)
@@ -759,6 +789,103 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                 print(printable("\n" + groups_text(result, groups)), file=out)
     except BrokenPipeError:
         return 0
+    return 0
+
+
+def _largest(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
+    """``memfit largest``: every preset under the scenario's hardware and training."""
+    rows = models_that_fit(scenario, family=args.family)
+    if not rows:
+        raise EstimateError("--family", f"got {shown(args.family)}: no preset of that family")
+    best_row = next((r for r in rows if r.fits), None)
+    hw = scenario.hardware
+    if args.json:
+        data = {
+            "largest": best_row.name if best_row else None,
+            "models": [
+                {
+                    "preset": r.name,
+                    "parameters": r.params,
+                    "device_bytes": r.device_bytes,
+                    "budget_bytes": r.budget_bytes,
+                    "fits": r.fits,
+                    "tokens_per_s": r.tokens_per_s,
+                    "problem": r.problem,
+                }
+                for r in rows
+            ],
+        }
+        json.dump(data, out, indent=2)
+        out.write("\n")
+        return 0
+    where = f"{hw.world_size} x {hw.gpu.display_name}"
+    head = (
+        f"largest that fits on {where}: {best_row.label} ({best_row.params / 1e9:,.1f} B), "
+        f"{best_row.device_bytes / GIB:.2f} of {best_row.budget_bytes / GIB:.2f} GiB per GPU"
+        if best_row is not None and best_row.device_bytes is not None
+        else f"no preset fits on {where} with this training"
+    )
+    print(printable(head), file=out)
+    print(f"\n{'model':<28} {'params':>10} {'GiB':>9}  {'verdict':<12} {'tokens/s':>10}", file=out)
+    for r in rows:
+        gib = f"{r.device_bytes / GIB:9.2f}" if r.device_bytes is not None else f"{'-':>9}"
+        verdict = "fits" if r.fits else ("refused" if r.device_bytes is None else "too big")
+        speed = f"{r.tokens_per_s:10,.0f}" if r.tokens_per_s else f"{'-':>10}"
+        line = f"{r.name:<28} {r.params / 1e9:9.2f}B {gib}  {verdict:<12} {speed}"
+        print(printable(line), file=out)
+    return 0
+
+
+def _grid(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
+    """``memfit grid``: memory and tokens/s over micro-batches and sequence lengths."""
+
+    def sizes(values: list[str], flag: str) -> list[int]:
+        try:
+            out = [int(v) for v in values]
+        except ValueError:
+            raise EstimateError(
+                flag, f"got {shown(','.join(values))}, expected whole numbers"
+            ) from None
+        if not out or min(out) < 1:
+            raise EstimateError(flag, "expected sizes of 1 or more")
+        return out
+
+    batches, seqs = sizes(args.batches, "--batches"), sizes(args.seqs, "--seqs")
+    cells = shape_grid(scenario, batches, seqs)
+    if args.json:
+        data = [
+            {
+                "micro_batch_size": c.micro_batch_size,
+                "sequence_length": c.sequence_length,
+                "device_bytes": c.device_bytes,
+                "budget_bytes": c.budget_bytes,
+                "fits": c.fits,
+                "tokens_per_s": c.tokens_per_s,
+            }
+            for row in cells
+            for c in row
+        ]
+        json.dump({"cells": data}, out, indent=2)
+        out.write("\n")
+        return 0
+    budget = scenario.hardware.budget_bytes / GIB
+    print(
+        printable(
+            f"{scenario.model.label}: GiB per GPU (budget {budget:.1f}; * over it) and "
+            "tokens/s, micro-batch down, sequence length across"
+        ),
+        file=out,
+    )
+    print(f"{'mb':>4} " + "".join(f"{n:>18,}" for n in seqs), file=out)
+    for row in cells:
+        parts = []
+        for c in row:
+            if c.device_bytes is None:
+                parts.append(f"{'-':>18}")
+                continue
+            mark = " " if c.fits else "*"
+            parts.append(f"{c.device_bytes / GIB:8.1f}{mark}{(c.tokens_per_s or 0):>9,.0f}")
+        print(f"{row[0].micro_batch_size:>4} " + "".join(parts), file=out)
     return 0
 
 

@@ -357,3 +357,93 @@ def hardware_with(scenario: Scenario, gpu: str) -> Scenario:
         clock_share=None,
     )
     return dataclasses.replace(scenario, hardware=hw)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFit:
+    """One model preset under a scenario's hardware and training: its parameters, its
+    device total (``None`` where the scenario's training does not apply to it, ``problem``
+    says why) against the budget, and its tokens/s."""
+
+    name: str
+    label: str
+    params: int
+    device_bytes: int | None
+    budget_bytes: int
+    tokens_per_s: float | None
+    problem: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes is not None and self.device_bytes <= self.budget_bytes
+
+
+def models_that_fit(
+    scenario: Scenario, names: Iterable[str] | None = None, family: str | None = None
+) -> list[ModelFit]:
+    """Each model preset (``names``, else every one; of ``family`` where given) with the
+    scenario's hardware and training, largest first: the answer to "the largest model I
+    can train this way on these GPUs" is the first that fits (:func:`largest_model`)."""
+    from memfit.engine.params import count_parameters
+    from memfit.engine.presets import load_model, model_names
+
+    out = []
+    for name in names if names is not None else model_names():
+        model = load_model(name)
+        if family is not None and model.family != family:
+            continue
+        params = count_parameters(model).total
+        try:
+            s = dataclasses.replace(scenario, model=model)
+            t = totals(s)
+            speed: float | None = step_time(s).tokens_per_s
+            row = ModelFit(name, model.label, params, t.device_bytes, t.budget_bytes, speed)
+        except EstimateError as exc:
+            budget = scenario.hardware.budget_bytes
+            row = ModelFit(name, model.label, params, None, budget, None, str(exc))
+        out.append(row)
+    return sorted(out, key=lambda r: (-r.params, r.name))
+
+
+def largest_model(
+    scenario: Scenario, names: Iterable[str] | None = None, family: str | None = None
+) -> ModelFit | None:
+    """The preset with the most parameters that fits (see :func:`models_that_fit`)."""
+    return next((r for r in models_that_fit(scenario, names, family) if r.fits), None)
+
+
+@dataclass(frozen=True, slots=True)
+class GridCell:
+    """One micro-batch and sequence length of :func:`shape_grid`: the device total
+    (``None`` where the engine rejects the shape), the budget and tokens/s."""
+
+    micro_batch_size: int
+    sequence_length: int
+    device_bytes: int | None
+    budget_bytes: int
+    tokens_per_s: float | None
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes is not None and self.device_bytes <= self.budget_bytes
+
+
+def shape_grid(
+    scenario: Scenario, micro_batches: Iterable[int], sequence_lengths: Iterable[int]
+) -> list[list[GridCell]]:
+    """Memory and tokens/s at every micro-batch (rows) and sequence length (columns), the
+    scenario's accumulation kept: the heat map of the shapes a run can take."""
+    seqs = list(sequence_lengths)
+    grid = []
+    for b in micro_batches:
+        row = []
+        for n in seqs:
+            try:
+                s = with_training(scenario, micro_batch_size=b, sequence_length=n)
+                t = totals(s)
+                cell = GridCell(b, n, t.device_bytes, t.budget_bytes, step_time(s).tokens_per_s)
+            except EstimateError:
+                cell = GridCell(b, n, None, scenario.hardware.budget_bytes, None)
+            row.append(cell)
+        grid.append(row)
+    return grid

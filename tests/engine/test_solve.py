@@ -373,3 +373,54 @@ def test_the_search_reports_progress_and_stops_when_told() -> None:
     found = search(s, progress=stop_soon)
     assert seen and not found.complete and found.tries <= 150
     assert search(s, max_tries=40).complete is False
+
+
+# -- the largest model that fits, and the shapes a run can take ------------------------------
+
+
+def test_the_largest_model_that_fits_is_the_first_fitting_preset_by_size() -> None:
+    s = Scenario(
+        load_model("gpt2"),
+        HardwareSpec(load_gpu("rtx-4090"), gpus_per_node=2),
+        TrainingSpec(
+            method="lora", sequence_length=2048, parallelism=ParallelismSpec(zero_stage=3)
+        ),
+    )
+    rows = solve.models_that_fit(s)
+    assert [r.params for r in rows] == sorted((r.params for r in rows), reverse=True)
+    best = solve.largest_model(s)
+    assert best is not None and best.fits
+    assert all(not r.fits for r in rows if r.params > best.params)
+    # each row is the estimate of the preset under the scenario's hardware and training
+    row = next(r for r in rows if r.name == best.name)
+    est = estimate(dataclasses.replace(s, model=load_model(best.name)))
+    assert row.device_bytes == est.device_bytes and row.budget_bytes == est.budget_bytes
+    qwen3 = solve.models_that_fit(s, family="qwen3")
+    assert qwen3 and {load_model(r.name).family for r in qwen3} == {"qwen3"}
+    out = io.StringIO()
+    argv = ["largest", "--gpu", "rtx-4090", "--gpus", "2", "--method", "lora", "--seq", "2048",
+            "--zero", "3", "--json"]  # fmt: skip
+    assert main(argv, out) == 0
+    assert json.loads(out.getvalue())["largest"] == best.name
+
+
+def test_the_shape_grid_is_one_estimate_per_cell() -> None:
+    s = Scenario(load_model("llama-3.2-1b"), HardwareSpec(load_gpu("l4")),
+                 TrainingSpec(method="lora"))  # fmt: skip
+    grid = solve.shape_grid(s, (1, 4), (512, 4096))
+    assert [[(c.micro_batch_size, c.sequence_length) for c in row] for row in grid] == [
+        [(1, 512), (1, 4096)],
+        [(4, 512), (4, 4096)],
+    ]
+    for row in grid:
+        for c in row:
+            shaped = solve.with_training(s, micro_batch_size=c.micro_batch_size,
+                                         sequence_length=c.sequence_length)  # fmt: skip
+            assert c.device_bytes == estimate(shaped).device_bytes
+    assert grid[0][0].device_bytes < grid[1][1].device_bytes  # more tokens, more memory
+    out = io.StringIO()
+    assert main(["grid", "--model", "llama-3.2-1b", "--gpu", "l4", "--batches", "1,4",
+                 "--seqs", "512,4096"], out) == 0  # fmt: skip
+    text = out.getvalue()
+    assert "micro-batch down, sequence length across" in text and "4,096" in text
+    assert main(["grid", "--model", "gpt2", "--gpu", "l4", "--batches", "0"], io.StringIO()) == 2
