@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from memfit.engine.checkpoint import compare, model_config, model_from_folder
+from memfit.engine.compare import compare as compare_scenarios
+from memfit.engine.compare import to_csv as compare_csv
+from memfit.engine.compare import to_markdown as compare_markdown
 from memfit.engine.errors import EstimateError, bounded, shown
 from memfit.engine.estimate import GIB, Estimate, estimate
 from memfit.engine.explain import explained, groups_text, groups_to_dict
@@ -50,7 +53,12 @@ from memfit.engine.report import (
     shows_host,
     shows_ranks,
 )
-from memfit.engine.scenario_io import save_scenario, scenario_from_dict, scenario_to_dict
+from memfit.engine.scenario_io import (
+    load_scenario,
+    save_scenario,
+    scenario_from_dict,
+    scenario_to_dict,
+)
 from memfit.engine.solve import (
     SERVER_GPUS,
     fits,
@@ -559,6 +567,16 @@ def make_parser() -> argparse.ArgumentParser:
         "--seqs", type=_csv, default=["512", "1024", "2048", "4096", "8192", "16384"],
         metavar="N,...", help="the sequence lengths (512 to 16384)",
     )  # fmt: skip
+    cmp_ = sub.add_parser(
+        "compare",
+        help="two or more scenario files side by side",
+        description="The settings that differ, memory per category, the totals, the step "
+        "time, tokens/s and the cost of each scenario file, as a table (Markdown), CSV or "
+        "JSON.",
+    )
+    cmp_.add_argument("files", nargs="+", metavar="SCENARIO", help="scenario files (2 or more)")
+    cmp_.add_argument("--csv", metavar="FILE", help="write the table as CSV to FILE")
+    cmp_.add_argument("--json", action="store_true", help="print JSON")
     pre = sub.add_parser(
         "presets",
         help="list the model, GPU or stack presets, built-in and your own",
@@ -748,6 +766,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "checkpoint":
             _checkpoint(args.target, args.json, out)
             return 0
+        if args.command == "compare":
+            return _compare(args, out)
         if args.command not in ("estimate", "fit", "sweep", "largest", "grid"):
             parser.print_help(out)
             return EXIT_USAGE
@@ -789,6 +809,29 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                 print(printable("\n" + groups_text(result, groups)), file=out)
     except BrokenPipeError:
         return 0
+    return 0
+
+
+def _compare(args: argparse.Namespace, out: TextIO) -> int:
+    """``memfit compare``: scenario files side by side."""
+    if len(args.files) < 2:
+        raise EstimateError("compare", f"got {len(args.files)} file, expected 2 or more")
+    named = [(Path(f).name, load_scenario(f)) for f in args.files]
+    compared = compare_scenarios(named)
+    if args.csv:
+        write_text(args.csv, compare_csv(compared))
+    if args.json:
+        data = {
+            "names": list(compared.names),
+            "differing": {k: list(v) for k, v in compared.differing},
+            "estimates": [e.to_dict() for e in compared.estimates],
+        }
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    elif not args.csv:
+        out.write(printable(compare_markdown(compared)))
+    else:
+        print(f"comparison written to {printable(args.csv)}", file=out)
     return 0
 
 

@@ -19,7 +19,7 @@ Session). Text from files and the engine is shown as plain text.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from memfit.engine.compare import compare as compare_scenarios
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import GIB, Estimate, estimate
 from memfit.engine.files import write_text
@@ -82,6 +83,7 @@ from memfit.gui.chart_export import (
     export_svg,
     image_pixels,
 )
+from memfit.gui.compare_view import CompareWindow
 from memfit.gui.forms import FormPanel, give_mnemonics, in_user_words, redo_keys
 from memfit.gui.importing import Importer
 from memfit.gui.importing import is_scenario_file as _is_scenario_file
@@ -516,6 +518,12 @@ class MainWindow(QMainWindow):
         self.clear_whatifs_act = self._action(
             "C&lear What-ifs", self.clear_whatifs, None, "Hide all ghost bars"
         )
+        self.compare_act = self._action(
+            "Co&mpare Scenarios...",
+            self.compare_dialog,
+            None,
+            "The current scenario, the pinned baseline and saved scenario files side by side",
+        )
         self.pin_baseline_act = self._action(
             "&Pin as Baseline",
             self.pin_baseline,
@@ -582,6 +590,7 @@ class MainWindow(QMainWindow):
         file_menu.addActions(self.importer.actions)
         file_menu.addSeparator()
         file_menu.addActions([self.export_chart_act, self.export_data_act, self.copy_chart_act])
+        file_menu.addAction(self.compare_act)
         file_menu.addSeparator()
         file_menu.addActions([self.close_act, self.quit_act])
         edit_menu = bar.addMenu("&Edit")
@@ -877,6 +886,38 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Pinned as the baseline: {baseline_summary(est)}", 5000)
         # kept for the next start (its scenario: the estimate is made again from it)
         self._put_setting("view/baseline", json.dumps(scenario_to_dict(est.scenario)))
+
+    @Slot()
+    def compare_dialog(self) -> None:
+        """Pick scenario files to compare with the current scenario (and the baseline)."""
+        names, _ = QFileDialog.getOpenFileNames(
+            self, "Compare with scenarios", self._last_dir(), SCENARIO_FILTER
+        )
+        self.compare_with([Path(n) for n in names])
+
+    def compare_with(self, paths: Sequence[Path]) -> CompareWindow | None:
+        """A window with the current scenario, the pinned baseline (if any) and the
+        scenario files ``paths`` side by side; a file that does not read, or a scenario
+        the engine rejects, is named in a message instead."""
+        named: list[tuple[str, Scenario]] = [(f"current: {self.store.scenario.model.label}",
+                                              self.store.scenario)]  # fmt: skip
+        if self.baseline is not None:
+            named.append(("pinned baseline", self.baseline.scenario))
+        try:
+            named += [(p.name, load_scenario(p)) for p in paths]
+            if len(named) < 2:
+                self.statusBar().showMessage(
+                    "Nothing to compare with: pick a scenario file or pin a baseline", 5000
+                )
+                return None
+            compared = compare_scenarios(named)
+        except (EstimateError, OSError) as exc:
+            message_box(self, QMessageBox.Icon.Warning, f"Could not compare:\n{exc}")
+            return None
+        window = CompareWindow(compared, self)
+        window.show()
+        self._compare_window = window
+        return window
 
     @Slot()
     def clear_baseline(self) -> None:
