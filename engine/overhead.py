@@ -38,6 +38,7 @@ CONTEXT_MIB = {
     "blackwell": 560,
     "cdna2": 300,
     "cdna3": 300,
+    "cdna4": 300,
 }
 DEFAULT_CONTEXT_MIB = 450
 #: what eager module loading adds to the context, MiB: every kernel of PyTorch's CUDA

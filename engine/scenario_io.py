@@ -132,7 +132,7 @@ HOST_LINK_GB_S = {
     "pcie-gen6": 128.0,
     "nvlink-c2c": 450.0,
 }
-_VENDOR_OF = {"cdna2": "amd", "cdna3": "amd", "gaudi3": "intel"}
+_VENDOR_OF = {"cdna2": "amd", "cdna3": "amd", "cdna4": "amd", "gaudi3": "intel"}
 _PEAKS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "fp32_tflops")
 
 

@@ -118,6 +118,8 @@ EFFICIENCY: dict[str, tuple[float, float]] = {
     "blackwell": (0.70, 0.45),
     "cdna2": (0.55, 0.35),
     "cdna3": (0.48, 0.35),
+    # CDNA 4 (MI355X): no public GEMM measurement yet; CDNA 3's shares until there is
+    "cdna4": (0.48, 0.35),
     "gaudi3": (0.60, 0.40),
 }
 #: the attention kernels on Hopper, by the sequence: a kernel does work per query row
@@ -240,6 +242,7 @@ DEFAULT_NETWORK = {
     "blackwell": "infiniband-ndr-8x400",
     "cdna2": "infiniband-hdr-8x200",
     "cdna3": "infiniband-ndr-8x400",
+    "cdna4": "infiniband-ndr-8x400",
     "gaudi3": "roce-8x400",
 }
 
