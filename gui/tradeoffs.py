@@ -64,6 +64,7 @@ from memfit.engine.sweep import (
     sweep,
 )
 from memfit.gui.background import Channel, KeepGoing
+from memfit.gui.chart import rich_text
 from memfit.gui.chart_export import export_png, export_svg
 from memfit.gui.curves import Curves, CurvesView, compute_curves, curves_csv
 from memfit.gui.forms import guard_field
@@ -442,14 +443,18 @@ class TradeoffsView(QWidget):
             done = len(result.points)
             head = f"Cancelled: {done:,} of {result.total:,} configurations swept"
         summary = f"{head} · {fits:,} fit the budget · {front:,} on the Pareto front"
-        left_out = result.beyond.sentence() if result.beyond else ""
-        self.sweep_status.setText(
-            f"{head} in {result.seconds:.1f} s" + (f" · {left_out}" if left_out else "")
-        )
+        beyond = result.beyond
+        left_out = beyond.sentence() if beyond is not None else ""
+        short = ""
+        if beyond is not None and left_out:
+            short = f" · {beyond.strategies:,} left out: {beyond.stack} cannot run them"
+        self.sweep_status.setText(f"{head} in {result.seconds:.1f} s{short}")
         self.sweep_status.setToolTip(
-            "The map holds only what the scenario's training stack can run (its abilities, "
-            "in the stack's file); switching the stack in the Training strategy panel is a "
-            "change of its own."
+            rich_text(
+                f"{left_out}.\nThe map holds only what the scenario's training stack can run "
+                "(its abilities, in the stack's file); switching the stack in the Training "
+                "strategy panel is a change of its own."
+            )
             if left_out
             else ""
         )

@@ -38,8 +38,10 @@ def test_the_map_leaves_out_and_names_what_the_stack_cannot_run(
     points = view.map.points()
     assert points and all(p.scenario.training.parallelism.pp == 1 for p in points)
     status = view.sweep_status.text()
-    assert "strategies left out: Hugging Face Trainer cannot run pipeline parallelism" in status
-    assert "torchtitan" in status
+    assert "left out: Hugging Face Trainer cannot run them" in status
+    tip = view.sweep_status.toolTip()
+    assert "strategies left out: Hugging Face Trainer cannot run pipeline parallelism" in tip
+    assert "torchtitan" in tip
     base = window.store.scenario
     pure = next(p for p in points if p.scenario.training.precision == "bf16")
     mixed = next(p for p in points if p.scenario.training.precision == "bf16-mixed")
