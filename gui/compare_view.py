@@ -68,7 +68,7 @@ class CompareWindow(QDialog):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        self.table.setCurrentItem(None)  # nothing looks selected until the user selects
+        self.table.setCurrentCell(-1, -1)  # nothing looks selected until the user selects
         self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
         note = QLabel(
             "Settings that differ, then memory per GPU (GiB = 2^30 bytes), the step time and "
