@@ -92,6 +92,7 @@ from memfit.engine.steptime import StepTime
 from memfit.engine.sweep import (
     LOCKS,
     NUMERICS_MARK,
+    ROW_FIELDS,
     best,
     beyond_stack,
     check_locks,
@@ -964,9 +965,17 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         if args.csv:
             write_text(args.csv, points_csv(points))
         if args.json:
-            data = {"configs": len(points), "left_out": left_out}
-            json.dump({**data, "points": [p.as_dict() for p in points]}, out)
-            out.write("\n")
+            # compact: the scenario swept around once, then each point's varying settings
+            # and results as a row of "fields" (one string, written at once)
+            rows = [p.row() for p in points]
+            data = {
+                "configs": len(points),
+                "left_out": left_out,
+                "base": scenario_to_dict(scenario),
+                "fields": list(ROW_FIELDS),
+                "points": [[r[f] for f in ROW_FIELDS] for r in rows],
+            }
+            out.write(json.dumps(data) + "\n")
         elif not args.csv:
             out.write(points_csv(points))
         else:

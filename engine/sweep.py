@@ -364,8 +364,17 @@ class Point:
         }
 
     def row(self) -> dict[str, object]:
-        """A flat CSV row."""
-        s, t = self.scenario, self.scenario.training
+        """A flat CSV row (read off the strategy and the shape: no scenario is built)."""
+        spec = self.spec
+        if isinstance(spec, Scenario):
+            s, batch, accumulation = (
+                spec,
+                spec.training.micro_batch_size,
+                spec.training.gradient_accumulation_steps,
+            )
+        else:
+            s, batch, accumulation = spec.base, spec.micro_batch_size, spec.accumulation
+        t = s.training
         p = t.parallelism
         return {
             "gpu": s.hardware.gpu.name,
@@ -376,8 +385,8 @@ class Point:
             "zero_stage": p.zero_stage,
             **{key: p.size(key) for key in SWEPT_AXES},
             "offload": t.offload.optimizer,
-            "micro_batch_size": t.micro_batch_size,
-            "gradient_accumulation_steps": t.gradient_accumulation_steps,
+            "micro_batch_size": batch,
+            "gradient_accumulation_steps": accumulation,
             "device_bytes": self.device_bytes,
             "budget_bytes": self.budget_bytes,
             "verdict": self.verdict,

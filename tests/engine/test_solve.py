@@ -255,6 +255,11 @@ def test_cli_sweep_json_and_csv(tmp_path) -> None:
     assert d["configs"] == len(d["points"]) > 10
     rows = list(csv.DictReader(io.StringIO(target.read_text(encoding="utf-8"))))
     assert len(rows) == d["configs"]
+    # compact: the base scenario once, then each point's settings and results by field
+    assert d["fields"] == list(sweep.ROW_FIELDS)
+    assert d["base"]["model"] == {"preset": "gpt2"}
+    for point, row in zip(d["points"], rows, strict=True):
+        assert [str(v) for v in point] == [row[f] for f in sweep.ROW_FIELDS]
     assert {"device_bytes", "tokens_per_s", "bound", "verdict"} <= set(rows[0])
 
 
