@@ -100,6 +100,7 @@ from memfit.engine.sweep import (
     describe,
     locked,
     numerics_changed,
+    only,
     points_csv,
     sweep,
 )
@@ -545,6 +546,14 @@ def make_parser() -> argparse.ArgumentParser:
             metavar="WHAT,...",
             help=f"keep these as the scenario has them: {', '.join(LOCKS)}",
         )
+        plan.add_argument(
+            "--only",
+            type=_csv,
+            default=[],
+            metavar="FIELD=VALUE,...",
+            help="keep only the configurations with these values (fields: the CSV's "
+            "columns, e.g. zero_stage=3,precision=bf16-mixed,tp=2)",
+        )
     sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
     big = sub.add_parser(
         "largest",
@@ -813,6 +822,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     return 0
 
 
+def _only(pairs: list[str]) -> dict[str, str]:
+    """``--only FIELD=VALUE,...`` as a mapping, each field one of the CSV's columns."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        field, sep, value = pair.partition("=")
+        if not sep or field not in ROW_FIELDS:
+            raise EstimateError(
+                "--only",
+                f"got {shown(pair)}, expected FIELD=VALUE with FIELD one of "
+                + ", ".join(ROW_FIELDS),
+            )
+        out[field] = value
+    return out
+
+
 def _compare(args: argparse.Namespace, out: TextIO) -> int:
     """``memfit compare``: scenario files side by side."""
     if len(args.files) < 2:
@@ -954,7 +978,7 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     locks = check_locks(args.lock)
     space = locked(default_space(scenario), scenario, locks)
     left: list[Scenario] = []
-    points = sweep(scenario, space, beyond=left)
+    points = only(sweep(scenario, space, beyond=left), _only(args.only))
     beyond = beyond_stack(scenario, space, left)
     left_out = {
         "strategies": beyond.strategies,

@@ -444,6 +444,14 @@ def describe(scenario: Scenario) -> str:
     return " ".join(parts)
 
 
+def only(points: Sequence[Point], values: dict[str, str]) -> list[Point]:
+    """The points whose row (:meth:`Point.row`) has each of ``values`` (compared as text,
+    as the CSV writes them): the fastest configurations filtered by any setting."""
+    if not values:
+        return list(points)
+    return [p for p in points if all(str(p.row()[k]) == v for k, v in values.items())]
+
+
 def points_csv(points: Sequence[Point]) -> str:
     """The points as CSV, one row each (:meth:`Point.row`)."""
     buffer = io.StringIO()

@@ -201,3 +201,27 @@ def test_plans_mark_what_trains_differently_and_locks_keep_it() -> None:
     out = io.StringIO()
     assert main([*argv, "--lock", "precision,optimizer,loss"], out) == 0
     assert sweep.NUMERICS_MARK not in out.getvalue()
+
+
+def test_the_fastest_configurations_can_be_filtered_by_any_setting() -> None:
+    s = cluster()
+    points = sweep.sweep(s)
+    kept = sweep.only(points, {"zero_stage": "3", "precision": "bf16-mixed"})
+    assert kept and len(kept) < len(points)
+    assert all(
+        p.scenario.training.parallelism.zero_stage == 3
+        and p.scenario.training.precision == "bf16-mixed"
+        for p in kept
+    )
+    assert sweep.only(points, {}) == points
+    from memfit.engine.cli import main
+
+    out = io.StringIO()
+    argv = ["fit", "--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--top", "3",
+            "--only", "zero_stage=3,tp=2"]  # fmt: skip
+    assert main(argv, out) == 0
+    table = out.getvalue().split("configuration\n", 1)[1]
+    assert all(
+        "ZeRO-3 tp 2" in line for line in table.splitlines()[:3] if line.strip()[:1].isdigit()
+    )
+    assert main([*argv[:-1], "speed=1"], io.StringIO()) == 2
