@@ -158,6 +158,17 @@ LOCKS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: each lock in the app's words
+LOCK_WORDS = {
+    "precision": "Precision",
+    "optimizer": "Optimizer",
+    "method": "Training method",
+    "loss": "Loss",
+    "framework": "Framework",
+    "gpus": "GPU count",
+}
+
+
 def check_locks(locks: Sequence[str]) -> tuple[str, ...]:
     """``locks`` checked against :data:`LOCKS` (an unknown one is an error naming it)."""
     for lock in locks:

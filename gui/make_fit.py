@@ -103,17 +103,20 @@ class FitResult:
 
 
 def find_fixes(
-    scenario: Scenario, keep_going: Callable[[int, int], bool] | None = None
+    scenario: Scenario,
+    keep_going: Callable[[int, int], bool] | None = None,
+    leave_out: tuple[str, ...] = (),
 ) -> FitResult:
     """The scenario's total and the fixes that make it fit, as a worker runs it (no Qt):
     the search of :func:`memfit.engine.solve.search`, which tells ``keep_going`` how far
-    it is and stops when it returns ``False``."""
+    it is and stops when it returns ``False``; ``leave_out``: changes not to make (what
+    the user keeps as set)."""
     if keep_going is not None:
         keep_going(0, MAX_TRIES)
     est = estimate(scenario)
     if est.device_bytes <= est.budget_bytes:
         return FitResult(scenario, est.device_bytes, est.budget_bytes, est.time, ())
-    found = search(scenario, top=TOP, progress=keep_going)
+    found = search(scenario, top=TOP, leave_out=leave_out, progress=keep_going)
     breakdown: tuple[tuple[str, int], ...] = ()
     if not found.fixes and found.floor is not None:
         lowest = estimate(found.floor.scenario)

@@ -53,12 +53,15 @@ from memfit.engine.presets import gpu_names
 from memfit.engine.solve import Fix
 from memfit.engine.specs import Scenario
 from memfit.engine.sweep import (
+    LOCK_WORDS,
+    LOCKS,
     Beyond,
     Point,
     Space,
     beyond_stack,
     default_space,
     describe,
+    locked,
     pareto,
     points_csv,
     sweep,
@@ -281,11 +284,29 @@ class TradeoffsView(QWidget):
         reset.clicked.connect(lambda: self.map.reset_view())
         export = _export_button(tab, self._export_map_dialog, ("png", "svg", "csv"))
 
+        # what no plan may change (the map's sweep and make-it-fit): each a checkable item
+        self.lock_button = QToolButton()
+        self.lock_button.setText("Keep as set")
+        self.lock_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.lock_button.setToolTip(
+            "Settings no plan may change: the map sweeps only the scenario's value and "
+            "Make it fit leaves out the changes that would alter them"
+        )
+        menu = QMenu(self.lock_button)
+        self.lock_actions: dict[str, QAction] = {}
+        for key in LOCKS:
+            action = menu.addAction(LOCK_WORDS.get(key, key))
+            action.setCheckable(True)
+            action.toggled.connect(self._on_locks)
+            self.lock_actions[key] = action
+        self.lock_button.setMenu(menu)
+
         self.map = SweepMap()
         _lay_out(
             tab,
-            [self.sweep_button, self.cancel_button, self.progress, (self.sweep_status, 1),
-             QLabel("Y axis:"), self.metric_box, self.show_oom, reset, export],
+            [self.sweep_button, self.cancel_button, self.lock_button, self.progress,
+             (self.sweep_status, 1), QLabel("Y axis:"), self.metric_box, self.show_oom,
+             reset, export],
             self.map,
         )  # fmt: skip
         self._update_metric_choice()
@@ -402,12 +423,26 @@ class TradeoffsView(QWidget):
             return False
         self._space = space
         chosen = space if space is not None else self.space_for(scenario)
+        chosen = locked(chosen, scenario, self.locks())
         self.progress.setRange(0, 0)  # busy until the first progress report
         self.sweep_status.setText(f"Sweeping around {describe(scenario)}...")
         self.map.set_empty("Sweeping...")
         self.sweeper.start(lambda keep: run_sweep(scenario, chosen, keep))
         self._update_map_state()
         return True
+
+    def locks(self) -> tuple[str, ...]:
+        """The settings the user keeps as set (:data:`memfit.engine.sweep.LOCKS`)."""
+        return tuple(k for k, a in self.lock_actions.items() if a.isChecked())
+
+    @Slot()
+    def _on_locks(self, *_: object) -> None:
+        n = len(self.locks())
+        self.lock_button.setText(f"Keep as set ({n})" if n else "Keep as set")
+        self._fixes_for = None  # make-it-fit looks again with the changes it may make
+        if self._sweep is not None:
+            self.start_sweep(self._space)
+        self.update_shown()
 
     @Slot()
     def cancel_sweep(self) -> None:
@@ -628,7 +663,8 @@ class TradeoffsView(QWidget):
             return
         self._fixes_for = scenario
         self.fit_status.setText("Looking for changes that make it fit...")
-        self.fitter.start(lambda keep: find_fixes(scenario, keep))
+        leave_out = tuple(c for lock in self.locks() for c in LOCKS[lock])
+        self.fitter.start(lambda keep: find_fixes(scenario, keep, leave_out))
 
     def _update_fixes_state(self) -> None:
         """Fixes of another scenario are greyed and cannot be applied; they are current

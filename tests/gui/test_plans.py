@@ -189,3 +189,25 @@ def test_hardware_is_compared_at_the_user_s_count_too(window: MainWindow, qtbot:
     assert all(line.split(",")[1] == "64" for line in hv.csv_text().splitlines()[1:])
     hv.mode.setCurrentIndex(hv.mode.findData("fewest"))
     assert [hv.cell_text(i, "GPUs needed") for i in range(len(rows))] == fewest
+
+
+def test_keep_as_set_locks_the_map_and_make_it_fit(window: MainWindow, qtbot: QtBot) -> None:
+    """The user could not lock precision or the optimizer in the app: the map offered pure
+    bf16 and 8-bit AdamW beside the scenario's own."""
+    window.store.reset(cluster())
+    view = show(window, qtbot, 0)
+    view.lock_actions["precision"].setChecked(True)
+    with qtbot.waitSignal(view.sweeper.finished, timeout=WAIT_MS):
+        assert view.start_sweep(PIPED)
+    precisions = {p.scenario.training.precision for p in view.map.points()}
+    assert precisions == {"bf16-mixed"}
+    assert view.lock_button.text() == "Keep as set (1)"
+    # make it fit leaves out what would change the locked settings
+    for key in ("precision", "optimizer", "loss"):
+        view.lock_actions[key].setChecked(True)
+    view2 = shown(window, qtbot, too_big())
+    assert view2 is view
+    fixes = view.fit_view.fixes()
+    assert fixes and all(numerics_changed(too_big(), f.scenario) == () for f in fixes)
+    for key in ("precision", "optimizer", "loss"):
+        view.lock_actions[key].setChecked(False)
