@@ -184,8 +184,11 @@ CHANGES: tuple[Change, ...] = changes.pick(
     )
 )
 CHANGES_BY_KEY = {c.id: c for c in CHANGES}
+#: the changes of the layout: they take more GPUs, or split the model over those there are
+LAYOUT = frozenset(c.id for c in CHANGES if c.id == "more-gpus" or c.id.endswith("-x2"))
 #: every combination of up to this many changes is tried (the fastest fits are near the
-#: budget, where a search by memory comes last); deeper ones best first, lowest memory first
+#: budget, where a search by memory comes last; the layout changes in pairs at most);
+#: deeper ones best first, lowest memory first
 EXHAUSTIVE = 3
 #: the most changes one fix makes
 MAX_CHANGES = 8
@@ -259,14 +262,15 @@ def search(
     progress: Progress | None = None,
     max_tries: int = MAX_TRIES,
 ) -> Search:
-    """Every combination of up to :data:`EXHAUSTIVE` changes of :data:`CHANGES`, then
-    deeper ones best first -- the combination of least memory per GPU grown by one more
-    change at a time -- up to ``max_changes`` at once and ``max_tries`` scenarios, until
-    ``top`` fixes are found. A fix is a combination whose every change is needed (no
-    smaller one among the fixes fits) and no two give the same scenario; changes are
-    made in the registry's order, and those the scenario's stack cannot run are not made
-    (:meth:`memfit.engine.changes.Change.attempt`). The floor is the least memory reached.
-    ``progress`` is told (tried, max_tries) now and then; ``False`` stops the search."""
+    """Every combination of up to :data:`EXHAUSTIVE` changes of :data:`CHANGES` (those
+    of the :data:`LAYOUT` in pairs at most), then deeper ones best first -- the
+    combination of least memory per GPU grown by one more change at a time -- up to
+    ``max_changes`` at once and ``max_tries`` scenarios, until ``top`` fixes are found.
+    A fix is a combination whose every change is needed (no smaller one among the fixes
+    fits) and no two give the same scenario; changes are made in the registry's order,
+    and those the scenario's stack cannot run are not made
+    (:meth:`memfit.engine.changes.Change.attempt`). The floor is the least memory
+    reached. ``progress`` is told (tried, max_tries) now and then; ``False`` stops it."""
     skipped = set(leave_out)
     ids = [c.id for c in CHANGES if c.id not in skipped]
     fitting: dict[Scenario, tuple[tuple[str, ...], Any]] = {}
@@ -280,11 +284,22 @@ def search(
         have = set(keys)
         return any(set(k) < have or set(k) == have for k, _ in fitting.values())
 
+    made: dict[tuple[str, ...], Scenario | None] = {(): scenario}
+
+    def made_by(keys: tuple[str, ...]) -> Scenario | None:
+        """``scenario`` with ``keys`` made in turn (:func:`combine`), each combination's
+        prefix made once: the changes before the last are made already."""
+        if keys not in made:
+            before = made_by(keys[:-1])
+            after = CHANGES_BY_KEY[keys[-1]].attempt(before) if before is not None else None
+            made[keys] = after if isinstance(after, Scenario) else None
+        return made[keys]
+
     def visit(keys: tuple[str, ...]) -> None:
         nonlocal tries, floor, stopped
         if fits_a_subset(keys) or not changes.compatible(keys):
             return
-        s = combine(scenario, keys)
+        s = made_by(keys)
         if s is None or s in seen:
             return
         seen.add(s)
@@ -302,12 +317,15 @@ def search(
         elif len(keys) < max_changes:
             heapq.heappush(queue, (t.device_bytes, tries, keys))
 
+    # every combination of up to EXHAUSTIVE changes made on the GPUs as they are; the
+    # layout changes (a wider axis, more GPUs) in pairs at most, then deeper by memory
+    local = [i for i in ids if i not in LAYOUT]
     for size in range(1, min(EXHAUSTIVE, max_changes) + 1):
-        for keys in itertools.combinations(ids, size):
+        pool = ids if size <= 2 else local
+        for keys in itertools.combinations(pool, size):
             if tries >= max_tries or stopped:
                 break
             visit(keys)
-    queue = [q for q in queue if len(q[2]) == min(EXHAUSTIVE, max_changes)]
     heapq.heapify(queue)
     while queue and len(fitting) < top and tries < max_tries and not stopped:
         _bytes, _order, keys = heapq.heappop(queue)
