@@ -24,6 +24,7 @@ exports its plot as PNG or SVG and its data as CSV.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ from memfit.gui.curves import Curves, CurvesView, compute_curves, curves_csv
 from memfit.gui.forms import guard_field
 from memfit.gui.hardware_compare import COMMON_GPUS, HardwareRow, HardwareView, compare
 from memfit.gui.make_fit import FitResult, FitView, find_fixes
+from memfit.gui.shape_grid import ShapeGridView, Shapes, compute_shapes
 from memfit.gui.store import ScenarioStore
 from memfit.gui.sweep_map import NO_SWEEP, SweepMap
 
@@ -200,6 +202,8 @@ class TradeoffsView(QWidget):
         self.curver = Channel(self)
         self.comparer = Channel(self)
         self.fitter = Channel(self)
+        self.shaper = Channel(self)
+        self._shapes_for: Scenario | None = None
 
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
@@ -207,10 +211,14 @@ class TradeoffsView(QWidget):
         self.tabs.addTab(self._build_curves_tab(), "Curves")
         self.tabs.addTab(self._build_hardware_tab(), "Hardware")
         self.tabs.addTab(self._build_fit_tab(), "Make it fit")
+        self.tabs.addTab(self._build_shapes_tab(), "Shapes")
         self.tabs.setTabToolTip(0, "Every strategy around this scenario: memory against speed")
         self.tabs.setTabToolTip(1, "Memory and step time against micro-batch and sequence")
         self.tabs.setTabToolTip(2, "This run on other GPUs: how many, how fast, what cost")
         self.tabs.setTabToolTip(3, "The changes that make this scenario fit, fastest first")
+        self.tabs.setTabToolTip(
+            4, "Memory and tokens/s at every micro-batch and sequence length: a heat map"
+        )
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.tabs)
@@ -237,6 +245,9 @@ class TradeoffsView(QWidget):
         self.comparer.finished.connect(self._on_hardware)
         self.comparer.failed.connect(self._on_hardware_failed)
         self.comparer.busyChanged.connect(self._on_hardware_busy)
+        self.shaper.finished.connect(self._on_shapes)
+        self.shaper.failed.connect(lambda m: self.shapes_view.set_stale(f"No grid: {m}"))
+        self.shapes_view.shapeActivated.connect(self.apply_shape)
         self.fitter.finished.connect(self._on_fixes)
         self.fitter.failed.connect(self._on_fixes_failed)
         self.fit_view.fixActivated.connect(self.apply_fix)
@@ -349,6 +360,49 @@ class TradeoffsView(QWidget):
         self.fit_view = FitView()
         return _lay_out(tab, [(self.fit_status, 1), export], self.fit_view)
 
+    def _build_shapes_tab(self) -> QWidget:
+        tab = QWidget()
+        self.shapes_status = QLabel()
+        self.shapes_status.setTextFormat(Qt.TextFormat.PlainText)
+        self.shapes_view = ShapeGridView()
+        return _lay_out(tab, [(self.shapes_status, 1)], self.shapes_view)
+
+    def update_shapes(self) -> None:
+        scenario = self.store.scenario
+        if self.store.estimate is None:
+            self.shaper.cancel(emit=False)
+            self._shapes_for = None
+            self.shapes_view.set_stale(f"No grid: {self.store.error}")
+            return
+        if scenario == self._shapes_for:
+            return
+        self._shapes_for = scenario
+        self.shapes_status.setText("Estimating every shape...")
+        self.shaper.start(lambda keep: compute_shapes(scenario, keep))
+
+    @Slot(object, bool)
+    def _on_shapes(self, shapes: Shapes | None, complete: bool) -> None:
+        if shapes is None or not complete:
+            return
+        est = self.store.estimate
+        capacity = est.capacity_bytes if est is not None else 0
+        self.shapes_view.set_shapes(shapes, capacity)
+        self.shapes_status.setText(
+            f"Memory per GPU and tokens/s for {describe(shapes.scenario)} at each "
+            "micro-batch (down) and sequence length (across); double-click one to use it"
+        )
+
+    @Slot(int, int)
+    def apply_shape(self, micro_batch: int, sequence_length: int) -> None:
+        """Make a cell's shape the scenario's (one undoable step)."""
+        s = self.store.scenario
+        training = dataclasses.replace(
+            s.training, micro_batch_size=micro_batch, sequence_length=sequence_length
+        )
+        text = f"micro-batch {micro_batch} x {sequence_length:,} tokens"
+        if self.store.edit(dataclasses.replace(s, training=training), f"Apply {text}"):
+            self.message.emit(f"Applied {text} (Ctrl+Z undoes)")
+
     def sizeHint(self) -> QSize:
         return QSize(900, 700)
 
@@ -372,10 +426,11 @@ class TradeoffsView(QWidget):
     @Slot()
     def on_document_reset(self) -> None:
         """A new document: the old one's results go."""
-        for channel in (self.sweeper, self.curver, self.comparer, self.fitter):
+        for channel in (self.sweeper, self.curver, self.comparer, self.fitter, self.shaper):
             channel.cancel(emit=False)
         self._sweep = None
         self._curves_for = None
+        self._shapes_for = None
         self._hardware_for = None
         self._fixes_for = None
         self.map.clear()
@@ -406,8 +461,10 @@ class TradeoffsView(QWidget):
             self.update_curves()
         elif index == 2:
             self.update_hardware()
-        else:
+        elif index == 3:
             self.update_fixes()
+        else:
+            self.update_shapes()
 
     # -- map -------------------------------------------------------------------------------
 
@@ -793,5 +850,5 @@ class TradeoffsView(QWidget):
         """Stop every worker and wait for them (the window is closing)."""
         self._follow.stop()
         self._catch_up.stop()
-        for channel in (self.sweeper, self.curver, self.comparer, self.fitter):
+        for channel in (self.sweeper, self.curver, self.comparer, self.fitter, self.shaper):
             channel.shutdown()

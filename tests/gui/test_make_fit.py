@@ -68,6 +68,7 @@ def test_the_tab_sits_after_hardware(window: MainWindow) -> None:
         "Curves",
         "Hardware",
         "Make it fit",
+        "Shapes",
     ]
 
 

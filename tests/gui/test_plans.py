@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QComboBox
 from pytestqt.qtbot import QtBot
 
+from memfit.engine.estimate import estimate
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 from memfit.engine.stacks import refusals
@@ -211,3 +212,24 @@ def test_keep_as_set_locks_the_map_and_make_it_fit(window: MainWindow, qtbot: Qt
     assert fixes and all(numerics_changed(too_big(), f.scenario) == () for f in fixes)
     for key in ("precision", "optimizer", "loss"):
         view.lock_actions[key].setChecked(False)
+
+
+def test_the_shapes_heat_map_and_a_double_click(window: MainWindow, qtbot: QtBot) -> None:
+    """Memory and tokens/s at every micro-batch and sequence length (it was a CLI table)."""
+    view = show(window, qtbot, 4)
+    qtbot.waitUntil(lambda: view.shapes_view.shapes() is not None, timeout=WAIT_MS)
+    shapes = view.shapes_view.shapes()
+    assert shapes is not None and shapes.scenario == window.store.scenario
+    assert shapes.micro_batches[0] == 1 and 512 in shapes.sequence_lengths
+    s = window.store.scenario
+    cell = shapes.cells[shapes.micro_batches.index(2)][shapes.sequence_lengths.index(1024)]
+    shaped = dataclasses.replace(
+        s, training=dataclasses.replace(s.training, micro_batch_size=2, sequence_length=1024)
+    )
+    est = estimate(shaped)
+    assert cell.device_bytes == est.device_bytes
+    assert view.shapes_view.cell_text(2, 1024).startswith(gib_text(est.device_bytes))
+    view.shapes_view.shapeActivated.emit(2, 1024)
+    assert window.store.scenario == shaped
+    window.undo_act.trigger()
+    assert window.store.scenario == s
