@@ -489,6 +489,14 @@ CHANGES: tuple[Change, ...] = (
         attention="flash",
     ),
     _setter(
+        "torch-compile",
+        "torch.compile",
+        "element-wise ops fused into kernels that write only what leaves them; the backward "
+        "recomputes them from what the partitioner kept",
+        "the model is compiled already",
+        torch_compile=True,
+    ),
+    _setter(
         "chunked-loss",
         "Chunked loss (fused linear cross-entropy)",
         "the LM head and the loss run a chunk of rows at a time",

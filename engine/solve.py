@@ -162,6 +162,7 @@ CHANGES: tuple[Change, ...] = changes.pick(
             "mixed-precision",
             "pure-bf16",
             "flash-attention",
+            "torch-compile",
             "chunked-loss",
             "release-outputs",
             "release-previous-step",

@@ -30,6 +30,7 @@ def test_the_ids_are_stable_and_in_the_order_changes_are_made() -> None:
         "mixed-precision",
         "pure-bf16",
         "flash-attention",
+        "torch-compile",
         "chunked-loss",
         "release-outputs",
         "no-kv-cache",
@@ -157,6 +158,10 @@ RULES: list[tuple[Any, ...]] = [
     ("tp-x2", {}, 8, ("tp", 2), ""),
     ("tp-x2", {}, 1, None, "one GPU"),
     ("tp-x2", {"parallelism": {"tp": 8}}, 8, None, "invalid"),  # 16 of 8 GPUs
+    ("torch-compile", {}, 1, ("torch_compile", True), ""),
+    ("torch-compile", {"torch_compile": True}, 1, None, "compiled already"),
+    ("torch-compile", {"stack": "megatron", "parallelism": {"framework": "megatron"}}, 1, None,
+     "Megatron-LM / NeMo cannot run torch.compile"),
     ("pp-x2", {"stack": "custom"}, 8, ("pp", 2), ""),
     ("pp-x2", {}, 8, None, "Hugging Face Trainer cannot run pipeline parallelism"),
     ("pp-x2", {"parallelism": {"pp": 8}}, 8, None, "invalid"),
