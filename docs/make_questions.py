@@ -13,14 +13,14 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from make_screenshots import settle
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QApplication
 
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.solve import largest_model, search
@@ -59,20 +59,6 @@ def pretrain_70b_on_64_h100s() -> Scenario:
             parallelism=ParallelismSpec(zero_stage=3),
         ),
     )  # fmt: skip
-
-
-def settle(app: QApplication, busy: Callable[[], bool], timeout: float = 180.0) -> None:
-    end = time.monotonic() + timeout
-    while True:
-        app.processEvents()
-        if not busy():
-            break
-        if time.monotonic() > end:
-            raise TimeoutError("the view did not finish in time")
-        time.sleep(0.02)
-    for _ in range(10):
-        app.processEvents()
-        time.sleep(0.02)
 
 
 def main(out: Path) -> list[Path]:

@@ -460,7 +460,12 @@ def only(points: Sequence[Point], values: dict[str, str]) -> list[Point]:
     as the CSV writes them): the fastest configurations filtered by any setting."""
     if not values:
         return list(points)
-    return [p for p in points if all(str(p.row()[k]) == v for k, v in values.items())]
+    wanted = values.items()
+    return [p for p in points if _has(p.row(), wanted)]
+
+
+def _has(row: dict[str, object], wanted: Any) -> bool:
+    return all(str(row[k]) == v for k, v in wanted)
 
 
 def points_csv(points: Sequence[Point]) -> str:

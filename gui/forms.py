@@ -250,6 +250,11 @@ class FieldGuard(QObject):
       own text undo would take them (Qt sends it the key first) and change nothing stored.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: the window's Undo and Redo keys, read once (the platform's bindings)
+        self.keys = (*undo_keys(), *redo_keys())
+
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         kind = event.type()
         if kind == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
@@ -264,7 +269,7 @@ class FieldGuard(QObject):
             return True
         if kind == QEvent.Type.ShortcutOverride and isinstance(event, QKeyEvent):
             combo = QKeySequence(event.keyCombination())
-            if combo in undo_keys() or combo in redo_keys():
+            if combo in self.keys:
                 event.ignore()  # not taken by the field: the window's action gets the key
                 return True
         return False

@@ -24,7 +24,7 @@ from pytestqt.qtbot import QtBot
 from memfit.gui.main_window import MainWindow
 from memfit.gui.monkey import MessageBoxes
 from memfit.gui.store import default_scenario
-from tests.gui.helpers import free_top_levels
+from tests.gui.helpers import free_top_levels, ini
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +71,21 @@ def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
     w.resize(1280, 800)
     w.show()
     return w
+
+
+@pytest.fixture
+def start(qtbot: QtBot, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """``start(**kwargs)``: a shown main window with its settings and recovery file in
+    ``tmp_path`` (unless given)."""
+
+    def make(**kwargs: object) -> MainWindow:
+        kwargs.setdefault("data_dir", tmp_path)
+        if "settings_path" not in kwargs:
+            kwargs.setdefault("settings", ini(tmp_path))
+        window = MainWindow(**kwargs)  # type: ignore[arg-type]
+        qtbot.addWidget(window)
+        window.resize(1280, 800)
+        window.show()
+        return window
+
+    return make

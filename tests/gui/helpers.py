@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
@@ -118,3 +119,11 @@ def free_top_levels(before: list[QWidget]) -> list[str]:
     refused = [w for w in new if w.isVisible()]
     delete_now(*(w for w in new if isinstance(w, MainWindow) and not w.isVisible()))
     return [f"{type(w).__name__} {w.windowTitle()!r}" for w in refused]
+
+
+def accept_first_row(browser: Any) -> QDialog.DialogCode:
+    """A :class:`memfit.gui.importing.ModelBrowser`'s ``exec`` as a user answers it: the
+    first model chosen (patch it in: ``monkeypatch.setattr(ModelBrowser, "exec", ...)``)."""
+    browser.view.selectRow(0)
+    browser.accept()
+    return QDialog.DialogCode.Accepted

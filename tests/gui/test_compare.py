@@ -389,24 +389,15 @@ def test_render_a_comparison(window: MainWindow, qtbot: QtBot, tmp_path: Path) -
     assert window.grab().save(str(tmp_path / "compare.png"))
 
 
-def test_the_pinned_baseline_is_kept_across_a_restart(qtbot: QtBot, tmp_path: Path) -> None:
+def test_the_pinned_baseline_is_kept_across_a_restart(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The pinned baseline was lost when the app closed."""
-
-    def start() -> MainWindow:
-        settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(settings=settings, data_dir=tmp_path, scenario=default_scenario())
-        qtbot.addWidget(window)
-        window.resize(1280, 800)
-        window.show()
-        return window
-
-    first = start()
+    first = start(scenario=default_scenario())
     first.store.edit(seventy_b_on_a100(first.store.scenario), "Change Model")
     pinned = first.store.estimate
     assert pinned is not None
     first.pin_baseline_act.trigger()
     first.close()
-    second = start()
+    second = start(scenario=default_scenario())
     assert second.baseline is not None
     assert second.baseline.scenario == pinned.scenario
     assert second.baseline.device_bytes == pinned.device_bytes
@@ -414,13 +405,13 @@ def test_the_pinned_baseline_is_kept_across_a_restart(qtbot: QtBot, tmp_path: Pa
     assert second.chart.baseline_bar() == 1  # drawn beside the (default) current scenario
     second.clear_baseline_act.trigger()
     second.close()
-    third = start()
+    third = start(scenario=default_scenario())
     assert third.baseline is None and not third.clear_baseline_act.isEnabled()
     third.close()
     # a baseline that no longer reads is dropped, and said
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     settings.setValue("view/baseline", '{"memfit_scenario": 1, "model": 7}')
     settings.sync()
-    fourth = start()
+    fourth = start(scenario=default_scenario())
     assert fourth.baseline is None
     assert any("the pinned baseline" in m for m in fourth.notice.messages())

@@ -19,7 +19,7 @@ from memfit.gui.main_window import MainWindow
 from memfit.gui.monkey import MessageBoxes
 from tests.engine.test_checkpoint import CONFIG, ENGINE_COUNT, model_folder, plain_tensors
 from tests.engine.test_imports import cached
-from tests.gui.helpers import answer_read_as
+from tests.gui.helpers import accept_first_row, answer_read_as
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LLAMA = FIXTURES / "hf_configs" / "llama.json"
@@ -162,12 +162,7 @@ def test_the_model_browser_lists_the_cache_and_imports(
     browser.accept()
     assert browser.chosen is not None and browser.chosen[0] == "org/tiny"
 
-    def accept_first(self: ModelBrowser) -> QDialog.DialogCode:
-        self.view.selectRow(0)
-        self.accept()
-        return QDialog.DialogCode.Accepted
-
-    monkeypatch.setattr(ModelBrowser, "exec", accept_first)
+    monkeypatch.setattr(ModelBrowser, "exec", accept_first_row)
     window.importer.browse_act.trigger()
     settle(window, qtbot)
     assert window.store.scenario.model.hidden_size == CONFIG["hidden_size"]

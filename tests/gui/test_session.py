@@ -33,24 +33,6 @@ from tests.gui.helpers import ROOT, bad_mesh, ini, run_offscreen
 Button = QMessageBox.StandardButton
 
 
-@pytest.fixture
-def start(qtbot: QtBot, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """``start(**kwargs)``: a shown main window with its settings and recovery file in
-    ``tmp_path`` (unless given)."""
-
-    def make(**kwargs: object) -> MainWindow:
-        kwargs.setdefault("data_dir", tmp_path)
-        if "settings_path" not in kwargs:
-            kwargs.setdefault("settings", ini(tmp_path))
-        window = MainWindow(**kwargs)  # type: ignore[arg-type]
-        qtbot.addWidget(window)
-        window.resize(1280, 800)
-        window.show()
-        return window
-
-    return make
-
-
 # -- a scenario the estimate rejects ---------------------------------------------------
 
 

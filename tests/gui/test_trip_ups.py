@@ -21,7 +21,6 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
-    QDialog,
     QFileDialog,
     QLabel,
     QSpinBox,
@@ -36,7 +35,7 @@ from memfit.gui.forms import CountBox, redo_keys
 from memfit.gui.importing import ModelBrowser
 from memfit.gui.main_window import MainWindow, NoticeBar
 from tests.engine.test_imports import cached
-from tests.gui.helpers import type_into
+from tests.gui.helpers import accept_first_row, type_into
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 TRAIN_CONFIGS = FIXTURES.parent / "train_configs"
@@ -335,12 +334,7 @@ def test_a_cached_model_with_only_its_config_imports(
     cached(root, "Qwen/Qwen2.5-7B", files)
     monkeypatch.setenv("HF_HUB_CACHE", str(root))
 
-    def accept_first(self: ModelBrowser) -> QDialog.DialogCode:
-        self.view.selectRow(0)
-        self.accept()
-        return QDialog.DialogCode.Accepted
-
-    monkeypatch.setattr(ModelBrowser, "exec", accept_first)
+    monkeypatch.setattr(ModelBrowser, "exec", accept_first_row)
     window.importer.browse_act.trigger()
     qtbot.waitUntil(lambda: not window.importer.busy, timeout=20_000)
     model = window.store.scenario.model
