@@ -39,6 +39,8 @@ from math import gcd
 from operator import mul
 from typing import Any
 
+from memfit.engine import memo
+
 #: The shape terms every tensor size of a block is linear in (see :class:`Lin`):
 #: ``tokens`` b s (per-token tensors); ``pairs`` b s^2 (attention scores and masks);
 #: ``padded`` b ceil32(s) (memory-efficient attention's padded log-sum-exp);
@@ -473,6 +475,11 @@ class Profile:
     #: the indices of the :data:`TERMS` the block has (its vectors hold only these)
     terms: tuple[int, ...] = tuple(range(len(TERMS)))
 
+    @property
+    def largest(self) -> int:
+        """The largest absolute coefficient of its forms."""
+        return _largest(self)
+
     def at(self, values: tuple[int, ...]) -> BlockResult:
         """The block at the shape whose :data:`TERMS` are ``values``
         (:meth:`memfit.engine.layers.Ctx.terms`)."""
@@ -496,6 +503,12 @@ class Profile:
             val(self.param_grads),
             val(self.held),
         )
+
+
+@memo.cached(maxsize=4096)
+def _largest(prof: Profile) -> int:
+    forms = (prof.kept, prof.output, prof.input_grad, prof.param_grads, prof.held)
+    return max(abs(c) for v in (*forms, *prof.forward, *prof.backward) for c in v)
 
 
 def profile(block: Block, output: str, input_grad: bool = True) -> Profile:

@@ -38,6 +38,7 @@ from memfit.engine.model_state import (
     BUFFERS,
     MemoryItem,
     ModelState,
+    TensorSplit,
     fused_experts,
     nf4_bytes,
     split_tensors,
@@ -49,7 +50,7 @@ from memfit.engine.overhead import MIB
 from memfit.engine.params import TensorGroup, model_tensors
 from memfit.engine.plan.mesh import Mesh
 from memfit.engine.plan.precision import precision_of
-from memfit.engine.specs import ModelSpec, Scenario, TrainingSpec
+from memfit.engine.specs import ModelSpec, QuantSpec, Scenario, TrainingSpec
 from memfit.engine.stacks import conventions
 from memfit.engine.timeline import Gather
 
@@ -441,9 +442,15 @@ def gathered_units(model: ModelSpec, training: TrainingSpec, part: str, dtype: i
     gathering ``dtype`` (FSDP's ``param_dtype``; ``None``: each in its storage dtype),
     QLoRA's 4-bit base as stored -- FSDP all-gathers the packed codes and block constants
     as they are (``bnb_4bit_quant_storage``), it never widens them to 16 bits."""
-    split = split_tensors(model, training, part)
-    q = training.qlora
     trained_bytes, frozen_bytes = storage_bytes(training)
+    split = split_tensors(model, training, part)
+    return _units(split, training.qlora, dtype or trained_bytes, dtype or frozen_bytes)
+
+
+@memo.cached(maxsize=4096)
+def _units(split: TensorSplit, q: QuantSpec, trained_bytes: int, frozen_bytes: int) -> Units:
+    """:func:`gathered_units` of the tensors ``split``, trained ones gathered in
+    ``trained_bytes`` per element, frozen ones in ``frozen_bytes``, a 4-bit base as stored."""
     root = 0
     per_layer: dict[int, int] = {}
     trainable: dict[int, int] = {}
@@ -454,15 +461,16 @@ def gathered_units(model: ModelSpec, training: TrainingSpec, part: str, dtype: i
             root += nbytes
             return
         span = g.layers[1] - g.layers[0]
+        each, elements = nbytes // span, g.total // span
         for layer in range(*g.layers):
-            per_layer[layer] = per_layer.get(layer, 0) + nbytes // span
+            per_layer[layer] = per_layer.get(layer, 0) + each
             if trained:
-                trainable[layer] = trainable.get(layer, 0) + g.total // span
+                trainable[layer] = trainable.get(layer, 0) + elements
 
     for g in split.trainable:
-        add(g, (dtype or trained_bytes) * g.total, True)
+        add(g, trained_bytes * g.total, True)
     for g in split.frozen:
-        add(g, (dtype or frozen_bytes) * g.total, False)
+        add(g, frozen_bytes * g.total, False)
     for g in split.quantized:
         add(g, nf4_bytes(g.numel, q.block_size, q.double_quant) * g.count, False)
     return Units(

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from memfit.engine import memo
 from memfit.engine.graph import TERMS, Profile, Size, _coefs
-from memfit.engine.specs import TrainingSpec
-from memfit.engine.stacks import conventions
-from memfit.engine.timeline.context import Gather, carries_previous
+from memfit.engine.timeline.context import Gather
 from memfit.engine.timeline.sources import (
     _PREVIOUS_OUTPUT,
     Source,
@@ -133,16 +132,69 @@ class _Max:
         return _Max([f - other for f in self.forms])
 
 
-def _forms(prof: Profile) -> tuple[tuple[int, ...], ...]:
-    """Every linear form of a block profile."""
-    singles = (prof.kept, prof.output, prof.input_grad, prof.param_grads, prof.held)
-    return (*singles, *prof.forward, *prof.backward)
+#: the quantities of a rank's model state that the constant bytes of a step's points are
+#: linear in (:class:`_Sym`): its parameters, optimizer states and gradient buffers, the
+#: bytes ZeRO-3 / FSDP keep gathered (:class:`~memfit.engine.timeline.context.Gather`), and 1
+STATE = ("params", "opt", "grad_buffer", "forward", "backward", "grads", "reduce", "unit", "one")
+
+
+class _Sym:
+    """Bytes that are a linear form, with integer coefficients, in the rank's state
+    quantities (:data:`STATE`): what a point holds beside its activations and gradients
+    -- the parameters with the gathered units or autocast's copies, the optimizer
+    states, the gradient buffers. The step is compiled with these symbols, so that one
+    compile serves every share of the model state that gathers (or not) the same way;
+    :meth:`at` gives the bytes of one share."""
+
+    __slots__ = ("c",)
+    __array_ufunc__ = None  # never mixed into a form of the shape
+
+    def __init__(self, c: tuple[int, ...]) -> None:
+        self.c = c
+
+    @staticmethod
+    def var(i: int) -> _Sym:
+        return _Sym(tuple(int(j == i) for j in range(len(STATE))))
+
+    def __add__(self, other: _Sym | int) -> _Sym:
+        if isinstance(other, _Sym):
+            return _Sym(tuple(a + b for a, b in zip(self.c, other.c, strict=True)))
+        return _Sym((*self.c[:-1], self.c[-1] + other))
+
+    __radd__ = __add__
+
+    def __mul__(self, k: int) -> _Sym:
+        return _Sym(tuple(k * a for a in self.c))
+
+    __rmul__ = __mul__
+
+    def __sub__(self, other: _Sym | int) -> _Sym:
+        return self + (-1) * other
+
+    def at(self, state: Sequence[int]) -> int:
+        """The bytes at the state quantities ``state`` (in the order of :data:`STATE`)."""
+        return sum(a * b for a, b in zip(self.c, state, strict=True))
+
+
+class _Gathered(NamedTuple):
+    """:class:`~memfit.engine.timeline.context.Gather` with its bytes as symbols."""
+
+    active: bool
+    forward: _Sym
+    backward: _Sym
+    grads: _Sym
+    reduce: _Sym
+    unit: _Sym
 
 
 #: a point of the step that can be its highest (see :func:`_compile`): kind, layer,
-#: parameters, optimizer states and gradient buffers (constants), and the linear forms of
-#: its gradients before the rank's share is taken and of its activations
-_Candidate = tuple[int, int, int, int, int, np.ndarray, np.ndarray]
+#: parameters, optimizer states and gradient buffers (in the state quantities), and the
+#: linear forms of its gradients before the rank's share is taken and of its activations
+_Candidate = tuple[int, int, _Sym, _Sym, _Sym, np.ndarray, np.ndarray]
+#: a run whose floored gradient share is checked: the growth of its gradients per
+#: repetition, the fall of its activations, and of its other bytes (gathered units or
+#: autocast's copies)
+_Check = tuple[np.ndarray, np.ndarray, "_Sym | int"]
 
 
 class _Recipe(NamedTuple):
@@ -151,7 +203,12 @@ class _Recipe(NamedTuple):
 
     layers: Sequence[_Layer]
     head: int
-    training: TrainingSpec
+    #: what the step reads of the training: checkpointed inputs wait on the host
+    #: (activation offload), checkpointing is reentrant, the previous step's graph and
+    #: output live on into this one (:func:`~memfit.engine.timeline.context.carries_previous`)
+    offload_inputs: bool
+    reentrant: bool
+    carries: bool
     gather: Gather
     grad_buffer: int
     opt: int
@@ -167,7 +224,7 @@ _Deferred = tuple[Any, Any]
 #: a point of the step played whole (:attr:`_Compiler.every`): kind, layer, parameters,
 #: gradient buffers, the form of its gradients before the share, its activations (a form
 #: or a :class:`_Max`) and its sources
-_Entry = tuple[int, int, int, int, Any, Any, tuple[Any, ...]]
+_Entry = tuple[int, int, _Sym, _Sym, Any, Any, tuple[Any, ...]]
 
 
 def _inputs_why(batch: Any, rope: Any, bool_mask: Any, mask: Any) -> list[_Deferred]:
@@ -239,15 +296,17 @@ class _Compiler:
         self.played: list[_Entry] = []
         self.fixed_why: list[_Deferred] = []
         self.kept_why = _KeptForms()
-        layers, head, training, gather = recipe.layers, recipe.head, recipe.training, recipe.gather
-        grad_buffer, opt, per_op = recipe.grad_buffer, recipe.opt, recipe.per_op
+        layers, head, per_op = recipe.layers, recipe.head, recipe.per_op
         trains_embeddings, function_kept_of = recipe.trains_embeddings, recipe.function_kept_of
         logits_block = recipe.logits_block
-        self.plan, self.dtype = plan, dtype
+        self.plan, self.dtype, self.carries = plan, dtype, recipe.carries
         self.model, self.stage, self.ctx = plan.model, plan.stage, plan.ctx
         self.layers: Sequence[_Layer] = layers
-        self.head, self.training, self.gather = head, training, gather
-        self.grad_buffer, self.opt, self.params = grad_buffer, opt, plan.params
+        self.head = head
+        # the rank's state enters as symbols (:class:`_Sym`): the compiled step holds for
+        # every share of the model state that gathers (or not) the same way
+        self.gather = _Gathered(recipe.gather.active, *(_Sym.var(i) for i in range(3, 8)))
+        self.params, self.opt, self.grad_buffer = (_Sym.var(i) for i in range(3))
         self.trains_embeddings, self.logits_block = trains_embeddings, logits_block
         self.profiles, self.unfolded = plan.profiles, plan.unfolded
         self.size = _FIRST_BLOCK + _BLOCK * len(plan.unfolded)
@@ -258,18 +317,17 @@ class _Compiler:
         self.one, self.tokens = self.var(_ONE), self.var(0)
         self.pairs, self.hidden = self.var(1), self.var(_HIDDEN)
         self.nothing = 0 * self.one
-        ckpt_input = self.nothing if training.offload.activations == "cpu" else self.hidden
+        ckpt_input = self.nothing if recipe.offload_inputs else self.hidden
         # what a checkpointed layer of each block keeps: its input, what per-op saves, and
         # what custom autograd functions keep on their ctx (non-reentrant checkpointing
         # drops only what goes through its saved-tensor hooks: bitsandbytes' 4-bit matmul
         # keeps its input from the forward to the layer's backward, and its recomputation's
         # copy goes with the recomputed graph). Reentrant checkpointing runs the forward
         # without autograd: no function keeps anything there
-        reentrant = conventions(training).reentrant
         self.kept_on = [
             ckpt_input
             + self.saved_form(per_op[b] if per_op else 0)
-            + (self.nothing if reentrant else self.saved_form(function_kept_of[b]))
+            + (self.nothing if recipe.reentrant else self.saved_form(function_kept_of[b]))
             for b in range(len(plan.profiles))
         ]
         self.function_kept_of: Sequence[Size] = function_kept_of
@@ -312,8 +370,8 @@ class _Compiler:
         self,
         kind: int,
         layer: int,
-        p: int,
-        g: int,
+        p: _Sym,
+        g: _Sym,
         grads: np.ndarray,
         a: Any,
         own: tuple[_Deferred, ...] = (),
@@ -325,10 +383,10 @@ class _Compiler:
         for f in a.forms if isinstance(a, _Max) else [a]:
             self.cands.append((kind, layer, p, self.opt, g, grads, f))
 
-    def buffers(self, reducing: int) -> int:
+    def buffers(self, reducing: Any) -> _Sym:
         gather = self.gather
-        extra: int = gather.grads + reducing if gather.active else 0
-        return int(self.grad_buffer) + extra
+        extra = gather.grads + reducing if gather.active else 0
+        return self.grad_buffer + extra
 
     def runs(self, layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
         """The layers as runs (:func:`_runs`); every point: each layer a run of its own."""
@@ -341,8 +399,8 @@ class _Compiler:
         its bytes ``value``."""
         return ((template(), value),) if self.ledger else ()
 
-    def run(self) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-        model, ctx, stage, training = self.model, self.ctx, self.stage, self.training
+    def run(self) -> tuple[list[_Candidate], np.ndarray, np.ndarray, np.ndarray, list[_Check]]:
+        model, ctx, stage = self.model, self.ctx, self.stage
         tokens, pairs, nothing = self.tokens, self.pairs, self.nothing
         rope = 2 * model.head_dim * ctx.res if model.position_embedding == "rotary" else 0
         eager = ctx.attention == "eager"
@@ -350,7 +408,7 @@ class _Compiler:
         base = (16 + rope) * tokens + bool_mask
         # the previous step's graph (what custom functions keep) and model output
         graph_kept = old_output = nothing
-        if carries_previous(training, stage):
+        if self.carries:
             for b, on, _, _ in self.layers:
                 if not on:
                     graph_kept = graph_kept + self.saved_form(self.function_kept_of[b])
@@ -525,8 +583,8 @@ class _Compiler:
 
     def _backward(
         self, fixed: np.ndarray, kept: np.ndarray, copies: int, cache: np.ndarray
-    ) -> list[np.ndarray]:
-        """The backward's candidates; returns the rows of the runs to check."""
+    ) -> list[_Check]:
+        """The backward's candidates; returns the runs to check."""
         gather, params, one, hv = self.gather, self.params, self.one, self.hv
         gathered, layers, plan = gather.active, self.layers, self.plan
         self.fixed_b = fixed
@@ -539,7 +597,7 @@ class _Compiler:
         self.add(kind, -1, p, self.buffers(0), self.nothing, fixed + kept + peak, own)
         copies -= self.head_saved
         state: _State = (kept, copies, hv[5], units, hv[4], 0)
-        checks: list[np.ndarray] = []
+        checks: list[_Check] = []
         for start, unit, reps in self.runs(layers[::-1], n_layers - 1, -1):
             state = self._backward_unit(unit, start, state)
             if reps <= 1:
@@ -552,7 +610,7 @@ class _Compiler:
             d_units = n * gather.unit
             # floored shares: monotone only if they move enough
             if plan.grad_share.denominator != 1 and rest > 2:
-                checks += [d_grads, d_kept + (d_units if gathered else d_copies) * one]
+                checks.append((d_grads, d_kept, d_units if gathered else d_copies))
             for t in sorted({0, rest - 1}):
                 at = (kept - t * d_kept, copies - t * d_copies, grads + t * d_grads)
                 state_t = (*at, units - t * d_units, grad_in, reducing)
@@ -582,7 +640,7 @@ class _Compiler:
 
 #: what the backward carries from layer to layer: what is kept, autocast's copies, the
 #: gradients, the gathered units, the input gradient and the reduce-scatter input
-_State = tuple[np.ndarray, int, np.ndarray, int, np.ndarray, int]
+_State = tuple[np.ndarray, int, np.ndarray, Any, np.ndarray, Any]
 
 
 def dtype_of(plan: StepPlan) -> type:
@@ -592,7 +650,7 @@ def dtype_of(plan: StepPlan) -> type:
     recipe, model, stage = plan.recipe, plan.model, plan.stage
     gather = recipe.gather
     largest = max(
-        [abs(c) for p in plan.profiles if p is not None for v in _forms(p) for c in v]
+        [p.largest for p in plan.profiles if p is not None]
         + [plan.params, recipe.opt, recipe.grad_buffer, plan.dense_grad]
         + [sum(c.made for c in plan.copies)]
         + [gather.forward, gather.backward, gather.grads, gather.reduce, gather.unit]
@@ -600,6 +658,163 @@ def dtype_of(plan: StepPlan) -> type:
     )
     bound = 4 * (stage.inflight + 2) * (len(recipe.layers) + 8) * largest
     return np.int64 if bound < _INT64_SAFE else object
+
+
+def state_of(plan: StepPlan) -> tuple[int, ...]:
+    """The state quantities (:data:`STATE`) of ``plan``'s rank."""
+    recipe = plan.recipe
+    g = recipe.gather
+    return (
+        plan.params,
+        recipe.opt,
+        recipe.grad_buffer,
+        g.forward,
+        g.backward,
+        g.grads,
+        g.reduce,
+        g.unit,
+        1,
+    )
+
+
+def compile_key(plan: StepPlan) -> tuple[object, ...]:
+    """Everything :class:`_Compiler` reads of ``plan`` but its state quantities: plans
+    with the same key compile to the same :class:`_Skeleton`. The profiles, the blocks
+    left unfolded and the int64 decision follow from the rest (the profiles are those of
+    the model, context, blocks and loss; :func:`dtype_of` reads the state too, so it is
+    part of the key)."""
+    r = plan.recipe
+    return (
+        plan.model,
+        plan.ctx,
+        plan.stage,
+        plan.chunked,
+        plan.blocks,
+        plan.copies,
+        plan.dense_grad,
+        plan.tied,
+        plan.grad_share.denominator != 1,
+        tuple(r.layers),
+        r.head,
+        r.offload_inputs,
+        r.reentrant,
+        r.carries,
+        r.gather.active,
+        r.trains_embeddings,
+        tuple(r.per_op),
+        tuple(r.function_kept_of),
+        r.logits_block,
+        dtype_of(plan),
+    )
+
+
+#: int64 holds a sum of products whose float64 estimate is below this
+_FLOAT_SAFE = float(1 << 61)
+
+
+def _times(coefs: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """``coefs @ state`` exactly: in int64 where a bound on every value fits, else in
+    Python integers."""
+    bound = np.abs(coefs).astype(float) @ np.abs(state).astype(float)
+    if coefs.dtype != object and (not len(bound) or bound.max() < _FLOAT_SAFE):
+        out: np.ndarray = coefs @ state
+        return out
+    exact: np.ndarray = coefs.astype(object) @ state.astype(object)
+    return exact
+
+
+@dataclass(frozen=True, slots=True)
+class _Skeleton:
+    """A step compiled with its state quantities as symbols (:class:`_Sym`): the
+    candidates' kinds and layers, their parameters and gradient buffers as coefficients
+    of :data:`STATE`, and the matrix of :class:`_Forms` but for the state's share of the
+    rows of the runs to check. :meth:`at` makes the :class:`_Forms` of one rank's
+    state; every plan of the same :func:`compile_key` shares one skeleton."""
+
+    kinds: tuple[int, ...]
+    layer_of: tuple[int, ...]
+    parameters: np.ndarray
+    buffers: np.ndarray
+    matrix: np.ndarray
+    columns: tuple[int, ...]
+    #: per run checked whose other bytes are the state's (gathered units): its row in the
+    #: matrix, and what the state adds to the row's ``one`` column
+    moves: tuple[tuple[int, _Sym], ...]
+    checks: int
+    dtype: type
+
+    @staticmethod
+    def compile(plan: StepPlan) -> _Skeleton:
+        dtype = dtype_of(plan)
+        cands, per_microbatch, waiting, held, checks = _Compiler(plan, dtype).run()
+        rows = [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held]
+        first = len(rows)
+        for d_grads, d_kept, _ in checks:
+            rows += [d_grads, d_kept]
+        matrix = np.stack(rows)
+        moves: list[tuple[int, _Sym]] = []
+        for k, (_, _, move) in enumerate(checks):
+            if isinstance(move, _Sym):  # the gathered units: the state's
+                moves.append((first + 2 * k + 1, move))
+            else:  # autocast's copies: the plan's
+                matrix[first + 2 * k + 1, _ONE] += move
+        n = len(STATE)
+
+        def coefficients(values: list[_Sym]) -> np.ndarray:
+            table = np.array([v.c for v in values], dtype=object).reshape(-1, n)
+            fits = all(abs(int(x)) < _INT64_SAFE for x in table.flat)
+            return table.astype(np.int64) if fits else table
+
+        return _Skeleton(
+            kinds=tuple(c[0] for c in cands),
+            layer_of=tuple(c[1] for c in cands),
+            parameters=coefficients([c[2] for c in cands]),
+            buffers=coefficients([c[4] for c in cands]),
+            matrix=matrix,
+            columns=tuple(int(c) for c in np.abs(matrix).max(axis=0)),
+            moves=tuple(moves),
+            checks=len(checks),
+            dtype=dtype,
+        )
+
+    def at(self, state: tuple[int, ...]) -> _Forms:
+        """The compiled forms of the rank whose state quantities are ``state``."""
+        matrix, columns = self.matrix, self.columns
+        if self.moves:
+            matrix = matrix.copy()
+            for row, move in self.moves:
+                matrix[row, _ONE] += move.at(state)
+            columns = tuple(int(c) for c in np.abs(matrix).max(axis=0))
+        s = np.array(state, dtype=np.int64 if max(map(abs, state)) < _INT64_SAFE else object)
+        parameters, buffers = _times(self.parameters, s), _times(self.buffers, s)
+        n = len(self.kinds)
+        opt = state[1]
+        constant = parameters + opt
+        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
+        fits = self.dtype is np.int64 and largest_constant < _INT64_SAFE
+        as_type = np.int64 if fits else object
+        return _Forms(
+            kinds=self.kinds,
+            layer_of=self.layer_of,
+            fixed_parameters=tuple(parameters.tolist()),
+            fixed_optimizer=(opt,) * n,
+            arrays=(
+                np.array(self.kinds, dtype=as_type),
+                np.array(self.layer_of, dtype=as_type),
+                parameters.astype(as_type),
+                np.full(n, opt, dtype=as_type),
+            ),
+            constant=constant.astype(as_type),
+            buffers=buffers.astype(as_type),
+            matrix=matrix if fits else matrix.astype(object),
+            fits=fits,
+            columns=columns,
+            largest_constant=largest_constant,
+            checks=self.checks,
+        )
+
+
+_SKELETONS: memo.Table[tuple[object, ...], _Skeleton] = memo.Table(f"{__name__}._SKELETONS", 4096)
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,30 +845,8 @@ class _Forms:
 
     @staticmethod
     def of(plan: StepPlan) -> _Forms:
-        dtype = dtype_of(plan)
-        cands, per_microbatch, waiting, held, checks = _Compiler(plan, dtype).run()
-        matrix = np.stack(
-            [c[6] for c in cands] + [c[5] for c in cands] + [per_microbatch, waiting, held, *checks]
-        )
-        constant = np.array([c[2] + c[3] for c in cands], dtype=object)
-        buffers = np.array([c[4] for c in cands], dtype=object)
-        columns = tuple(int(c) for c in np.abs(matrix).max(axis=0))
-        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
-        fits = dtype is np.int64 and largest_constant < _INT64_SAFE
-        return _Forms(
-            kinds=tuple(c[0] for c in cands),
-            layer_of=tuple(c[1] for c in cands),
-            fixed_parameters=tuple(c[2] for c in cands),
-            fixed_optimizer=tuple(c[3] for c in cands),
-            arrays=tuple(
-                np.array([c[f] for c in cands], dtype=np.int64 if fits else object)
-                for f in range(4)
-            ),
-            constant=constant.astype(np.int64) if fits else constant,
-            buffers=buffers.astype(np.int64) if fits else buffers,
-            matrix=matrix if fits else matrix.astype(object),
-            fits=fits,
-            columns=columns,
-            largest_constant=largest_constant,
-            checks=len(checks) // 2,
-        )
+        """``plan`` compiled: its :class:`_Skeleton`, shared by every plan of the same
+        :func:`compile_key`, at its rank's state quantities."""
+        key = compile_key(plan)
+        skeleton = _SKELETONS.get(key) or _SKELETONS.keep(key, _Skeleton.compile(plan))
+        return skeleton.at(state_of(plan))

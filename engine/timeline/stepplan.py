@@ -36,9 +36,11 @@ from memfit.engine.timeline.compiled import (
     _Forms,
     _KeptAt,
     _KeptForms,
+    _Layer,
     _Max,
     _Recipe,
     dtype_of,
+    state_of,
 )
 from memfit.engine.timeline.context import (
     HEAD_LOGITS,
@@ -101,6 +103,85 @@ def _values_of(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The blocks of a step and how its layers are laid out of them (see
+    :func:`_layout`)."""
+
+    #: the distinct blocks (kind, input needs a gradient), their profiles and copies
+    blocks: tuple[tuple[str, bool], ...]
+    profiles: tuple[Profile | None, ...]
+    copies: tuple[Casts, ...]
+    #: each layer: its block, whether it is checkpointed, its copies made and saved
+    layers: tuple[_Layer, ...]
+    unfolded: tuple[int, ...]
+    head: int
+    logits_block: int
+    per_op: tuple[Size, ...]
+    kept_of: tuple[Size, ...]
+
+
+@memo.cached(maxsize=4096)
+def _layout(
+    model: ModelSpec,
+    ctx: Ctx,
+    kinds: tuple[tuple[str, bool], ...],
+    ckpt: tuple[bool, ...],
+    last: bool,
+    chunked: bool,
+    logits: bool,
+    per_op: bool,
+    function_kept: bool,
+) -> _Layout:
+    """The blocks of a step whose layers are ``kinds`` (checkpointed where ``ckpt``
+    says) at ``ctx``, with the LM head where the stage is the ``last``, a point at the
+    logits where ``logits``; the per-op policy's saved outputs of each block where
+    ``per_op``, and where ``function_kept`` what custom functions keep on their ctx. The
+    same for every share of the model state: kept for every strategy that lays its
+    layers out alike."""
+    blocks: list[tuple[str, bool]] = []
+
+    def block(kind: str, x_grad: bool) -> int:
+        if (kind, x_grad) not in blocks:
+            blocks.append((kind, x_grad))
+        return blocks.index((kind, x_grad))
+
+    of_layer = [block(kind, x_grad) for kind, x_grad in kinds]
+    head = block("head", True) if last else -1
+    logits_block = block(HEAD_LOGITS, True) if logits else -1
+    found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
+    profiles = tuple(p for p, _ in found)
+    copies = tuple(c for _, c in found)
+    # the per-op policy's saved outputs of each block, as linear forms of the shape
+    saved: tuple[Size, ...] = (0,) * len(blocks)
+    if per_op:
+        symbolic = dataclasses.replace(ctx, symbolic=True)
+        saved = tuple(
+            _per_op(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else 0
+            for kind, x_grad in blocks
+        )
+    # what custom functions of each block keep on their ctx, where the previous step's
+    # graph lives on into this one, or where checkpointing cannot drop it (QLoRA's 4-bit
+    # matmul keeps its input on its ctx, past the checkpoint's saved-tensor hooks)
+    kept_of: tuple[Size, ...] = (0,) * len(blocks)
+    if function_kept:
+        symbolic = dataclasses.replace(ctx, symbolic=True)
+        kept_of = tuple(
+            _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
+        )
+    return _Layout(
+        tuple(blocks),
+        profiles,
+        copies,
+        tuple((b, on, *copies[b]) for b, on in zip(of_layer, ckpt, strict=True)),
+        tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1),
+        head,
+        logits_block,
+        saved,
+        kept_of,
+    )
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class StepPlan:
     """Everything of one step (a rank's, see :func:`step_timeline`) that does not depend
@@ -161,24 +242,19 @@ class StepPlan:
         )
         kinds, ckpt = step_layers(model, training, ctx, stage.first)
         chunked = training.loss == "chunked"
-        blocks: list[tuple[str, bool]] = []
-
-        def block(kind: str, x_grad: bool) -> int:
-            if (kind, x_grad) not in blocks:
-                blocks.append((kind, x_grad))
-            return blocks.index((kind, x_grad))
-
-        of_layer = [block(kind, x_grad) for kind, x_grad in kinds]
-        head = block("head", True) if stage.last else -1
-        logits_block = -1
-        if plays_logits_point(training, stage, chunked):
-            logits_block = block(HEAD_LOGITS, True)
-        found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
-        profiles = tuple(p for p, _ in found)
-        copies = tuple(c for _, c in found)
-        layers = [(b, on, *copies[b]) for b, on in zip(of_layer, ckpt, strict=True)]
-        unfolded = tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1)
-
+        carries = carries_previous(training, stage)
+        laid = _layout(
+            model,
+            ctx,
+            tuple(kinds),
+            tuple(ckpt),
+            stage.last,
+            chunked,
+            plays_logits_point(training, stage, chunked),
+            conventions(training).checkpointing == "per-op",
+            carries or (ctx.quantized and any(ckpt)),
+        )
+        blocks, profiles, copies, layers = laid.blocks, laid.profiles, laid.copies, laid.layers
         params = state.category_bytes("parameters")
         opt = state.category_bytes("optimizer_states")
         temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
@@ -191,43 +267,28 @@ class StepPlan:
                 * DTYPE_BYTES[conventions(training).frozen_dtype]
             )
             tied = 0
-        # the per-op policy's saved outputs of each block, as linear forms of the shape
-        per_op: tuple[Size, ...] = (0,) * len(blocks)
-        if conventions(training).checkpointing == "per-op":
-            symbolic = dataclasses.replace(ctx, symbolic=True)
-            per_op = tuple(
-                _per_op(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else 0
-                for kind, x_grad in blocks
-            )
-        # what custom functions of each block keep on their ctx, where the previous step's
-        # graph lives on into this one, or where checkpointing cannot drop it (QLoRA's 4-bit
-        # matmul keeps its input on its ctx, past the checkpoint's saved-tensor hooks)
-        kept_of: tuple[Size, ...] = (0,) * len(blocks)
-        if carries_previous(training, stage) or (ctx.quantized and any(ckpt)):
-            symbolic = dataclasses.replace(ctx, symbolic=True)
-            kept_of = tuple(
-                _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
-            )
         recipe = _Recipe(
             layers,
-            head,
-            training,
+            laid.head,
+            training.offload.activations == "cpu",
+            conventions(training).reentrant,
+            carries,
             gather,
             grad_buffer,
             opt,
             trains_embeddings,
-            per_op,
-            kept_of,
-            logits_block,
+            laid.per_op,
+            laid.kept_of,
+            laid.logits_block,
         )
         return StepPlan(
             model=model,
             ctx=ctx,
             chunked=chunked,
-            blocks=tuple(blocks),
+            blocks=blocks,
             profiles=profiles,
             copies=copies,
-            unfolded=unfolded,
+            unfolded=laid.unfolded,
             layers=len(layers),
             checkpointed_layers=sum(ckpt),
             offload_inputs=training.offload.activations == "cpu",
@@ -333,7 +394,9 @@ class StepPlan:
         waiting = ev(every.waiting)
         held = ev(every.held)
         points = [self.before]
-        for kind, layer, p, g, grads, a, _ in every.played:
+        state = state_of(self)
+        for kind, layer, p_of, g_of, grads, a, _ in every.played:
+            p, g = p_of.at(state), g_of.at(state)
             phase, label = KINDS[kind]
             if accumulating:
                 shared = self.accumulated
