@@ -21,20 +21,18 @@ d. llm-analysis 0.2.2 (``LLMAnalysis.training``, its logging off) over the same 
 e. the ratio of configurations per second.
 
 llm-analysis is not a dependency of MemFit: this script installs it into ``.bench-venv``
-(git-ignored) the first time, and runs it there in a subprocess. Figures only; nothing
-is asserted.
+(git-ignored) the first time, and runs it there in a subprocess
+(``benchmarks/llm_analysis_bench.py``, shared with ``benchmarks/user_speed.py``). Figures
+only; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import random
-import subprocess
 import sys
 import time
-import venv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -44,9 +42,9 @@ from memfit.engine.estimate import estimate
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_VENV = ROOT / ".bench-venv"
-LLM_ANALYSIS = "llm-analysis==0.2.2"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import llm_analysis_bench
 
 PRECISIONS = ("bf16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "adamw-8bit", "sgd-momentum")
@@ -145,60 +143,6 @@ def best_of(repeats: int, f: Callable[[], object], number: int) -> float:
     return min(rounds)
 
 
-LLM_ANALYSIS_SCRIPT = r"""
-import json, logging, sys, time
-from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
-from llm_analysis.config import DtypeConfig, ModelConfig, ParallelismConfig, get_gpu_config_by_name
-from llm_analysis.logger import logger
-
-logger.setLevel(logging.ERROR)
-configs = json.load(sys.stdin)
-model = ModelConfig(
-    name="llama-3-8b", num_layers=32, n_head=32, hidden_dim=4096, vocab_size=128256,
-    max_seq_len=8192, num_key_value_heads=8, ffn_embed_dim=14336, expansion_ratio=3.5,
-    model_type="llama",
-)
-gpu = get_gpu_config_by_name("h100-sxm-80gb")
-recompute = {"none": ActivationRecomputation.NONE, "selective": ActivationRecomputation.SELECTIVE,
-             "full": ActivationRecomputation.FULL}
-rounds, failed = [], 0
-for _ in range(5):
-    failed = 0
-    start = time.perf_counter()
-    for c in configs:
-        analysis = LLMAnalysis(model, gpu, DtypeConfig(), ParallelismConfig(
-            tp_size=c["tp"], pp_size=c["pp"], dp_size=8 // (c["tp"] * c["pp"])))
-        try:
-            analysis.training(
-                batch_size_per_gpu=c["micro"], gradient_accumulation_steps=c["accumulation"],
-                seq_len=c["seq"], activation_recomputation=recompute[c["checkpointing"]],
-                ds_zero=DSZeRO(c["zero"]), flash_attn=True, mlp_gated_linear_units=True,
-            )
-        except (AssertionError, ZeroDivisionError):  # its way of saying "does not fit"
-            failed += 1
-    rounds.append(time.perf_counter() - start)
-print(json.dumps({"seconds": min(rounds), "failed": failed}))
-"""
-
-
-def bench_python() -> Path | None:
-    """The interpreter of ``.bench-venv`` with llm-analysis installed (made the first
-    time); ``None`` if it cannot be installed here."""
-    python = BENCH_VENV / "bin" / "python"
-    check = [str(python), "-c", "import llm_analysis"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return python
-    print(f"  installing {LLM_ANALYSIS} into {BENCH_VENV.name} (once) ...", flush=True)
-    try:
-        venv.create(BENCH_VENV, with_pip=True, clear=True)
-        pip = [str(python), "-m", "pip", "install", "-q", LLM_ANALYSIS]
-        subprocess.run(pip, check=True, capture_output=True, timeout=1200)
-    except (OSError, subprocess.SubprocessError) as error:
-        print(f"  could not install {LLM_ANALYSIS}: {error}")
-        return None
-    return python if subprocess.run(check, capture_output=True).returncode == 0 else None
-
-
 def common(configs: Sweep) -> tuple[Sweep, list[dict[str, object]]]:
     """The configurations llm-analysis models too, as a sweep and as its inputs."""
     shared: Sweep = []
@@ -213,6 +157,7 @@ def common(configs: Sweep) -> tuple[Sweep, list[dict[str, object]]]:
                 {
                     "tp": tp,
                     "pp": pp,
+                    "dp": 8 // (tp * pp),
                     "zero": zero,
                     "checkpointing": checkpointing,
                     "micro": micro,
@@ -275,18 +220,12 @@ def main(argv: Sequence[str] = ()) -> None:
     shared, inputs = common(configs)
     m = count(shared)
     print(f"(d) the {m:,} configurations llm-analysis models too")
-    python = bench_python()
+    python = llm_analysis_bench.bench_python()
     if python is None:
         print("  llm-analysis not available: (d) and (e) skipped")
         return
-    result = subprocess.run(
-        [str(python), "-c", LLM_ANALYSIS_SCRIPT],
-        input=json.dumps(inputs),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    theirs = json.loads(result.stdout.strip().splitlines()[-1])
+    run = llm_analysis_bench.run(python, llm_analysis_bench.LLAMA_3_8B, inputs, rounds=5)
+    theirs = {"seconds": min(run.rounds), "failed": run.failed}
     ours = rebuilt(shared, False, 10)
     report("MemFit totals_over (strategies rebuilt, best of 10)", ours, m)
     both = rebuilt(shared, True, 10)
