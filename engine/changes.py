@@ -69,11 +69,13 @@ def nothing_to_shard(scenario: Scenario, stage: int) -> str | None:
     if scenario.hardware.world_size == 1:
         return "one GPU: there is nothing to shard"
     par = scenario.training.parallelism
-    training = dataclasses.replace(
-        scenario.training, parallelism=dataclasses.replace(par, zero_stage=stage)
-    )
+    if par.zero_stage != stage:
+        training = dataclasses.replace(
+            scenario.training, parallelism=dataclasses.replace(par, zero_stage=stage)
+        )
+        scenario = dataclasses.replace(scenario, training=training)
     try:
-        mesh = resolve(dataclasses.replace(scenario, training=training)).mesh
+        mesh = resolve(scenario).mesh
     except EstimateError as exc:
         return f"the parallel layout is invalid: {exc}"
     if mesh.shard == 1:

@@ -96,6 +96,7 @@ from memfit.engine.sweep import (
     best,
     beyond_stack,
     check_locks,
+    cpus,
     default_space,
     describe,
     locked,
@@ -108,6 +109,8 @@ from memfit.engine.train_configs import ALLOW_FLAG, import_training_config
 from memfit.engine.train_configs import apply as apply_training_config
 
 EXIT_USAGE = 2
+#: the most processes a sweep spreads over (``--jobs``)
+MAX_JOBS = 64
 
 
 class _Parser(argparse.ArgumentParser):
@@ -554,6 +557,14 @@ def make_parser() -> argparse.ArgumentParser:
             help="keep only the configurations with these values (fields: the CSV's "
             "columns, e.g. zero_stage=3,precision=bf16-mixed,tp=2)",
         )
+        plan.add_argument(
+            "--jobs",
+            type=int,
+            default=0,
+            metavar="N",
+            help="processes to sweep in (default: one per CPU, on Linux; 1: this "
+            "process alone); the answer is the same",
+        )
     sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
     big = sub.add_parser(
         "largest",
@@ -978,7 +989,12 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     locks = check_locks(args.lock)
     space = locked(default_space(scenario), scenario, locks)
     left: list[Scenario] = []
-    points = only(sweep(scenario, space, beyond=left), _only(args.only))
+    if args.jobs < 0 or args.jobs > MAX_JOBS:
+        raise EstimateError(
+            "--jobs", f"got {shown(args.jobs)}, expected 0 (one per CPU) to {MAX_JOBS}"
+        )
+    workers = args.jobs or min(cpus(), MAX_JOBS)
+    points = only(sweep(scenario, space, beyond=left, workers=workers), _only(args.only))
     beyond = beyond_stack(scenario, space, left)
     left_out = {
         "strategies": beyond.strategies,

@@ -28,13 +28,16 @@ import functools
 import io
 import itertools
 import math
+import multiprocessing
+import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memfit.engine import changes, specs
-from memfit.engine.batch import totals, totals_over
+from memfit.engine.batch import Totals, totals, totals_over
 from memfit.engine.errors import EstimateError
 from memfit.engine.scenario_io import scenario_to_dict
 from memfit.engine.solve import hardware_with
@@ -492,6 +495,28 @@ def point(scenario: Scenario) -> Point:
 PROGRESS_EVERY = 16
 #: a progress callback: (done, total) -> keep going
 Progress = Callable[[int, int], bool]
+#: one strategy's results: for each of its shapes evaluated, the shape's index, its totals
+#: and its step time (a shape the engine rejects has none; a strategy whose step time it
+#: rejects, no results)
+_Results = list[tuple[int, Totals, StepTime]]
+#: the fewest strategies a sweep spreads over processes (below, starting them costs more
+#: than they save)
+PARALLEL_FROM = 96
+
+
+def _evaluate(base: Scenario, shapes: list[tuple[int, int, int]]) -> _Results:
+    """One strategy at each of its shapes, at once (:func:`memfit.engine.batch.totals_over`,
+    :func:`memfit.engine.steptime.step_times`)."""
+    found = totals_over(base, shapes)
+    try:
+        times = step_times(base, shapes)
+    except EstimateError:
+        return []
+    return [
+        (i, t, time)
+        for i, (t, time) in enumerate(zip(found, times, strict=True))
+        if not isinstance(t, EstimateError)
+    ]
 
 
 def sweep(
@@ -499,6 +524,7 @@ def sweep(
     space: Space | None = None,
     progress: Progress | None = None,
     beyond: list[Scenario] | None = None,
+    workers: int = 1,
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
     memory and time, in enumeration order: each strategy's shapes at once
@@ -506,9 +532,17 @@ def sweep(
     :func:`point` of each configuration. ``progress`` is called every
     :data:`PROGRESS_EVERY` configurations or so; returning ``False`` stops the sweep with
     the points so far. The strategies the training stack cannot run are left out, and
-    appended to ``beyond`` where it is given (:func:`beyond_stack` says them in words)."""
+    appended to ``beyond`` where it is given (:func:`beyond_stack` says them in words).
+    ``workers`` above 1 spreads the strategies over that many processes where the
+    platform forks them (:func:`in_processes`; without a ``progress`` callback): the
+    points are the same, in the same order."""
     todo = list(strategies(scenario, space, beyond))
     total = sum(len(shapes) for _, shapes in todo)
+    results: Iterator[_Results]
+    if workers > 1 and progress is None and len(todo) >= PARALLEL_FROM and can_fork():
+        results = iter(in_processes(todo, workers))
+    else:
+        results = (_evaluate(base, shapes) for base, shapes in todo)
     out: list[Point] = []
     done = reported = 0
     for base, shapes in todo:
@@ -517,20 +551,75 @@ def sweep(
                 return out
             reported = done + PROGRESS_EVERY
         done += len(shapes)
-        found = totals_over(base, shapes)
-        try:
-            times = step_times(base, shapes)
-        except EstimateError:
-            continue
-        for (b, _, a), t, time in zip(shapes, found, times, strict=True):
-            if isinstance(t, EstimateError):
-                continue
-            spec = _Shaped(base, b, a)
+        for i, t, time in next(results):
+            b, _, a = shapes[i]
             out.append(
-                Point(spec, t.device_bytes, t.budget_bytes, t.capacity_bytes, t.verdict, time)
+                Point(
+                    _Shaped(base, b, a),
+                    t.device_bytes,
+                    t.budget_bytes,
+                    t.capacity_bytes,
+                    t.verdict,
+                    time,
+                )
             )
     if progress is not None:
         progress(total, total)
+    return out
+
+
+def can_fork() -> bool:
+    """Whether sweeps may spread over processes here: Linux, where a forked process
+    inherits the engine as it is (elsewhere the sweep runs in the calling process)."""
+    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+#: the strategies of the sweep that is spreading over processes: a forked worker reads
+#: them from here, where its parent left them
+_TODO: list[Strategy] = []
+
+
+def _alike(strategy: Strategy) -> tuple[object, ...]:
+    """What strategies that share block profiles and compiled steps have in common (their
+    layout of activations, not their share of the model state): sorted by it, a worker's
+    strategies build few of them twice."""
+    t = strategy[0].training
+    p = t.parallelism
+    return (t.precision, t.activation_checkpointing, p.tp, p.pp, p.cp, p.ep, p.sequence_parallel)
+
+
+def _run_part(indices: list[int]) -> list[tuple[int, _Results]]:
+    return [(i, _evaluate(*_TODO[i])) for i in indices]
+
+
+def in_processes(todo: list[Strategy], workers: int) -> list[_Results]:
+    """:func:`_evaluate` of every strategy of ``todo``, in ``workers`` forked processes:
+    the strategies sorted by what they share (:func:`_alike`) and cut into runs, each
+    worker taking the next run as it finishes one. Each worker computes what the calling
+    process would (the engine's functions are pure), so the results are the same, in the
+    order of ``todo``."""
+    global _TODO
+    order = sorted(range(len(todo)), key=lambda i: _alike(todo[i]))
+    runs = workers * 4
+    size = -(-len(order) // runs)
+    parts = [order[k : k + size] for k in range(0, len(order), size)]
+    _TODO = todo
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            found = [r for part in pool.map(_run_part, parts, chunksize=1) for r in part]
+    finally:
+        _TODO = []
+    out: list[_Results] = [[] for _ in todo]
+    for i, results in found:
+        out[i] = results
     return out
 
 

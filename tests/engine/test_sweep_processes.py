@@ -1,0 +1,67 @@
+"""A sweep spread over processes gives the points of one in the calling process: the same
+configurations, figures and step times, in the same order; and the command line's
+``--jobs`` is checked and changes nothing of the answer."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from memfit.engine import memo, sweep
+from memfit.engine.cli import main
+from memfit.engine.presets import load_gpu, load_model
+from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
+
+pytestmark = pytest.mark.skipif(not sweep.can_fork(), reason="sweeps fork on Linux only")
+
+
+def scenario() -> Scenario:
+    training = TrainingSpec(micro_batch_size=2, gradient_accumulation_steps=4)
+    return Scenario(load_model("gpt2"), HardwareSpec(load_gpu("h100-sxm-80gb"), 8), training)
+
+
+def test_a_sweep_over_processes_equals_one_in_this_process() -> None:
+    s = scenario()
+    strategies = list(sweep.strategies(s))
+    assert len(strategies) >= sweep.PARALLEL_FROM  # spread, not run here
+    memo.clear()
+    here = sweep.sweep(s, workers=1)
+    memo.clear()  # the workers build everything themselves
+    spread = sweep.sweep(s, workers=3)
+    assert len(here) == len(spread) > 500
+    for a, b in zip(here, spread, strict=True):
+        assert a.scenario == b.scenario
+        assert (a.device_bytes, a.budget_bytes, a.capacity_bytes, a.verdict) == (
+            b.device_bytes,
+            b.budget_bytes,
+            b.capacity_bytes,
+            b.verdict,
+        )
+        assert a.time == b.time
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    assert main(list(args), out=out) == 0
+    return out.getvalue()
+
+
+def test_jobs_change_nothing_of_the_answer() -> None:
+    flags = ["--model", "gpt2", "--gpu", "h100-sxm-80gb", "--gpus-per-node", "8", "--json"]
+    one = json.loads(run("sweep", *flags, "--jobs", "1"))
+    two = json.loads(run("sweep", *flags, "--jobs", "2"))
+    assert one == two and one["configs"] > 100
+
+
+@pytest.mark.parametrize("jobs", ["-1", "65", "x"])
+def test_jobs_out_of_range_name_the_flag(jobs: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    args = ["fit", "--model", "gpt2", "--gpu", "h100-sxm-80gb", "--jobs", jobs]
+    try:
+        code = main(args, out=out)
+    except SystemExit as stop:  # argparse's own: not an integer
+        code = stop.code
+    assert code == 2
+    assert "--jobs" in capsys.readouterr().err + out.getvalue()
