@@ -25,6 +25,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from memfit.engine import memo
@@ -1211,3 +1212,34 @@ def reshaped(scenario: Scenario, **shape: int) -> Scenario:
 
 
 _TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
+
+
+#: each spec object hashed lately and its hash, by the object's identity (the entry holds
+#: the object, so that no other takes its identity while the entry lives)
+_HASHES: dict[int, tuple[object, int]] = {}
+_HASHES_KEPT = 8192
+
+
+def _keeps_its_hash(cls: type) -> None:
+    """Give the frozen dataclass ``cls`` a hash computed once per object: the hash its
+    dataclass would compute (of the fields it compares), kept by identity. A model or
+    training spec is a key of the engine's caches thousands of times a sweep, and
+    hashing one walks every field of it and of the specs inside it."""
+    names = [f.name for f in dataclasses.fields(cls) if f.compare and f.hash is not False]
+    values = attrgetter(*names)
+
+    def __hash__(self: object) -> int:
+        found = _HASHES.get(id(self))
+        if found is not None and found[0] is self:
+            return found[1]
+        h = hash(values(self))
+        if len(_HASHES) >= _HASHES_KEPT:
+            _HASHES.clear()
+        _HASHES[id(self)] = (self, h)
+        return h
+
+    cls.__hash__ = __hash__  # type: ignore[assignment]
+
+
+for _spec in (ModelSpec, TrainingSpec, Scenario):
+    _keeps_its_hash(_spec)

@@ -679,31 +679,22 @@ def state_of(plan: StepPlan) -> tuple[int, ...]:
 
 def compile_key(plan: StepPlan) -> tuple[object, ...]:
     """Everything :class:`_Compiler` reads of ``plan`` but its state quantities: plans
-    with the same key compile to the same :class:`_Skeleton`. The profiles, the blocks
-    left unfolded and the int64 decision follow from the rest (the profiles are those of
-    the model, context, blocks and loss; :func:`dtype_of` reads the state too, so it is
-    part of the key)."""
+    with the same key compile to the same :class:`_Skeleton`. The layout
+    (:func:`~memfit.engine.timeline.stepplan._layout`: the blocks, their profiles, copies
+    and per-layer parts, laid out for the plan's model and context) stands for all it is
+    made from; :func:`dtype_of` reads the state too, so it is part of the key."""
     r = plan.recipe
     return (
-        plan.model,
-        plan.ctx,
+        plan.layout,
         plan.stage,
-        plan.chunked,
-        plan.blocks,
-        plan.copies,
         plan.dense_grad,
         plan.tied,
         plan.grad_share.denominator != 1,
-        tuple(r.layers),
-        r.head,
         r.offload_inputs,
         r.reentrant,
         r.carries,
         r.gather.active,
         r.trains_embeddings,
-        tuple(r.per_op),
-        tuple(r.function_kept_of),
-        r.logits_block,
         dtype_of(plan),
     )
 

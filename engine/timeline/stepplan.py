@@ -103,10 +103,12 @@ def _values_of(
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Layout:
     """The blocks of a step and how its layers are laid out of them (see
-    :func:`_layout`)."""
+    :func:`_layout`). Compared by identity: one object per set of arguments of
+    :func:`_layout` while its cache holds it, so that a key that holds it is cheap to
+    hash (and an equal one made again is only another key)."""
 
     #: the distinct blocks (kind, input needs a gradient), their profiles and copies
     blocks: tuple[tuple[str, bool], ...]
@@ -217,6 +219,8 @@ class StepPlan:
     tied: int
     #: what compiling the step reads (see :func:`_compile`), and the compiled forms
     recipe: _Recipe = field(repr=False)
+    #: the blocks and layers (:func:`_layout`), the model and context they are laid out for
+    layout: _Layout = field(repr=False)
     _compiled: list[_Forms] = field(default_factory=list, repr=False)
     _every: dict[bool, _Every] = field(default_factory=dict, repr=False)
 
@@ -313,6 +317,7 @@ class StepPlan:
             dense_grad=dense_grad,
             tied=tied,
             recipe=recipe,
+            layout=laid,
         )
 
     def forms(self) -> _Forms:
