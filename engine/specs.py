@@ -1216,8 +1216,7 @@ _TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 
 #: each spec object hashed lately and its hash, by the object's identity (the entry holds
 #: the object, so that no other takes its identity while the entry lives)
-_HASHES: dict[int, tuple[object, int]] = {}
-_HASHES_KEPT = 8192
+_HASHES: memo.Table[int, tuple[object, int]] = memo.Table(f"{__name__}._HASHES", 8192)
 
 
 def _keeps_its_hash(cls: type) -> None:
@@ -1232,10 +1231,8 @@ def _keeps_its_hash(cls: type) -> None:
         found = _HASHES.get(id(self))
         if found is not None and found[0] is self:
             return found[1]
-        h = hash(values(self))
-        if len(_HASHES) >= _HASHES_KEPT:
-            _HASHES.clear()
-        _HASHES[id(self)] = (self, h)
+        h: int = hash(values(self))
+        _HASHES.keep(id(self), (self, h))
         return h
 
     cls.__hash__ = __hash__  # type: ignore[assignment]
