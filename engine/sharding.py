@@ -407,9 +407,25 @@ def resident_blocks(model: ModelSpec, training: TrainingSpec, mesh: Mesh, part: 
     trained, frozen = storage_bytes(training)
     if sixteen_bit_module(training):
         trained = 2  # the module's 16-bit copy; the fp32 master is the optimizer's
-    q = training.qlora
     split = split_tensors(model, training, part)
     fused = fused_experts(training)
+    return _blocks(model, split, fused, trained, frozen, training.qlora, dense, experts)
+
+
+@memo.cached(maxsize=4096)
+def _blocks(
+    model: ModelSpec,
+    split: TensorSplit,
+    fused: bool,
+    trained: int,
+    frozen: int,
+    q: QuantSpec,
+    dense: int,
+    experts: int,
+) -> int:
+    """:func:`resident_blocks` of the tensors ``split``: trained ones stored in
+    ``trained`` bytes per element, frozen ones in ``frozen``, a 4-bit base as ``q`` packs
+    it; each divided over ``dense`` ranks, routed experts over ``experts``."""
     blocks = 0
     for groups, size in (
         (split.trainable, lambda numel: trained * numel),

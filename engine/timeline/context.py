@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from memfit.engine import memo
 from memfit.engine.graph import Block, Lin, Size
 from memfit.engine.inductor import partition
 from memfit.engine.layers import Ctx, attention_run, bert_layer, decoder_layer, head_and_loss
@@ -166,18 +167,29 @@ def _layers(
     if training.method == "freeze" and training.freeze.last_layers:
         trained_from = n - training.freeze.last_layers
     every_layer = bool(ctx.lora_roles) or bool(ctx.trainable & _LAYER_PARTS)
+    kinds, recorded = _laid(model, trained_from, every_layer, ctx.masked, embed_grad)
+    return list(kinds), list(recorded)
+
+
+@memo.cached(maxsize=4096)
+def _laid(
+    model: ModelSpec, trained_from: int, every_layer: bool, masked: bool, embed_grad: bool
+) -> tuple[tuple[tuple[str, bool], ...], tuple[bool, ...]]:
+    """:func:`_layers` of the layers from ``trained_from`` on training (every layer, where
+    ``every_layer``), a window ``masked`` and the embedding's output needing a gradient
+    where ``embed_grad`` says."""
     out: list[tuple[str, bool]] = []
     recorded: list[bool] = []
     grad = embed_grad
-    for i in range(n):
+    for i in range(model.num_layers):
         kind = "moe" if model.is_moe and i >= model.first_dense_layers else "dense"
-        if ctx.masked and full_attention(model, i):
+        if masked and full_attention(model, i):
             kind += FULL
         trained = i >= trained_from
         out.append((kind + TRAINED if trained else kind, grad))
         grad = grad or every_layer or trained
         recorded.append(grad)
-    return out, recorded
+    return tuple(out), tuple(recorded)
 
 
 def step_layers(
@@ -238,12 +250,18 @@ def checkpointed(training: TrainingSpec, layers: int) -> list[bool]:
     schedule with k ~ sqrt(n)); first-k-layers, the first k of the stage (Megatron's
     block method); selective, none (the attention core is recomputed inside the layer
     instead)."""
-    mode, k = conventions(training).checkpointing, training.checkpoint_every_k
+    return list(
+        _checkpointed(conventions(training).checkpointing, training.checkpoint_every_k, layers)
+    )
+
+
+@memo.cached(maxsize=1024)
+def _checkpointed(mode: str, k: int, layers: int) -> tuple[bool, ...]:
     whole = mode in ("full", "per-op")
-    return [
+    return tuple(
         whole or (mode == "every-k-layers" and i % k == 0) or (mode == "first-k-layers" and i < k)
         for i in range(layers)
-    ]
+    )
 
 
 def carries_previous(training: TrainingSpec, stage: Stage) -> bool:
