@@ -43,7 +43,7 @@ from math import ceil
 from memfit.engine import memo
 from memfit.engine.errors import EstimateError
 from memfit.engine.params import TensorGroup, model_tensors
-from memfit.engine.specs import ModelSpec, TrainingSpec, target_names
+from memfit.engine.specs import ModelSpec, TrainingSpec, keeps_its_hash, target_names
 from memfit.engine.stacks import conventions
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "overhead")
@@ -149,6 +149,9 @@ class ModelState:
     def bytes_per_param(self) -> float:
         """Model-state bytes over all parameters of the base model (adapters included)."""
         return self.total_bytes / self.total_params if self.total_params else 0.0
+
+
+keeps_its_hash(ModelState)
 
 
 def weights_label(method: str) -> str:

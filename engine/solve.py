@@ -136,19 +136,22 @@ def min_gpus(scenario: Scenario, gpu: str | None = None, limit: int = MAX_GPUS) 
     layouts = gpu_counts(scenario, limit)
     if not layouts:
         return None
-    at = [with_gpus(scenario, n, k) for n, k in layouts]
+
+    def at(i: int) -> Scenario:  # made for the layouts probed only (a few of thousands)
+        return with_gpus(scenario, *layouts[i])
+
     # the smallest index from which on everything fits: bisection on "fits from here on"
-    last = len(at) - 1
-    if not fits(at[last]):
+    last = len(layouts) - 1
+    if not fits(at(last)):
         return None
-    lo, hi = -1, last  # fits(at[hi]); not known for lo
+    lo, hi = -1, last  # fits(at(hi)); not known for lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(at[mid]):
+        if fits(at(mid)):
             hi = mid
         else:
             lo = mid
-    return at[hi]
+    return at(hi)
 
 
 #: what make_it_fit tries: every change of the registry (:mod:`memfit.engine.changes`)

@@ -1219,11 +1219,11 @@ _TRAINING_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 _HASHES: memo.Table[int, tuple[object, int]] = memo.Table(f"{__name__}._HASHES", 8192)
 
 
-def _keeps_its_hash(cls: type) -> None:
+def keeps_its_hash(cls: type) -> None:
     """Give the frozen dataclass ``cls`` a hash computed once per object: the hash its
     dataclass would compute (of the fields it compares), kept by identity. A model or
-    training spec is a key of the engine's caches thousands of times a sweep, and
-    hashing one walks every field of it and of the specs inside it."""
+    training spec (or a model state) is a key of the engine's caches thousands of times
+    a sweep, and hashing one walks every field of it and of what it holds."""
     names = [f.name for f in dataclasses.fields(cls) if f.compare and f.hash is not False]
     values = attrgetter(*names)
 
@@ -1239,4 +1239,4 @@ def _keeps_its_hash(cls: type) -> None:
 
 
 for _spec in (ModelSpec, TrainingSpec, Scenario):
-    _keeps_its_hash(_spec)
+    keeps_its_hash(_spec)
