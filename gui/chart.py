@@ -680,6 +680,7 @@ class BreakdownChart(QWidget):
         for cat in CATEGORIES:
             self.legend.addItem(self.bars[cat], CATEGORY_NAMES[cat])
         self.legend.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+        self.legend.layout.setContentsMargins(0, 0, 0, 0)  # one row as tall as its words
         item.layout.addItem(self.legend, 4, 1)
         item.layout.setAlignment(self.legend, Qt.AlignmentFlag.AlignHCenter)
         # Clicking a legend entry would hide a category of the current bar only.
@@ -728,6 +729,10 @@ class BreakdownChart(QWidget):
         self._peak = text
         if text:
             self.plot_item.setTitle(html.escape(text), size="9pt", color=self._muted.name())
+            # pyqtgraph gives the title a row 30 px tall; its one line takes less, and the
+            # plot takes the rest (a short window's bars need every pixel)
+            height = self.plot_item.titleLabel.item.boundingRect().height()
+            self.plot_item.layout.setRowFixedHeight(0, height)
         else:
             self.plot_item.setTitle(None)
 
