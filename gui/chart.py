@@ -18,8 +18,9 @@ What is inside:
   :meth:`BreakdownChart.clear` drops the bars (a new document). The plot's title says when
   the step peaks (:func:`peak_text`); the y axis ends at most at 3 x the capacity (or
   1.2 x the current bar), and a taller what-if is drawn cut, with its true total and an
-  arrow (:func:`axis_top`); bar totals and the capacity and budget labels are laid out so
-  that none overlaps another (:meth:`BreakdownChart.layout_labels`); tick labels wrap,
+  arrow (:func:`axis_top`); the capacity and budget labels sit in a column right of the
+  last bar, never over a bar (:func:`x_range`), and they and the bar totals are laid out
+  so that none overlaps another (:meth:`BreakdownChart.layout_labels`); tick labels wrap,
   never elided (:func:`tick_lines`);
 * :class:`ExportContext`, :func:`scenario_caption` -- what an exported file says besides
   the plot: the scenario in one line, the verdict, the note;
@@ -47,7 +48,7 @@ import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
 from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal, Slot
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPalette
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QFontMetricsF, QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from memfit.engine.errors import EstimateError
@@ -111,6 +112,8 @@ SHORT_Y_LABEL = "GiB per GPU (2^30 B)"
 #: and where it is too short for that (a small window with the details open)
 TINY_Y_LABEL = "GiB (2^30 B)"
 BAR_HALF_WIDTH = 0.32
+#: how far the worst rank group's outline stands off its bar (x units)
+OUTLINE_PAD = 0.03
 GHOST_ALPHA = 110
 CAPACITY_COLOUR = "#D55E00"  # Okabe--Ito vermillion, unused by the categories
 #: The most rank groups (pipeline stages) drawn as bars of their own.
@@ -124,6 +127,16 @@ TOP_ROOM = 1.2
 CUT_MARK = "↑"
 #: the gap, in pixels, kept between labels and between a label and a line
 LABEL_GAP = 2.0
+#: The capacity and budget labels sit in a column right of the last bar, never over a bar.
+#: The column takes at most this share of the plot's width for the labels' full words
+#: (``NVIDIA H100 SXM 80GB capacity 79.6 GiB``); where those need more, the labels take
+#: their short words (``capacity 79.6 GiB``) and say the full ones in a tooltip.
+FULL_LABEL_SHARE = 0.25
+#: the most of the plot's width the column takes at all: a plot too narrow even for the
+#: short words keeps its bars readable and lets the labels find room among them
+MAX_LABEL_SHARE = 0.4
+#: the x axis' left end: the first bar, at x = 0, keeps room for its tick label
+X_START = -0.6
 #: How many "not modelled" entries the short note names before "and N more".
 NOTE_NAMES = 2
 
@@ -175,6 +188,34 @@ def axis_top(capacity: float, totals: Sequence[float]) -> tuple[float, float]:
     if natural <= limit:
         return natural, float("inf")
     return limit, limit / TOP_ROOM
+
+
+def x_range(bars: int, view_width: float, column: float) -> tuple[float, float]:
+    """The x axis' range that draws ``bars`` bars from x = 0 and keeps a column
+    ``column`` pixels wide right of the last bar (and of the outline a worst rank group's
+    bar has), in a plot ``view_width`` pixels wide; the column takes at most
+    :data:`MAX_LABEL_SHARE` of the width.
+
+    Without a column the range ends 0.6 of a slot past the last bar's centre (1.4 for a
+    lone bar): the tick label under it keeps its room. A column ends the range ``g``
+    past the last bar's edge, ``span`` units from the range's left end, where ``g``
+    units of a range ``span + g`` wide are ``column`` pixels:
+    ``g = column * span / (view_width - column)``.
+
+    >>> x_range(6, 600.0, 0.0)
+    (-0.6, 5.6)
+    >>> x_range(6, 600.0, 120.0)
+    (-0.6, 6.8375)
+    >>> x_range(1, 800.0, 120.0)  # a lone bar's room holds the column
+    (-0.6, 1.4)
+    """
+    natural = max(bars - 0.4, 1.4)
+    if bars == 0 or view_width <= 0 or column <= 0:
+        return X_START, natural
+    edge = bars - 1 + BAR_HALF_WIDTH + OUTLINE_PAD  # a worst bar's outline too
+    column = min(column, MAX_LABEL_SHARE * view_width)
+    span = edge - X_START
+    return X_START, round(max(natural, edge + column * span / (view_width - column)), 6)
 
 
 def peak_text(est: Estimate) -> str:
@@ -543,7 +584,9 @@ class BreakdownChart(QWidget):
         self._x_labels: list[str] = []
         self._verdict = ""
         self._host_verdict = ""
-        self._x_range = (-0.6, 1.4)
+        self._x_range = (X_START, 1.4)
+        # the capacity and budget labels' words, fullest first (see FULL_LABEL_SHARE)
+        self._line_words: tuple[tuple[str, ...], ...] = ((), ())
         self._stale: str | None = None
         self._coloured_stale: bool | None = None  # what the bar colours show
         self._cut = float("inf")  # bars taller than this many GiB are drawn cut
@@ -615,7 +658,6 @@ class BreakdownChart(QWidget):
         bottom = item.getAxis("bottom")
         bottom.setStyle(tickLength=0)
         bottom.setTickFont(QFont(self.font()))
-        item.getViewBox().sigResized.connect(self._update_ticks)
         item.getViewBox().sigResized.connect(self._on_view_resized)
         item.getViewBox().disableAutoRange()
 
@@ -651,7 +693,7 @@ class BreakdownChart(QWidget):
         self.worst_outline.setZValue(5)
         item.addItem(self.worst_outline)
 
-        label_opts = {"position": 0.99, "anchors": [(1, 1), (1, 1)]}
+        label_opts = {"position": 1.0, "anchors": [(1, 1), (1, 1)]}
         self.capacity_line = pg.InfiniteLine(angle=0, label="", labelOpts=label_opts)
         self.budget_line = pg.InfiniteLine(angle=0, label="", labelOpts=label_opts)
         for line in (self.capacity_line, self.budget_line):
@@ -680,6 +722,7 @@ class BreakdownChart(QWidget):
         for cat in CATEGORIES:
             self.legend.addItem(self.bars[cat], CATEGORY_NAMES[cat])
         self.legend.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+        self.legend.layout.setContentsMargins(0, 0, 0, 0)  # one row as tall as its words
         item.layout.addItem(self.legend, 4, 1)
         item.layout.setAlignment(self.legend, Qt.AlignmentFlag.AlignHCenter)
         # Clicking a legend entry would hide a category of the current bar only.
@@ -728,17 +771,68 @@ class BreakdownChart(QWidget):
         self._peak = text
         if text:
             self.plot_item.setTitle(html.escape(text), size="9pt", color=self._muted.name())
+            # pyqtgraph gives the title a row 30 px tall; its one line takes less, and the
+            # plot takes the rest (a short window's bars need every pixel)
+            height = self.plot_item.titleLabel.item.boundingRect().height()
+            self.plot_item.layout.setRowFixedHeight(0, height)
         else:
             self.plot_item.setTitle(None)
 
     # -- label layout ---------------------------------------------------------------------
 
     def _on_view_resized(self, _view: object = None) -> None:
-        """A new plot size: the axis' top as drawn, then the labels laid out again."""
+        """A new plot size: the column for the line labels, the tick labels and the axis'
+        top as drawn, then the labels laid out again."""
+        self._fit_x_range()
         if self._bars:
             self.plot_item.setYRange(0.0, self._top, padding=0.0)
         self._fit_y_label()
         self.layout_labels()
+
+    def _fit_x_range(self, force: bool = False) -> None:
+        """The capacity and budget labels' words, and the x range that keeps a column
+        for them right of the last bar (see :func:`x_range`); then the tick labels,
+        wrapped to the bars' slots. The full words where their column takes at most
+        :data:`FULL_LABEL_SHARE` of the plot's width (or fits the room a lone bar leaves),
+        else each label's fullest words that fit the column of the shortest ones."""
+        bars = len(self._bars)
+        width = self.plot_item.getViewBox().width()
+        lines = (self.capacity_line, self.budget_line)
+        column = 0.0
+        if bars and self._current is not None:
+            pad = 3 * LABEL_GAP  # a gap from the bar, and from the plot's edge
+            needs = [
+                [self._label_width(line, w) + pad for w in words]
+                for line, words in zip(lines, self._line_words, strict=True)
+            ]
+            x0, x1 = x_range(bars, width, 0.0)
+            edge = bars - 1 + BAR_HALF_WIDTH + OUTLINE_PAD
+            room = (x1 - edge) / (x1 - x0) * width  # right of the last bar, without a column
+            full = max(need[0] for need in needs)
+            if full <= max(FULL_LABEL_SHARE * width, room):
+                column = full
+            else:
+                column = max(need[-1] for need in needs)
+            for line, words, need in zip(lines, self._line_words, needs, strict=True):
+                text = next(
+                    (w for w, px in zip(words, need, strict=True) if px <= column), words[-1]
+                )
+                # a format string (pyqtgraph fills in {value}): braces in a name are text
+                text = text.replace("{", "{{").replace("}", "}}")
+                if line.label.format != text:
+                    line.label.setFormat(text)
+        new = x_range(bars, width, column)
+        if new != self._x_range or force:
+            self._x_range = new
+            self.plot_item.setXRange(*new, padding=0.0)
+            self._update_ticks()
+
+    @staticmethod
+    def _label_width(line: pg.InfiniteLine, words: str) -> float:
+        """How wide ``line``'s label is with ``words``, its margins counted."""
+        label = line.label.textItem
+        margin = float(label.document().documentMargin())
+        return QFontMetricsF(label.font()).horizontalAdvance(words) + 2 * margin
 
     def y_label(self) -> str:
         """The y axis' title as shown."""
@@ -764,9 +858,11 @@ class BreakdownChart(QWidget):
         A total too wide for its bar's slot puts its unit under the number; a total a
         line would strike through, or that would overlap another, moves up above it. The
         two line labels take, together, the first free places above or below their lines,
-        from the right end leftwards (free of bars where that can be, else over a bar);
-        where no place is free, the totals they would cover move up instead. A total
-        lifted out of the plot raises the axis' top (``grow`` times at most).
+        at the right end -- the column right of the last bar, kept for them (see
+        :meth:`_fit_x_range`) -- else leftwards (free of bars where that can be, else over
+        a bar: a plot too narrow for the column); where no place is free, the totals they
+        would cover move up instead. A total lifted out of the plot raises the axis' top
+        (``grow`` times at most).
         """
         view = self.plot_item.getViewBox()
         if not self._bars or view.width() <= 0 or view.height() <= 0:
@@ -828,8 +924,9 @@ class BreakdownChart(QWidget):
     ) -> list[tuple[float, float, float, QRectF]]:
         """Where ``line``'s label can go, best first: ``(position along the line, x
         anchor, y anchor, rectangle)`` -- above or below the line (the capacity's above
-        first, the budget's below), at the right end, then leftwards to the left end;
-        then a label's height further above or below (two lines a few pixels apart)."""
+        first, the budget's below), at the right end (in the column right of the bars),
+        then leftwards to the left end; then a label's height further above or below (two
+        lines a few pixels apart)."""
         size = line.label.textItem.boundingRect()
         # the y anchor: 1 above the line, 0 below; a row further out when lines are close
         row = 1.0 + LABEL_GAP / max(size.height(), 1.0)
@@ -837,7 +934,7 @@ class BreakdownChart(QWidget):
         if line is not self.capacity_line:
             sides = (0.0, 1.0, -row, 1.0 + row)
         width = area.width()
-        spots = [(0.99, 1.0)]
+        spots = [(1.0 - LABEL_GAP / max(width, 1.0), 1.0)]
         steps = 24
         for k in range(steps - 1, 0, -1):  # label centres from right to left
             spots.append((k / steps, 0.5))
@@ -987,10 +1084,9 @@ class BreakdownChart(QWidget):
         self._tooltip = ""
         self.plot.setToolTip("")
         worst = [i for i, b in enumerate(self._bars) if b.worst]
-        pad = 0.03
         self.worst_outline.setOpts(
-            x0=np.array([i - BAR_HALF_WIDTH - pad for i in worst], dtype=np.float64),
-            x1=np.array([i + BAR_HALF_WIDTH + pad for i in worst], dtype=np.float64),
+            x0=np.array([i - BAR_HALF_WIDTH - OUTLINE_PAD for i in worst], dtype=np.float64),
+            x1=np.array([i + BAR_HALF_WIDTH + OUTLINE_PAD for i in worst], dtype=np.float64),
             y0=np.zeros(len(worst)),
             height=np.array([min(self._bars[i].device_bytes / GIB, cut) for i in worst]),
         )
@@ -1020,15 +1116,15 @@ class BreakdownChart(QWidget):
             hardware = current.scenario.hardware
             capacity = current.capacity_bytes / GIB
             self.capacity_line.setPos(capacity)
-            # a format string (pyqtgraph fills in {value}): the braces of a name are text
-            name = hardware.gpu.display_name.replace("{", "{{").replace("}", "}}")
-            self.capacity_line.label.setFormat(
-                f"{name} capacity {gib_text(current.capacity_bytes)}"
-            )
             self.budget_line.setPos(current.budget_bytes / GIB)
-            self.budget_line.label.setFormat(
-                f"budget {hardware.utilization_target * 100:g} % · {gib_text(current.budget_bytes)}"
+            limit, budget = gib_text(current.capacity_bytes), gib_text(current.budget_bytes)
+            self._line_words = (
+                (f"{hardware.gpu.display_name} capacity {limit}", f"capacity {limit}"),
+                (f"budget {hardware.utilization_target * 100:g} % · {budget}", f"budget {budget}"),
             )
+            pair = (self.capacity_line, self.budget_line)
+            for line, forms in zip(pair, self._line_words, strict=True):
+                line.label.setToolTip(rich_text(forms[0]))  # the full words, shown or not
         # an empty plot has no scale to read: no numbers on its axis, no grid
         self.plot_item.getAxis("left").setStyle(showValues=bool(self._bars))
         self.plot_item.showGrid(x=False, y=bool(self._bars), alpha=0.3)
@@ -1036,9 +1132,7 @@ class BreakdownChart(QWidget):
         self.empty_text.setVisible(not self._bars)
         self._top = top
         self.plot_item.setYRange(0.0, top, padding=0.0)
-        self._x_range = (-0.6, max(len(self._bars) - 0.4, 1.4))
-        self.plot_item.setXRange(*self._x_range, padding=0.0)
-        self._update_ticks()
+        self._fit_x_range(force=True)
         self._restyle()
         self._update_peak()
         self.layout_labels()

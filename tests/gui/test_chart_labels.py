@@ -1,6 +1,7 @@
 """The chart's labels by their geometry: totals and line labels never overlap, a line never
-strikes through a total, a what-if ten times the capacity is cut and keeps the capacity
-line readable, the peak is named, and exported files carry the scenario and verdict."""
+strikes through a total, a line's label never covers a bar, a what-if ten times the
+capacity is cut and keeps the capacity line readable, the peak is named, and exported files
+carry the scenario and verdict."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QRectF, QSettings, QSize
+from PySide6.QtCore import QPointF, QRectF, QSettings, QSize
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
@@ -118,6 +119,32 @@ def outside(chart: BreakdownChart) -> list[str]:
     return [text for text, rect in labels(chart) if not area.contains(rect)]
 
 
+def bar_rects(chart: BreakdownChart) -> list[QRectF]:
+    """Every drawn bar segment (current, pinned baseline, ghost) by its scene rectangle."""
+    view = chart.plot_item.getViewBox()
+    rects = []
+    for items in (chart.bars, chart.baseline_bars, chart.ghost_bars):
+        for item in items.values():
+            o = item.opts
+            for x0, x1, y0, h in zip(o["x0"], o["x1"], o["y0"], o["height"], strict=True):
+                corner = view.mapViewToScene(QPointF(float(x0), float(y0)))
+                other = view.mapViewToScene(QPointF(float(x1), float(y0 + h)))
+                rects.append(QRectF(corner, other).normalized())
+    return rects
+
+
+def lines_over_bars(chart: BreakdownChart) -> list[str]:
+    """The capacity and budget labels drawn over a bar (they would hide its colours)."""
+    bars = [r.adjusted(0.5, 0.5, -0.5, -0.5) for r in bar_rects(chart)]
+    assert bars
+    out = []
+    for line in (chart.capacity_line, chart.budget_line):
+        rect = line.label.sceneBoundingRect().adjusted(0.5, 0.5, -0.5, -0.5)
+        if line.isVisible() and any(rect.intersects(bar) for bar in bars):
+            out.append(line.label.toPlainText())
+    return out
+
+
 def settle(qtbot: QtBot) -> None:
     qtbot.wait(30)
 
@@ -144,6 +171,19 @@ def test_chart_labels_never_overlap(
     assert outside(chart) == []
 
 
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s.width()}x{s.height()}")
+@pytest.mark.parametrize("current", [lora, full_8b, huge], ids=["lora", "full-8b", "70b"])
+def test_line_labels_never_cover_a_bar(
+    chart: BreakdownChart, qtbot: QtBot, size: QSize, current: object
+) -> None:
+    """The capacity and budget labels sit beside the bars, never over one: over a bar they
+    hid its colours and were hard to read."""
+    chart.resize(size * 0.7)
+    chart.set_estimates(current(), some_ghosts())  # type: ignore[operator]
+    settle(qtbot)
+    assert lines_over_bars(chart) == []
+
+
 def test_capacity_and_budget_labels_apart_when_bars_tower(
     chart: BreakdownChart, qtbot: QtBot
 ) -> None:
@@ -161,6 +201,7 @@ def test_capacity_and_budget_labels_apart_when_bars_tower(
     assert gap < capacity.height()  # closer than a label is tall
     assert not capacity.intersects(chart.budget_line.label.sceneBoundingRect())
     assert overlapping(chart) == []
+    assert lines_over_bars(chart) == []
 
 
 def test_labels_stay_apart_after_a_resize(chart: BreakdownChart, qtbot: QtBot) -> None:
@@ -174,6 +215,7 @@ def test_labels_stay_apart_after_a_resize(chart: BreakdownChart, qtbot: QtBot) -
         assert overlapping(chart) == []
         assert struck_totals(chart) == []
         assert outside(chart) == []
+        assert lines_over_bars(chart) == []
 
 
 def make_window(qtbot: QtBot, tmp_path: Path, scenario: Scenario, size: QSize) -> MainWindow:
@@ -210,6 +252,32 @@ def test_window_chart_labels_never_overlap(
     assert outside(chart) == []
     # ghost labels are wrapped, never cut
     assert not any("…" in label for label in chart.x_labels())
+    # the capacity and budget labels sit beside the bars, never over one
+    assert lines_over_bars(chart) == []
+
+
+def test_line_labels_take_short_words_where_their_column_is_narrow(
+    qtbot: QtBot, tmp_path: Path
+) -> None:
+    """At 1024x640 with every ghost the full words (the GPU's name, the budget's share)
+    would take a third of the plot: the labels say the short ones and the tooltips the
+    full ones. A lone bar leaves room for the full words."""
+    window = make_window(qtbot, tmp_path, full_8b().scenario, QSize(1024, 640))
+    chart = window.chart
+    assert chart.capacity_line.label.toPlainText() == "capacity 79.6 GiB"
+    assert chart.budget_line.label.toPlainText() == "budget 67.7 GiB"
+    assert "NVIDIA H100 SXM 80GB capacity 79.6 GiB" in chart.capacity_line.label.toolTip()
+    assert "budget 85 % · 67.7 GiB" in chart.budget_line.label.toolTip()
+    view = chart.plot_item.getViewBox()
+    last_bar = max(rect.right() for rect in bar_rects(chart))
+    for line in (chart.capacity_line, chart.budget_line):
+        rect = line.label.sceneBoundingRect()
+        assert last_bar < rect.left() and rect.right() <= view.sceneBoundingRect().right()
+    window.clear_whatifs_act.trigger()
+    qtbot.waitUntil(lambda: len(chart.x_labels()) == 1)
+    assert chart.capacity_line.label.toPlainText() == "NVIDIA H100 SXM 80GB capacity 79.6 GiB"
+    assert chart.budget_line.label.toPlainText() == "budget 85 % · 67.7 GiB"
+    assert lines_over_bars(chart) == []
 
 
 def test_a_ghost_ten_times_the_capacity_is_cut(chart: BreakdownChart, qtbot: QtBot) -> None:
@@ -406,3 +474,4 @@ def test_many_bars_keep_their_totals_apart(
     assert overlapping(chart) == []
     assert struck_totals(chart) == []
     assert outside(chart) == []
+    assert lines_over_bars(chart) == []

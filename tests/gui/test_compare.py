@@ -29,6 +29,7 @@ from tests.gui.test_chart_labels import (
     SIZES,
     full_8b,
     huge,
+    lines_over_bars,
     lora,
     outside,
     overlapping,
@@ -214,6 +215,7 @@ def test_baseline_labels_never_overlap(qtbot: QtBot, size: QSize, current: objec
     assert overlapping(chart) == []
     assert struck_totals(chart) == []
     assert outside(chart) == []
+    assert lines_over_bars(chart) == []
 
 
 # -- combined what-ifs -----------------------------------------------------------------
