@@ -1,0 +1,166 @@
+"""gpt-oss's mechanisms, costed op by op on a tiny model of its kind (transformers 5
+``modeling_gpt_oss.py``, ``integrations/moe.py``): attention sinks (eager attention
+whatever the kernel asked, one more score column), biased experts and router, the
+experts' clamped SwiGLU."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from memfit.engine.errors import EstimateError
+from memfit.engine.estimate import estimate
+from memfit.engine.graph import simulate
+from memfit.engine.layers import Net, attention_run, decoder_layer, megatron_builds
+from memfit.engine.model_state import lora_targets
+from memfit.engine.presets import load_gpu
+from memfit.engine.specs import (
+    HardwareSpec,
+    ModelSpec,
+    ParallelismSpec,
+    Scenario,
+    TrainingSpec,
+)
+from tests.engine.helpers import full_ctx, tiny_model
+
+# -- mechanisms ----------------------------------------------------------------------------
+
+
+def _tiny_gpt_oss(**changes: object) -> ModelSpec:
+    base = tiny_model(
+        family="gpt_oss", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        mlp_bias=True, swiglu_limit=7.0, fused_gate_up=True, attention_sinks=True,
+    )  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def _moe_layer(model: ModelSpec, mode: str = "half", **ctx: object) -> Any:
+    c = full_ctx(batch=2, seq=8, mode=mode, topk=model.num_experts_per_tok, **ctx)
+    block, out = decoder_layer(model, c, True, True)
+    return simulate(block, out)
+
+
+def _sink_attention(mode: str, trainable: frozenset[str], b: int, s: int) -> tuple[Net, str]:
+    """The attention core alone: q, k, v made from the block's input, 4 query heads of
+    16 over 2 key/value heads."""
+    ctx = full_ctx(batch=b, seq=s, mode=mode, attention="eager", trainable=trainable)
+    act = 4 if mode == "fp32" else 2
+    net = Net("attn", ctx, b * s * 64, act, True)
+    q = net.new("q", b * s * 64, act, True)
+    k = net.new("k", b * s * 32, act, True)
+    v = net.new("v", b * s * 32, act, True)
+    for t in (q, k, v):
+        net._op("proj", ["x"], [t])
+    return net, net.attention(q, k, v, 4, 2, 16, sinks=True)
+
+
+def test_a_bad_mechanism_field_of_a_spec_is_refused() -> None:
+    model = _tiny_gpt_oss()
+    with pytest.raises(EstimateError) as info:
+        dataclasses.replace(model, attention_sinks="yes")  # type: ignore[arg-type]
+    assert info.value.field == "model.attention_sinks"
+    with pytest.raises(EstimateError) as info:
+        dataclasses.replace(model, swiglu_limit=-7.0)
+    assert info.value.field == "model.swiglu_limit" and "[0, 1e+06]" in info.value.detail
+    with pytest.raises(EstimateError) as info:
+        dataclasses.replace(model, mlp="plain")
+    assert info.value.field == "model.swiglu_limit"
+    with pytest.raises(EstimateError) as info:
+        tiny_model(swiglu_limit=7.0)
+    assert info.value.field == "model.swiglu_limit" and "num_experts is 0" in info.value.detail
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flash", "mem-efficient", "eager"])
+def test_sinks_run_eager_attention_whatever_kernel_is_asked(kernel: str) -> None:
+    model = _tiny_gpt_oss()
+    assert attention_run(model, kernel) == "eager"
+    plain = dataclasses.replace(model, attention_sinks=False)
+    assert attention_run(plain, kernel) == kernel
+
+
+def test_the_sink_is_one_more_column_of_the_scores_and_the_softmax_keeps_it() -> None:
+    """Pure bf16: the matmul keeps q and the repeated k, ``max`` its int64 indices, the
+    softmax its output of b x h x s x (s + 1) (the product with the values reads a view
+    of it, the sink's column dropped), and the product the repeated v."""
+    b, s, heads = 2, 16, 4
+    net, out = _sink_attention("half", frozenset({"all"}), b, s)
+    cat = next(op for op in net.block.ops if op.name == "cat")
+    assert cat.outputs[0][1] == 2 * heads * b * s * (s + 1)
+    assert cat.weight_grad == 2 * heads  # the sinks' gradient
+    q = b * s * heads * 16 * 2
+    probs = 2 * heads * b * s * (s + 1)
+    argmax = 8 * heads * b * s
+    kept = simulate(net.block, out).kept
+    assert kept == q + q + probs + argmax + q  # q, repeated k, probs, indices, repeated v
+
+
+def test_under_autocast_the_softmax_runs_in_fp32_and_the_product_reads_a_bf16_copy() -> None:
+    """Full fine-tuning under bf16 autocast: the fp32 mask and the fp32 sinks make the
+    joined logits fp32 (``cat`` promotes), so the softmax keeps fp32 probabilities of
+    s + 1 columns, and ``.to(value_states.dtype)`` a bf16 copy of s columns for the
+    product with the values; with a frozen bf16 stream (LoRA) all of it stays bf16."""
+    b, s, heads = 1, 32, 4
+    q = b * s * heads * 16 * 2
+    net, out = _sink_attention("amp", frozenset({"all"}), b, s)
+    kept = simulate(net.block, out).kept
+    fp32_probs = 4 * heads * b * s * (s + 1)
+    bf16_copy = 2 * heads * b * s * s
+    assert kept == 3 * q + fp32_probs + bf16_copy + 8 * heads * b * s
+    ctx = full_ctx(batch=b, seq=s, mode="amp", attention="eager", trainable=frozenset(),
+                   frozen_bytes=2, embedding_bytes=2)  # fmt: skip
+    net = Net("attn", ctx, b * s * 64, 2, True)
+    names = [net.new(n, b * s * w, 2, True) for n, w in (("q", 64), ("k", 32), ("v", 32))]
+    for t in names:
+        net._op("proj", ["x"], [t])
+    lora_out = net.attention(*names, 4, 2, 16, sinks=True)
+    assert simulate(net.block, lora_out).kept == 3 * q + 2 * heads * b * s * (s + 1) + (
+        8 * heads * b * s
+    )
+
+
+def test_megatron_builds_no_sink_layer_and_context_parallelism_is_refused() -> None:
+    model = _tiny_gpt_oss()
+    assert not megatron_builds(model)
+    training = TrainingSpec(method="lora", sequence_length=8192, parallelism=ParallelismSpec(cp=2))
+    hardware = HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=2)
+    with pytest.raises(EstimateError) as info:
+        estimate(Scenario(model, hardware, training))
+    assert info.value.field == "training.parallelism.cp" and "sinks" in info.value.detail
+
+
+def test_the_clamped_swiglu_keeps_three_more_tensors_of_the_experts_width() -> None:
+    """``_apply_gate`` keeps the whole projection (the clamps keep their inputs, views of
+    it), the clamped gate, the sigmoid, ``up + 1`` and the gated product: with the down
+    projection's input, seven tensors of the experts' width per routed row where a
+    plain SwiGLU keeps four."""
+    rows, inter = 2 * 8 * 2, 32
+    clamped = _moe_layer(_tiny_gpt_oss())
+    plain = _moe_layer(_tiny_gpt_oss(swiglu_limit=0.0))
+    assert clamped.kept - plain.kept == 3 * rows * inter * 2
+
+
+def test_the_expert_biases_are_added_after_the_grouped_gemm() -> None:
+    """The grouped GEMM takes no bias: ``bias[expert_ids]`` gathers one row per routed
+    token, and the sum is a tensor of its own. Nothing more is kept for backward; the
+    biases get their gradients (the router's, every expert's gate_up and down)."""
+    model = _tiny_gpt_oss()
+    biased, unbiased = _moe_layer(model), _moe_layer(_tiny_gpt_oss(mlp_bias=False))
+    assert biased.kept == unbiased.kept
+    assert biased.param_grads - unbiased.param_grads == 2 * (4 + 4 * (2 * 32 + 64))
+    ctx = full_ctx(batch=2, seq=8, mode="half", topk=2)
+    block, _ = decoder_layer(model, ctx, True, True)
+    rows = [op.outputs[0][1] for op in block.ops if op.name == "index_bias"]
+    assert rows == [2 * 32 * 2 * 32, 2 * 32 * 64]  # 32 routed rows of 2f, then of h
+
+
+def test_lora_reaches_the_attention_only() -> None:
+    """The experts and the router are parameters, no ``nn.Linear``: PEFT's target names
+    (``all-linear`` too) reach q, k, v and o only; an expert name alone matches nothing."""
+    model = _tiny_gpt_oss()
+    roles, missed = lora_targets(model, ("all-linear",))
+    assert roles == {"q_proj", "k_proj", "v_proj", "o_proj"} and not missed
+    with pytest.raises(EstimateError) as info:
+        lora_targets(model, ("gate_proj", "up_proj", "down_proj"))
+    assert info.value.field == "training.lora.targets"
