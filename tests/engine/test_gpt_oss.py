@@ -1,10 +1,11 @@
-"""gpt-oss's mechanisms, costed op by op on a tiny model of its kind (transformers 5
-``modeling_gpt_oss.py``, ``integrations/moe.py``): attention sinks (eager attention
-whatever the kernel asked, one more score column), biased experts and router, the
-experts' clamped SwiGLU."""
+"""gpt-oss: its ``config.json`` read field by field, and what the family brings to the
+step -- attention sinks (eager attention whatever the kernel asked, one more score
+column), biased experts and router, the experts' clamped SwiGLU -- costed op by op on a
+tiny model of its kind (transformers 5 ``modeling_gpt_oss.py``, ``integrations/moe.py``)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
 from memfit.engine.graph import simulate
+from memfit.engine.hf_config import model_from_hf_config
 from memfit.engine.layers import Net, attention_run, decoder_layer, megatron_builds
 from memfit.engine.model_state import lora_targets
 from memfit.engine.presets import load_gpu
@@ -22,8 +24,98 @@ from memfit.engine.specs import (
     ParallelismSpec,
     Scenario,
     TrainingSpec,
+    full_attention,
 )
 from tests.engine.helpers import full_ctx, tiny_model
+from tests.engine.test_hf_families import config
+
+# -- the reader ----------------------------------------------------------------------------
+
+
+def gpt_oss() -> dict[str, Any]:
+    """openai/gpt-oss-20b's config.json (``tests/fixtures/hf_configs/gpt_oss.json``)."""
+    return copy.deepcopy(config("gpt_oss"))
+
+
+def test_the_reader_maps_every_field_of_the_config() -> None:
+    spec = model_from_hf_config(gpt_oss())
+    assert (spec.family, spec.name) == ("gpt_oss", "openai/gpt-oss-20b")
+    assert (spec.num_layers, spec.hidden_size, spec.vocab_size) == (24, 2880, 201088)
+    assert (spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim) == (64, 8, 64)
+    assert (spec.num_experts, spec.num_experts_per_tok) == (32, 4)
+    assert spec.intermediate_size == spec.moe_intermediate_size == 2880
+    assert spec.first_dense_layers == spec.num_shared_experts == 0
+    assert (spec.sliding_window, spec.full_attention_every) == (128, 2)
+    assert spec.attention_sinks and spec.swiglu_limit == 7.0
+    assert spec.attention_bias and spec.attention_out_bias
+    assert spec.mlp_bias and spec.fused_gate_up and not spec.router_bias
+    assert (spec.norm, spec.norm_placement, spec.qk_norm) == ("rmsnorm-fp32", "pre", "none")
+    assert (spec.mlp, spec.activation, spec.position_embedding) == ("gated", "silu", "rotary")
+    assert (spec.max_position_embeddings, spec.tie_word_embeddings) == (131072, False)
+
+
+def test_sliding_and_full_attention_layers_alternate() -> None:
+    """``layer_types``: sliding at layers 0, 2, 4, ..., full at 1, 3, 5, ... (the config
+    class's default without the key)."""
+    cfg = gpt_oss()
+    spec = model_from_hf_config(cfg)
+    full = [full_attention(spec, i) for i in range(spec.num_layers)]
+    assert full == [t == "full_attention" for t in cfg["layer_types"]]
+    assert full == [i % 2 == 1 for i in range(24)]
+    del cfg["layer_types"]
+    assert model_from_hf_config(cfg).full_attention_every == 2
+    every = model_from_hf_config({**cfg, "layer_types": ["sliding_attention"] * 24})
+    assert every.full_attention_every == 0 and not any(full_attention(every, i) for i in range(24))
+
+
+def test_a_missing_window_is_the_config_class_default_and_a_null_one_is_off() -> None:
+    cfg = gpt_oss()
+    del cfg["sliding_window"]
+    assert model_from_hf_config(cfg).sliding_window == 128
+    assert model_from_hf_config({**cfg, "sliding_window": None}).sliding_window == 0
+    del cfg["attention_bias"]  # GptOssConfig's default: true
+    assert model_from_hf_config(cfg).attention_bias
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field", "accepted"),
+    [
+        ("num_local_experts", 0, "model.num_local_experts", "[1, 4096]"),
+        ("num_experts_per_tok", 33, "model.num_experts_per_tok", "[1, 32]"),
+        ("head_dim", 0, "model.head_dim", "[1, 65536]"),
+        ("sliding_window", -128, "model.sliding_window", "[0, 16777216]"),
+        ("attention_bias", "true", "model.attention_bias", "true or false"),
+        ("swiglu_limit", "7", "model.swiglu_limit", "[0.001, 1e+06]"),
+        ("swiglu_limit", 0, "model.swiglu_limit", "[0.001, 1e+06]"),
+        ("swiglu_alpha", -1.702, "model.swiglu_alpha", "[0.001, 1e+06]"),
+        (
+            "layer_types",
+            ["sliding_attention", "chunked_attention"] * 12,
+            "model.layer_types",
+            "'sliding_attention' or 'full_attention'",
+        ),
+        ("layer_types", ["sliding_attention", "full_attention"] * 6, "model.layer_types", "24"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_field_and_the_accepted_range(
+    key: str, value: object, field: str, accepted: str
+) -> None:
+    with pytest.raises(EstimateError) as info:
+        model_from_hf_config({**gpt_oss(), key: value})
+    assert info.value.field == field
+    assert accepted in info.value.detail
+
+
+def test_a_config_without_its_experts_is_refused_naming_the_key() -> None:
+    cfg = gpt_oss()
+    del cfg["num_local_experts"]
+    with pytest.raises(EstimateError) as info:
+        model_from_hf_config(cfg)
+    assert info.value.field == "model.num_local_experts"
+    assert "missing" in info.value.detail
+    # transformers' attribute_map name is read too
+    assert model_from_hf_config({**cfg, "num_experts": 32}).num_experts == 32
+
 
 # -- mechanisms ----------------------------------------------------------------------------
 
