@@ -1,7 +1,8 @@
-"""gpt-oss: its ``config.json`` read field by field, and what the family brings to the
-step -- attention sinks (eager attention whatever the kernel asked, one more score
-column), biased experts and router, the experts' clamped SwiGLU -- costed op by op on a
-tiny model of its kind (transformers 5 ``modeling_gpt_oss.py``, ``integrations/moe.py``)."""
+"""gpt-oss: its ``config.json`` read field by field, the two presets' parameter totals
+against the published ones, and what the family brings to the step -- attention sinks
+(eager attention whatever the kernel asked, one more score column), biased experts and
+router, the experts' clamped SwiGLU -- costed op by op on a tiny model of its kind
+(transformers 5 ``modeling_gpt_oss.py``, ``integrations/moe.py``)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from memfit.engine.changes import _flash_rule
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
 from memfit.engine.graph import simulate
 from memfit.engine.hf_config import model_from_hf_config
 from memfit.engine.layers import Net, attention_run, decoder_layer, megatron_builds
 from memfit.engine.model_state import lora_targets
-from memfit.engine.presets import load_gpu
+from memfit.engine.params import count_parameters, model_tensors
+from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import (
     HardwareSpec,
     ModelSpec,
@@ -26,8 +29,16 @@ from memfit.engine.specs import (
     TrainingSpec,
     full_attention,
 )
-from tests.engine.helpers import full_ctx, tiny_model
+from tests.engine.helpers import full_ctx, preset_scenario, tiny_model
 from tests.engine.test_hf_families import config
+
+#: OpenAI's gpt-oss model card (arXiv 2508.10925), Table 1: total parameters and the
+#: parameters active per token (the unembedding counted, the embedding not), in billions
+CARD = {"gpt-oss-20b": (20.91, 3.61), "gpt-oss-120b": (116.83, 5.13)}
+#: ``general.parameter_count`` of the GGUF conversions, as ``ollama show`` prints it: every
+#: tensor's elements, the MXFP4 experts counted by their logical elements
+EXACT = {"gpt-oss-20b": 20_914_757_184, "gpt-oss-120b": 116_829_156_672}
+
 
 # -- the reader ----------------------------------------------------------------------------
 
@@ -256,3 +267,113 @@ def test_lora_reaches_the_attention_only() -> None:
     with pytest.raises(EstimateError) as info:
         lora_targets(model, ("gate_proj", "up_proj", "down_proj"))
     assert info.value.field == "training.lora.targets"
+
+
+# -- the presets ---------------------------------------------------------------------------
+
+
+def test_the_20b_preset_is_its_config() -> None:
+    preset = load_model("gpt-oss-20b")
+    read = model_from_hf_config(gpt_oss())
+    labels = {"name": preset.name, "display_name": preset.display_name, "source": preset.source}
+    assert dataclasses.replace(read, **labels) == preset
+
+
+def test_the_120b_preset_is_the_20b_config_deeper_and_wider_in_experts() -> None:
+    """openai/gpt-oss-120b's config.json differs from the 20b's in these keys only."""
+    cfg = gpt_oss()
+    cfg.update(
+        num_hidden_layers=36,
+        num_local_experts=128,
+        layer_types=["sliding_attention", "full_attention"] * 18,
+    )
+    preset = load_model("gpt-oss-120b")
+    labels = {"name": preset.name, "display_name": preset.display_name, "source": preset.source}
+    assert dataclasses.replace(model_from_hf_config(cfg), **labels) == preset
+
+
+def test_sinks_and_biases_are_counted_by_hand() -> None:
+    """Per layer: q/k/v/o with biases, 64 sinks, the router's weight and bias, every
+    expert's fused gate_up (2880 x 5760 + 5760) and down (2880 x 2880 + 2880), two norms."""
+    model = load_model("gpt-oss-20b")
+    h, heads, kv, d, f, e = 2880, 64, 8, 64, 2880, 32
+    attention = (h + 1) * heads * d + 2 * (h + 1) * kv * d + (heads * d + 1) * h + heads
+    experts = e * ((h + 1) * 2 * f + (f + 1) * h)
+    counts = count_parameters(model).as_dict()
+    assert counts["attention"] == 24 * attention
+    assert counts["experts"] == 24 * experts
+    assert counts["router"] == 24 * (e * h + e)
+    assert counts["norms"] == 24 * 2 * h + h
+    assert counts["embeddings"] == counts["lm_head"] == 201088 * h
+    assert counts["mlp"] == 0
+    sinks = [g for g in model_tensors(model) if g.module == "sinks"]
+    assert [(g.component, g.shape, g.count) for g in sinks] == [("attention", (64,), 24)]
+    assert not any(g.matrix for g in sinks)  # a parameter, never a quantized linear
+
+
+@pytest.mark.parametrize("name", sorted(CARD))
+def test_the_presets_have_the_published_totals(name: str) -> None:
+    """Exactly the GGUF's element count, and within 0.5 % of the model card's total and
+    active figures (active: attention, router and norms of every layer, 4 experts of each,
+    and the unembedding; the embedding table is a lookup)."""
+    model = load_model(name)
+    counts = count_parameters(model)
+    assert counts.total == EXACT[name]
+    total, active = CARD[name]
+    assert abs(counts.total / (total * 1e9) - 1) < 0.005
+    per_expert = counts["experts"] // model.num_experts
+    active_count = counts.total - counts["embeddings"] - (model.num_experts - 4) * per_expert
+    assert abs(active_count / (active * 1e9) - 1) < 0.005
+
+
+def test_the_flash_change_is_refused_and_every_kernel_costs_the_same() -> None:
+    training = {"method": "lora", "micro_batch_size": 1, "sequence_length": 1024}
+    found = {
+        kernel: estimate(
+            preset_scenario("gpt-oss-20b", "h100-sxm-80gb", {**training, "attention": kernel})
+        ).allocated_bytes
+        for kernel in ("sdpa", "flash", "eager")
+    }
+    assert len(set(found.values())) == 1
+    s = preset_scenario("gpt-oss-20b", "h100-sxm-80gb", training)
+    refused = _flash_rule(s)
+    assert refused is not None and "sinks" in refused
+
+
+def test_lora_on_the_20b_fits_one_h100_with_a_step_time() -> None:
+    training = {
+        "method": "lora",
+        "lora": {"rank": 16, "alpha": 32, "targets": ["all-linear"]},
+        "micro_batch_size": 1,
+        "sequence_length": 2048,
+    }
+    est = estimate(preset_scenario("gpt-oss-20b", "h100-sxm-80gb", training))
+    assert est.verdict != "oom"
+    # the frozen base in bf16, the MXFP4 experts dequantized
+    frozen = next(i for i in est.items if i.name.startswith("frozen weights"))
+    assert frozen.bytes == 2 * EXACT["gpt-oss-20b"]
+    assert est.trainable_params == 24 * 16 * (2 * (2880 + 4096) + 2 * (2880 + 512))
+    # eager attention keeps a score matrix per layer: most of the activations
+    scores = 24 * 64 * 2048 * 2049 * 2
+    assert est.breakdown["activations"] > scores
+    time = est.time
+    assert time.step_time_s > 0 and time.tokens_per_s > 0
+
+
+def test_the_120b_on_eight_h100s_under_zero_3_with_a_step_time() -> None:
+    training = {
+        "method": "lora",
+        "micro_batch_size": 1,
+        "sequence_length": 2048,
+        "activation_checkpointing": "full",
+        "parallelism": {"zero_stage": 3},
+    }
+    est = estimate(preset_scenario("gpt-oss-120b", "h100-sxm-80gb", training, gpus_per_node=8))
+    assert est.total_params == EXACT["gpt-oss-120b"] + est.trainable_params
+    assert est.verdict != "oom"
+    time = est.time
+    assert time.step_time_s > 0 and time.tokens_per_s > 0
+    full = {**training, "method": "full"}
+    est = estimate(preset_scenario("gpt-oss-120b", "h100-sxm-80gb", full, gpus_per_node=8))
+    # 16 bytes a parameter over 8 GPUs: no fit, but an answer and a step time
+    assert est.verdict == "oom" and est.time.step_time_s > 0
