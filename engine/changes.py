@@ -223,6 +223,8 @@ def _flash_rule(s: Scenario) -> str | None:
     # the kernel the step runs: a model (as its stack builds it) whose SDPA call has no
     # fused kernel runs the math fallback
     model = as_built(s.model, t)
+    if model.attention_sinks:
+        return "no flash kernel has a backward with attention sinks: they train in eager attention"
     attention = attention_run(model, t.attention)  # SDPA cannot soft-cap the scores
     if attention_kernel(attention, fp32=fp32, sdpa_math=model.sdpa_math) == "flash":
         if t.attention == "flash":

@@ -252,6 +252,16 @@ def _full_every(c: _Keys, default: int) -> int:
     n-1, 2n-1, ...), else ``sliding_window_pattern``, else the family's ``default``."""
     types = c.raw("layer_types", default=None)
     if isinstance(types, list) and types:
+        layers = c.integer("num_hidden_layers", lo=1, hi=MAX_LAYERS)
+        kinds = ("sliding_attention", "full_attention")
+        wrong = next((t for t in types if t not in kinds), None)
+        if wrong is not None or len(types) != layers:
+            got = f"an entry {shown(wrong)}" if wrong is not None else f"{len(types)} entries"
+            raise EstimateError(
+                c.field("layer_types"),
+                f"got {got}, expected {layers} entries (num_hidden_layers), each "
+                f"{kinds[0]!r} or {kinds[1]!r}",
+            )
         full = [i for i, t in enumerate(types) if t == "full_attention"]
         if not full:
             return 0
@@ -286,6 +296,43 @@ def _gemma3_text(c: _Keys) -> dict[str, Any]:
     spec["qk_norm"] = "head"
     # five sliding layers, then a global one (configuration_gemma3.py)
     spec["full_attention_every"] = _full_every(c, 6)
+    return spec
+
+
+def _gpt_oss(c: _Keys) -> dict[str, Any]:
+    """gpt-oss (transformers 5 ``configuration_gpt_oss.py``, ``modeling_gpt_oss.py``):
+    sliding-window (128) and full attention layers alternating (``layer_types``), biased
+    q/k/v/o projections (``attention_bias``, true by default), a learned sink logit per
+    head in every attention layer, and in every layer ``num_local_experts`` experts of
+    ``intermediate_size`` with a biased router, biased fused ``gate_up_proj`` and
+    ``down_proj``, and a clamped SwiGLU; RMSNorms that multiply the weight in fp32 before
+    the cast back. YaRN's rope scaling changes no byte.
+
+    The checkpoints store the experts' matrices in MXFP4 (``quantization_config``). For
+    training, transformers dequantizes them to bf16 on loading (``Mxfp4Config(dequantize=
+    True)``, ``quantizers/quantizer_mxfp4.py``; it also falls back to it on a device
+    without the MXFP4 kernels): the engine counts every parameter in the precision's
+    dtype, as for any bf16 checkpoint, and the quantization config is not read."""
+    spec = _experts(_common(c), c, ("num_local_experts", "num_experts"))
+    bias = c.flag("attention_bias", True)
+    # GptOssConfig's defaults where a config leaves the key out; a null window is off
+    window = 128 if c.data.get("sliding_window", 128) is not None else 0
+    # the clamp's bound and the sigmoid's gain change no byte or FLOP, but must be numbers
+    limit = check_float(c.field("swiglu_limit"), c.raw("swiglu_limit", default=7.0), 1e-3, 1e6)
+    check_float(c.field("swiglu_alpha"), c.raw("swiglu_alpha", default=1.702), 1e-3, 1e6)
+    spec.update(
+        head_dim=c.integer("head_dim", default=64, lo=1, hi=65536),
+        max_position_embeddings=c.integer("max_position_embeddings", default=131072, lo=1),
+        sliding_window=c.integer("sliding_window", default=window),
+        full_attention_every=_full_every(c, 2),
+        attention_bias=bias,
+        attention_out_bias=bias,
+        attention_sinks=True,
+        mlp_bias=True,  # router.bias, experts.gate_up_proj_bias, experts.down_proj_bias
+        fused_gate_up=True,
+        swiglu_limit=limit,
+        norm="rmsnorm-fp32",  # (self.weight * hidden_states).to(input_dtype)
+    )
     return spec
 
 
@@ -649,6 +696,7 @@ READERS: dict[str, Reader] = {
     "phi": _phi,
     "phi3": _phi3,
     "phimoe": _phimoe,
+    "gpt_oss": _gpt_oss,
     "gpt2": _gpt2,
     "gpt_bigcode": _gpt_bigcode,
     "gpt_neox": _gpt_neox,

@@ -235,7 +235,18 @@ def attention_run(model: ModelSpec, attention: str) -> str:
     soft-cap the scores: transformers' Gemma-2 declares no SDPA support
     (``_supports_sdpa = False``, 5.24 ``modeling_gemma2.py``) and its default falls back to
     eager attention, which caps them (``ModelSpec.attn_logit_softcapping``); flash
-    attention caps them inside its kernel."""
+    attention caps them inside its kernel.
+
+    Attention sinks (``ModelSpec.attention_sinks``) train only in eager attention, whatever
+    is asked: SDPA has no argument for them, so transformers' gpt-oss declares no SDPA
+    support (``_supports_sdpa = False``, ``modeling_gpt_oss.py``) and falls back to eager;
+    the flash kernels it accepts instead (``_compatible_flash_implementations``:
+    ``kernels-community/vllm-flash-attn3``) take the sinks in forward only, with no
+    backward for them (Dao-AILab/flash-attention issue 1797, nvidia-cosmos/cosmos-rl
+    issue 219), which is why the fine-tuning recipes for gpt-oss load it with
+    ``attn_implementation="eager"``."""
+    if model.attention_sinks:
+        return "eager"
     if model.attn_logit_softcapping and attention in ("sdpa", "mem-efficient"):
         return "eager"
     return attention
@@ -908,14 +919,18 @@ class Net:
         head_dim: int,
         eager: str = "hf",
         softcap: float = 0.0,
+        sinks: bool = False,
     ) -> str:
         """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim). Its ops
-        are the block's attention core (:attr:`memfit.engine.graph.Block.core`). ``eager``
-        and ``softcap``: the model's own attention without SDPA
-        (``ModelSpec.eager_attention``) and its soft-capping of the scores."""
+        are the block's attention core (:attr:`memfit.engine.graph.Block.core`). ``eager``,
+        ``softcap`` and ``sinks``: the model's own attention without SDPA
+        (``ModelSpec.eager_attention``), its soft-capping of the scores and its attention
+        sinks (``ModelSpec.attention_sinks``)."""
         first = len(self.block.ops)
         if self.kernel() == "eager":
-            if eager == "falcon":
+            if sinks:
+                out = self._sink_eager(q, k, v, heads, kv_heads, head_dim)
+            elif eager == "falcon":
                 out = self._falcon_eager(q, k, v, heads, kv_heads, head_dim)
             else:
                 out = self._eager(q, k, v, heads, kv_heads, head_dim, softcap)
@@ -1013,6 +1028,60 @@ class Net:
             [probs, v],
             [out],
             saves=[v] if ctx.selective else [probs, v],
+            transient=redo,
+        )
+        return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
+
+    def _sink_eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
+        """gpt-oss's ``eager_attention_forward`` (transformers 5 ``modeling_gpt_oss.py``):
+        scores, mask, then each head's sink logit joined as one more column --
+        ``torch.cat([scores, sinks], -1)``, b x h x s x (s + 1), in the wider of the masked
+        scores' and the sinks' dtype (``cat`` promotes, under autocast too) --, its row
+        maximum subtracted (``max`` keeps its int64 indices for backward), a softmax in
+        that same dtype (``dtype=combined_logits.dtype``, not fp32) keeping its output, the
+        sink's column dropped by a view, and the probabilities cast to the values' dtype
+        for the product with them. Each of the three score-sized tensors has one column
+        more than the scores: ``heads (b s^2 + b s)`` elements."""
+        ctx = self.ctx
+        pairs, tokens = self.s.pairs, self.s.tokens
+        if kv_heads != heads:
+            k = self.unary("repeat_kv", k, elems=self.elems[q])
+            v = self.unary("repeat_kv", v, elems=self.elems[q])
+        if ctx.mode == "amp":
+            q, k = self.cast(q, 2), self.cast(k, 2)
+        scores = self.new("scores", heads * pairs, self.dtype[q], True)
+        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
+        scaled = self.unary("scale", scores)
+        masked = self.new("masked", heads * pairs, max(self.dtype[scaled], ctx.res), True)
+        self._op("add_mask", [scaled], [masked])
+        # the sinks are a parameter of the attention (heads elements): their gradient is
+        # the cat's backward's, summed over the batch and the query rows
+        trains = ctx.trains("attention")
+        sink_bytes = ctx.weight_bytes("attention")
+        wide = heads * (pairs + tokens)
+        combined = self.new("cat", wide, max(self.dtype[masked], sink_bytes), True)
+        self._op(
+            "cat", [masked], [combined], weight_grad=sink_bytes * heads if trains else 0,
+            trains=trains,
+        )  # fmt: skip
+        dtype = self.dtype[combined]
+        row_max = self.new("amax", heads * tokens, dtype, True)
+        argmax = self.new("argmax", heads * tokens, 8, False)
+        self._op("amax", [combined], [row_max, argmax], saves=[] if ctx.selective else [argmax])
+        shifted = self.binary("sub_max", combined, row_max, elems=wide)
+        probs = self.new("softmax", wide, dtype, True)
+        self._op("softmax", [shifted], [probs], saves=[] if ctx.selective else [probs])
+        kept = self.view("drop_sink", probs, heads * pairs)  # probs[..., :-1]
+        kept = self.dropout(kept, ctx.attention_dropout)
+        kept = self.cast(kept, self.dtype[v])  # .to(value_states.dtype)
+        out = self.new("attn", tokens * heads * head_dim, self.dtype[kept], True)
+        # selective recomputation rebuilds the probabilities (and their cast) in backward
+        redo = (dtype * wide + self.dtype[kept] * heads * pairs) if ctx.selective else 0
+        self._op(
+            "matmul_pv",
+            [kept, v],
+            [out],
+            saves=[v] if ctx.selective else [kept, v],
             transient=redo,
         )
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
@@ -1152,7 +1221,7 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
             net.block.held.update((k, v))
         attn = net.attention(
             q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
-            m.eager_attention, m.attn_logit_softcapping,
+            m.eager_attention, m.attn_logit_softcapping, m.attention_sinks,
         )  # fmt: skip
     o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
     o = net.dropout(net.scatter_seq(o), m.hidden_dropout)
@@ -1186,10 +1255,11 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
 def megatron_builds(m: ModelSpec) -> bool:
     """Whether :func:`_megatron_layer` builds this family's layer as Megatron-core does:
     pre-norm GPT-style layers with multi-head or grouped attention; other layouts (latent
-    attention, parallel branches, post- or sandwich norms, q/k norms) are built as
-    transformers writes them."""
+    attention, attention sinks, parallel branches, post- or sandwich norms, q/k norms) are
+    built as transformers writes them."""
     return (
         not m.is_mla
+        and not m.attention_sinks
         and not m.parallel_attention
         and m.norm_placement == "pre"
         and m.qk_norm == "none"
@@ -1393,7 +1463,7 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
     """
     ctx, h = net.ctx, m.hidden_size
     tokens, k, experts = net.s.tokens, m.num_experts_per_tok, m.local_experts
-    logits = net.linear(x, h, m.num_experts, "router", None, False)
+    logits = net.linear(x, h, m.num_experts, "router", None, m.mlp_bias)
     probs = net.unary("router_softmax", net.cast(logits, F32), save_out=True)
     weights = net.unary("topk", probs, elems=tokens * k)
     xs = net.cast(x, net.ctx.act) if ctx.mode != "amp" else x
@@ -1406,9 +1476,12 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
         gathered = net.unary("all_to_all", gathered, elems=routed * h)
     # transformers keeps the experts as 3-D parameters with gate and up fused
     # (``gate_up_proj``), run as grouped GEMMs on the tokens sorted by expert
-    y = _gated_mlp(
-        net, m, gathered, m.moe_intermediate_size, "experts", routed, experts, fused=True
-    )
+    if m.mlp_bias or m.swiglu_limit:
+        y = _gpt_oss_experts(net, m, gathered, routed, experts)
+    else:
+        y = _gated_mlp(
+            net, m, gathered, m.moe_intermediate_size, "experts", routed, experts, fused=True
+        )
     if ctx.ep > 1:  # and back to the ranks the tokens came from
         y = net.unary("all_to_all", y, elems=tokens * k * h)
     weighted = net.binary("mul_weight", y, weights, saves="both", elems=tokens * k * h)
@@ -1418,6 +1491,61 @@ def _moe(net: Net, m: ModelSpec, x: str) -> str:
         inter = m.shared_expert_intermediate_size or m.moe_intermediate_size * m.num_shared_experts
         out = net.binary("add", out, _gated_mlp(net, m, x, inter, "mlp", tokens))
     return out
+
+
+def _gpt_oss_experts(net: Net, m: ModelSpec, x: str, rows: Size, experts: int) -> str:
+    """The routed experts with biases and gpt-oss's clamped SwiGLU, as transformers'
+    grouped experts run them (``grouped_mm_experts_forward``, ``integrations/moe.py``):
+    the grouped GEMM takes no bias, so each projection's bias is added after it
+    (:func:`_expert_bias`), and the activation is the experts' ``_apply_gate``
+    (:func:`_clamped_swiglu`)."""
+    h, inter = m.hidden_size, m.moe_intermediate_size
+    gu = net.linear(x, h, 2 * inter, "experts", "gate_up", False, rows, experts)
+    if m.mlp_bias:
+        gu = _expert_bias(net, gu, 2 * inter, experts)
+    if m.swiglu_limit:
+        act = _clamped_swiglu(net, gu, inter, rows)
+    else:
+        gate = net.unary("chunk", gu, elems=rows * inter)
+        up = net.unary("chunk", gu, elems=rows * inter)
+        act = net.binary("mul", net.activation(gate, m.activation), up, saves="both")
+    y = net.linear(act, inter, h, "experts", "down_proj", False, rows, experts)
+    return _expert_bias(net, y, h, experts) if m.mlp_bias else y
+
+
+def _expert_bias(
+    net: Net, y: str, out_f: int, experts: int, gathered: bool = True, grad: bool = True
+) -> str:
+    """``y`` plus its experts' bias, out of place (type promotion: an fp32 bias makes the
+    sum fp32). ``gathered``: ``bias[expert_ids]``, one bias row per row of ``y`` gathered
+    into a tensor of their own (the grouped experts); else one expert's row, a view
+    broadcast over ``y`` (the eager loop's ``gate_up_proj_bias[expert_idx]``). The bias
+    of all ``experts`` gets its gradient where ``grad``: once in the eager loop, at its
+    first backward (the last expert's)."""
+    ctx = net.ctx
+    trains = ctx.trains("experts")
+    w_bytes = ctx.weight_bytes("experts")
+    rows = net.elems[y] // out_f if gathered else 1
+    bias = net.new("bias_rows", rows * out_f, w_bytes, trains)
+    w_grad = w_bytes * out_f * experts if trains and grad else 0
+    net._op("index_bias", [], [bias], weight_grad=w_grad, trains=trains)
+    return net.binary("add_bias", y, bias, elems=net.elems[y])
+
+
+def _clamped_swiglu(net: Net, gu: str, inter: int, rows: Size) -> str:
+    """gpt-oss's ``GptOssExperts._apply_gate`` (transformers 5 ``modeling_gpt_oss.py``):
+    ``gate, up = gate_up[..., ::2], gate_up[..., 1::2]`` (views), ``gate.clamp(max=limit)``
+    and ``up.clamp(-limit, limit)`` (each keeps its input, a view of ``gate_up``, so the
+    whole projection stays), ``glu = gate * sigmoid(gate * alpha)`` (sigmoid keeps its
+    output, the product both factors) and ``(up + 1) * glu`` (both factors kept): five
+    tensors of ``rows x inter`` and the projection kept, where a plain SwiGLU keeps three."""
+    gate = net.view("gate", gu, rows * inter)
+    up = net.view("up", gu, rows * inter)
+    gate = net.unary("clamp", gate, save_in=True)
+    up = net.unary("clamp", up, save_in=True)
+    sig = net.unary("sigmoid", net.unary("mul_c", gate), save_out=True)
+    glu = net.binary("mul", gate, sig, saves="both")
+    return net.binary("mul", net.unary("add_1", up), glu, saves="both")
 
 
 def _moe_eager(net: Net, m: ModelSpec, x: str) -> str:
@@ -1435,7 +1563,7 @@ def _moe_eager(net: Net, m: ModelSpec, x: str) -> str:
     if ctx.ep > 1:
         raise TypeError("the eager experts loop does not run under expert parallelism")
     tokens, k, experts = ctx.tokens, m.num_experts_per_tok, m.local_experts
-    logits = net.linear(x, h, m.num_experts, "router", None, False)
+    logits = net.linear(x, h, m.num_experts, "router", None, m.mlp_bias)
     probs = net.unary("router_softmax", net.cast(logits, F32), save_out=True)
     weights = net.unary("topk", probs, elems=tokens * k)
     out = net.new("moe_out", tokens * h, net.dtype[x], True)
@@ -1451,11 +1579,18 @@ def _moe_eager(net: Net, m: ModelSpec, x: str) -> str:
             current, h, 2 * inter, "experts", "gate_up", tokens=n, slice_of=experts,
             slice_grad=last,
         )  # fmt: skip
-        act = net.unary("silu", gu, save_in=True, elems=n * inter)
-        prod = net.binary("mul", act, gu, saves="both", elems=n * inter)
+        if m.mlp_bias:  # gpt-oss: ``@ gate_up_proj[e] + gate_up_proj_bias[e]``
+            gu = _expert_bias(net, gu, 2 * inter, experts, gathered=False, grad=last)
+        if m.swiglu_limit:
+            prod = _clamped_swiglu(net, gu, inter, n)
+        else:
+            act = net.unary("silu", gu, save_in=True, elems=n * inter)
+            prod = net.binary("mul", act, gu, saves="both", elems=n * inter)
         down = net.linear(
             prod, inter, h, "experts", "down_proj", tokens=n, slice_of=experts, slice_grad=last
         )
+        if m.mlp_bias:
+            down = _expert_bias(net, down, h, experts, gathered=False, grad=last)
         routed_w = net.unary("index_weights", weights, elems=n)
         weighted = net.binary("mul_weight", down, routed_w, saves="both", elems=n * h)
         net._op("index_add", [weighted, out], [])

@@ -242,11 +242,17 @@ def lora_targets(model: ModelSpec, targets: Iterable[str]) -> tuple[frozenset[st
     """The linear roles that ``targets`` selects on ``model``, and the targets that miss.
 
     ``all-linear`` selects every linear layer of the blocks -- attention, MLP, routed and
-    shared experts -- and, like PEFT, not the output layer. As in PEFT, a target that
+    shared experts (not the experts of :data:`PARAMETER_EXPERTS`, which are no linears) --
+    and, like PEFT, not the output layer. As in PEFT, a target that
     matches no module is skipped as long as another target matches (``v_proj`` on an MLA
     model); when none matches it is an error.
     """
-    present = {g.linear for g in model_tensors(model) if g.linear}
+    parameters_only = model.family in PARAMETER_EXPERTS
+    present = {
+        g.linear
+        for g in model_tensors(model)
+        if g.linear and not (parameters_only and g.component == "experts")
+    }
     if model.architecture == "decoder":
         present.add("lm_head")  # tied or not, the output layer is a linear module
     chosen: set[str] = set()
@@ -285,6 +291,12 @@ PEFT_FUSED_EXPERTS = frozenset(
         "olmoe", "flex_olmo", "glm4_moe", "ernie4_5_moe", "dots1", "hunyuan_v1_moe",
     }
 )  # fmt: skip
+#: the families whose routed experts were fused parameters from their first release, and
+#: onto which PEFT maps no module name: no ``target_modules`` entry, ``all-linear`` neither,
+#: reaches their experts or their router (gpt-oss: ``GptOssExperts`` holds ``gate_up_proj``
+#: and ``down_proj`` as parameters, ``GptOssTopKRouter`` its ``weight``, transformers 5
+#: ``modeling_gpt_oss.py``). PEFT's ``target_parameters``, which adapts them, is not modelled
+PARAMETER_EXPERTS = frozenset({"gpt_oss"})
 #: the roles of a gated MLP's linears
 _MLP_ROLES = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up"})
 #: the families on transformers' Mixtral conversion pattern (the others of

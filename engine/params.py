@@ -190,6 +190,8 @@ def _attention(m: ModelSpec, n: int, layers: tuple[int, int]) -> list[TensorGrou
         for name, out_f in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
             g += _linear("attention", name, out_f, h, n, layers, name, m.attention_bias)
     g += _linear("attention", "o_proj", h, q_out, n, layers, "o_proj", m.attention_out_bias)
+    if m.attention_sinks:  # gpt-oss: one learned sink logit per query head
+        g.append(TensorGroup("attention", "sinks", (m.num_attention_heads,), n, None, layers))
     if m.qk_norm == "head":  # Qwen3, Gemma-3: RMSNorm over each head's head_dim
         g += _norm(m, "norms", "q_norm", m.head_dim, n, layers)
         g += _norm(m, "norms", "k_norm", m.head_dim, n, layers)
@@ -222,7 +224,7 @@ def _mlp(
 
 def _moe(m: ModelSpec, n: int, layers: tuple[int, int]) -> list[TensorGroup]:
     h = m.hidden_size
-    g = _linear("router", "gate", m.num_experts, h, n, layers, None, False)
+    g = _linear("router", "gate", m.num_experts, h, n, layers, None, m.mlp_bias)
     if m.router_bias:  # DeepSeek-V3's e_score_correction_bias, stored with the checkpoint
         g.append(
             TensorGroup("router", "gate.e_score_correction_bias", (m.num_experts,), n, None, layers)

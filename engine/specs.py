@@ -334,6 +334,9 @@ class ModelSpec:
     qk_norm: str = "none"
     attention_bias: bool = False
     attention_out_bias: bool = False
+    #: biases on the MLP's linears: a dense MLP's, and in a mixture-of-experts layer the
+    #: router's and every expert's projections (gpt-oss: ``router.bias``,
+    #: ``experts.gate_up_proj_bias``, ``experts.down_proj_bias``)
     mlp_bias: bool = False
     lm_head_bias: bool = False
     position_embedding: str = "rotary"
@@ -363,6 +366,12 @@ class ModelSpec:
     #: Gemma-2's soft-capping of the attention scores, ``cap * tanh(scores / cap)`` before
     #: the mask (eager and flash attention; SDPA cannot); 0: none
     attn_logit_softcapping: float = 0.0
+    #: a learned sink logit per query head in every attention layer (gpt-oss's
+    #: ``self_attn.sinks``, ``num_attention_heads`` parameters a layer): the softmax runs
+    #: over the scores and the sink, and the sink's share is dropped. No SDPA or flash
+    #: kernel trains it, so the attention runs eager
+    #: (:func:`memfit.engine.layers.attention_run`)
+    attention_sinks: bool = False
     #: where each block's norms sit: ``pre`` (before attention and the MLP), ``post``
     #: (OLMo-2: on each sublayer's output, before the residual sum) or ``sandwich``
     #: (Gemma-2/3: before and after each sublayer)
@@ -384,7 +393,13 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
     first_dense_layers: int = 0
+    #: DeepSeek-V3's ``e_score_correction_bias`` beside the router (not a bias of its linear)
     router_bias: bool = False
+    #: the routed experts' clamped SwiGLU (gpt-oss): the gate clamped above at the limit,
+    #: the up projection to [-limit, limit], then ``(up + 1) * gate * sigmoid(alpha gate)``,
+    #: each an op of its own; the bounds change no byte or FLOP. 0: the plain gated
+    #: activation
+    swiglu_limit: float = 0.0
     # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank > 0 switches it on
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -448,6 +463,7 @@ class ModelSpec:
             "shared_expert_gate",
             "router_bias",
             "rope_keeps_dtype",
+            "attention_sinks",
         ):
             check_bool(f + name, getattr(self, name))
         check_int(f + "sliding_window", self.sliding_window, 0, MAX_DIM)
@@ -456,6 +472,7 @@ class ModelSpec:
         check_float(f + "hidden_dropout", self.hidden_dropout, *DROPOUT)
         check_float(f + "final_logit_softcapping", self.final_logit_softcapping, 0.0, 1e6)
         check_float(f + "attn_logit_softcapping", self.attn_logit_softcapping, 0.0, 1e6)
+        check_float(f + "swiglu_limit", self.swiglu_limit, 0.0, 1e6)
         check_str(f + "display_name", self.display_name or self.name)
         check_str(f + "family", self.family)
         self._check_moe(f)
@@ -477,10 +494,17 @@ class ModelSpec:
     def _check_moe(self, f: str) -> None:
         check_int(f + "num_experts", self.num_experts, 0, MAX_EXPERTS)
         if self.num_experts == 0:
-            for name in ("num_experts_per_tok", "moe_intermediate_size", "num_shared_experts"):
+            for name in (
+                "num_experts_per_tok", "moe_intermediate_size", "num_shared_experts",
+                "swiglu_limit",
+            ):  # fmt: skip
                 if getattr(self, name):
                     raise EstimateError(f + name, "is set but num_experts is 0 (a dense model)")
             return
+        if self.swiglu_limit and self.mlp != "gated":
+            raise EstimateError(
+                f + "swiglu_limit", f"is set but mlp is {self.mlp!r}: a clamped SwiGLU is gated"
+            )
         check_int(f + "num_experts_per_tok", self.num_experts_per_tok, 1, self.num_experts)
         check_int(f + "moe_intermediate_size", self.moe_intermediate_size, 1, MAX_DIM)
         check_int(f + "num_shared_experts", self.num_shared_experts, 0, MAX_EXPERTS)

@@ -98,7 +98,7 @@ FAMILY_NAMES = {
     "qwen3": "Qwen3", "qwen3_moe": "Qwen3 MoE", "gemma": "Gemma", "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3", "phi3": "Phi-3", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX/Pythia",
     "falcon": "Falcon", "olmo": "OLMo", "deepseek_v2": "DeepSeek-V2", "deepseek_v3": "DeepSeek-V3",
-    "bert": "BERT",
+    "gpt_oss": "gpt-oss (MoE)", "bert": "BERT",
 }  # fmt: skip
 METHOD_CHOICES = (("Full fine-tuning", "full"), ("LoRA", "lora"), ("QLoRA (4-bit base)", "qlora"),
                   ("Freeze (train parts)", "freeze"))  # fmt: skip

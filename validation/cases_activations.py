@@ -19,6 +19,9 @@
   Llama-2-7B (untied), and the same steps without it.
 * PEFT's ``modules_to_save`` (``lm_head``, ``embed_tokens``): a trained copy of the module
   in the base's dtype beside the frozen original, on the same two models.
+* gpt-oss-20b's widths (two layers, 8 experts): its eager attention with the sinks joined to
+  the scores as one more column, its router and experts with biases added after the
+  grouped GEMM, their clamped SwiGLU; full fine-tuning and LoRA on the attention.
 * PEFT's LoRA on transformers' fused MoE experts (Qwen3-30B-A3B's widths, ``all-linear``):
   the experts' 3-D parameters and the router wrapped as parameters (``ParamWrapper``), each
   made whole again as ``W + scaling B A`` for the forward; q/v alone for the step without
@@ -202,6 +205,41 @@ QWEN3_30B_A3B = {
 }
 
 
+#: gpt-oss-20b's widths (openai/gpt-oss-20b config.json: sinks, a 128-token window on every
+#: other layer, biased attention, router and experts, the clamped SwiGLU), two layers and 8
+#: of its 32 experts; its MXFP4 quantization_config left out (training dequantizes to bf16)
+GPT_OSS_20B = {
+    "model_type": "gpt_oss",
+    "architectures": ["GptOssForCausalLM"],
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "sliding_window": 128,
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "hidden_act": "silu",
+    "swiglu_limit": 7.0,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False,
+    },
+    "tie_word_embeddings": False,
+    "output_router_logits": False,
+    "_name_or_path": "gpt-oss-20b-2-layers",
+}  # fmt: skip
+
+
 def _scenario(
     model: dict[str, Any], precision: str, attention: str, batch: int, seq: int
 ) -> dict[str, Any]:
@@ -303,6 +341,20 @@ def all_cases() -> list[dict[str, Any]]:
                     f"_adamw-foreach_sdpa_b1_s2048_moe-{moe}"
                 )
                 cases.append({"id": case_id, "family": "qwen3_moe", "scenario": scenario})
+    # gpt-oss: eager attention with its sinks (the only kind that trains them), the biased
+    # grouped experts and their clamped SwiGLU; full fine-tuning and LoRA on the attention
+    for method in ("full", "lora"):
+        for precision in ("bf16-mixed", "bf16"):
+            scenario = _scenario(GPT_OSS_20B, precision, "eager", 1, 4096)
+            scenario["training"]["method"] = method
+            adapter = ""
+            if method == "lora":
+                scenario["training"]["lora"] = {
+                    "rank": 16, "alpha": 32.0, "targets": ["all-linear"], "dropout": 0.0,
+                }  # fmt: skip
+                adapter = "_r16-all-linear"
+            case_id = f"gpt-oss-20b_L2_{precision}_{method}{adapter}_adamw-foreach_eager_b1_s4096"
+            cases.append({"id": case_id, "family": "gpt_oss", "scenario": scenario})
     return cases
 
 

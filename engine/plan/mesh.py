@@ -153,6 +153,12 @@ def make_mesh(scenario: Scenario) -> Mesh:
             raise EstimateError(
                 f"{P}.cp", f"got {p.cp}: context parallelism needs a fused attention kernel"
             )
+        if m.attention_sinks:  # they train in eager attention only (layers.attention_run)
+            raise EstimateError(
+                f"{P}.cp",
+                f"got {p.cp}: context parallelism needs a fused attention kernel, and "
+                f"{m.label}'s attention sinks train in eager attention only",
+            )
     if p.sequence_parallel and p.tp > 1 and (seq // p.cp) % p.tp:
         raise EstimateError(
             f"{P}.sequence_parallel",

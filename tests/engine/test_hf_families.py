@@ -129,6 +129,13 @@ PUBLISHED: dict[str, Published] = {
         "the checkpoint's size on the Hugging Face Hub, 41.9B parameters, as its public "
         "conversions quote it (the model card: 16x3.8B experts, about 42B in all)",
     ),
+    "gpt_oss": Published(
+        "openai/gpt-oss-20b",
+        20_914_757_184,
+        "general.parameter_count of the gpt-oss:20b GGUF as `ollama show` prints it (every "
+        "tensor's elements, the MXFP4 experts by their logical elements); OpenAI's gpt-oss "
+        "model card (arXiv 2508.10925), Table 1: 20.91B total",
+    ),
     "gpt2": Published(
         "openai-community/gpt2",
         124_439_808,
