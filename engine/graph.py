@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd
-from operator import mul
+from operator import add, mul, sub
 from typing import Any
 
 from memfit.engine import memo
@@ -83,15 +83,21 @@ class Lin:
         return Lin(tuple(int(j == i) for j in range(len(TERMS))))
 
     def __add__(self, other: Size) -> Lin:
-        return Lin(tuple(a + b for a, b in zip(self.c, _coefs(other), strict=True)))
+        c = self.c
+        if isinstance(other, Lin):
+            return Lin(tuple(map(add, c, other.c)))
+        return Lin((*c[:_ONE], c[_ONE] + other))  # a constant: the last term, ``one``
 
     __radd__ = __add__
 
     def __sub__(self, other: Size) -> Lin:
-        return Lin(tuple(a - b for a, b in zip(self.c, _coefs(other), strict=True)))
+        c = self.c
+        if isinstance(other, Lin):
+            return Lin(tuple(map(sub, c, other.c)))
+        return Lin((*c[:_ONE], c[_ONE] - other))
 
     def __rsub__(self, other: Size) -> Lin:
-        return Lin(tuple(b - a for a, b in zip(self.c, _coefs(other), strict=True)))
+        return Lin(tuple(map(sub, _coefs(other), self.c)))
 
     def __mul__(self, k: int) -> Lin:
         if not isinstance(k, int):
