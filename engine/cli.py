@@ -994,7 +994,30 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
             "--jobs", f"got {shown(args.jobs)}, expected 0 (one per CPU) to {MAX_JOBS}"
         )
     workers = args.jobs or min(cpus(), MAX_JOBS)
-    points = only(sweep(scenario, space, beyond=left, workers=workers), _only(args.only))
+    if args.command == "fit" and args.top < 1:
+        raise EstimateError("--top", f"got {shown(args.top)}, expected at least 1")
+    planned: dict[str, Any] = {}
+
+    def meanwhile() -> None:
+        """What ``fit`` answers beside the sweep: worked out while the sweep's processes
+        run (it reads none of their points)."""
+        planned["limits"] = {
+            "max_micro_batch_size": max_micro_batch(scenario),
+            "max_sequence_length": max_sequence_length(scenario),
+            "min_gpus": (lambda s: s.hardware.world_size if s else None)(min_gpus(scenario)),
+        }
+        leave_out = [c for lock in locks for c in LOCKS[lock]]
+        fitting = fits(scenario)
+        planned["found"] = None if fitting else search(scenario, top=args.top, leave_out=leave_out)
+
+    swept = sweep(
+        scenario,
+        space,
+        beyond=left,
+        workers=workers,
+        meanwhile=meanwhile if args.command == "fit" else None,
+    )
+    points = only(swept, _only(args.only))
     beyond = beyond_stack(scenario, space, left)
     left_out = {
         "strategies": beyond.strategies,
@@ -1021,16 +1044,8 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         else:
             print(f"{len(points)} configurations written to {printable(args.csv)}", file=out)
         return 0
-    if args.top < 1:
-        raise EstimateError("--top", f"got {shown(args.top)}, expected at least 1")
     top = best(points, args.top)
-    limits = {
-        "max_micro_batch_size": max_micro_batch(scenario),
-        "max_sequence_length": max_sequence_length(scenario),
-        "min_gpus": (lambda s: s.hardware.world_size if s else None)(min_gpus(scenario)),
-    }
-    leave_out = [c for lock in locks for c in LOCKS[lock]]
-    found = search(scenario, top=args.top, leave_out=leave_out) if not fits(scenario) else None
+    limits, found = planned["limits"], planned["found"]
     fixes = list(found.fixes) if found is not None else []
     floor = found.floor if found is not None and not fixes else None
     if args.json:

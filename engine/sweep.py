@@ -525,6 +525,7 @@ def sweep(
     progress: Progress | None = None,
     beyond: list[Scenario] | None = None,
     workers: int = 1,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
     memory and time, in enumeration order: each strategy's shapes at once
@@ -535,13 +536,17 @@ def sweep(
     appended to ``beyond`` where it is given (:func:`beyond_stack` says them in words).
     ``workers`` above 1 spreads the strategies over that many processes where the
     platform forks them (:func:`in_processes`; without a ``progress`` callback): the
-    points are the same, in the same order."""
+    points are the same, in the same order. ``meanwhile`` is called once, in this
+    process, while those processes work (else before the sweep): other work of the
+    caller's that reads no point."""
     todo = list(strategies(scenario, space, beyond))
     total = sum(len(shapes) for _, shapes in todo)
     results: Iterator[_Results]
     if workers > 1 and progress is None and len(todo) >= PARALLEL_FROM and can_fork():
-        results = iter(in_processes(todo, workers))
+        results = iter(in_processes(todo, workers, meanwhile))
     else:
+        if meanwhile is not None:
+            meanwhile()
         results = (_evaluate(base, shapes) for base, shapes in todo)
     out: list[Point] = []
     done = reported = 0
@@ -600,12 +605,15 @@ def _run_part(indices: list[int]) -> list[tuple[int, _Results]]:
     return [(i, _evaluate(*_TODO[i])) for i in indices]
 
 
-def in_processes(todo: list[Strategy], workers: int) -> list[_Results]:
+def in_processes(
+    todo: list[Strategy], workers: int, meanwhile: Callable[[], None] | None = None
+) -> list[_Results]:
     """:func:`_evaluate` of every strategy of ``todo``, in ``workers`` forked processes:
     the strategies sorted by what they share (:func:`_alike`) and cut into runs, each
     worker taking the next run as it finishes one. Each worker computes what the calling
     process would (the engine's functions are pure), so the results are the same, in the
-    order of ``todo``."""
+    order of ``todo``. ``meanwhile`` runs here once the workers are forked (no thread of
+    this process runs while they fork)."""
     global _TODO
     order = sorted(range(len(todo)), key=lambda i: _alike(todo[i]))
     runs = workers * 4
@@ -614,7 +622,10 @@ def in_processes(todo: list[Strategy], workers: int) -> list[_Results]:
     _TODO = todo
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            found = [r for part in pool.map(_run_part, parts, chunksize=1) for r in part]
+            pending = pool.map_async(_run_part, parts, chunksize=1)
+            if meanwhile is not None:
+                meanwhile()
+            found = [r for part in pending.get() for r in part]
     finally:
         _TODO = []
     out: list[_Results] = [[] for _ in todo]

@@ -55,6 +55,19 @@ def test_jobs_change_nothing_of_the_answer() -> None:
     assert one == two and one["configs"] > 100
 
 
+def test_fit_over_processes_answers_as_in_this_process() -> None:
+    """``fit`` works out its limits and make-it-fit while the sweep's processes run: the
+    same answer as one process gives."""
+    flags = ["--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--gpus-per-node", "8"]
+    flags += ["--stack", "custom", "--seq", "4096", "--batch", "8", "--json"]
+    one = json.loads(run("fit", *flags, "--jobs", "1"))
+    memo.clear()
+    two = json.loads(run("fit", *flags, "--jobs", "2"))
+    assert one == two
+    assert one["configs"] and "min_gpus" in one
+    assert one["fixes"]  # micro-batch 8 at 4,096 tokens does not fit a 4090 as it is
+
+
 @pytest.mark.parametrize("jobs", ["-1", "65", "x"])
 def test_jobs_out_of_range_name_the_flag(jobs: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = io.StringIO()
