@@ -109,8 +109,11 @@ from memfit.engine.train_configs import ALLOW_FLAG, import_training_config
 from memfit.engine.train_configs import apply as apply_training_config
 
 EXIT_USAGE = 2
-#: the most processes a sweep spreads over (``--jobs``)
+#: the most processes a sweep spreads over (``--jobs``), and by default (one per CPU up
+#: to this: each process builds the block profiles and compiled steps of its share, and
+#: starting one costs the calling process a few milliseconds)
 MAX_JOBS = 64
+DEFAULT_JOBS = 8
 
 
 class _Parser(argparse.ArgumentParser):
@@ -562,8 +565,8 @@ def make_parser() -> argparse.ArgumentParser:
             type=int,
             default=0,
             metavar="N",
-            help="processes to sweep in (default: one per CPU, on Linux; 1: this "
-            "process alone); the answer is the same",
+            help="processes to sweep in (default: one per CPU up to 8, on Linux; 1: "
+            "this process alone); the answer is the same",
         )
     sw.add_argument("--csv", metavar="FILE", help="write the points as CSV to FILE")
     big = sub.add_parser(
@@ -993,7 +996,7 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         raise EstimateError(
             "--jobs", f"got {shown(args.jobs)}, expected 0 (one per CPU) to {MAX_JOBS}"
         )
-    workers = args.jobs or min(cpus(), MAX_JOBS)
+    workers = args.jobs or min(cpus(), DEFAULT_JOBS)
     if args.command == "fit" and args.top < 1:
         raise EstimateError("--top", f"got {shown(args.top)}, expected at least 1")
     planned: dict[str, Any] = {}

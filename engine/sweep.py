@@ -502,6 +502,8 @@ _Results = list[tuple[int, Totals, StepTime]]
 #: the fewest strategies a sweep spreads over processes (below, starting them costs more
 #: than they save)
 PARALLEL_FROM = 96
+#: the fewest strategies a process of a sweep takes (fewer workers where there are fewer)
+MIN_SHARE = 24
 
 
 def _evaluate(base: Scenario, shapes: list[tuple[int, int, int]]) -> _Results:
@@ -615,6 +617,7 @@ def in_processes(
     order of ``todo``. ``meanwhile`` runs here once the workers are forked (no thread of
     this process runs while they fork)."""
     global _TODO
+    workers = max(1, min(workers, len(todo) // MIN_SHARE))
     order = sorted(range(len(todo)), key=lambda i: _alike(todo[i]))
     runs = workers * 4
     size = -(-len(order) // runs)
