@@ -1045,7 +1045,7 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         elif not args.csv:
             out.write(points_csv(points))
         else:
-            print(f"{len(points)} configurations written to {printable(args.csv)}", file=out)
+            print(f"{len(points):,} configurations written to {printable(args.csv)}", file=out)
         return 0
     top = best(points, args.top)
     limits, found = planned["limits"], planned["found"]
@@ -1086,8 +1086,8 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     print(
         printable(
             f"{scenario.model.label} on {scenario.hardware.world_size} x "
-            f"{scenario.hardware.gpu.display_name}: {len(points)} configurations, "
-            f"{sum(p.fits for p in points)} fit the budget"
+            f"{scenario.hardware.gpu.display_name}: {len(points):,} configurations, "
+            f"{sum(p.fits for p in points):,} fit the budget"
         ),
         file=out,
     )
