@@ -781,7 +781,7 @@ class _Skeleton:
         n = len(self.kinds)
         opt = state[1]
         constant = parameters + opt
-        largest_constant = int(np.abs(constant).max() + np.abs(buffers).max())
+        largest_constant = int(np.abs(constant).max()) + int(np.abs(buffers).max())
         fits = self.dtype is np.int64 and largest_constant < _INT64_SAFE
         as_type = np.int64 if fits else object
         return _Forms(
