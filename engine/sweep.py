@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -577,8 +578,14 @@ def sweep(
 
 def can_fork() -> bool:
     """Whether sweeps may spread over processes here: Linux, where a forked process
-    inherits the engine as it is (elsewhere the sweep runs in the calling process)."""
-    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
+    inherits the engine as it is, and no other thread runs in this one (a thread could
+    hold a cache's lock as the fork copies it: the app's sweeps stay in their thread).
+    Elsewhere the sweep runs in the calling process."""
+    return (
+        sys.platform == "linux"
+        and "fork" in multiprocessing.get_all_start_methods()
+        and threading.active_count() == 1
+    )
 
 
 def cpus() -> int:

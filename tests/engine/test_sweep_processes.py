@@ -22,14 +22,25 @@ def scenario() -> Scenario:
     return Scenario(load_model("gpt2"), HardwareSpec(load_gpu("h100-sxm-80gb"), 8), training)
 
 
-def test_a_sweep_over_processes_equals_one_in_this_process() -> None:
+def test_a_sweep_over_processes_equals_one_in_this_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     s = scenario()
     strategies = list(sweep.strategies(s))
-    assert len(strategies) >= sweep.PARALLEL_FROM  # spread, not run here
+    assert len(strategies) >= sweep.PARALLEL_FROM
     memo.clear()
     here = sweep.sweep(s, workers=1)
     memo.clear()  # the workers build everything themselves
+    spread_over: list[int] = []
+    real = sweep.in_processes
+
+    def counted(todo: list[sweep.Strategy], workers: int, *rest: object) -> list[object]:
+        spread_over.append(workers)
+        return real(todo, workers, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "in_processes", counted)
     spread = sweep.sweep(s, workers=3)
+    assert spread_over == [3]  # spread, not run here
     assert len(here) == len(spread) > 500
     for a, b in zip(here, spread, strict=True):
         assert a.scenario == b.scenario
