@@ -1,17 +1,22 @@
 """A family's size axis (``engine/scaling.py``): its points against the presets they lie
-between, the largest of them that fits against an estimate of every point."""
+between, the largest of them that fits against an estimate of every point, and what
+``memfit largest`` says of it."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 
 import pytest
 
 from memfit.engine import scaling
+from memfit.engine.cli import main
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
 from memfit.engine.params import count_parameters
 from memfit.engine.presets import load_gpu, load_model, model_names
+from memfit.engine.scenario_io import model_from_dict
 from memfit.engine.solve import fits, largest_model
 from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
 
@@ -149,3 +154,49 @@ def test_none_fits_or_the_largest_preset_ends_the_axis() -> None:
     assert fits(dataclasses.replace(h100, model=gpt2.points[-1].model))
     fit = scaling.largest_on_axis(h100, gpt2)
     assert fit is not None and fit.point == gpt2.points[-1] and fit.above is None
+
+
+QWEN3_ARGS = ["largest", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--zero", "3",
+              "--seq", "4096", "--family", "qwen3"]  # fmt: skip
+
+
+def test_memfit_largest_reports_the_largest_along_the_family_axis() -> None:
+    fit = scaling.largest_on_axis(qwen3_on_8_h100s(), scaling.size_axis("qwen3"))
+    assert fit is not None
+    m = fit.point.model
+    out = io.StringIO()
+    assert main(QWEN3_ARGS, out) == 0
+    last = out.getvalue().rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"largest along the qwen3 size axis: {m.name} ")
+    for shown in (f"hidden {m.hidden_size:,}", f"{m.num_layers} layers",
+                  f"{m.num_attention_heads} heads", f"intermediate {m.intermediate_size:,}",
+                  f"{fit.tokens_per_s:,.0f} tokens/s", "not a released model"):  # fmt: skip
+        assert shown in last
+    out = io.StringIO()
+    assert main([*QWEN3_ARGS, "--json"], out) == 0
+    axis = json.loads(out.getvalue())["axis"]
+    assert axis["name"] == m.name and axis["parameters"] == fit.point.params
+    assert (axis["hidden_size"], axis["num_layers"], axis["num_attention_heads"]) == (
+        m.hidden_size, m.num_layers, m.num_attention_heads,
+    )  # fmt: skip
+    assert axis["intermediate_size"] == m.intermediate_size
+    assert axis["device_bytes"] == fit.device_bytes and axis["budget_bytes"] == fit.budget_bytes
+    assert axis["between"] == [fit.point.below, fit.point.above]
+    assert model_from_dict(axis["model"]) == m
+
+
+def test_memfit_largest_without_a_family_takes_the_largest_fitting_presets() -> None:
+    argv = ["largest", "--gpu", "rtx-4090", "--gpus", "2", "--method", "lora", "--seq", "2048"]
+    out = io.StringIO()
+    assert main([*argv, "--json"], out) == 0
+    data = json.loads(out.getvalue())
+    family = load_model(data["largest"]).family
+    if family in scaling.families_with_axis():
+        assert data["axis"]["family"] == family and not data["axis_problem"]
+    else:
+        assert data["axis"] is None and "--family picks one of" in data["axis_problem"]
+    # a family without an axis still lists its presets, and says why there is no axis
+    out = io.StringIO()
+    assert main([*argv, "--family", "mistral"], out) == 0
+    assert "mistral-7b-v0.1" in out.getvalue()
+    assert out.getvalue().rstrip("\n").splitlines()[-1].startswith("size axis: none (")
