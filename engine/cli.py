@@ -575,10 +575,16 @@ def make_parser() -> argparse.ArgumentParser:
         help="the largest model preset that fits these GPUs with this training",
         description="Every model preset (or those of one family) with the hardware and "
         "training given, largest first: the first that fits the budget is the answer. "
+        "Then the largest that fits along the family's size axis: models of its presets' "
+        "shape at the sizes between theirs (not beyond its largest preset). "
         "--model is not needed (any given is only the starting point of the flags).",
     )
     _add_estimate_flags(big)
-    big.add_argument("--family", help="only the presets of this family (e.g. llama, qwen3)")
+    big.add_argument(
+        "--family",
+        help="only the presets of this family (e.g. llama, qwen3), and its size axis "
+        "(default: the axis of the largest preset that fits)",
+    )
     grid = sub.add_parser(
         "grid",
         help="memory and tokens/s over micro-batch sizes and sequence lengths",
