@@ -53,6 +53,7 @@ from memfit.engine.report import (
     shows_host,
     shows_ranks,
 )
+from memfit.engine.scaling import Axis, AxisFit, families_with_axis, largest_on_axis, size_axis
 from memfit.engine.scenario_io import (
     load_scenario,
     save_scenario,
@@ -574,10 +575,16 @@ def make_parser() -> argparse.ArgumentParser:
         help="the largest model preset that fits these GPUs with this training",
         description="Every model preset (or those of one family) with the hardware and "
         "training given, largest first: the first that fits the budget is the answer. "
+        "Then the largest that fits along the family's size axis: models of its presets' "
+        "shape at the sizes between theirs (not beyond its largest preset). "
         "--model is not needed (any given is only the starting point of the flags).",
     )
     _add_estimate_flags(big)
-    big.add_argument("--family", help="only the presets of this family (e.g. llama, qwen3)")
+    big.add_argument(
+        "--family",
+        help="only the presets of this family (e.g. llama, qwen3), and its size axis "
+        "(default: the axis of the largest preset that fits)",
+    )
     grid = sub.add_parser(
         "grid",
         help="memory and tokens/s over micro-batch sizes and sequence lengths",
@@ -874,12 +881,83 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _axis_of(
+    scenario: Scenario, family: str | None, best: str | None
+) -> tuple[Axis | None, AxisFit | None, str]:
+    """The size axis ``memfit largest`` reports on -- ``--family``'s, else the family of
+    the largest preset that fits -- with its largest point that fits, or why there is
+    none."""
+    if family is None and best is None:
+        return None, None, "no preset fits to pick a family by (--family picks one)"
+    try:
+        axis = size_axis(family if family is not None else load_model(str(best)).family)
+    except EstimateError as exc:
+        if family is not None:
+            return None, None, exc.detail
+        others = ", ".join(families_with_axis())
+        return None, None, f"{exc.detail}; --family picks one of {others}"
+    return axis, largest_on_axis(scenario, axis), ""
+
+
+def _axis_dict(scenario: Scenario, axis: Axis | None, fit: AxisFit | None) -> dict[str, Any]:
+    """The ``"axis"`` object of ``memfit largest --json`` (no fit: its fields ``None``)."""
+    p = fit.point if fit is not None else None
+    m = p.model if p is not None else None
+    return {
+        "family": axis.family if axis is not None else None,
+        "presets": list(axis.presets) if axis is not None else [],
+        "left_out": [{"preset": n, "why": w} for n, w in axis.left_out] if axis else [],
+        "name": m.name if m is not None else None,
+        "preset": p.preset if p is not None else None,
+        "between": [p.below, p.above] if p is not None and not p.preset else None,
+        "parameters": p.params if p is not None else None,
+        "hidden_size": m.hidden_size if m is not None else None,
+        "num_layers": m.num_layers if m is not None else None,
+        "num_attention_heads": m.num_attention_heads if m is not None else None,
+        "num_key_value_heads": m.num_key_value_heads if m is not None else None,
+        "intermediate_size": m.intermediate_size if m is not None else None,
+        "device_bytes": fit.device_bytes if fit is not None else None,
+        "budget_bytes": fit.budget_bytes if fit is not None else None,
+        "tokens_per_s": fit.tokens_per_s if fit is not None else None,
+        "next": fit.above.model.name if fit is not None and fit.above is not None else None,
+        "model": scenario_to_dict(Scenario(m, scenario.hardware, scenario.training))["model"]
+        if m is not None
+        else None,
+    }
+
+
+def _axis_line(axis: Axis | None, fit: AxisFit | None, problem: str) -> str:
+    """The line ``memfit largest`` ends with: the largest that fits along the size axis."""
+    if axis is None:
+        return f"size axis: none ({problem})"
+    where = f"largest along the {axis.family} size axis"
+    if fit is None:
+        return f"{where}: none fits (it starts at {axis.points[0].model.label})"
+    p, m = fit.point, fit.point.model
+    if p.preset:
+        what = (
+            "the family's largest preset: the axis does not go beyond it"
+            if fit.above is None
+            else f"a preset; the next point up, {fit.above.params / 1e9:,.1f} B, does not fit"
+        )
+    else:
+        what = f"of the family's shape between {p.below} and {p.above}, not a released model"
+    return (
+        f"{where}: {m.label} ({p.params / 1e9:,.1f} B: hidden {m.hidden_size:,}, "
+        f"{m.num_layers} layers, {m.num_attention_heads} heads ({m.num_key_value_heads} "
+        f"key/value), intermediate {m.intermediate_size:,}), {fit.device_bytes / GIB:.2f} of "
+        f"{fit.budget_bytes / GIB:.2f} GiB per GPU, {fit.tokens_per_s:,.0f} tokens/s -- {what}"
+    )
+
+
 def _largest(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
-    """``memfit largest``: every preset under the scenario's hardware and training."""
+    """``memfit largest``: every preset under the scenario's hardware and training, then
+    the largest that fits along a family's size axis."""
     rows = models_that_fit(scenario, family=args.family)
     if not rows:
         raise EstimateError("--family", f"got {shown(args.family)}: no preset of that family")
     best_row = next((r for r in rows if r.fits), None)
+    axis, fit, problem = _axis_of(scenario, args.family, best_row.name if best_row else None)
     hw = scenario.hardware
     if args.json:
         data = {
@@ -896,6 +974,8 @@ def _largest(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
                 }
                 for r in rows
             ],
+            "axis": _axis_dict(scenario, axis, fit) if axis is not None else None,
+            "axis_problem": problem,
         }
         json.dump(data, out, indent=2)
         out.write("\n")
@@ -915,6 +995,7 @@ def _largest(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         speed = f"{r.tokens_per_s:10,.0f}" if r.tokens_per_s else f"{'-':>10}"
         line = f"{r.name:<28} {r.params / 1e9:9.2f}B {gib}  {verdict:<12} {speed}"
         print(printable(line), file=out)
+    print(printable("\n" + _axis_line(axis, fit, problem)), file=out)
     return 0
 
 
