@@ -631,7 +631,13 @@ def in_processes(
     parts = [order[k : k + size] for k in range(0, len(order), size)]
     _TODO = todo
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        try:
+            pool = multiprocessing.get_context("fork").Pool(workers)
+        except (OSError, ImportError):  # no semaphores here (no /dev/shm): this process
+            if meanwhile is not None:
+                meanwhile()
+            return [_evaluate(base, shapes) for base, shapes in todo]
+        with pool:
             pending = pool.map_async(_run_part, parts, chunksize=1)
             if meanwhile is not None:
                 meanwhile()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 
 import pytest
 
@@ -89,3 +90,25 @@ def test_jobs_out_of_range_name_the_flag(jobs: str, capsys: pytest.CaptureFixtur
         code = stop.code
     assert code == 2
     assert "--jobs" in capsys.readouterr().err + out.getvalue()
+
+
+def test_a_sweep_runs_here_where_processes_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without semaphores for a process pool (a container without /dev/shm):
+    the sweep runs in the calling process, with the same points."""
+    s = scenario()
+    here = sweep.sweep(s, workers=1)
+
+    tried: list[bool] = []
+
+    def no_pool(*_: object, **__: object) -> None:
+        tried.append(True)
+        raise OSError("Function not implemented")
+
+    context = multiprocessing.get_context("fork")
+    monkeypatch.setattr(type(context), "Pool", no_pool)
+    called: list[bool] = []
+    fallback = sweep.sweep(s, workers=2, meanwhile=lambda: called.append(True))
+    assert tried == [True] and called == [True]
+    assert [(p.scenario, p.device_bytes, p.time) for p in fallback] == [
+        (p.scenario, p.device_bytes, p.time) for p in here
+    ]
