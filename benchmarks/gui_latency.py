@@ -89,32 +89,10 @@ window.close()
 """
 
 
-def first_map_seconds(repeats: int = 5) -> tuple[list[float], int]:
-    """The map's first sweep after start, press to repaint, per run; and its points."""
-    seconds, points = [], 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    FIRST_MAP,
-                    str(Path(tmp) / f"m{i}.ini"),
-                    str(Path(tmp) / f"map{i}"),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            took, count = out.strip().splitlines()[-1].split()
-            seconds.append(float(took))
-            points = int(count)
-    return seconds, points
-
-
-def startup_seconds(repeats: int = 5) -> tuple[list[float], list[float]]:
-    """(in-process time to first chart paint, whole process wall time) per run."""
-    inner, outer = [], []
+def fresh_runs(script: str, repeats: int) -> list[tuple[float, str]]:
+    """``script`` run ``repeats`` times, each in a fresh interpreter with a settings file
+    and a data folder of its own: per run, the process's wall time and its last line."""
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             start = time.perf_counter()
@@ -122,17 +100,32 @@ def startup_seconds(repeats: int = 5) -> tuple[list[float], list[float]]:
                 [
                     sys.executable,
                     "-c",
-                    STARTUP,
-                    str(Path(tmp) / f"s{i}.ini"),
-                    str(Path(tmp) / f"data{i}"),
+                    script,
+                    str(Path(tmp) / f"{i}.ini"),
+                    str(Path(tmp) / f"d{i}"),
                 ],
                 capture_output=True,
                 text=True,
                 check=True,
             ).stdout
-            outer.append(time.perf_counter() - start)
-            inner.append(float(out.strip().splitlines()[-1]))
-    return inner, outer
+            runs.append((time.perf_counter() - start, out.strip().splitlines()[-1]))
+    return runs
+
+
+def first_map_seconds(repeats: int = 5) -> tuple[list[float], int]:
+    """The map's first sweep after start, press to repaint, per run; and its points."""
+    seconds, points = [], 0
+    for _, last in fresh_runs(FIRST_MAP, repeats):
+        took, count = last.split()
+        seconds.append(float(took))
+        points = int(count)
+    return seconds, points
+
+
+def startup_seconds(repeats: int = 5) -> tuple[list[float], list[float]]:
+    """(in-process time to first chart paint, whole process wall time) per run."""
+    runs = fresh_runs(STARTUP, repeats)
+    return [float(last) for _, last in runs], [wall for wall, _ in runs]
 
 
 def edit_latency() -> dict[str, list[float]]:

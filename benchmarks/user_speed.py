@@ -58,6 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_analysis_bench
 
+from memfit.engine.cli import DEFAULT_JOBS
+from memfit.engine.sweep import cpus
+
 MEMFIT = Path(sys.executable).parent / "memfit"
 H100 = ["--gpu", "h100-sxm-80gb", "--gpus-per-node", "8"]
 #: (label, the sweep's and the 8B fit's arguments, llm-analysis's model)
@@ -179,10 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor, version = timed([str(MEMFIT), "--version"], repeats)
     line("memfit --version", floor, f"({version.strip()})")
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    jobs = min(cpus(), DEFAULT_JOBS)  # what memfit spreads over by default
     print(
         "(b) memfit sweep --json, the whole default strategy space (--stack custom): in one\n"
-        f"    process (--jobs 1), and as it runs by default (one process per CPU, {cpus} here)"
+        f"    process (--jobs 1), and as it runs by default (a process per CPU up to 8: {jobs})"
     )
     sweeps: list[tuple[str, int, float, float, Mapping[str, Any]]] = []
     for label, case, _ in CASES:

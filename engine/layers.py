@@ -996,14 +996,7 @@ class Net:
         ctx = self.ctx
         pairs = self.s.pairs
         query_dtype = self.dtype[q]
-        if kv_heads != heads:
-            k = self.unary("repeat_kv", k, elems=self.elems[q])
-            v = self.unary("repeat_kv", v, elems=self.elems[q])
-        if ctx.mode == "amp":
-            q, k = self.cast(q, 2), self.cast(k, 2)
-        scores = self.new("scores", heads * pairs, self.dtype[q], True)
-        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
-        scaled = self.unary("scale", scores)
+        scaled, v = self._scaled_scores(q, k, v, heads, kv_heads)
         if softcap:
             capped = self.unary("tanh", self.unary("div_c", scaled), save_out=True)
             scaled = self.unary("mul_c", capped)
@@ -1032,6 +1025,20 @@ class Net:
         )
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
 
+    def _scaled_scores(self, q: str, k: str, v: str, heads: int, kv_heads: int) -> tuple[str, str]:
+        """The start of transformers' eager attention, its own or gpt-oss's: grouped keys
+        and values repeated for every query head, q and k cast under autocast, ``q @
+        k^T`` (keeping both) and its scaling; the scaled scores and the values as the
+        product with the probabilities reads them."""
+        if kv_heads != heads:
+            k = self.unary("repeat_kv", k, elems=self.elems[q])
+            v = self.unary("repeat_kv", v, elems=self.elems[q])
+        if self.ctx.mode == "amp":
+            q, k = self.cast(q, 2), self.cast(k, 2)
+        scores = self.new("scores", heads * self.s.pairs, self.dtype[q], True)
+        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
+        return self.unary("scale", scores), v
+
     def _sink_eager(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:
         """gpt-oss's ``eager_attention_forward`` (transformers 5 ``modeling_gpt_oss.py``):
         scores, mask, then each head's sink logit joined as one more column --
@@ -1044,14 +1051,7 @@ class Net:
         more than the scores: ``heads (b s^2 + b s)`` elements."""
         ctx = self.ctx
         pairs, tokens = self.s.pairs, self.s.tokens
-        if kv_heads != heads:
-            k = self.unary("repeat_kv", k, elems=self.elems[q])
-            v = self.unary("repeat_kv", v, elems=self.elems[q])
-        if ctx.mode == "amp":
-            q, k = self.cast(q, 2), self.cast(k, 2)
-        scores = self.new("scores", heads * pairs, self.dtype[q], True)
-        self._op("matmul_qk", [q, k], [scores], saves=[q, k])
-        scaled = self.unary("scale", scores)
+        scaled, v = self._scaled_scores(q, k, v, heads, kv_heads)
         masked = self.new("masked", heads * pairs, max(self.dtype[scaled], ctx.res), True)
         self._op("add_mask", [scaled], [masked])
         # the sinks are a parameter of the attention (heads elements): their gradient is

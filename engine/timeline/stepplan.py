@@ -193,13 +193,6 @@ class StepPlan:
     #: the step's context at batch 1 x sequence 1: the key of the block profiles
     ctx: Ctx
     chunked: bool
-    #: the distinct blocks of the step (kind, input needs a gradient), their profiles
-    #: (``None``: simulated directly at each shape) and their autocast copies
-    blocks: tuple[tuple[str, bool], ...]
-    profiles: tuple[Profile | None, ...]
-    copies: tuple[Casts, ...]
-    #: the blocks whose values are evaluated at each shape (no integer profile)
-    unfolded: tuple[int, ...]
     layers: int
     checkpointed_layers: int
     offload_inputs: bool
@@ -223,6 +216,26 @@ class StepPlan:
     layout: _Layout = field(repr=False)
     _compiled: list[_Forms] = field(default_factory=list, repr=False)
     _every: dict[bool, _Every] = field(default_factory=dict, repr=False)
+
+    @property
+    def blocks(self) -> tuple[tuple[str, bool], ...]:
+        """The distinct blocks of the step (kind, input needs a gradient)."""
+        return self.layout.blocks
+
+    @property
+    def profiles(self) -> tuple[Profile | None, ...]:
+        """Each block's profile (``None``: simulated directly at each shape)."""
+        return self.layout.profiles
+
+    @property
+    def copies(self) -> tuple[Casts, ...]:
+        """Each block's autocast copies."""
+        return self.layout.copies
+
+    @property
+    def unfolded(self) -> tuple[int, ...]:
+        """The blocks whose values are evaluated at each shape (no integer profile)."""
+        return self.layout.unfolded
 
     @staticmethod
     def build(
@@ -258,7 +271,7 @@ class StepPlan:
             conventions(training).checkpointing == "per-op",
             carries or (ctx.quantized and any(ckpt)),
         )
-        blocks, profiles, copies, layers = laid.blocks, laid.profiles, laid.copies, laid.layers
+        layers = laid.layers
         params = state.category_bytes("parameters")
         opt = state.category_bytes("optimizer_states")
         temp = int(optimizer_temporaries(model, training, state) * optimizer_share)
@@ -289,10 +302,6 @@ class StepPlan:
             model=model,
             ctx=ctx,
             chunked=chunked,
-            blocks=blocks,
-            profiles=profiles,
-            copies=copies,
-            unfolded=laid.unfolded,
             layers=len(layers),
             checkpointed_layers=sum(ckpt),
             offload_inputs=training.offload.activations == "cpu",
