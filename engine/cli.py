@@ -94,6 +94,7 @@ from memfit.engine.sweep import (
     LOCKS,
     NUMERICS_MARK,
     ROW_FIELDS,
+    TIME_FIELDS,
     best,
     beyond_stack,
     check_locks,
@@ -1081,6 +1082,7 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     if args.command == "fit" and args.top < 1:
         raise EstimateError("--top", f"got {shown(args.top)}, expected at least 1")
     planned: dict[str, Any] = {}
+    wanted = _only(args.only)
 
     def meanwhile() -> None:
         """What ``fit`` answers beside the sweep: worked out while the sweep's processes
@@ -1100,8 +1102,11 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         beyond=left,
         workers=workers,
         meanwhile=meanwhile if args.command == "fit" else None,
+        # fit reads the times of the points that fit (the fastest of them), unless its
+        # filter reads every point's
+        times="fitting" if args.command == "fit" and not set(wanted) & set(TIME_FIELDS) else "all",
     )
-    points = only(swept, _only(args.only))
+    points = only(swept, wanted)
     beyond = beyond_stack(scenario, space, left)
     left_out = {
         "strategies": beyond.strategies,

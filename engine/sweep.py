@@ -39,7 +39,7 @@ from typing import Any
 
 from memfit.engine import changes, specs
 from memfit.engine.batch import Totals, totals, totals_over
-from memfit.engine.errors import EstimateError
+from memfit.engine.errors import EstimateError, shown
 from memfit.engine.scenario_io import scenario_to_dict
 from memfit.engine.solve import hardware_with
 from memfit.engine.specs import PARALLEL_AXES, WORLD_AXES, Scenario
@@ -49,6 +49,8 @@ from memfit.engine.steptime import StepTime, step_time, step_times
 #: the parallel axes a sweep varies (:attr:`memfit.engine.specs.ParallelAxis.sweep`): its
 #: CSV has a column for each
 SWEPT_AXES = tuple(a.key for a in PARALLEL_AXES if a.sweep)
+#: the columns of a sweep's CSV read off a point's step time
+TIME_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bound")
 #: the columns of a sweep's CSV
 ROW_FIELDS = (
     "gpu",
@@ -64,11 +66,7 @@ ROW_FIELDS = (
     "device_bytes",
     "budget_bytes",
     "verdict",
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "bound",
+    *TIME_FIELDS,
 )
 #: one GPU type and count: (GPU preset, GPUs per node, nodes)
 Hardware = tuple[str, int, int]
@@ -339,14 +337,21 @@ class Point:
     """One configuration of a sweep: its memory per GPU and its step time.
 
     A sweep gives each point its strategy and shape; its :attr:`scenario` is built the
-    first time it is asked for (most of a sweep's points are only ever drawn)."""
+    first time it is asked for (most of a sweep's points are only ever drawn). A sweep
+    that times only the points that fit (``memfit fit``) leaves ``timed`` ``None`` for the
+    others: their :attr:`time` is worked out the first time it is asked for
+    (:func:`~memfit.engine.steptime.step_time`, equal to the sweep's)."""
 
     spec: Scenario | _Shaped
     device_bytes: int
     budget_bytes: int
     capacity_bytes: int
     verdict: str
-    time: StepTime
+    timed: StepTime | None
+
+    @functools.cached_property
+    def time(self) -> StepTime:
+        return self.timed if self.timed is not None else step_time(self.scenario)
 
     @functools.cached_property
     def scenario(self) -> Scenario:
@@ -498,8 +503,12 @@ PROGRESS_EVERY = 16
 Progress = Callable[[int, int], bool]
 #: one strategy's results: for each of its shapes evaluated, the shape's index, its totals
 #: and its step time (a shape the engine rejects has none; a strategy whose step time it
-#: rejects, no results)
-_Results = list[tuple[int, Totals, StepTime]]
+#: rejects, no results; ``None`` for a shape that does not fit, where only those that
+#: fit are timed)
+_Results = list[tuple[int, Totals, StepTime | None]]
+#: which points a sweep times as it goes: all of them, or those that fit the budget (the
+#: others are timed when asked: :attr:`Point.time`)
+TIMES = ("all", "fitting")
 #: the fewest strategies a sweep spreads over processes (below, starting them costs more
 #: than they save)
 PARALLEL_FROM = 96
@@ -507,19 +516,23 @@ PARALLEL_FROM = 96
 MIN_SHARE = 24
 
 
-def _evaluate(base: Scenario, shapes: list[tuple[int, int, int]]) -> _Results:
+def _evaluate(base: Scenario, shapes: list[tuple[int, int, int]], times: str = "all") -> _Results:
     """One strategy at each of its shapes, at once (:func:`memfit.engine.batch.totals_over`,
-    :func:`memfit.engine.steptime.step_times`)."""
+    :func:`memfit.engine.steptime.step_times`): every shape timed, or (``times`` is
+    ``"fitting"``) only those that fit the budget. A step time rejects a strategy, not a
+    shape (its plan is made without the shape), so the strategy is planned either way."""
     found = totals_over(base, shapes)
+    kept = [
+        i
+        for i, t in enumerate(found)
+        if not isinstance(t, EstimateError) and (times == "all" or t.device_bytes <= t.budget_bytes)
+    ]
     try:
-        times = step_times(base, shapes)
+        timed = step_times(base, [shapes[i] for i in kept])
     except EstimateError:
         return []
-    return [
-        (i, t, time)
-        for i, (t, time) in enumerate(zip(found, times, strict=True))
-        if not isinstance(t, EstimateError)
-    ]
+    at = dict(zip(kept, timed, strict=True))
+    return [(i, t, at.get(i)) for i, t in enumerate(found) if not isinstance(t, EstimateError)]
 
 
 def sweep(
@@ -529,6 +542,7 @@ def sweep(
     beyond: list[Scenario] | None = None,
     workers: int = 1,
     meanwhile: Callable[[], None] | None = None,
+    times: str = "all",
 ) -> list[Point]:
     """Every valid configuration of ``space`` (default: :func:`default_space`) with its
     memory and time, in enumeration order: each strategy's shapes at once
@@ -541,16 +555,20 @@ def sweep(
     platform forks them (:func:`in_processes`; without a ``progress`` callback): the
     points are the same, in the same order. ``meanwhile`` is called once, in this
     process, while those processes work (else before the sweep): other work of the
-    caller's that reads no point."""
+    caller's that reads no point. ``times`` (:data:`TIMES`) is ``"fitting"`` where the
+    caller reads the time of the points that fit alone, or of few others: the rest are
+    timed when asked (:attr:`Point.time`)."""
+    if times not in TIMES:
+        raise EstimateError("times", f"got {shown(times)}, expected one of {', '.join(TIMES)}")
     todo = list(strategies(scenario, space, beyond))
     total = sum(len(shapes) for _, shapes in todo)
     results: Iterator[_Results]
     if workers > 1 and progress is None and len(todo) >= PARALLEL_FROM and can_fork():
-        results = iter(in_processes(todo, workers, meanwhile))
+        results = iter(in_processes(todo, workers, meanwhile, times))
     else:
         if meanwhile is not None:
             meanwhile()
-        results = (_evaluate(base, shapes) for base, shapes in todo)
+        results = (_evaluate(base, shapes, times) for base, shapes in todo)
     out: list[Point] = []
     done = reported = 0
     for base, shapes in todo:
@@ -610,12 +628,15 @@ def _alike(strategy: Strategy) -> tuple[object, ...]:
     return (t.precision, t.activation_checkpointing, p.tp, p.pp, p.cp, p.ep, p.sequence_parallel)
 
 
-def _run_part(indices: list[int]) -> list[tuple[int, _Results]]:
-    return [(i, _evaluate(*_TODO[i])) for i in indices]
+def _run_part(indices: list[int], times: str) -> list[tuple[int, _Results]]:
+    return [(i, _evaluate(*_TODO[i], times)) for i in indices]
 
 
 def in_processes(
-    todo: list[Strategy], workers: int, meanwhile: Callable[[], None] | None = None
+    todo: list[Strategy],
+    workers: int,
+    meanwhile: Callable[[], None] | None = None,
+    times: str = "all",
 ) -> list[_Results]:
     """:func:`_evaluate` of every strategy of ``todo``, in ``workers`` forked processes:
     the strategies sorted by what they share (:func:`_alike`) and cut into runs, each
@@ -636,9 +657,9 @@ def in_processes(
         except (OSError, ImportError):  # no semaphores here (no /dev/shm): this process
             if meanwhile is not None:
                 meanwhile()
-            return [_evaluate(base, shapes) for base, shapes in todo]
+            return [_evaluate(base, shapes, times) for base, shapes in todo]
         with pool:
-            pending = pool.map_async(_run_part, parts, chunksize=1)
+            pending = pool.map_async(functools.partial(_run_part, times=times), parts, chunksize=1)
             if meanwhile is not None:
                 meanwhile()
             found = [r for part in pending.get() for r in part]

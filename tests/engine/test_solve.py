@@ -13,6 +13,7 @@ import pytest
 from memfit.engine import solve, sweep
 from memfit.engine.batch import totals
 from memfit.engine.cli import main
+from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.solve import CHANGES, combine, search
@@ -297,6 +298,27 @@ def test_a_default_sweep_equals_one_estimate_per_configuration() -> None:
         p = by_scenario[c]
         assert (p.device_bytes, p.verdict) == (e.device_bytes, e.verdict)
         assert p.time == step_time(c)
+
+
+def test_a_sweep_that_times_the_fitting_points_answers_as_one_that_times_all() -> None:
+    """``memfit fit`` reads the times of the points that fit: its sweep times those as it
+    goes and the rest when asked, with the same points, figures and times as a sweep that
+    times every point. Where no point of a strategy fits, the strategy is still planned:
+    a step time that rejects it leaves it out either way."""
+    s = scenario("llama-3-8b", "h100-sxm-80gb", 8, micro_batch_size=2,
+                 gradient_accumulation_steps=4, sequence_length=8192)  # fmt: skip
+    every = sweep.sweep(s)
+    fitting = sweep.sweep(s, times="fitting")
+    assert len(fitting) == len(every) > 1000
+    fit = [p.fits for p in every]
+    assert 100 < sum(fit) < len(fit) - 100  # both kinds, many of each
+    for a, b in zip(every, fitting, strict=True):
+        assert (a.scenario, a.device_bytes, a.verdict) == (b.scenario, b.device_bytes, b.verdict)
+        assert a.timed is not None
+        assert (b.timed is not None) == b.fits  # timed as it went only where it fits
+        assert b.time == a.time  # the rest timed when asked, the same
+    with pytest.raises(EstimateError, match="times"):
+        sweep.sweep(s, times="some")
 
 
 def test_make_it_fit_and_the_what_ifs_offer_zero_by_one_rule() -> None:
