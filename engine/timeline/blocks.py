@@ -34,6 +34,18 @@ def _casts(block: Block) -> Casts:
     return Casts(block.weight_copies, block.saved_copies)
 
 
+@memo.cached(maxsize=512)
+def block_model(model: ModelSpec) -> ModelSpec:
+    """``model`` as one block of it reads it, to key what is built per block: a block's
+    ops read the model's widths and kinds of layer, never how many layers the model (or
+    a pipeline stage of it) holds nor how many of them are dense (a block is told its
+    kind). Every stage of a model, and the model whole, shares its blocks' profiles
+    (tested over every preset)."""
+    if model.num_layers == 1 and not model.first_dense_layers:
+        return model
+    return dataclasses.replace(model, num_layers=1, first_dense_layers=0)
+
+
 @memo.cached(maxsize=16384)
 def _profile(
     model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool

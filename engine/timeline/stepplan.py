@@ -22,7 +22,14 @@ from memfit.engine.model_state import DTYPE_BYTES, ModelState, saved_components
 from memfit.engine.plan.precision import precision_of
 from memfit.engine.specs import ModelSpec, TrainingSpec
 from memfit.engine.stacks import conventions
-from memfit.engine.timeline.blocks import Casts, _direct, _function_kept, _per_op, _profile
+from memfit.engine.timeline.blocks import (
+    Casts,
+    _direct,
+    _function_kept,
+    _per_op,
+    _profile,
+    block_model,
+)
 from memfit.engine.timeline.compiled import (
     _BLOCK,
     _DROPOUT,
@@ -261,7 +268,7 @@ class StepPlan:
         chunked = training.loss == "chunked"
         carries = carries_previous(training, stage)
         laid = _layout(
-            model,
+            block_model(model),
             ctx,
             tuple(kinds),
             tuple(ckpt),

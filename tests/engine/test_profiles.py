@@ -21,6 +21,8 @@ from memfit.engine.specs import (
     TrainingSpec,
 )
 from memfit.engine.timeline import _direct, _profile, block_result, make_ctx
+from memfit.engine.timeline.blocks import block_model
+from memfit.engine.timeline.context import FULL, HEAD_LOGITS, TRAINED, _build
 
 layouts = st.fixed_dictionaries(
     {
@@ -174,3 +176,59 @@ def test_symbolic_sizes_are_exact_linear_forms() -> None:
     assert size.evaluate(values) == 16 * 1024 * 4096 * 2 // 8 + 3 * 16 * 1024 * 1024 + 64
     assert larger(tokens * 8, tokens) == tokens * 8
     assert (tokens // 3).evaluate((9, 0, 0, 0, 0, 1)) == 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(model_names()),
+    layouts,
+    trainings,
+    st.integers(1, 8),
+    st.data(),
+)
+def test_a_block_reads_no_layer_count(
+    name: str, layout: dict[str, object], fields: dict[str, object], batch: int, data: st.DataObject
+) -> None:
+    """Every stage of a model shares its blocks' profiles (:func:`block_model`): a block
+    built for a pipeline stage of any length, with any of its layers dense, equals the
+    block built for the one-layer model, symbolic and at a shape."""
+    pair = rank_model_and_training(name, layout, fields, 2 * 1024)
+    assume(pair is not None)
+    assert pair is not None
+    model, training = pair
+    layers = data.draw(st.integers(1, model.num_layers))
+    stage = dataclasses.replace(
+        model, num_layers=layers, first_dense_layers=data.draw(st.integers(0, layers))
+    )
+    try:
+        ctx = dataclasses.replace(make_ctx(stage, training), batch=batch)
+    except EstimateError:  # LoRA targets the model does not have
+        assume(False)
+    one = block_model(stage)
+    assert (one.num_layers, one.first_dense_layers) == (1, 0)
+    chunked = training.loss == "chunked"
+    kinds = ["dense", "head", HEAD_LOGITS, "dense" + TRAINED] + (["moe"] if model.is_moe else [])
+    if model.full_attention_every:
+        kinds.append("dense" + FULL)
+    for at in (ctx, dataclasses.replace(ctx, batch=1, seq=1, symbolic=True)):
+        for kind in kinds:
+            for x_grad in (True, False):
+                assert _build(stage, at, kind, x_grad, chunked) == _build(
+                    one, at, kind, x_grad, chunked
+                ), (kind, x_grad, at.symbolic)
+
+
+def test_the_stages_of_a_pipeline_share_their_block_profiles() -> None:
+    """Llama 3 70B on 4 pipeline stages of 20 layers and on 8 of 10: the layers' and the
+    head's profiles are the same objects (one profile per block, not per stage)."""
+    from memfit.engine.timeline.stepplan import _layout
+
+    model = load_model("llama-3-70b")
+    ctx = dataclasses.replace(make_ctx(model, TrainingSpec()), batch=1, seq=1)
+    laid = [
+        _layout(block_model(dataclasses.replace(model, num_layers=n)), ctx, (("dense", True),) * n,
+                (False,) * n, True, False, False, False, False)
+        for n in (20, 10)
+    ]  # fmt: skip
+    assert laid[0].blocks == laid[1].blocks
+    assert all(a is b for a, b in zip(laid[0].profiles, laid[1].profiles, strict=True))
