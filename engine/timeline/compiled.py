@@ -5,6 +5,7 @@ for any micro-batch and sequence length at once."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -61,10 +62,12 @@ _Layer = tuple[int, bool, int, int]
 _Run = tuple[int, tuple[_Layer, ...], int]
 
 
-def _runs(layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
+@memo.cached(maxsize=4096)
+def _runs(layers: tuple[_Layer, ...], start: int, step: int) -> tuple[_Run, ...]:
     """``layers`` (from layer ``start``, one ``step`` apart) as runs of a repeated group:
     at each position, the group of at most :data:`_GROUP` layers whose repetitions cover
-    the most layers. Any split into runs gives the same peak; fewer runs, less work."""
+    the most layers. Any split into runs gives the same peak; fewer runs, less work.
+    Kept: every plan of a layout splits its layers alike."""
     out: list[_Run] = []
     i, n = 0, len(layers)
     while i < n:
@@ -157,14 +160,14 @@ class _Sym:
         return _Sym(tuple(int(j == i) for j in range(len(STATE))))
 
     def __add__(self, other: _Sym | int) -> _Sym:
-        if isinstance(other, _Sym):
-            return _Sym(tuple(a + b for a, b in zip(self.c, other.c, strict=True)))
+        if isinstance(other, _Sym):  # every form of a step adds these: map, no generator
+            return _Sym(tuple(map(operator.add, self.c, other.c)))
         return _Sym((*self.c[:-1], self.c[-1] + other))
 
     __radd__ = __add__
 
     def __mul__(self, k: int) -> _Sym:
-        return _Sym(tuple(k * a for a in self.c))
+        return _Sym(tuple([k * a for a in self.c]))
 
     __rmul__ = __mul__
 
@@ -392,7 +395,7 @@ class _Compiler:
         """The layers as runs (:func:`_runs`); every point: each layer a run of its own."""
         if self.every:
             return tuple((start + step * i, (layer,), 1) for i, layer in enumerate(layers))
-        return _runs(layers, start, step)
+        return _runs(tuple(layers), start, step)
 
     def why(self, template: Callable[[], Source], value: Any) -> tuple[_Deferred, ...]:
         """A source of a point's activations (``template()``, made with the ledger only),
@@ -752,9 +755,9 @@ class _Skeleton:
         n = len(STATE)
 
         def coefficients(values: list[_Sym]) -> np.ndarray:
-            table = np.array([v.c for v in values], dtype=object).reshape(-1, n)
-            fits = all(abs(int(x)) < _INT64_SAFE for x in table.flat)
-            return table.astype(np.int64) if fits else table
+            flat = [x for v in values for x in v.c]
+            fits = max(flat, default=0) < _INT64_SAFE and -min(flat, default=0) < _INT64_SAFE
+            return np.array(flat, dtype=np.int64 if fits else object).reshape(-1, n)
 
         return _Skeleton(
             kinds=tuple(c[0] for c in cands),
