@@ -23,20 +23,12 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from memfit.engine.checkpoint import compare, model_config, model_from_folder
-from memfit.engine.compare import compare as compare_scenarios
-from memfit.engine.compare import to_csv as compare_csv
-from memfit.engine.compare import to_markdown as compare_markdown
 from memfit.engine.errors import EstimateError, bounded, shown
 from memfit.engine.estimate import GIB, Estimate, estimate
-from memfit.engine.explain import explained, groups_text, groups_to_dict
-from memfit.engine.files import NotJson, parse_json, read_json, write_text
-from memfit.engine.hub_cache import cache_root, find_model, scan_cache
-from memfit.engine.imports import config_notes
+from memfit.engine.files import ALLOW_FLAG, NotJson, parse_json, read_json, write_text
 from memfit.engine.locate import KINDS, USER_PRESETS_ENV, user_presets_dir
 from memfit.engine.params import count_parameters
 from memfit.engine.presets import (
@@ -55,7 +47,6 @@ from memfit.engine.report import (
     shows_host,
     shows_ranks,
 )
-from memfit.engine.scaling import Axis, AxisFit, families_with_axis, largest_on_axis, size_axis
 from memfit.engine.scenario_io import (
     load_scenario,
     save_scenario,
@@ -109,8 +100,14 @@ from memfit.engine.sweep import (
     points_csv,
     sweep,
 )
-from memfit.engine.train_configs import ALLOW_FLAG, import_training_config
-from memfit.engine.train_configs import apply as apply_training_config
+
+if TYPE_CHECKING:
+    from memfit.engine.scaling import Axis, AxisFit
+
+# Imported where a command needs them, not here, so that every other command starts
+# without them: the checkpoint and hub-cache readers, the training-config importers
+# (YAML), the activation explainer, the size axis, the comparison and the package
+# metadata.
 
 EXIT_USAGE = 2
 #: the most processes a sweep spreads over (``--jobs``), and by default (one per CPU up
@@ -207,6 +204,8 @@ def model_section(name: str) -> dict[str, Any]:
     """``--model NAME``: a preset, a local model folder (its ``config.json``), or
     ``org/name[@revision]`` in the local Hugging Face cache (:mod:`memfit.engine.hub_cache`;
     nothing is downloaded)."""
+    from memfit.engine.hub_cache import find_model
+
     if name in model_names():
         return {"preset": name}
     folder = Path(name).expanduser()
@@ -221,12 +220,18 @@ def model_section(name: str) -> dict[str, Any]:
 
 
 def _config_of(folder: Path, label: str) -> dict[str, Any]:
+    from memfit.engine.checkpoint import model_config
+
     return {**model_config(folder), "_name_or_path": label}
 
 
 def _import_training(args: argparse.Namespace, data: dict[str, Any], notes: list[str]) -> None:
     """``--from-config FILE`` merged into ``data`` (which has its model and hardware by now:
     the file sets training and GPU-count fields; flags and ``--set`` still override it)."""
+    from memfit.engine.imports import config_notes
+    from memfit.engine.train_configs import apply as apply_training_config
+    from memfit.engine.train_configs import import_training_config
+
     imported = import_training_config(
         path=args.from_config, allow_outside_paths=args.allow_outside_paths
     )
@@ -529,6 +534,8 @@ def _add_estimate_flags(p: argparse.ArgumentParser) -> None:
 
 def version() -> str:
     """MemFit's version, from the installed package's metadata (``pyproject.toml``)."""
+    from importlib import metadata
+
     try:
         return metadata.version("memfit")
     except metadata.PackageNotFoundError:
@@ -636,6 +643,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _cache(root: str | None, as_json: bool, out: TextIO) -> None:
+    from memfit.engine.hub_cache import cache_root, scan_cache
+
     where = Path(root).expanduser() if root else cache_root()
     models = scan_cache(where)
     rows = [
@@ -666,6 +675,9 @@ def _cache(root: str | None, as_json: bool, out: TextIO) -> None:
 
 
 def _checkpoint(target: str, as_json: bool, out: TextIO) -> None:
+    from memfit.engine.checkpoint import compare, model_from_folder
+    from memfit.engine.hub_cache import find_model
+
     folder = Path(target).expanduser()
     if not folder.is_dir():
         folder = Path(find_model(target).path)
@@ -853,6 +865,8 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO
         print(message_line(f"memfit: error: {where}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_USAGE
     try:
+        from memfit.engine.explain import explained, groups_text, groups_to_dict
+
         groups = explained(result) if getattr(args, "activations", False) else None
         if args.json:
             data = result.to_dict()
@@ -886,6 +900,10 @@ def _only(pairs: list[str]) -> dict[str, str]:
 
 def _compare(args: argparse.Namespace, out: TextIO) -> int:
     """``memfit compare``: scenario files side by side."""
+    from memfit.engine.compare import compare as compare_scenarios
+    from memfit.engine.compare import to_csv as compare_csv
+    from memfit.engine.compare import to_markdown as compare_markdown
+
     if len(args.files) < 2:
         raise EstimateError("compare", f"got {len(args.files)} file, expected 2 or more")
     named = [(Path(f).name, load_scenario(f)) for f in args.files]
@@ -913,6 +931,8 @@ def _axis_of(
     """The size axis ``memfit largest`` reports on -- ``--family``'s, else the family of
     the largest preset that fits -- with its largest point that fits, or why there is
     none."""
+    from memfit.engine.scaling import families_with_axis, largest_on_axis, size_axis
+
     if family is None and best is None:
         return None, None, "no preset fits to pick a family by (--family picks one)"
     try:

@@ -95,6 +95,11 @@ def is_within(real: str, folder: str) -> bool:
         return False
 
 
+#: the flag that lets a config name files outside its folder (:func:`resolves_inside`), as
+#: the command line takes it and the notes name it
+ALLOW_FLAG = "--allow-outside-paths"
+
+
 def resolves_inside(path: PathLike, folder: PathLike) -> bool:
     """Whether ``path``, with every symbolic link on the way followed, is inside
     ``folder`` (its links followed too): ``../`` and a link out of the folder are not,

@@ -54,13 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from memfit.engine.errors import EstimateError, shown
-from memfit.engine.files import PathLike, read_text
+from memfit.engine.files import ALLOW_FLAG, PathLike, read_text
 from memfit.engine.scenario_io import custom_gpu, scenario_from_dict, training_from_dict
 from memfit.engine.specs import HardwareSpec
 from memfit.engine.stacks import DEFAULTS as STACK_DEFAULT_FIELDS
 from memfit.engine.train_configs.accelerate import _accelerate
 from memfit.engine.train_configs.axolotl import _axolotl
-from memfit.engine.train_configs.common import ALLOW_FLAG, _Out, _Reader, preset_for
+from memfit.engine.train_configs.common import _Out, _Reader, preset_for
 from memfit.engine.train_configs.deepspeed import _deepspeed_file
 from memfit.engine.train_configs.hf import _training_arguments
 from memfit.engine.train_configs.litgpt import _litgpt

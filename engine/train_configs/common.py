@@ -14,7 +14,7 @@ from typing import Any
 
 from memfit.engine import memo
 from memfit.engine.errors import EstimateError, bounded, check_text, shown
-from memfit.engine.files import resolves_inside
+from memfit.engine.files import ALLOW_FLAG, resolves_inside
 from memfit.engine.presets import load_model, model_names
 from memfit.engine.scenario_io import custom_gpu
 from memfit.engine.specs import (
@@ -723,8 +723,6 @@ def _fsdp_offload(out: _Out, stage: int, key: str) -> None:
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
-#: the flag that lets a config name files outside its folder, as the notes name it
-ALLOW_FLAG = "--allow-outside-paths"
 _WHERE = re.compile(r"line \d+, column \d+")
 _UNSHOWN = "what a file named by the config holds is not shown"
 

@@ -422,3 +422,29 @@ def test_a_command_runs_with_the_cycle_collector_off_and_leaves_it_as_it_was(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_command_line_starts_without_the_readers_its_command_does_not_use() -> None:
+    """A planning command starts in about a quarter of a second, of which the imports
+    are most: the training-config importers (and YAML), the checkpoint and hub-cache
+    readers, the explainer, the size axis, the comparison and the package metadata are
+    imported by the commands that use them, not by every start."""
+    code = (
+        "import sys, memfit.engine.cli; "
+        "print(' '.join(m for m in sys.modules if m.startswith(('yaml', 'email', 'memfit'))))"
+    )
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())  # fmt: skip
+    later = {
+        "yaml",
+        "email",
+        "memfit.engine.train_configs",
+        "memfit.engine.imports",
+        "memfit.engine.checkpoint",
+        "memfit.engine.hub_cache",
+        "memfit.engine.explain",
+        "memfit.engine.scaling",
+        "memfit.engine.compare",
+    }
+    assert "memfit.engine.sweep" in loaded
+    assert not loaded & later, sorted(loaded & later)
