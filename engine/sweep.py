@@ -35,20 +35,21 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from memfit.engine import changes, specs
 from memfit.engine.batch import Totals, totals, totals_over
 from memfit.engine.errors import EstimateError, shown
 from memfit.engine.scenario_io import scenario_to_dict
 from memfit.engine.solve import hardware_with
-from memfit.engine.specs import PARALLEL_AXES, WORLD_AXES, Scenario
+from memfit.engine.specs import PARALLEL_AXES, WORLD_AXES, OffloadSpec, ParallelismSpec, Scenario
 from memfit.engine.stacks import load_stack, new_refusal, refusals, stacks_that_can
 from memfit.engine.steptime import StepTime, step_time, step_times
 
 #: the parallel axes a sweep varies (:attr:`memfit.engine.specs.ParallelAxis.sweep`): its
 #: CSV has a column for each
 SWEPT_AXES = tuple(a.key for a in PARALLEL_AXES if a.sweep)
+T = TypeVar("T")
 #: the columns of a sweep's CSV read off a point's step time
 TIME_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bound")
 #: the columns of a sweep's CSV
@@ -222,6 +223,9 @@ def strategies(
             *axes,
             space.offload or (t.offload.optimizer,),
         ]
+        # the layouts and offloads, each made once (many strategies share each)
+        layouts: dict[tuple[int, ...], ParallelismSpec | None] = {}
+        offloads: dict[str, OffloadSpec | None] = {}
         for combo in itertools.product(*choices):
             precision, optimizer, ckpt, zero, *sizes, offload = combo
             chosen = {a.key: n for a, n in zip(PARALLEL_AXES, sizes, strict=True)}
@@ -232,13 +236,21 @@ def strategies(
             shapes = [(m, seq, batch // (m * dp)) for m in micros if batch % (m * dp) == 0]
             if not shapes:
                 continue
-            try:
-                new_par = dataclasses.replace(
+            key = (zero, *sizes)
+            if key not in layouts:
+                layouts[key] = _made(
+                    dataclasses.replace,
                     par,
                     **chosen,
                     zero_stage=zero,
                     sequence_parallel=par.sequence_parallel and chosen["tp"] > 1,
                 )
+            if offload not in offloads:
+                offloads[offload] = _made(dataclasses.replace, t.offload, optimizer=offload)
+            new_par, new_offload = layouts[key], offloads[offload]
+            if new_par is None or new_offload is None:
+                continue
+            try:
                 training = dataclasses.replace(
                     t,
                     precision=precision,
@@ -247,7 +259,7 @@ def strategies(
                     micro_batch_size=shapes[0][0],
                     gradient_accumulation_steps=shapes[0][2],
                     parallelism=new_par,
-                    offload=dataclasses.replace(t.offload, optimizer=offload),
+                    offload=new_offload,
                 )
             except EstimateError:
                 continue
@@ -260,6 +272,14 @@ def strategies(
                 yield strategy, shapes
             elif beyond is not None:
                 beyond.append(strategy)
+
+
+def _made(make: Callable[..., T], *args: Any, **fields: Any) -> T | None:
+    """``make(*args, **fields)``, or ``None`` where it raises :class:`EstimateError`."""
+    try:
+        return make(*args, **fields)
+    except EstimateError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
