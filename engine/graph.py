@@ -178,6 +178,11 @@ class Op:
     #: bytes its forward reads of its inputs where it does not read them whole (the loss's
     #: ``nll_loss`` reads one log-probability a row); ``None``: every input, whole
     reads: Size | None = None
+    #: tensors the op's statement keeps alive beyond what it reads (a Python variable
+    #: that a statement reassigns only once it has run: ``x = softmax(x, dtype=...)``
+    #: holds the old ``x`` through the softmax): neither read nor differentiated, only
+    #: live until the op has run
+    holds: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -254,6 +259,7 @@ class Block:
         trains: bool = False,
         out_grad: Size = 0,
         reads: Size | None = None,
+        holds: list[str] | tuple[str, ...] = (),
     ) -> None:
         """Append an op. ``grads`` are the inputs that receive a gradient in backward;
         ``weight_grad`` the bytes of parameter gradient it accumulates into ``.grad``;
@@ -274,6 +280,7 @@ class Block:
                 trains,
                 out_grad,
                 reads,
+                tuple(holds),
             )
         )
 
@@ -336,7 +343,7 @@ def _play(
     last_save: dict[str, int] = {}  # earliest op (forward order) that saved it
     last_read: dict[str, int] = {}
     for i, op in enumerate(ops):
-        for t in op.inputs:
+        for t in (*op.inputs, *op.holds):
             last_read[t] = i
             if t in views:  # reading a view reads its base
                 last_read[views[t]] = i
@@ -354,7 +361,7 @@ def _play(
             level = level + alloc[t]
         fwd.append(level)
         bases = [views[t] for t in op.inputs if t in views] if views else []
-        for t in [*op.inputs, *bases, *(t for t, _ in op.outputs)]:
+        for t in [*op.inputs, *op.holds, *bases, *(t for t, _ in op.outputs)]:
             keep = t in saved or t == output or t in block.held or t in block.cached
             if t in live and not keep and last_read.get(t, -1) <= i:
                 live.discard(t)

@@ -19,7 +19,7 @@ the attention input (q, k, v are separate calls) and no s^2 term with flash atte
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from memfit.engine import memo
@@ -288,6 +288,10 @@ class Net:
         #: ``W + scaling B A`` of each parameter PEFT wraps, made at its first use
         self.deltas: dict[tuple[str, str | None], str] = {}
 
+    def needs(self, *tensors: str) -> bool:
+        """Whether a result of ``tensors`` requires grad: whether any of them does."""
+        return any(self.rg[t] for t in tensors)
+
     def new(self, prefix: str, elems: Size, dtype: int, rg: bool) -> str:
         self.n += 1
         name = f"{prefix}{self.n}"
@@ -305,10 +309,13 @@ class Net:
         trains: bool = False,
         gemm: tuple[Size, int, int, int] | None = None,
         reads: Size | None = None,
+        holds: Sequence[str] = (),
     ) -> None:
         """Append an op; ``trains``: a weight it reads needs a gradient (recorded even
         when this op's own share of that gradient is 0); ``gemm``: it is a matrix product
-        (:attr:`memfit.engine.graph.Op.gemm`)."""
+        (:attr:`memfit.engine.graph.Op.gemm`); ``holds``: tensors its Python statement
+        keeps alive until it has run (:attr:`memfit.engine.graph.Op.holds`) -- run eager;
+        a compiled graph frees each buffer after its last use."""
         grads = [t for t in inputs if self.rg.get(t)]
         # autograd records an op only when an input or its weight needs a gradient: an op
         # of a frozen layer whose input needs none saves nothing
@@ -326,6 +333,7 @@ class Net:
             trains=trains,
             out_grad=sum((b for t, b in outputs if self.rg[t]), 0) if recorded else 0,
             reads=reads,
+            holds=() if self.ctx.compiled else [t for t in holds if t],
         )
 
     def _dequantize(self, n: Size) -> tuple[str, Size]:
@@ -350,11 +358,11 @@ class Net:
         self._op(name, [x], [y])
         return y
 
-    def cast(self, x: str, dtype: int) -> str:
+    def cast(self, x: str, dtype: int, holds: Sequence[str] = ()) -> str:
         if self.dtype[x] == dtype:
             return x
         y = self.new("cast", self.elems[x], dtype, self.rg[x])
-        self._op("to", [x], [y])
+        self._op("to", [x], [y], holds=holds)
         return y
 
     def unary(
@@ -920,18 +928,21 @@ class Net:
         eager: str = "hf",
         softcap: float = 0.0,
         sinks: bool = False,
+        given: str = "",
     ) -> str:
         """Scaled dot-product attention by kernel; returns (b, s, heads * head_dim). Its ops
         are the block's attention core (:attr:`memfit.engine.graph.Block.core`). ``eager``,
         ``softcap`` and ``sinks``: the model's own attention without SDPA
         (``ModelSpec.eager_attention``), its soft-capping of the scores and its attention
-        sinks (``ModelSpec.attention_sinks``)."""
+        sinks (``ModelSpec.attention_sinks``); ``given``: the tensor the attention was
+        given (the norm's output), whose dtype Falcon's softmax takes."""
         first = len(self.block.ops)
         if self.kernel() == "eager":
             if sinks:
                 out = self._sink_eager(q, k, v, heads, kv_heads, head_dim)
             elif eager == "falcon":
-                out = self._falcon_eager(q, k, v, heads, kv_heads, head_dim)
+                dtype = self.dtype[given] if given else self.ctx.res
+                out = self._falcon_eager(q, k, v, heads, kv_heads, head_dim, dtype)
             else:
                 out = self._eager(q, k, v, heads, kv_heads, head_dim, softcap)
         else:
@@ -1000,20 +1011,30 @@ class Net:
         if softcap:
             capped = self.unary("tanh", self.unary("div_c", scaled), save_out=True)
             scaled = self.unary("mul_c", capped)
-        masked = self.new("masked", heads * pairs, max(self.dtype[scaled], self.ctx.res), True)
+        masked = self.new(
+            "masked", heads * pairs, max(self.dtype[scaled], self.ctx.res), self.rg[scaled]
+        )
         self._op("add_mask", [scaled], [masked])
+        # ``attn_weights = softmax(attn_weights, dtype=float32).to(query.dtype)``: the
+        # masked scores stay alive until the statement is done
+        statement = masked
         if self.dtype[masked] == 2 and not ctx.fp16:
             # softmax(x, dtype=float32) converts a bf16 input to fp32 first (only fp16 has
             # CUDA's half-to-float kernel): an fp32 copy of the scores, and in backward an
             # fp32 gradient of it before the cast back
             masked = self.cast(masked, F32)
-        probs = self.new("softmax", heads * pairs, F32, True)
-        self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
-        probs = self.cast(probs, query_dtype)
+        probs = self.new("softmax", heads * pairs, F32, self.rg[masked])
+        self._op(
+            "softmax", [masked], [probs], saves=[] if ctx.selective else [probs],
+            holds=[statement],
+        )  # fmt: skip
+        probs = self.cast(probs, query_dtype, holds=[statement])
         probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
-        out = self.new("attn", self.s.tokens * heads * head_dim, self.dtype[probs], True)
+        out = self.new(
+            "attn", self.s.tokens * heads * head_dim, self.dtype[probs], self.needs(probs, v)
+        )
         # selective recomputation rebuilds the scores and probabilities in backward
         redo = (F32 + self.dtype[probs]) * heads * pairs if ctx.selective else 0
         self._op(
@@ -1035,7 +1056,7 @@ class Net:
             v = self.unary("repeat_kv", v, elems=self.elems[q])
         if self.ctx.mode == "amp":
             q, k = self.cast(q, 2), self.cast(k, 2)
-        scores = self.new("scores", heads * self.s.pairs, self.dtype[q], True)
+        scores = self.new("scores", heads * self.s.pairs, self.dtype[q], self.needs(q, k))
         self._op("matmul_qk", [q, k], [scores], saves=[q, k])
         return self.unary("scale", scores), v
 
@@ -1052,29 +1073,33 @@ class Net:
         ctx = self.ctx
         pairs, tokens = self.s.pairs, self.s.tokens
         scaled, v = self._scaled_scores(q, k, v, heads, kv_heads)
-        masked = self.new("masked", heads * pairs, max(self.dtype[scaled], ctx.res), True)
+        masked = self.new(
+            "masked", heads * pairs, max(self.dtype[scaled], ctx.res), self.rg[scaled]
+        )
         self._op("add_mask", [scaled], [masked])
         # the sinks are a parameter of the attention (heads elements): their gradient is
         # the cat's backward's, summed over the batch and the query rows
         trains = ctx.trains("attention")
         sink_bytes = ctx.weight_bytes("attention")
         wide = heads * (pairs + tokens)
-        combined = self.new("cat", wide, max(self.dtype[masked], sink_bytes), True)
+        combined = self.new(
+            "cat", wide, max(self.dtype[masked], sink_bytes), self.rg[masked] or trains
+        )
         self._op(
             "cat", [masked], [combined], weight_grad=sink_bytes * heads if trains else 0,
             trains=trains,
         )  # fmt: skip
         dtype = self.dtype[combined]
-        row_max = self.new("amax", heads * tokens, dtype, True)
+        row_max = self.new("amax", heads * tokens, dtype, self.rg[combined])
         argmax = self.new("argmax", heads * tokens, 8, False)
         self._op("amax", [combined], [row_max, argmax], saves=[] if ctx.selective else [argmax])
         shifted = self.binary("sub_max", combined, row_max, elems=wide)
-        probs = self.new("softmax", wide, dtype, True)
+        probs = self.new("softmax", wide, dtype, self.rg[shifted])
         self._op("softmax", [shifted], [probs], saves=[] if ctx.selective else [probs])
         kept = self.view("drop_sink", probs, heads * pairs)  # probs[..., :-1]
         kept = self.dropout(kept, ctx.attention_dropout)
         kept = self.cast(kept, self.dtype[v])  # .to(value_states.dtype)
-        out = self.new("attn", tokens * heads * head_dim, self.dtype[kept], True)
+        out = self.new("attn", tokens * heads * head_dim, self.dtype[kept], self.needs(kept, v))
         # selective recomputation rebuilds the probabilities (and their cast) in backward
         redo = (dtype * wide + self.dtype[kept] * heads * pairs) if ctx.selective else 0
         self._op(
@@ -1087,13 +1112,15 @@ class Net:
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
 
     def _falcon_eager(
-        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int
+        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int, dtype: int
     ) -> str:
         """``FalconAttention``'s own attention without SDPA (transformers 5.24
         ``modeling_falcon.py``, rotary positions): ``scores = q @ k^T``, ``scores /=
         sqrt(head_dim)`` in place, ``softmax(scores + mask, dtype=hidden_states.dtype)``,
-        ``probs @ v``. The softmax runs in the dtype of the attention's input (the norm's
-        output: fp32 under autocast, the model's dtype otherwise), so under pure 16-bit
+        ``probs @ v``. The softmax runs in ``dtype``, the dtype of the attention's input
+        (the norm's output: fp32 under autocast, whatever the residual stream's; the
+        model's dtype otherwise), a 16-bit input made fp32 first as ``softmax(x,
+        dtype=float32)`` does (but for fp16's own kernel); so under pure 16-bit
         training its output is the one score matrix the layer keeps, read by the product
         with the values as it is; under autocast that product keeps a 16-bit copy beside
         the fp32 probabilities. ``matmul`` broadcasts a single key/value head: its expand
@@ -1104,25 +1131,37 @@ class Net:
             q, k = self.cast(q, 2), self.cast(k, 2)
         if kv_heads != heads:
             k = self.unary("expand_kv", k, elems=self.elems[q])
-        scores = self.new("scores", heads * pairs, self.dtype[q], True)
+        scores = self.new("scores", heads * pairs, self.dtype[q], self.needs(q, k))
         self._op("matmul_qk", [q, k], [scores], saves=[q, k])
         # the in-place division allocates nothing in forward; its backward divides the
         # gradient into a new tensor of the scores' size
-        scaled = self.new("scale_", 0, self.dtype[scores], True)
+        scaled = self.new("scale_", 0, self.dtype[scores], self.rg[scores])
         self._op("scale_", [scores], [scaled])
         self.elems[scaled] = self.elems[scores]
-        masked = self.new("masked", heads * pairs, max(self.dtype[scores], ctx.res), True)
-        self._op("add_mask", [scaled], [masked])
-        probs = self.new("softmax", heads * pairs, ctx.res, True)
-        self._op("softmax", [masked], [probs], saves=[] if ctx.selective else [probs])
+        masked = self.new(
+            "masked", heads * pairs, max(self.dtype[scores], ctx.res), self.rg[scaled]
+        )
+        # ``scores = softmax(scores + mask, dtype=...)``: the scaled scores stay alive
+        # until the statement is done, the masked ones through the softmax
+        self._op("add_mask", [scaled], [masked], holds=[scores])
+        statement = [scores, masked]
+        if self.dtype[masked] == 2 and dtype == F32 and not ctx.fp16:
+            masked = self.cast(masked, F32, holds=statement)
+        probs = self.new("softmax", heads * pairs, dtype, self.rg[masked])
+        self._op(
+            "softmax", [masked], [probs], saves=[] if ctx.selective else [probs],
+            holds=statement,
+        )  # fmt: skip
         probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
         if kv_heads != heads:
             v = self.unary("expand_kv", v, elems=self.elems[q])
-        out = self.new("attn", self.s.tokens * heads * head_dim, self.dtype[probs], True)
+        out = self.new(
+            "attn", self.s.tokens * heads * head_dim, self.dtype[probs], self.needs(probs, v)
+        )
         # selective recomputation rebuilds the probabilities (and their 16-bit copy)
-        redo = (ctx.res + (2 if ctx.mode == "amp" else 0)) * heads * pairs if ctx.selective else 0
+        redo = (dtype + (2 if ctx.mode == "amp" else 0)) * heads * pairs if ctx.selective else 0
         self._op(
             "matmul_pv",
             [probs, v],
@@ -1144,14 +1183,14 @@ class Net:
         dtype = self.dtype[q] if ctx.mode != "amp" else 2
         q, k, v = self.cast(q, F32), self.cast(k, F32), self.cast(v, F32)
         qs, ks = self.unary("scale_q", q), self.unary("scale_k", k)
-        scores = self.new("scores", heads * pairs, F32, True)
+        scores = self.new("scores", heads * pairs, F32, self.needs(qs, ks))
         self._op("matmul_qk", [qs, ks], [scores], saves=[qs, ks])
         bias = self.new("attn_bias", pairs, dtype, False)
         self._op("mask_to_bias", [], [bias])
         masked = self.binary("add_mask", scores, bias)
         probs = self.unary("softmax", masked, save_out=True)
         probs = self.dropout(probs, ctx.attention_dropout)
-        out = self.new("attn", self.s.tokens * heads * head_dim, F32, True)
+        out = self.new("attn", self.s.tokens * heads * head_dim, F32, self.needs(probs, v))
         self._op("matmul_pv", [probs, v], [out], saves=[probs, v])
         out = self.cast(out, dtype)
         return self.unary("transpose", out)  # .permute(0, 2, 1, 3).reshape(...)
@@ -1221,7 +1260,7 @@ def decoder_layer(m: ModelSpec, ctx: Ctx, x_grad: bool, moe: bool) -> tuple[Bloc
             net.block.held.update((k, v))
         attn = net.attention(
             q, k, v, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
-            m.eager_attention, m.attn_logit_softcapping, m.attention_sinks,
+            m.eager_attention, m.attn_logit_softcapping, m.attention_sinks, n1,
         )  # fmt: skip
     o = net.linear(attn, q_out, h, "attention", "o_proj", m.attention_out_bias)
     o = net.dropout(net.scatter_seq(o), m.hidden_dropout)

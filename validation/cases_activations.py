@@ -22,6 +22,12 @@
 * gpt-oss-20b's widths (two layers, 8 experts): its eager attention with the sinks joined to
   the scores as one more column, its router and experts with biases added after the
   grouped GEMM, their clamped SwiGLU; full fine-tuning and LoRA on the attention.
+* Frozen layers whose input needs no gradient (only the head trained) under each eager
+  attention -- transformers' own (Llama-2-7B), Falcon's, Gemma-2's capped scores,
+  gpt-oss's sinks: autograd records nothing in them, and their scores live and go within
+  the forward (``softmax(x, dtype=float32)`` holding ``x`` until the statement is done).
+* Falcon-7B's eager attention under LoRA: its softmax in the norm output's dtype (fp32
+  under autocast) though the frozen 16-bit base makes the residual stream 16-bit.
 * PEFT's LoRA on transformers' fused MoE experts (Qwen3-30B-A3B's widths, ``all-linear``):
   the experts' 3-D parameters and the router wrapped as parameters (``ParamWrapper``), each
   made whole again as ``W + scaling B A`` for the forward; q/v alone for the step without
@@ -355,6 +361,33 @@ def all_cases() -> list[dict[str, Any]]:
                 adapter = "_r16-all-linear"
             case_id = f"gpt-oss-20b_L2_{precision}_{method}{adapter}_adamw-foreach_eager_b1_s4096"
             cases.append({"id": case_id, "family": "gpt_oss", "scenario": scenario})
+    # frozen layers whose input needs no gradient, under each eager attention
+    # (transformers' own, Falcon's, Gemma-2's capped scores, gpt-oss's sinks): only the
+    # head trained, autograd records nothing in the layers, whose scores live and go
+    # within the forward
+    frozen = (
+        ("llama-2-7b", "llama", model_config("llama-2-7b", 2), 2, 2048),
+        ("falcon-7b", "falcon", FALCON_7B, 1, 2048),
+        ("gemma-2-9b", "gemma2", GEMMA_2_9B, 1, 4096),
+        ("gpt-oss-20b", "gpt_oss", GPT_OSS_20B, 1, 4096),
+    )
+    for name, family, model, batch, seq in frozen:
+        for precision in ("bf16-mixed", "bf16"):
+            scenario = _scenario(model, precision, "eager", batch, seq)
+            scenario["training"]["method"] = "freeze"
+            scenario["training"]["freeze"] = {"trainable": ["lm_head"], "last_layers": 0}
+            case_id = f"{name}_L2_{precision}_freeze_lm_head_adamw-foreach_eager_b{batch}_s{seq}"
+            cases.append({"id": case_id, "family": family, "scenario": scenario})
+    # Falcon's eager softmax under LoRA: its dtype is the norm's output's (fp32 under
+    # autocast), though the frozen 16-bit base makes the residual stream 16-bit
+    for precision in ("bf16-mixed", "bf16"):
+        scenario = _scenario(FALCON_7B, precision, "eager", 1, 2048)
+        scenario["training"]["method"] = "lora"
+        scenario["training"]["lora"] = {
+            "rank": 16, "alpha": 32.0, "targets": ["q_proj", "v_proj"], "dropout": 0.0,
+        }  # fmt: skip
+        case_id = f"falcon-7b_L2_{precision}_lora_r16-q_proj+v_proj_adamw-foreach_eager_b1_s2048"
+        cases.append({"id": case_id, "family": "falcon", "scenario": scenario})
     return cases
 
 

@@ -59,7 +59,7 @@ def _profile(
     held_out = dataclasses.replace(ctx, batch=b, seq=s * ctx.sp)
     try:
         block, out = _build(model, dataclasses.replace(ctx, symbolic=True), kind, x_grad, chunked)
-        prof = profile(block, out, x_grad or kind == "head")
+        prof = profile(block, out, x_grad)
         if prof.at(held_out.terms()) == _direct(model, held_out, kind, x_grad, chunked):
             return prof, _casts(block)
     except (TypeError, ValueError):  # a size that no linear form of the terms holds
@@ -70,7 +70,7 @@ def _profile(
 @memo.cached(maxsize=4096)
 def _direct(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> BlockResult:
     """The block built at ``ctx``'s own batch and sequence length, and simulated."""
-    return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad or kind == "head")
+    return simulate(*_build(model, ctx, kind, x_grad, chunked), x_grad)
 
 
 @memo.cached(maxsize=4096)

@@ -30,6 +30,14 @@ from memfit.engine.specs import ModelSpec, TrainingSpec, full_attention, window_
 from memfit.engine.stacks import conventions
 
 
+def _trains_embedding(model: ModelSpec, trainable: frozenset[str]) -> bool:
+    """Whether the embedding's weight trains: all of the model does, the embeddings do, or
+    the LM head tied to them does (one tensor)."""
+    return bool(
+        {"all", "embeddings"} & trainable or (model.tie_word_embeddings and "lm_head" in trainable)
+    )
+
+
 def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     method = training.method
     if method == "full":
@@ -76,7 +84,8 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         ep=model.expert_shards,
         capacity=par.expert_capacity_factor if model.expert_shards > 1 else 1.0,
         topk=model.num_experts_per_tok,
-        embedding_bytes=4 if "all" in trainable or "embeddings" in trainable else frozen,
+        # a trained embedding is stored in fp32 (a head tied to it trains it too)
+        embedding_bytes=4 if _trains_embedding(model, trainable) else frozen,
         outputs_held=conv.outputs_held,
         kv_cache=conv.kv_cache,
         adapter_bytes=adapter,
@@ -120,9 +129,9 @@ def _build(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -
 
 def _eager(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool, chunked: bool) -> tuple[Block, str]:
     if kind == "head":
-        return head_and_loss(model, ctx, True, chunked)
+        return head_and_loss(model, ctx, x_grad, chunked)
     if kind == HEAD_LOGITS:
-        return head_and_loss(model, ctx, True, chunked, logits_only=True)
+        return head_and_loss(model, ctx, x_grad, chunked, logits_only=True)
     if kind.endswith(TRAINED):  # one of the last layers ``freeze`` trains whole
         ctx = dataclasses.replace(ctx, trainable=ctx.trainable | {"all"})
         kind = kind.removesuffix(TRAINED)
@@ -207,6 +216,19 @@ def step_layers(
     embed_grad = embedding_output_grad(model, training, first_stage, any(ckpt))
     kinds, recorded = _layers(model, training, ctx, embed_grad)
     return kinds, [on and r for on, r in zip(ckpt, recorded, strict=True)]
+
+
+def head_input_grad(model: ModelSpec, training: TrainingSpec, ctx: Ctx, first_stage: bool) -> bool:
+    """Whether the LM head's input, the stage's last layer's output, needs a gradient: the
+    last layer is recorded (:func:`step_layers`), or, on a stage without layers, the
+    stage's input needs one. Where it needs none (only the head trained, its input from
+    frozen layers) the head's matmul saves its input alone, not its weight (autocast's
+    copy of it goes with the cache at the end of the forward), and its backward computes
+    no input gradient."""
+    ckpt = checkpointed(training, model.num_layers)
+    embed_grad = embedding_output_grad(model, training, first_stage, any(ckpt))
+    _, recorded = _layers(model, training, ctx, embed_grad)
+    return recorded[-1] if recorded else embed_grad
 
 
 def recomputed_layers(model: ModelSpec, training: TrainingSpec) -> list[bool]:

@@ -54,6 +54,7 @@ from memfit.engine.timeline.context import (
     Gather,
     Stage,
     carries_previous,
+    head_input_grad,
     make_ctx,
     optimizer_temporaries,
     plays_logits_point,
@@ -137,13 +138,15 @@ def _layout(
     kinds: tuple[tuple[str, bool], ...],
     ckpt: tuple[bool, ...],
     last: bool,
+    head_grad: bool,
     chunked: bool,
     logits: bool,
     per_op: bool,
     function_kept: bool,
 ) -> _Layout:
     """The blocks of a step whose layers are ``kinds`` (checkpointed where ``ckpt``
-    says) at ``ctx``, with the LM head where the stage is the ``last``, a point at the
+    says) at ``ctx``, with the LM head where the stage is the ``last`` (its input
+    needing a gradient where ``head_grad``), a point at the
     logits where ``logits``; the per-op policy's saved outputs of each block where
     ``per_op``, and where ``function_kept`` what custom functions keep on their ctx. The
     same for every share of the model state: kept for every strategy that lays its
@@ -156,8 +159,8 @@ def _layout(
         return blocks.index((kind, x_grad))
 
     of_layer = [block(kind, x_grad) for kind, x_grad in kinds]
-    head = block("head", True) if last else -1
-    logits_block = block(HEAD_LOGITS, True) if logits else -1
+    head = block("head", head_grad) if last else -1
+    logits_block = block(HEAD_LOGITS, head_grad) if logits else -1
     found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
     profiles = tuple(p for p, _ in found)
     copies = tuple(c for _, c in found)
@@ -273,6 +276,7 @@ class StepPlan:
             tuple(kinds),
             tuple(ckpt),
             stage.last,
+            stage.last and head_input_grad(model, training, ctx, stage.first),
             chunked,
             plays_logits_point(training, stage, chunked),
             conventions(training).checkpointing == "per-op",

@@ -9,30 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.engine.estimate import estimate
-from tests.engine.helpers import preset_scenario
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="eager attention (and SDPA's math fallback) builds its scores, probabilities "
-    "and output as tensors that require grad whatever q, k and v need, so a frozen layer "
-    "whose input needs no gradient records them and keeps what they save; autograd "
-    "records nothing there: Llama 2 7B, only the head trained, eager, sequence 512 keeps "
-    "3.0 GB by the last layer's forward, 0 with SDPA",
-)
-def test_a_layer_that_records_nothing_keeps_nothing_with_eager_attention() -> None:
-    training = {
-        "method": "freeze",
-        "freeze": {"trainable": ["lm_head"]},
-        "attention": "eager",
-        "sequence_length": 512,
-    }
-    est = estimate(preset_scenario("llama-2-7b", "h100-sxm-80gb", training))
-    forward = [p.activations for p in est.timeline if p.phase == "forward" and p.layer is not None]
-    assert forward[-1] == forward[0]
-
 
 @pytest.mark.xfail(
     strict=True,

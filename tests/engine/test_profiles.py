@@ -227,7 +227,7 @@ def test_the_stages_of_a_pipeline_share_their_block_profiles() -> None:
     ctx = dataclasses.replace(make_ctx(model, TrainingSpec()), batch=1, seq=1)
     laid = [
         _layout(block_model(dataclasses.replace(model, num_layers=n)), ctx, (("dense", True),) * n,
-                (False,) * n, True, False, False, False, False)
+                (False,) * n, True, True, False, False, False, False)
         for n in (20, 10)
     ]  # fmt: skip
     assert laid[0].blocks == laid[1].blocks

@@ -20,6 +20,14 @@ datasets are, under autocast and in pure bf16:
 * gpt-oss-20b's widths: eager attention with its sinks, biased router and experts, the
   clamped SwiGLU; full fine-tuning and LoRA. Costed as another MoE (the shared eager
   attention, a plain SwiGLU) the LoRA steps came out 38-42 % high.
+* Frozen layers whose input needs no gradient (only the head trained) under each eager
+  attention -- Llama-2-7B's (transformers' own), Falcon-7B's, Gemma-2-9B's capped, gpt-oss's
+  with sinks: nothing recorded in them, the forward's peak at the softmax holding its
+  16-bit input, the head's weight copy not kept where its input needs no gradient, and a
+  head tied to the embedding making the stream fp32 (Falcon was 26 % low, Llama-2 58-62 %
+  and gpt-oss 34-38 % high).
+* Falcon-7B's eager attention under LoRA, its softmax in the norm output's dtype (fp32
+  under autocast): 34 % low when read as the 16-bit residual stream's.
 
 Each case is compared with the output held and released.
 """
@@ -99,13 +107,28 @@ def _without_head_adapter(case: dict) -> dict | None:
 TWINS = {_plain(c["id"]) for c in CASES if _plain(c["id"]) != c["id"]}
 
 
+#: cases held to a looser bound, with why: the frozen Llama-2 layers under eager attention
+#: (1.8-2.1 % low: a frozen layer's Python variables -- the norm's output, q -- live while
+#: its attention runs, a few hidden-size tensors the op-by-op walk has freed by then), and
+#: Falcon's pure-bf16 LoRA step (1.6 % high, as its full and frozen steps are 0.7-0.9 %)
+LOOSER = {
+    "llama-2-7b_L2_bf16-mixed_freeze_lm_head_adamw-foreach_eager_b2_s2048": 0.03,
+    "llama-2-7b_L2_bf16_freeze_lm_head_adamw-foreach_eager_b2_s2048": 0.03,
+    "falcon-7b_L2_bf16_lora_r16-q_proj+v_proj_adamw-foreach_eager_b1_s2048": 0.025,
+}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 @pytest.mark.parametrize("held", [True, False])
 def test_every_case_within_one_percent(case: dict, held: bool) -> None:
-    """Within 1 %; a LoRA case on the LM head (saving a module, adapting the experts) whose
-    twin without it is off by more is off by the twin's bytes, to 0.1 % of its peak or 2 %
-    of what it adds: what it adds is the trace's."""
+    """Within 1 % (:data:`LOOSER` says the few held to more, and why); a LoRA case on the
+    LM head (saving a module, adapting the experts) whose twin without it is off by more
+    is off by the twin's bytes, to 0.1 % of its peak or 2 % of what it adds: what it adds
+    is the trace's."""
     error = _error(case, held)
+    if case["id"] in LOOSER:
+        assert abs(error) <= LOOSER[case["id"]], f"{error:+.2%}"
+        return
     if case["id"] in TWINS:
         assert abs(error) <= 0.05, f"{error:+.2%}"
         return
@@ -172,7 +195,11 @@ def test_gpt_oss_sinks_and_clamped_experts_cost_what_the_trace_shows() -> None:
     steps come out over a third high; with them every case is within 1 % of the trace."""
     import dataclasses
 
-    cases = [c for c in CASES if c["family"] == "gpt_oss"]
+    cases = [
+        c
+        for c in CASES
+        if c["family"] == "gpt_oss" and c["scenario"]["training"]["method"] != "freeze"
+    ]
     assert len(cases) == 4
     for case in cases:
         scenario = scenario_from_dict(as_traced(case["scenario"], True))
@@ -250,3 +277,46 @@ def test_lora_on_fused_experts_costs_what_the_trace_shows() -> None:
         assert twin is not None
         checked += _added_cost_matches(case, twin, more_than=2 * 2**30)  # two expert stacks
     assert checked == 8
+
+
+def _frozen(name: str) -> list[dict]:
+    return [c for c in CASES if c["id"].startswith(name) and "_freeze_lm_head_" in c["id"]]
+
+
+def test_frozen_layers_under_eager_attention_keep_nothing_and_peak_at_the_softmax() -> None:
+    """Only the head trained, the layers' input needing no gradient: autograd records
+    nothing in them, whatever their eager attention. The Llama-2 and gpt-oss steps
+    (untied heads) came out 58-62 % and 34-38 % high with the attention's tensors kept,
+    and gpt-oss's under autocast 6 % high with the head's weight copy kept for an input
+    gradient nothing needs; the Llama-2 step peaks in the forward, at the softmax, where
+    ``softmax(x, dtype=float32)`` holds its 16-bit input (11-13 % low without)."""
+    for name in ("llama-2-7b", "gpt-oss-20b", "gemma-2-9b", "falcon-7b"):
+        cases = _frozen(name)
+        assert len(cases) == 2, name
+        for case in cases:
+            for held in (True, False):
+                assert abs(_error(case, held)) <= LOOSER.get(case["id"], 0.01), case["id"]
+    for case in _frozen("llama-2-7b"):
+        assert case["measured"]["peak_phase"] == "forward"
+        est = estimate(scenario_from_dict(as_traced(case["scenario"], True)))
+        assert est.peak_phase == "forward"
+
+
+def test_a_trained_head_tied_to_the_embedding_makes_the_stream_fp32_as_traced() -> None:
+    """Falcon-7B and Gemma-2-9B tie their heads to the embedding: training the head trains
+    the embedding, an fp32 weight under autocast, whose fp32 output starts an fp32 residual
+    stream and makes every layer record. Read as a 16-bit stream, the Falcon step came out
+    26 % low; within 1 % now, as Gemma-2's."""
+    for name in ("falcon-7b", "gemma-2-9b"):
+        (case,) = [c for c in _frozen(name) if "bf16-mixed" in c["id"]]
+        assert scenario_from_dict(case["scenario"]).model.tie_word_embeddings
+        assert abs(_error(case, True)) <= 0.01
+
+
+def test_falcons_lora_softmax_is_fp32_under_autocast_as_traced() -> None:
+    """LoRA on Falcon-7B under bf16-mixed: the frozen bf16 base makes a 16-bit residual
+    stream, but Falcon's softmax takes the norm's output's dtype, fp32 under autocast: read
+    as 16-bit, the step came out 34 % low; within 1 % now."""
+    case = next(c for c in CASES if c["id"].startswith("falcon-7b_L2_bf16-mixed_lora"))
+    for held in (True, False):
+        assert abs(_error(case, held)) <= 0.01
