@@ -388,6 +388,16 @@ def all_cases() -> list[dict[str, Any]]:
         }  # fmt: skip
         case_id = f"falcon-7b_L2_{precision}_lora_r16-q_proj+v_proj_adamw-foreach_eager_b1_s2048"
         cases.append({"id": case_id, "family": "falcon", "scenario": scenario})
+    # the same under full checkpointing: Falcon's layers return their attention weights,
+    # alive until the next layer returns, and the checkpointed forward saves nothing
+    scenario = _scenario(FALCON_7B, "bf16-mixed", "eager", 2, 2048)
+    scenario["training"]["method"] = "lora"
+    scenario["training"]["activation_checkpointing"] = "full"
+    scenario["training"]["lora"] = {
+        "rank": 16, "alpha": 32.0, "targets": ["q_proj", "v_proj"], "dropout": 0.0,
+    }  # fmt: skip
+    case_id = "falcon-7b_L2_bf16-mixed_lora_r16-q_proj+v_proj_adamw-foreach_eager_b2_s2048_ckpt"
+    cases.append({"id": case_id, "family": "falcon", "scenario": scenario})
     return cases
 
 

@@ -149,10 +149,16 @@ ADAPTER_DTYPES: dict[str, tuple[str, ...]] = {
     "bf16": ("auto", "fp32", "bf16"),
 }
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the precisions the harness runs as they train: fp32, bf16 autocast over fp32 weights,
+#: pure bf16
+MEASURED_PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 
 
 def check_spec(spec: StepSpec) -> None:
     """Refuse a combination the harness would not run faithfully (``ValueError``)."""
+    if spec.precision not in MEASURED_PRECISIONS:
+        # fp16-mixed would run as fp32 here (no fp16 autocast, no gradient scaler)
+        raise ValueError(f"precision {spec.precision!r}: expected one of {MEASURED_PRECISIONS}")
     for name, values in CONVENTIONS.items():
         if getattr(spec, name) not in values:
             raise ValueError(f"{name} {getattr(spec, name)!r}: expected one of {values}")

@@ -118,7 +118,15 @@ LOOSER = {
 }
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+#: the case of a mechanism not modelled yet (its own strict xfail below)
+FALCON_CHECKPOINTED = (
+    "falcon-7b_L2_bf16-mixed_lora_r16-q_proj+v_proj_adamw-foreach_eager_b2_s2048_ckpt"
+)
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c["id"] != FALCON_CHECKPOINTED], ids=lambda c: c["id"]
+)
 @pytest.mark.parametrize("held", [True, False])
 def test_every_case_within_one_percent(case: dict, held: bool) -> None:
     """Within 1 % (:data:`LOOSER` says the few held to more, and why); a LoRA case on the
@@ -320,3 +328,17 @@ def test_falcons_lora_softmax_is_fp32_under_autocast_as_traced() -> None:
     case = next(c for c in CASES if c["id"].startswith("falcon-7b_L2_bf16-mixed_lora"))
     for held in (True, False):
         assert abs(_error(case, held)) <= 0.01
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Falcon's layers return their attention weights, and its model loop keeps a "
+    "layer's outputs until the next layer returns: under checkpointing, which saves "
+    "nothing of a layer's forward, the previous layer's fp32 probabilities (2.1 GiB here) "
+    "are alive at the next layer's softmax; the walk plays each layer's forward alone "
+    "(15 % low with the output held, 20 % released)",
+)
+def test_falcons_checkpointed_forward_holds_the_previous_layers_attention_weights() -> None:
+    case = next(c for c in CASES if c["id"] == FALCON_CHECKPOINTED)
+    for held in (True, False):
+        assert abs(_error(case, held)) <= 0.02
