@@ -11,8 +11,8 @@ Measured when the records were taken (|estimate / measured - 1|):
 * traced peak vs the GPU's ``max_memory_allocated``: median 0.67 %, p90 2.65 %, max 22.5 %
   (Falcon's attention, -10 to -23 %; Mixtral's eager experts with SGD, +10 %; eager attention
   of 7B models, -7 to -12 %);
-* MemFit's allocated peak vs the GPU: traced cases median 1.10 %, p90 4.41 %; whole models
-  median 0.29 %, max 3.10 %;
+* MemFit's allocated peak vs the GPU: traced cases median 0.94 %, p90 4.41 %; whole models
+  median 0.25 %, max 4.41 %;
 * reserved vs ``max_memory_reserved``: median 9.3 %, p90 21 %, nearly always low: the caching
   allocator's free gaps are 1-32 % of the allocated peak where MemFit counts 5 % of the peak
   activations plus 1 MiB per large block;
