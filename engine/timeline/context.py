@@ -30,7 +30,7 @@ from memfit.engine.specs import ModelSpec, TrainingSpec, full_attention, window_
 from memfit.engine.stacks import conventions
 
 
-def _trains_embedding(model: ModelSpec, trainable: frozenset[str]) -> bool:
+def trains_embedding(model: ModelSpec, trainable: frozenset[str]) -> bool:
     """Whether the embedding's weight trains: all of the model does, the embeddings do, or
     the LM head tied to them does (one tensor)."""
     return bool(
@@ -43,7 +43,10 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
     if method == "full":
         trainable = frozenset({"all"})
     elif method == "freeze":
-        trainable = frozenset(c for p in training.freeze.trainable for c in FREEZE_COMPONENTS[p])
+        parts = set(training.freeze.trainable)
+        if model.tie_word_embeddings and parts & {"embeddings", "lm_head"}:
+            parts |= {"embeddings", "lm_head"}  # one tensor: training either trains both
+        trainable = frozenset(c for p in sorted(parts) for c in FREEZE_COMPONENTS[p])
     else:
         trainable = frozenset()
     roles: frozenset[str] = frozenset()
@@ -85,7 +88,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         capacity=par.expert_capacity_factor if model.expert_shards > 1 else 1.0,
         topk=model.num_experts_per_tok,
         # a trained embedding is stored in fp32 (a head tied to it trains it too)
-        embedding_bytes=4 if _trains_embedding(model, trainable) else frozen,
+        embedding_bytes=4 if trains_embedding(model, trainable) else frozen,
         outputs_held=conv.outputs_held,
         kv_cache=conv.kv_cache,
         adapter_bytes=adapter,

@@ -59,6 +59,7 @@ from memfit.engine.timeline.context import (
     optimizer_temporaries,
     plays_logits_point,
     step_layers,
+    trains_embedding,
 )
 from memfit.engine.timeline.points import Point, Timeline, _total
 from memfit.engine.timeline.sources import Source, _in_flight_source, _Kept, _output_source
@@ -262,11 +263,9 @@ class StepPlan:
         whether a sliding window masks its sequence are read)."""
         ctx = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
         copied = "embeddings" in saved_components(training)
-        trains_embeddings = stage.first and (
-            training.method == "full"
-            or (training.method == "freeze" and "embeddings" in training.freeze.trainable)
-            or copied
-        )
+        # the embedding's backward runs where its weight trains (a head tied to it
+        # trains it too) or PEFT trains a copy of it
+        trains_embeddings = stage.first and (trains_embedding(model, ctx.trainable) or copied)
         kinds, ckpt = step_layers(model, training, ctx, stage.first)
         chunked = training.loss == "chunked"
         carries = carries_previous(training, stage)

@@ -16,12 +16,12 @@ import pytest
 
 from memfit.engine.changes import _flash_rule
 from memfit.engine.errors import EstimateError
-from memfit.engine.estimate import estimate
+from memfit.engine.estimate import Estimate, estimate
 from memfit.engine.hf_config import model_from_hf_config
 from memfit.engine.layers import Ctx, decoder_layer
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import FreezeSpec, HardwareSpec, ModelSpec, Scenario, TrainingSpec
-from memfit.engine.timeline import _direct, make_ctx
+from memfit.engine.timeline import Point, _direct, make_ctx
 from tests.engine.test_hf_families import config
 
 
@@ -258,3 +258,25 @@ def test_a_trained_head_tied_to_the_embedding_makes_an_fp32_residual_stream() ->
         assert model.tie_word_embeddings is tied
         training = TrainingSpec(method="freeze", freeze=FreezeSpec(trainable=("lm_head",)))
         assert make_ctx(model, training).res == (4 if tied else 2)
+
+
+def test_a_trained_head_tied_to_the_embedding_runs_the_embeddings_backward() -> None:
+    """Training the head of a tied model trains the embedding, one tensor: the embedding's
+    backward computes its dense gradient, summed into the head's (one buffer beside the
+    other while it is added, in place: two, not three), and the layers record. Training
+    "embeddings" or "lm_head" of a tied model is the same step."""
+
+    def frozen(name: str, part: str) -> Estimate:
+        trainable = FreezeSpec(trainable=(part,))
+        return estimate(scenario(name, method="freeze", freeze=trainable, sequence_length=512))
+
+    def embedding_backward(est: Estimate) -> list[Point]:
+        return [p for p in est.timeline if p.phase == "backward" and p.label == "embedding"]
+
+    assert not embedding_backward(frozen("llama-2-7b", "lm_head"))  # untied: no backward
+    model = load_model("falcon-7b")
+    (point,) = embedding_backward(frozen("falcon-7b", "lm_head"))
+    assert point.gradients == model.vocab_size * model.hidden_size * 4  # fp32, autocast
+    head, embeddings = frozen("falcon-7b", "lm_head"), frozen("falcon-7b", "embeddings")
+    assert head.allocated_bytes == embeddings.allocated_bytes
+    assert head.timeline == embeddings.timeline

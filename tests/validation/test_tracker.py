@@ -248,6 +248,33 @@ def test_fake_tensors_allocate_what_real_tensors_do(attention: str) -> None:
     assert run(fake=True) == run(fake=False)
 
 
+def test_the_tracker_holds_a_gradient_of_two_uses_one_buffer_longer_than_the_allocator() -> None:
+    """A known difference of the harness. Where a leaf is used twice (a head tied to the
+    embedding), autograd sums the second gradient into the first in place, but only where
+    it holds the last reference to its storage (``InputBuffer``'s ``accumulate``): the CPU
+    allocator's own accounting peaks at two weight-sized buffers. The tracker keeps each
+    storage's Python object (to hear when it is freed), one reference more: autograd sums
+    out of place, three buffers at once. Traced steps of tied models hold one embedding-
+    sized gradient more at the embedding's backward than a GPU; the engine counts two."""
+    n = 256
+    w = torch.randn(n, n, requires_grad=True)
+    x = torch.ones(4, n)
+
+    def step() -> None:
+        ((x @ w).sum() + (2 * w).sum()).backward()
+        w.grad = None
+
+    peak, _, _ = _allocator_timeline(step)
+    assert round(peak / (n * n * 4), 1) == 2.0
+    tr = StorageTracker(device_type="cpu")
+    tr.adopt([w, x])
+    with tr:
+        tr.reset_peaks()
+        before = tr.raw
+        step()
+        assert round((tr.peak.raw - before) / (n * n * 4), 1) == 3.0
+
+
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
 def test_fake_cuda_autocast_keeps_cast_weights_until_the_region_ends() -> None:
     """On fake CUDA tensors, CUDA autocast's weight-cast cache behaves as on a GPU: the bf16
