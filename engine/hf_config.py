@@ -523,13 +523,16 @@ def _gpt2(c: _Keys) -> dict[str, Any]:
         position_embedding="learned",
         tie_word_embeddings=c.flag("tie_word_embeddings", True),
         fused_qkv=True,
+        # GPT2Attention's own eager attention: its softmax in the scores' dtype
+        # (transformers 5.24 modeling_gpt2.py)
+        eager_attention="plain",
     )
     return spec
 
 
 def _gpt_bigcode(c: _Keys) -> dict[str, Any]:
     """SantaCoder/StarCoder: GPT-2's blocks with one key/value head (``multi_query``)."""
-    spec = _gpt2(c)
+    spec = {**_gpt2(c), "eager_attention": "hf"}  # its softmax upcasts to fp32
     if c.flag("multi_query", True):
         spec["num_key_value_heads"] = 1
     spec["activation"] = c.activation("activation_function", default="gelu_pytorch_tanh")
@@ -676,6 +679,9 @@ def _bert(c: _Keys) -> dict[str, Any]:
         attention_dropout=c.dropout("attention_probs_dropout_prob", default=0.1),
         hidden_dropout=c.dropout("hidden_dropout_prob", default=0.1),
         sliding_window=0,
+        # BertSelfAttention's eager attention: its softmax in the scores' dtype
+        # (transformers 5.24 modeling_bert.py, modeling_roberta.py)
+        eager_attention="plain",
     )
     return spec
 

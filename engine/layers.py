@@ -944,7 +944,7 @@ class Net:
                 dtype = self.dtype[given] if given else self.ctx.res
                 out = self._falcon_eager(q, k, v, heads, kv_heads, head_dim, dtype)
             else:
-                out = self._eager(q, k, v, heads, kv_heads, head_dim, softcap)
+                out = self._eager(q, k, v, heads, kv_heads, head_dim, softcap, eager == "plain")
         else:
             out = self._attention(q, k, v, heads, kv_heads, head_dim)
         self.block.core = (first, len(self.block.ops))
@@ -996,9 +996,20 @@ class Net:
         return attention_kernel(ctx.attention, fp32=ctx.mode == "fp32", sdpa_math=ctx.sdpa_math)
 
     def _eager(
-        self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int, softcap: float
+        self,
+        q: str,
+        k: str,
+        v: str,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        softcap: float,
+        plain: bool = False,
     ) -> str:
         """transformers' ``eager_attention_forward``: scores, mask, fp32 softmax, dropout.
+        ``plain``: GPT-2's and BERT's own, whose softmax runs in the scores' dtype
+        (``softmax(attn_weights, dim=-1)``; autocast makes it fp32), cast to the values'
+        dtype by a statement of its own.
 
         ``softcap``: Gemma-2's soft-capping of the scaled scores (transformers 5.24
         ``modeling_gemma2.py``, ``scores / cap``, ``tanh``, ``* cap``, each out of place,
@@ -1018,17 +1029,23 @@ class Net:
         # ``attn_weights = softmax(attn_weights, dtype=float32).to(query.dtype)``: the
         # masked scores stay alive until the statement is done
         statement = masked
-        if self.dtype[masked] == 2 and not ctx.fp16:
+        if plain:
+            # autocast runs softmax in fp32: a 16-bit input is copied to fp32 first
+            if ctx.mode == "amp" and self.dtype[masked] == 2:
+                masked = self.cast(masked, F32)
+        elif self.dtype[masked] == 2 and not ctx.fp16:
             # softmax(x, dtype=float32) converts a bf16 input to fp32 first (only fp16 has
             # CUDA's half-to-float kernel): an fp32 copy of the scores, and in backward an
             # fp32 gradient of it before the cast back
             masked = self.cast(masked, F32)
-        probs = self.new("softmax", heads * pairs, F32, self.rg[masked])
+        soft = self.dtype[masked] if plain else F32
+        probs = self.new("softmax", heads * pairs, soft, self.rg[masked])
         self._op(
             "softmax", [masked], [probs], saves=[] if ctx.selective else [probs],
             holds=[statement],
         )  # fmt: skip
-        probs = self.cast(probs, query_dtype, holds=[statement])
+        # the plain softmax's cast to the values' dtype is a statement of its own
+        probs = self.cast(probs, query_dtype, holds=[] if plain else [statement])
         probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
@@ -1036,7 +1053,7 @@ class Net:
             "attn", self.s.tokens * heads * head_dim, self.dtype[probs], self.needs(probs, v)
         )
         # selective recomputation rebuilds the scores and probabilities in backward
-        redo = (F32 + self.dtype[probs]) * heads * pairs if ctx.selective else 0
+        redo = (soft + self.dtype[probs]) * heads * pairs if ctx.selective else 0
         self._op(
             "matmul_pv",
             [probs, v],
@@ -1647,7 +1664,9 @@ def bert_layer(m: ModelSpec, ctx: Ctx, x_grad: bool) -> tuple[Block, str]:
     q = net.linear("x", h, q_out, "attention", "q_proj", True)
     k = net.linear("x", h, q_out, "attention", "k_proj", True)
     v = net.linear("x", h, q_out, "attention", "v_proj", True)
-    attn = net.attention(q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim)
+    attn = net.attention(
+        q, k, v, m.num_attention_heads, m.num_attention_heads, m.head_dim, m.eager_attention
+    )
     o = net.dropout(net.linear(attn, q_out, h, "attention", "o_proj", True), m.hidden_dropout)
     n1 = net.layer_norm(net.binary("residual", o, "x"), h)
     up = net.linear(n1, h, m.intermediate_size, "mlp", "up_proj", True)

@@ -90,7 +90,7 @@ ACTIVATIONS = (
 NORMS = ("rmsnorm", "rmsnorm-fp32", "layernorm", "layernorm-nobias", "layernorm-nonparam")
 QK_NORMS = ("none", "head", "full")
 #: the attention a model runs without SDPA or flash (``ModelSpec.eager_attention``)
-EAGER_ATTENTIONS = ("hf", "falcon")
+EAGER_ATTENTIONS = ("hf", "plain", "falcon")
 #: where a layer's norms sit (``ModelSpec.norm_placement``)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
 POSITIONS = ("rotary", "learned", "alibi", "none")
@@ -360,8 +360,10 @@ class ModelSpec:
     sdpa_math: bool = False
     #: the attention without SDPA or flash: ``hf``, transformers' shared
     #: ``eager_attention_forward`` (scores scaled out of place, softmax in fp32 cast back to
-    #: the query's dtype); ``falcon``, ``FalconAttention``'s own (scores scaled in place,
-    #: softmax in the hidden states' dtype, kept as the product with the values reads it)
+    #: the query's dtype); ``plain``, GPT-2's and BERT's own (their softmax in the scores'
+    #: dtype, fp32 under autocast, then cast to the values' dtype); ``falcon``,
+    #: ``FalconAttention``'s own (scores scaled in place, softmax in the hidden states'
+    #: dtype, kept as the product with the values reads it)
     eager_attention: str = "hf"
     #: Gemma-2's soft-capping of the attention scores, ``cap * tanh(scores / cap)`` before
     #: the mask (eager and flash attention; SDPA cannot); 0: none

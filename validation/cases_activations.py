@@ -28,6 +28,8 @@
   the forward (``softmax(x, dtype=float32)`` holding ``x`` until the statement is done).
 * Falcon-7B's eager attention under LoRA: its softmax in the norm output's dtype (fp32
   under autocast) though the frozen 16-bit base makes the residual stream 16-bit.
+* GPT-2's and BERT's own eager attention: the softmax in the scores' dtype (16-bit in pure
+  bf16), cast to the values' dtype by a statement of its own.
 * PEFT's LoRA on transformers' fused MoE experts (Qwen3-30B-A3B's widths, ``all-linear``):
   the experts' 3-D parameters and the router wrapped as parameters (``ParamWrapper``), each
   made whole again as ``W + scaling B A`` for the forward; q/v alone for the step without
@@ -398,6 +400,13 @@ def all_cases() -> list[dict[str, Any]]:
     }  # fmt: skip
     case_id = "falcon-7b_L2_bf16-mixed_lora_r16-q_proj+v_proj_adamw-foreach_eager_b2_s2048_ckpt"
     cases.append({"id": case_id, "family": "falcon", "scenario": scenario})
+    # GPT-2's and BERT's own eager attention: the softmax in the scores' dtype (16-bit in
+    # pure bf16, where transformers' shared one runs it in fp32 and casts back)
+    for name, family, batch in (("gpt2-xl", "gpt2", 4), ("bert-large-uncased", "bert", 8)):
+        for precision in ("bf16", "bf16-mixed"):
+            scenario = _scenario(model_config(name, 2), precision, "eager", batch, 512)
+            case_id = f"{name}_L2_{precision}_full_adamw-foreach_eager_b{batch}_s512"
+            cases.append({"id": case_id, "family": family, "scenario": scenario})
     return cases
 
 

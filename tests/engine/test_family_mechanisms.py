@@ -18,7 +18,7 @@ from memfit.engine.changes import _flash_rule
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import Estimate, estimate
 from memfit.engine.hf_config import model_from_hf_config
-from memfit.engine.layers import Ctx, decoder_layer
+from memfit.engine.layers import Ctx, bert_layer, decoder_layer
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import FreezeSpec, HardwareSpec, ModelSpec, Scenario, TrainingSpec
 from memfit.engine.timeline import Point, _direct, make_ctx
@@ -280,3 +280,23 @@ def test_a_trained_head_tied_to_the_embedding_runs_the_embeddings_backward() -> 
     head, embeddings = frozen("falcon-7b", "lm_head"), frozen("falcon-7b", "embeddings")
     assert head.allocated_bytes == embeddings.allocated_bytes
     assert head.timeline == embeddings.timeline
+
+
+@pytest.mark.parametrize(("name", "plain"), [("gpt2", True), ("bert-base-uncased", True),
+                                             ("llama-3.2-1b", False)])  # fmt: skip
+def test_gpt2_and_bert_run_their_softmax_in_the_scores_dtype(name: str, plain: bool) -> None:
+    """``softmax(attn_weights, dim=-1)`` (GPT-2, BERT): 16-bit probabilities in pure bf16,
+    and no fp32 copy of the scores; transformers' shared eager attention asks for fp32
+    (``dtype=torch.float32``). Under autocast both run in fp32."""
+    model = load_model(name)
+    assert (model.eager_attention == "plain") is plain
+    for precision, expected in (("bf16", 2 if plain else 4), ("bf16-mixed", 4)):
+        training = TrainingSpec(attention="eager", precision=precision, sequence_length=256)
+        ctx = make_ctx(model, training)
+        layer = bert_layer if model.architecture == "encoder" else decoder_layer
+        block, _ = (
+            layer(model, ctx, True) if layer is bert_layer else layer(model, ctx, True, False)
+        )
+        (softmax,) = [t for op in block.ops if op.name == "softmax" for t, _ in op.outputs]
+        heads = model.num_attention_heads
+        assert block.sizes[softmax] == heads * 256 * 256 * expected, precision
