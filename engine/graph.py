@@ -203,6 +203,10 @@ class Block:
     #: ``save_for_backward`` (bitsandbytes' 4-bit matmul keeps its input): backward does
     #: not release them; they live as long as the graph does
     kept_by_functions: set[str] = field(default_factory=set)
+    #: tensors the module returns beside its output, which the caller's variables keep
+    #: until the next block returns (Falcon's attention weights: its model loop holds a
+    #: layer's outputs tuple until the next layer's replaces it)
+    returned: set[str] = field(default_factory=set)
     #: the ops of the attention core, ``ops[start:end]`` (eager attention's scores,
     #: mask, softmax and products; one fused kernel otherwise)
     core: tuple[int, int] = (0, 0)

@@ -252,6 +252,19 @@ def attention_run(model: ModelSpec, attention: str) -> str:
     return attention
 
 
+def returns_attention_weights(model: ModelSpec, ctx: Ctx) -> bool:
+    """Whether a layer of ``model`` returns its attention weights to the model's loop,
+    which keeps them until the next layer returns: Falcon's own eager attention
+    (``return attn_output, attention_scores``; ``FalconModel`` holds each layer's outputs
+    tuple), run eager (a compiled graph frees them)."""
+    return (
+        model.eager_attention == "falcon"
+        and not model.attention_sinks
+        and not ctx.compiled
+        and attention_kernel(ctx.attention, ctx.mode == "fp32", ctx.sdpa_math) == "eager"
+    )
+
+
 def attention_kernel(attention: str, fp32: bool, sdpa_math: bool = False) -> str:
     """The kernel a step's attention runs: ``eager``; or what SDPA picks on CUDA --
     ``math`` (its unfused fallback) for a module that calls it with multi-query keys and
@@ -1169,6 +1182,8 @@ class Net:
             "softmax", [masked], [probs], saves=[] if ctx.selective else [probs],
             holds=statement,
         )  # fmt: skip
+        if not ctx.compiled:  # returned as the attention weights, to the model's loop
+            self.block.returned.add(probs)
         probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from memfit.engine import memo
 from memfit.engine.graph import Block, BlockResult, Profile, Size, profile, simulate
-from memfit.engine.layers import Ctx
+from memfit.engine.layers import Ctx, returns_attention_weights
 from memfit.engine.specs import ModelSpec
 from memfit.engine.timeline.context import HEAD_LOGITS, _build
 
@@ -131,6 +131,23 @@ def per_op_saved(block: Block) -> Size:
 def _per_op(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> Size:
     """:func:`per_op_saved` of a layer kind, at ``ctx``'s shape or symbolic."""
     return per_op_saved(_build(model, ctx, kind, x_grad, False)[0])
+
+
+@memo.cached(maxsize=4096)
+def _returned(model: ModelSpec, ctx: Ctx, kind: str, x_grad: bool) -> tuple[Size, Size]:
+    """What a layer kind returns beside its output (:attr:`~memfit.engine.graph.Block.returned`,
+    Falcon's attention weights), at ``ctx``'s shape or symbolic: its bytes, and those of
+    it no op saved -- alive through the next layer's forward where that layer keeps
+    nothing of its own (checkpointed: all of it; recorded: only what it did not save)."""
+    if not returns_attention_weights(model, ctx):
+        return 0, 0
+    block = _build(model, ctx, kind, x_grad, False)[0]
+    saved = {t for op in block.ops for t in op.saves}
+    returned = sorted(block.returned)
+    return (
+        sum((block.sizes[t] for t in returned), start=0),
+        sum((block.sizes[t] for t in returned if t not in saved), start=0),
+    )
 
 
 def function_kept(block: Block) -> Size:

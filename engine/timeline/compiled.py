@@ -24,6 +24,7 @@ from memfit.engine.timeline.sources import (
     _input_sources,
     _output_source,
     _previous_sources,
+    _returned_source,
     _work_source,
 )
 
@@ -219,6 +220,8 @@ class _Recipe(NamedTuple):
     per_op: Sequence[Size]
     function_kept_of: Sequence[Size]
     logits_block: int
+    #: per block: what it returns beside its output, all and not saved (_Layout.returned)
+    returned: Sequence[tuple[Size, Size]]
 
 
 #: a source of a point's activations, its bytes not evaluated yet: the source with 0
@@ -334,6 +337,7 @@ class _Compiler:
             for b in range(len(plan.profiles))
         ]
         self.function_kept_of: Sequence[Size] = function_kept_of
+        self.returned: Sequence[tuple[Size, Size]] = recipe.returned
 
     def var(self, i: int) -> np.ndarray:
         row: np.ndarray = self.basis[i]
@@ -463,15 +467,30 @@ class _Compiler:
         return out
 
     def _forward_unit(
-        self, unit: tuple[_Layer, ...], i: int, kept: np.ndarray, copies: int, fixed: np.ndarray
-    ) -> np.ndarray:
+        self,
+        unit: tuple[_Layer, ...],
+        i: int,
+        kept: np.ndarray,
+        copies: int,
+        fixed: np.ndarray,
+        prev: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates of ``unit``'s layers from layer ``i`` on; returns what they keep
+        and what the last one returned that the next one's forward holds. ``prev``: what
+        the layer before returned and kept not (:attr:`_Recipe.returned`), alive through
+        this unit's first layer's forward."""
         gather, params, one, kinds = self.gather, self.params, self.one, self.plan.blocks
         for b, on, c, _ in unit:
             gathered = params + i * gather.unit + gather.forward
             p = gathered if gather.active else params + copies + c
             work = self.peak(b, 1) - c * one
             own = self.why(partial(_work_source, "forward", 0, i), work)
-            self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, fixed + kept + work, own)
+            if self.ledger and prev is not self.nothing:
+                own = (*own, *self.why(partial(_returned_source, 0, i - 1), prev))
+            point = fixed + kept + work + prev
+            self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, point, own)
+            every, unsaved = self.returned[b]
+            prev = self.saved_form(every if on else unsaved) if every else self.nothing
             kept = kept + (
                 self.kept_on[b] if on else self.linear(b, 0) - c * one + self.linear(b, 6)
             )
@@ -482,7 +501,7 @@ class _Compiler:
                 self.kept_why.add("kv-cache", self.linear(b, 6), 1)
             copies += c
             i += 1
-        return kept
+        return kept, prev
 
     def _forward(
         self, fixed: np.ndarray, old_output: np.ndarray
@@ -504,15 +523,18 @@ class _Compiler:
         if self.ledger:
             self.kept_why.add("embedding", kept, 0)
         copies = 0
+        prev = nothing  # what the layer before returned: nothing before the first
         for start, unit, reps in self.runs(layers, 0, 1):
-            kept = self._forward_unit(unit, start, kept, copies, fixed)
+            kept, prev = self._forward_unit(unit, start, kept, copies, fixed, prev)
             copies += sum(c for _, _, c, _ in unit)
             if reps > 1:
                 n, rest = len(unit), reps - 1
                 d_kept, d_copies = self._kept_by(unit, True), sum(c for _, _, c, _ in unit)
                 for t in sorted({0, rest - 1}):  # a run's highest point is at one of its ends
                     at = start + n + t * n
-                    self._forward_unit(unit, at, kept + t * d_kept, copies + t * d_copies, fixed)
+                    self._forward_unit(
+                        unit, at, kept + t * d_kept, copies + t * d_copies, fixed, prev
+                    )
                 kept = kept + rest * d_kept
                 copies += rest * d_copies
         head = self.head

@@ -138,6 +138,17 @@ def _work_source(moment: str, n_bytes: int, layer: int | None) -> Source:
     )
 
 
+def _returned_source(n_bytes: int, layer: int) -> Source:
+    """What layer ``layer`` returned beside its output, held while the next one runs."""
+    return Source(
+        f"the attention weights layer {layer} returned, held by the model's loop",
+        "working",
+        n_bytes,
+        "b x heads x s x s x the softmax's dtype",
+        "FalconModel keeps each layer's outputs until the next layer returns",
+    )
+
+
 def _grad_source(n_bytes: int, layer: int | None) -> Source:
     where = "the embedding output" if layer is None else f"layer {layer}'s output"
     return Source(

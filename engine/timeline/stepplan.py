@@ -28,6 +28,7 @@ from memfit.engine.timeline.blocks import (
     _function_kept,
     _per_op,
     _profile,
+    _returned,
     block_model,
 )
 from memfit.engine.timeline.compiled import (
@@ -130,6 +131,9 @@ class _Layout:
     logits_block: int
     per_op: tuple[Size, ...]
     kept_of: tuple[Size, ...]
+    #: what each block returns beside its output, alive through the next layer's forward
+    #: (:func:`~memfit.engine.timeline.blocks._returned`): all of it, and what it did not save
+    returned: tuple[tuple[Size, Size], ...]
 
 
 @memo.cached(maxsize=4096)
@@ -182,6 +186,11 @@ def _layout(
         kept_of = tuple(
             _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
         )
+    symbolic = dataclasses.replace(ctx, symbolic=True)
+    returned = tuple(
+        _returned(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else (0, 0)
+        for kind, x_grad in blocks
+    )
     return _Layout(
         tuple(blocks),
         profiles,
@@ -192,6 +201,7 @@ def _layout(
         logits_block,
         saved,
         kept_of,
+        returned,
     )
 
 
@@ -307,6 +317,7 @@ class StepPlan:
             laid.per_op,
             laid.kept_of,
             laid.logits_block,
+            laid.returned,
         )
         return StepPlan(
             model=model,

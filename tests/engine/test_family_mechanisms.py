@@ -300,3 +300,23 @@ def test_gpt2_and_bert_run_their_softmax_in_the_scores_dtype(name: str, plain: b
         (softmax,) = [t for op in block.ops if op.name == "softmax" for t, _ in op.outputs]
         heads = model.num_attention_heads
         assert block.sizes[softmax] == heads * 256 * 256 * expected, precision
+
+
+def test_falcons_layers_hand_their_attention_weights_to_the_next_layers_forward() -> None:
+    """``FalconModel`` keeps each layer's outputs, its attention weights among them, until
+    the next layer returns. Checkpointed, a layer keeps nothing of its forward, so the
+    second layer's forward holds the first's probabilities (fp32 under autocast) on top
+    of its own working set; SDPA returns none, and a recorded layer has saved them."""
+
+    def forwards(**training: object) -> list[int]:
+        est = estimate(scenario("falcon-7b", method="lora", precision="bf16-mixed",
+                                sequence_length=1024, **training))  # fmt: skip
+        layers = [p for p in est.timeline if p.phase == "forward" and p.layer is not None]
+        return [p.activations for p in layers]
+
+    probs = 71 * 1024 * 1024 * 4
+    kept = 1024 * 4544 * 2  # what the first layer keeps checkpointed: its 16-bit input
+    eager = forwards(attention="eager", activation_checkpointing="full")
+    assert eager[1] - eager[0] == probs + kept
+    sdpa = forwards(attention="sdpa", activation_checkpointing="full")
+    assert sdpa[1] - sdpa[0] < probs

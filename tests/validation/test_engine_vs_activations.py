@@ -107,6 +107,10 @@ def _without_head_adapter(case: dict) -> dict | None:
 TWINS = {_plain(c["id"]) for c in CASES if _plain(c["id"]) != c["id"]}
 
 
+#: Falcon's layers returning their attention weights, under checkpointing (its own test)
+FALCON_CHECKPOINTED = (
+    "falcon-7b_L2_bf16-mixed_lora_r16-q_proj+v_proj_adamw-foreach_eager_b2_s2048_ckpt"
+)
 #: cases held to a looser bound, with why: the frozen Llama-2 layers under eager attention
 #: (1.8-2.1 % low: a frozen layer's Python variables -- the norm's output, q -- live while
 #: its attention runs, a few hidden-size tensors the op-by-op walk has freed by then), and
@@ -117,18 +121,12 @@ LOOSER = {
     "falcon-7b_L2_bf16_lora_r16-q_proj+v_proj_adamw-foreach_eager_b1_s2048": 0.025,
     # GPT-2 XL in pure bf16: 0.9-1.0 % high (its fp32 steps in dataset.json are 1.5 %)
     "gpt2-xl_L2_bf16_full_adamw-foreach_eager_b4_s512": 0.02,
+    # Falcon's checkpointed LoRA step: 1.0 % high, as its other LoRA steps are 0.3-1.7 %
+    FALCON_CHECKPOINTED: 0.02,
 }
 
 
-#: the case of a mechanism not modelled yet (its own strict xfail below)
-FALCON_CHECKPOINTED = (
-    "falcon-7b_L2_bf16-mixed_lora_r16-q_proj+v_proj_adamw-foreach_eager_b2_s2048_ckpt"
-)
-
-
-@pytest.mark.parametrize(
-    "case", [c for c in CASES if c["id"] != FALCON_CHECKPOINTED], ids=lambda c: c["id"]
-)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["id"])
 @pytest.mark.parametrize("held", [True, False])
 def test_every_case_within_one_percent(case: dict, held: bool) -> None:
     """Within 1 % (:data:`LOOSER` says the few held to more, and why); a LoRA case on the
@@ -332,18 +330,16 @@ def test_falcons_lora_softmax_is_fp32_under_autocast_as_traced() -> None:
         assert abs(_error(case, held)) <= 0.01
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Falcon's layers return their attention weights, and its model loop keeps a "
-    "layer's outputs until the next layer returns: under checkpointing, which saves "
-    "nothing of a layer's forward, the previous layer's fp32 probabilities (2.1 GiB here) "
-    "are alive at the next layer's softmax; the walk plays each layer's forward alone "
-    "(15 % low with the output held, 20 % released)",
-)
 def test_falcons_checkpointed_forward_holds_the_previous_layers_attention_weights() -> None:
+    """Falcon's layers return their attention weights, and its model loop keeps a layer's
+    outputs until the next layer returns: under checkpointing, which saves nothing of a
+    layer's forward, the previous layer's fp32 probabilities (2.1 GiB here) are alive at
+    the next layer's softmax, its peak. Played each layer alone, the step came out 15 %
+    low with the output held and 20 % released; within 1 % now."""
     case = next(c for c in CASES if c["id"] == FALCON_CHECKPOINTED)
+    assert case["measured"]["peak_phase"] == "forward"
     for held in (True, False):
-        assert abs(_error(case, held)) <= 0.02
+        assert abs(_error(case, held)) <= LOOSER[FALCON_CHECKPOINTED]
 
 
 def test_gpt2_and_berts_own_softmax_runs_in_the_scores_dtype_as_traced() -> None:
