@@ -1035,10 +1035,7 @@ class Net:
         if softcap:
             capped = self.unary("tanh", self.unary("div_c", scaled), save_out=True)
             scaled = self.unary("mul_c", capped)
-        masked = self.new(
-            "masked", heads * pairs, max(self.dtype[scaled], self.ctx.res), self.rg[scaled]
-        )
-        self._op("add_mask", [scaled], [masked])
+        masked = self._masked(scaled)
         # ``attn_weights = softmax(attn_weights, dtype=float32).to(query.dtype)``: the
         # masked scores stay alive until the statement is done
         statement = masked
@@ -1062,19 +1059,28 @@ class Net:
         probs = self.dropout(probs, ctx.attention_dropout)
         if ctx.mode == "amp":
             probs, v = self.cast(probs, 2), self.cast(v, 2)
-        out = self.new(
-            "attn", self.s.tokens * heads * head_dim, self.dtype[probs], self.needs(probs, v)
-        )
         # selective recomputation rebuilds the scores and probabilities in backward
         redo = (soft + self.dtype[probs]) * heads * pairs if ctx.selective else 0
-        self._op(
-            "matmul_pv",
-            [probs, v],
-            [out],
-            saves=[v] if ctx.selective else [probs, v],
-            transient=redo,
-        )
+        out = self._times_values(probs, v, heads, head_dim, redo)
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
+
+    def _masked(self, scores: str, holds: Sequence[str] = ()) -> str:
+        """``scores + mask``: the mask in the residual stream's dtype (the embedding
+        output's), the sum in the wider of the two."""
+        dtype = max(self.dtype[scores], self.ctx.res)
+        masked = self.new("masked", self.elems[scores], dtype, self.rg[scores])
+        self._op("add_mask", [scores], [masked], holds=holds)
+        return masked
+
+    def _times_values(self, probs: str, v: str, heads: int, head_dim: int, redo: Size) -> str:
+        """``probs @ v``, the attention's output in the probabilities' dtype: it keeps both,
+        or under selective recomputation the values alone, the probabilities rebuilt in
+        backward (``redo`` bytes)."""
+        rows = self.s.tokens * heads * head_dim
+        out = self.new("attn", rows, self.dtype[probs], self.needs(probs, v))
+        saves = [v] if self.ctx.selective else [probs, v]
+        self._op("matmul_pv", [probs, v], [out], saves=saves, transient=redo)
+        return out
 
     def _scaled_scores(self, q: str, k: str, v: str, heads: int, kv_heads: int) -> tuple[str, str]:
         """The start of transformers' eager attention, its own or gpt-oss's: grouped keys
@@ -1103,10 +1109,7 @@ class Net:
         ctx = self.ctx
         pairs, tokens = self.s.pairs, self.s.tokens
         scaled, v = self._scaled_scores(q, k, v, heads, kv_heads)
-        masked = self.new(
-            "masked", heads * pairs, max(self.dtype[scaled], ctx.res), self.rg[scaled]
-        )
-        self._op("add_mask", [scaled], [masked])
+        masked = self._masked(scaled)
         # the sinks are a parameter of the attention (heads elements): their gradient is
         # the cat's backward's, summed over the batch and the query rows
         trains = ctx.trains("attention")
@@ -1129,16 +1132,9 @@ class Net:
         kept = self.view("drop_sink", probs, heads * pairs)  # probs[..., :-1]
         kept = self.dropout(kept, ctx.attention_dropout)
         kept = self.cast(kept, self.dtype[v])  # .to(value_states.dtype)
-        out = self.new("attn", tokens * heads * head_dim, self.dtype[kept], self.needs(kept, v))
         # selective recomputation rebuilds the probabilities (and their cast) in backward
         redo = (dtype * wide + self.dtype[kept] * heads * pairs) if ctx.selective else 0
-        self._op(
-            "matmul_pv",
-            [kept, v],
-            [out],
-            saves=[v] if ctx.selective else [kept, v],
-            transient=redo,
-        )
+        out = self._times_values(kept, v, heads, head_dim, redo)
         return self.unary("transpose", out)  # .transpose(1, 2).contiguous()
 
     def _falcon_eager(
@@ -1168,12 +1164,9 @@ class Net:
         scaled = self.new("scale_", 0, self.dtype[scores], self.rg[scores])
         self._op("scale_", [scores], [scaled])
         self.elems[scaled] = self.elems[scores]
-        masked = self.new(
-            "masked", heads * pairs, max(self.dtype[scores], ctx.res), self.rg[scaled]
-        )
         # ``scores = softmax(scores + mask, dtype=...)``: the scaled scores stay alive
         # until the statement is done, the masked ones through the softmax
-        self._op("add_mask", [scaled], [masked], holds=[scores])
+        masked = self._masked(scaled, holds=[scores])
         statement = [scores, masked]
         if self.dtype[masked] == 2 and dtype == F32 and not ctx.fp16:
             masked = self.cast(masked, F32, holds=statement)
@@ -1189,18 +1182,9 @@ class Net:
             probs, v = self.cast(probs, 2), self.cast(v, 2)
         if kv_heads != heads:
             v = self.unary("expand_kv", v, elems=self.elems[q])
-        out = self.new(
-            "attn", self.s.tokens * heads * head_dim, self.dtype[probs], self.needs(probs, v)
-        )
         # selective recomputation rebuilds the probabilities (and their 16-bit copy)
         redo = (dtype + (2 if ctx.mode == "amp" else 0)) * heads * pairs if ctx.selective else 0
-        self._op(
-            "matmul_pv",
-            [probs, v],
-            [out],
-            saves=[v] if ctx.selective else [probs, v],
-            transient=redo,
-        )
+        out = self._times_values(probs, v, heads, head_dim, redo)
         return self.unary("merge_heads", out)  # .permute(0, 2, 1, 3).reshape(...)
 
     def _math(self, q: str, k: str, v: str, heads: int, kv_heads: int, head_dim: int) -> str:

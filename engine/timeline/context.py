@@ -30,12 +30,10 @@ from memfit.engine.specs import ModelSpec, TrainingSpec, full_attention, window_
 from memfit.engine.stacks import conventions
 
 
-def trains_embedding(model: ModelSpec, trainable: frozenset[str]) -> bool:
-    """Whether the embedding's weight trains: all of the model does, the embeddings do, or
-    the LM head tied to them does (one tensor)."""
-    return bool(
-        {"all", "embeddings"} & trainable or (model.tie_word_embeddings and "lm_head" in trainable)
-    )
+def trains_embedding(trainable: frozenset[str]) -> bool:
+    """Whether the embedding's weight trains, from a context's trainable components
+    (:func:`make_ctx`, which counts a head tied to the embedding as both)."""
+    return bool({"all", "embeddings"} & trainable)
 
 
 def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
@@ -87,8 +85,9 @@ def make_ctx(model: ModelSpec, training: TrainingSpec) -> Ctx:
         ep=model.expert_shards,
         capacity=par.expert_capacity_factor if model.expert_shards > 1 else 1.0,
         topk=model.num_experts_per_tok,
-        # a trained embedding is stored in fp32 (a head tied to it trains it too)
-        embedding_bytes=4 if trains_embedding(model, trainable) else frozen,
+        # a trained embedding is stored in fp32 (a head tied to it trains it too: the
+        # freeze parts above hold both)
+        embedding_bytes=4 if trains_embedding(trainable) else frozen,
         outputs_held=conv.outputs_held,
         kv_cache=conv.kv_cache,
         adapter_bytes=adapter,
@@ -215,23 +214,24 @@ def step_layers(
     input needs no gradient and none of whose weights train records none, so nothing of
     it is kept, not even its input, and nothing of it runs again in backward. Such a
     layer is played as it is without checkpointing."""
+    kinds, ckpt, _ = layers_and_head_grad(model, training, ctx, first_stage)
+    return kinds, ckpt
+
+
+def layers_and_head_grad(
+    model: ModelSpec, training: TrainingSpec, ctx: Ctx, first_stage: bool
+) -> tuple[list[tuple[str, bool]], list[bool], bool]:
+    """:func:`step_layers`, and whether the LM head's input, the stage's last layer's
+    output, needs a gradient: the last layer is recorded, or, on a stage without layers,
+    the stage's input needs one. Where it needs none (only the head trained, its input
+    from frozen layers) the head's matmul saves its input alone, not its weight
+    (autocast's copy of it goes with the cache at the end of the forward), and its
+    backward computes no input gradient."""
     ckpt = checkpointed(training, model.num_layers)
     embed_grad = embedding_output_grad(model, training, first_stage, any(ckpt))
     kinds, recorded = _layers(model, training, ctx, embed_grad)
-    return kinds, [on and r for on, r in zip(ckpt, recorded, strict=True)]
-
-
-def head_input_grad(model: ModelSpec, training: TrainingSpec, ctx: Ctx, first_stage: bool) -> bool:
-    """Whether the LM head's input, the stage's last layer's output, needs a gradient: the
-    last layer is recorded (:func:`step_layers`), or, on a stage without layers, the
-    stage's input needs one. Where it needs none (only the head trained, its input from
-    frozen layers) the head's matmul saves its input alone, not its weight (autocast's
-    copy of it goes with the cache at the end of the forward), and its backward computes
-    no input gradient."""
-    ckpt = checkpointed(training, model.num_layers)
-    embed_grad = embedding_output_grad(model, training, first_stage, any(ckpt))
-    _, recorded = _layers(model, training, ctx, embed_grad)
-    return recorded[-1] if recorded else embed_grad
+    head_grad = recorded[-1] if recorded else embed_grad
+    return kinds, [on and r for on, r in zip(ckpt, recorded, strict=True)], head_grad
 
 
 def recomputed_layers(model: ModelSpec, training: TrainingSpec) -> list[bool]:

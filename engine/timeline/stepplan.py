@@ -55,11 +55,10 @@ from memfit.engine.timeline.context import (
     Gather,
     Stage,
     carries_previous,
-    head_input_grad,
+    layers_and_head_grad,
     make_ctx,
     optimizer_temporaries,
     plays_logits_point,
-    step_layers,
     trains_embedding,
 )
 from memfit.engine.timeline.points import Point, Timeline, _total
@@ -169,10 +168,10 @@ def _layout(
     found = [_profile(model, ctx, kind, x_grad, chunked) for kind, x_grad in blocks]
     profiles = tuple(p for p, _ in found)
     copies = tuple(c for _, c in found)
+    symbolic = dataclasses.replace(ctx, symbolic=True)
     # the per-op policy's saved outputs of each block, as linear forms of the shape
     saved: tuple[Size, ...] = (0,) * len(blocks)
     if per_op:
-        symbolic = dataclasses.replace(ctx, symbolic=True)
         saved = tuple(
             _per_op(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else 0
             for kind, x_grad in blocks
@@ -182,11 +181,9 @@ def _layout(
     # matmul keeps its input on its ctx, past the checkpoint's saved-tensor hooks)
     kept_of: tuple[Size, ...] = (0,) * len(blocks)
     if function_kept:
-        symbolic = dataclasses.replace(ctx, symbolic=True)
         kept_of = tuple(
             _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
         )
-    symbolic = dataclasses.replace(ctx, symbolic=True)
     returned = tuple(
         _returned(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else (0, 0)
         for kind, x_grad in blocks
@@ -275,8 +272,8 @@ class StepPlan:
         copied = "embeddings" in saved_components(training)
         # the embedding's backward runs where its weight trains (a head tied to it
         # trains it too) or PEFT trains a copy of it
-        trains_embeddings = stage.first and (trains_embedding(model, ctx.trainable) or copied)
-        kinds, ckpt = step_layers(model, training, ctx, stage.first)
+        trains_embeddings = stage.first and (trains_embedding(ctx.trainable) or copied)
+        kinds, ckpt, head_grad = layers_and_head_grad(model, training, ctx, stage.first)
         chunked = training.loss == "chunked"
         carries = carries_previous(training, stage)
         laid = _layout(
@@ -285,7 +282,7 @@ class StepPlan:
             tuple(kinds),
             tuple(ckpt),
             stage.last,
-            stage.last and head_input_grad(model, training, ctx, stage.first),
+            stage.last and head_grad,
             chunked,
             plays_logits_point(training, stage, chunked),
             conventions(training).checkpointing == "per-op",
