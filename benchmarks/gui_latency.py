@@ -11,6 +11,10 @@ H100s (ZeRO-3, micro-batch 2 x 4, 4,096 tokens, the Hugging Face Trainer), shows
 Tradeoffs > Map and presses Sweep; the figure is from the press to the map repainted
 with every point (the sweep runs in the app's worker thread, as a user's does).
 
+The fresh processes run in the environment a user's shell gives them: without
+``PYTHONDONTWRITEBYTECODE`` or ``PYTHONUNBUFFERED``, MemFit's bytecode written first, as an
+installed package or the packaged app has it.
+
 Run: ``QT_QPA_PLATFORM=offscreen python benchmarks/gui_latency.py``.
 """
 
@@ -26,6 +30,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llm_analysis_bench import bytecode, environment
 
 FRAME_S = 1 / 60
 STARTUP = """
@@ -107,6 +114,7 @@ def fresh_runs(script: str, repeats: int) -> list[tuple[float, str]]:
                 capture_output=True,
                 text=True,
                 check=True,
+                env=environment(),
             ).stdout
             runs.append((time.perf_counter() - start, out.strip().splitlines()[-1]))
     return runs
@@ -190,6 +198,10 @@ def _deep_pipeline(window: object, spin: object) -> list[float]:
 
 
 def main() -> None:
+    import memfit.gui
+
+    # the fresh processes read MemFit's bytecode, as an installed app does
+    bytecode(Path(memfit.gui.__file__).parent.parent)
     results = edit_latency()
     deep = results.pop(DEEP)
     medians = {name: statistics.median(t) for name, t in results.items()}

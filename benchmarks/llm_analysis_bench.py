@@ -127,10 +127,25 @@ def bench_python() -> Path | None:
     return python if subprocess.run(check, capture_output=True).returncode == 0 else None
 
 
+#: what a user's shell does not set: unbuffered output, and no bytecode written
+NOT_A_USERS = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+
+
 def environment() -> dict[str, str]:
-    """This process's environment without ``PYTHONUNBUFFERED``, so that a child's output
-    is buffered as a user's would be when piped or written to a file."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    """This process's environment as a user's shell has it: without ``PYTHONUNBUFFERED``
+    (a child's output is buffered, as a user's is when piped or written to a file) and
+    without ``PYTHONDONTWRITEBYTECODE`` (Python reads the modules' bytecode, as an
+    installed package or the packaged app has it: see :func:`bytecode`)."""
+    return {k: v for k, v in os.environ.items() if k not in NOT_A_USERS}
+
+
+def bytecode(package: Path) -> None:
+    """The bytecode of every module under ``package`` written, as ``pip install`` writes
+    an installed package's (an editable install has it after its first run; the packaged
+    app carries it), so that no timed run compiles MemFit's sources."""
+    import compileall
+
+    compileall.compile_dir(package, quiet=1)
 
 
 def run(

@@ -4,9 +4,11 @@ with llm-analysis side by side.
 
 Run with the interpreter MemFit is installed into, whose ``memfit`` console script is
 timed: ``.venv/bin/python benchmarks/user_speed.py [--repeats 5]``. Each ``memfit`` run is
-a new process, ``PYTHONUNBUFFERED`` removed from its environment and its output written
-to a file; a figure is the best wall time of ``--repeats`` runs (the median beside it).
-It prints the machine's CPU count and Python version, then:
+a new process, its environment as a user's shell has it (``PYTHONUNBUFFERED`` and
+``PYTHONDONTWRITEBYTECODE`` removed; MemFit's bytecode written first, as an installed
+package has it) and its output written to a file; a figure is the best wall time of
+``--repeats`` runs (the median beside it). It prints the machine's CPU count and Python
+version, then:
 
 a. the start-up floor: the interpreter doing nothing (``python -c pass``) and
    ``memfit --version`` (the interpreter's start, the CLI's and the engine's imports), so
@@ -58,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_analysis_bench
 
+import memfit.engine
 from memfit.engine.cli import DEFAULT_JOBS
 from memfit.engine.sweep import cpus
 
@@ -164,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (best of)")
     args = parser.parse_args(argv)
     repeats = max(1, args.repeats)
+    llm_analysis_bench.bytecode(Path(memfit.engine.__file__).parent.parent)
     print(
         f"user speed: the memfit console script end to end, each run a fresh process, "
         f"best of {repeats}"

@@ -1,8 +1,7 @@
-"""The frozen bundle's entry point: the ``memfit`` console script, ``memfit.gui.launcher:main``."""
+"""The frozen bundle's entry point: the ``memfit`` console script,
+``memfit.gui.launcher:console``."""
 
-import sys
-
-from memfit.gui.launcher import main
+from memfit.gui.launcher import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
