@@ -293,13 +293,56 @@ def _check_type(name: str, value: Any, kind: Any) -> None:
         raise EstimateError(name, f"got {shown(value)}, expected a {kind.__name__}")
 
 
+#: the exact types :func:`_check_type` accepts of each field type, where there is such a
+#: set (a string must be text as well: :data:`_TEXTS`)
+_EXACT: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),
+    float: frozenset({int, float}),
+    bool: frozenset({bool}),
+    str: frozenset({str}),
+}
+#: strings that :func:`_check_type` accepted as text (what it accepts of a string depends
+#: on the string alone), so that a string met again is not searched again
+_TEXTS: set[str] = set()
+_TEXTS_KEPT = 8192
+
+
+@memo.cached(maxsize=None)
+def _field_checks(cls: type) -> tuple[tuple[str, Any, frozenset[type]], ...]:
+    """Each field of ``cls``: its name, its declared type, and the exact types of value
+    :func:`_check_type` accepts of it with no more to check (none where it has more: a
+    tuple's items)."""
+    out = []
+    for name, kind in _field_types(cls):
+        inner, optional = kind, False
+        if isinstance(kind, types.UnionType) and type(None) in kind.__args__:
+            inner, optional = next(k for k in kind.__args__ if k is not type(None)), True
+        exact = _EXACT.get(inner, frozenset())
+        if not exact and isinstance(inner, type) and typing.get_origin(inner) is None:
+            exact = frozenset({inner})  # a section: one of the spec classes
+        if optional and exact:
+            exact |= {type(None)}
+        out.append((name, kind, exact))
+    return tuple(out)
+
+
 def check_fields(spec: Any, prefix: str) -> None:
     """Every field of the dataclass ``spec`` holds a value of its declared type (see
     :func:`_check_type`); each class then checks its ranges (every float field has one).
     This is the one boundary all input crosses -- scenario files, Hugging Face configs, CLI
-    flags, the app's fields -- so nothing of the wrong type reaches the engine."""
-    for name, kind in _field_types(spec.__class__):
-        _check_type(prefix + name, getattr(spec, name), kind)
+    flags, the app's fields -- so nothing of the wrong type reaches the engine. A value of
+    a type the field takes as it is (an ``int``, a spec), or a string accepted before, is
+    not checked again: the verdict is :func:`_check_type`'s either way."""
+    for name, kind, exact in _field_checks(spec.__class__):
+        value = getattr(spec, name)
+        of = type(value)
+        if of in exact and (of is not str or value in _TEXTS):
+            continue
+        _check_type(prefix + name, value, kind)
+        if of is str:
+            if len(_TEXTS) >= _TEXTS_KEPT:
+                _TEXTS.clear()
+            _TEXTS.add(value)
 
 
 @dataclass(frozen=True, slots=True)
