@@ -138,8 +138,13 @@ class _Max:
 
 #: the quantities of a rank's model state that the constant bytes of a step's points are
 #: linear in (:class:`_Sym`): its parameters, optimizer states and gradient buffers, the
-#: bytes ZeRO-3 / FSDP keep gathered (:class:`~memfit.engine.timeline.context.Gather`), and 1
-STATE = ("params", "opt", "grad_buffer", "forward", "backward", "grads", "reduce", "unit", "one")
+#: bytes ZeRO-3 / FSDP keep gathered (:class:`~memfit.engine.timeline.context.Gather`, all
+#: 0 where it gathers nothing), 1 where it gathers nothing (else 0: autocast's copies
+#: count where no unit is gathered), and 1
+STATE = (
+    "params", "opt", "grad_buffer", "forward", "backward", "grads", "reduce", "unit", "local",
+    "one",
+)  # fmt: skip
 
 
 class _Sym:
@@ -183,7 +188,6 @@ class _Sym:
 class _Gathered(NamedTuple):
     """:class:`~memfit.engine.timeline.context.Gather` with its bytes as symbols."""
 
-    active: bool
     forward: _Sym
     backward: _Sym
     grads: _Sym
@@ -198,7 +202,7 @@ _Candidate = tuple[int, int, _Sym, _Sym, _Sym, np.ndarray, np.ndarray]
 #: a run whose floored gradient share is checked: the growth of its gradients per
 #: repetition, the fall of its activations, and of its other bytes (gathered units or
 #: autocast's copies)
-_Check = tuple[np.ndarray, np.ndarray, "_Sym | int"]
+_Check = tuple[np.ndarray, np.ndarray, _Sym]
 
 
 class _Recipe(NamedTuple):
@@ -311,8 +315,10 @@ class _Compiler:
         self.head = head
         # the rank's state enters as symbols (:class:`_Sym`): the compiled step holds for
         # every share of the model state that gathers (or not) the same way
-        self.gather = _Gathered(recipe.gather.active, *(_Sym.var(i) for i in range(3, 8)))
+        self.gather = _Gathered(*(_Sym.var(i) for i in range(3, 8)))
         self.params, self.opt, self.grad_buffer = (_Sym.var(i) for i in range(3))
+        #: 1 where no unit is gathered: what autocast's copies add to the parameters
+        self.local = _Sym.var(8)
         self.trains_embeddings, self.logits_block = trains_embeddings, logits_block
         self.profiles, self.unfolded = plan.profiles, plan.unfolded
         self.size = _FIRST_BLOCK + _BLOCK * len(plan.unfolded)
@@ -391,9 +397,13 @@ class _Compiler:
             self.cands.append((kind, layer, p, self.opt, g, grads, f))
 
     def buffers(self, reducing: Any) -> _Sym:
-        gather = self.gather
-        extra = gather.grads + reducing if gather.active else 0
-        return self.grad_buffer + extra
+        return self.grad_buffer + self.gather.grads + reducing
+
+    def held(self, gathered: _Sym, copies: int) -> _Sym:
+        """The parameters a point holds: the shards with the ``gathered`` units where ZeRO-3
+        / FSDP gathers (the gathered symbols are 0 where it does not), else with
+        autocast's ``copies``."""
+        return self.params + gathered + copies * self.local
 
     def runs(self, layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
         """The layers as runs (:func:`_runs`); every point: each layer a run of its own."""
@@ -479,10 +489,9 @@ class _Compiler:
         and what the last one returned that the next one's forward holds. ``prev``: what
         the layer before returned and kept not (:attr:`_Recipe.returned`), alive through
         this unit's first layer's forward."""
-        gather, params, one, kinds = self.gather, self.params, self.one, self.plan.blocks
+        gather, one, kinds = self.gather, self.one, self.plan.blocks
         for b, on, c, _ in unit:
-            gathered = params + i * gather.unit + gather.forward
-            p = gathered if gather.active else params + copies + c
+            p = self.held(i * gather.unit + gather.forward, copies + c)
             work = self.peak(b, 1) - c * one
             own = self.why(partial(_work_source, "forward", 0, i), work)
             if self.ledger and prev is not self.nothing:
@@ -509,15 +518,15 @@ class _Compiler:
         """The forward's candidates; returns what the layers keep, autocast's copies left
         after the forward, one micro-batch's activations, the others' in flight and the
         logits held."""
-        model, stage, gather, params = self.model, self.stage, self.gather, self.params
+        model, stage, gather = self.model, self.stage, self.gather
         nothing, one, hidden, tokens = self.nothing, self.one, self.hidden, self.tokens
-        gathered, grad_buffer, layers = gather.active, self.grad_buffer, self.layers
+        grad_buffer, layers = self.grad_buffer, self.layers
         chunked = self.plan.chunked
         kept = nothing
         if stage.first:
             kept = int(model.embedding_norm) * (hidden + 8 * tokens)
             kept = kept + (self.var(_DROPOUT) if model.hidden_dropout > 0 else nothing)
-            p = params + gather.forward if gathered else params
+            p = self.held(gather.forward, 0)
             own = self.why(partial(_work_source, "embedding", 0, None), hidden)
             self.add(_EMBED_F, -1, p, grad_buffer, nothing, fixed + hidden, own)
         if self.ledger:
@@ -548,10 +557,10 @@ class _Compiler:
             head_copies = head_saved = 0
         self.hv, self.head_saved = hv, head_saved
         units = len(layers) * gather.unit
-        p = params + units + gather.forward if gathered else params + copies + head_copies
+        p = self.held(units + gather.forward, copies + head_copies)
         if self.logits_block >= 0:
             c = self.plan.copies[self.logits_block].made
-            q = params + units + gather.forward if gathered else params + copies + c
+            q = self.held(units + gather.forward, copies + c)
             peak = self.peak(self.logits_block, 1) - c * one
             own = self.why(partial(_head_source, "logits", 0, chunked), peak)
             self.add(_LOGITS_F, -1, q, grad_buffer, nothing, fixed + kept + peak, own)
@@ -573,8 +582,8 @@ class _Compiler:
 
     def _backward_unit(self, unit: tuple[_Layer, ...], i: int, state: _State) -> _State:
         kept, copies, grads, units, grad_in, reducing = state
-        gather, params, one, fixed = self.gather, self.params, self.one, self.fixed_b
-        gathered, g_bwd, kinds = gather.active, gather.backward, self.plan.blocks
+        gather, one, fixed = self.gather, self.one, self.fixed_b
+        g_bwd, kinds = gather.backward, self.plan.blocks
         for b, on, c, saved in unit:
             g = self.buffers(reducing)
             work = self.peak(b, 3) - saved * one
@@ -583,20 +592,20 @@ class _Compiler:
                 kept = kept - self.kept_on[b]
                 if self.ledger:
                     self.kept_why.add("checkpointed", -self.kept_on[b], -1)
-                p = params + units + g_bwd if gathered else params + copies + c
+                p = self.held(units + g_bwd, copies + c)
                 redo = self.peak(b, 1) - c * one
                 again = (
                     *self.why(partial(_grad_source, 0, i), grad_in),
                     *self.why(partial(_work_source, "recompute", 0, i), redo),
                 )
                 self.add(_RECOMPUTE, i, p, g, grads, fixed + kept + grad_in + redo, again)
-                p = params + units + g_bwd if gathered else params + copies + saved
+                p = self.held(units + g_bwd, copies + saved)
                 self.add(_LAYER_B, i, p, g, grads, fixed + kept + work, own)
             else:
                 kept = kept - (self.linear(b, 0) - c * one)
                 if self.ledger:
                     self.kept_why.add(kinds[b][0], -(self.linear(b, 0) - c * one), -1)
-                p = params + units + g_bwd if gathered else params + copies
+                p = self.held(units + g_bwd, copies)
                 self.add(_LAYER_B, i, p, g, grads, fixed + kept + work, own)
                 copies -= saved
             grads = grads + self.linear(b, 5)
@@ -610,12 +619,12 @@ class _Compiler:
         self, fixed: np.ndarray, kept: np.ndarray, copies: int, cache: np.ndarray
     ) -> list[_Check]:
         """The backward's candidates; returns the runs to check."""
-        gather, params, one, hv = self.gather, self.params, self.one, self.hv
-        gathered, layers, plan = gather.active, self.layers, self.plan
+        gather, one, hv = self.gather, self.one, self.hv
+        layers, plan = self.layers, self.plan
         self.fixed_b = fixed
         n_layers = len(layers)
         units = n_layers * gather.unit
-        p = params + units + gather.backward if gathered else params + copies
+        p = self.held(units + gather.backward, copies)
         kind = _HEAD_B if self.stage.last else _RECV_B
         peak = hv[3] - self.head_saved * one
         own = self.why(partial(_head_source, "backward", 0, plan.chunked, self.stage.last), peak)
@@ -635,7 +644,7 @@ class _Compiler:
             d_units = n * gather.unit
             # floored shares: monotone only if they move enough
             if plan.grad_share.denominator != 1 and rest > 2:
-                checks.append((d_grads, d_kept, d_units if gathered else d_copies))
+                checks.append((d_grads, d_kept, d_units + d_copies * self.local))
             for t in sorted({0, rest - 1}):
                 at = (kept - t * d_kept, copies - t * d_copies, grads + t * d_grads)
                 state_t = (*at, units - t * d_units, grad_in, reducing)
@@ -652,7 +661,7 @@ class _Compiler:
         if self.ledger:  # the embedding's saved tensors went with its backward; the cache stays
             self.kept_why.only("kv-cache")
         if self.trains_embeddings:
-            p = params + units + gather.backward if gathered else params
+            p = self.held(units + gather.backward, 0)
             own_grads = grads + (plan.dense_grad - plan.tied) * one
             peak = fixed + cache + grad_in + plan.tied * one
             why = (
@@ -686,20 +695,12 @@ def dtype_of(plan: StepPlan) -> type:
 
 
 def state_of(plan: StepPlan) -> tuple[int, ...]:
-    """The state quantities (:data:`STATE`) of ``plan``'s rank."""
+    """The state quantities (:data:`STATE`) of ``plan``'s rank: where ZeRO-3 / FSDP
+    gathers nothing, every gathered quantity 0 and ``local`` 1."""
     recipe = plan.recipe
     g = recipe.gather
-    return (
-        plan.params,
-        recipe.opt,
-        recipe.grad_buffer,
-        g.forward,
-        g.backward,
-        g.grads,
-        g.reduce,
-        g.unit,
-        1,
-    )
+    gathered = (g.forward, g.backward, g.grads, g.reduce, g.unit) if g.active else (0,) * 5
+    return (plan.params, recipe.opt, recipe.grad_buffer, *gathered, int(not g.active), 1)
 
 
 def compile_key(plan: StepPlan) -> tuple[object, ...]:
@@ -718,7 +719,6 @@ def compile_key(plan: StepPlan) -> tuple[object, ...]:
         r.offload_inputs,
         r.reentrant,
         r.carries,
-        r.gather.active,
         r.trains_embeddings,
         dtype_of(plan),
     )
@@ -753,8 +753,8 @@ class _Skeleton:
     buffers: np.ndarray
     matrix: np.ndarray
     columns: tuple[int, ...]
-    #: per run checked whose other bytes are the state's (gathered units): its row in the
-    #: matrix, and what the state adds to the row's ``one`` column
+    #: per run checked: its row of other bytes in the matrix (the gathered units, or
+    #: autocast's copies where none is), and what the state adds to its ``one`` column
     moves: tuple[tuple[int, _Sym], ...]
     checks: int
     dtype: type
@@ -768,12 +768,8 @@ class _Skeleton:
         for d_grads, d_kept, _ in checks:
             rows += [d_grads, d_kept]
         matrix = np.stack(rows)
-        moves: list[tuple[int, _Sym]] = []
-        for k, (_, _, move) in enumerate(checks):
-            if isinstance(move, _Sym):  # the gathered units: the state's
-                moves.append((first + 2 * k + 1, move))
-            else:  # autocast's copies: the plan's
-                matrix[first + 2 * k + 1, _ONE] += move
+        # the gathered units, or autocast's copies where none is: the state's
+        moves = tuple((first + 2 * k + 1, move) for k, (_, _, move) in enumerate(checks))
         n = len(STATE)
 
         def coefficients(values: list[_Sym]) -> np.ndarray:
@@ -788,7 +784,7 @@ class _Skeleton:
             buffers=coefficients([c[4] for c in cands]),
             matrix=matrix,
             columns=tuple(int(c) for c in np.abs(matrix).max(axis=0)),
-            moves=tuple(moves),
+            moves=moves,
             checks=len(checks),
             dtype=dtype,
         )

@@ -132,3 +132,28 @@ def test_a_gathered_plan_with_floored_shares_moves_its_checked_runs_with_the_sta
     assert compile_key(found[0]) == compile_key(found[1])
     assert _SKELETONS[compile_key(found[0])].moves  # the state moves the checked rows
     assert found[0].forms().checks > 0
+
+
+def test_plans_that_gather_and_plans_that_do_not_share_a_compile() -> None:
+    """A pipeline stage under ZeRO-3 stays gathered where under ZeRO-1 it is not: one
+    compile serves both (the state says which), and each plan's highest point is the one
+    its every point, played whole, reaches."""
+    model, gpu = load_model("llama-3.2-1b"), load_gpu("h100-sxm-80gb")
+    found = []
+    for zero in (1, 3):
+        training = TrainingSpec(
+            precision="bf16",
+            micro_batch_size=2,
+            sequence_length=1024,
+            parallelism=ParallelismSpec(pp=2, zero_stage=zero),
+        )
+        for plan in plans(Scenario(model, HardwareSpec(gpu, gpus_per_node=8), training)):
+            same(plan.forms(), _Skeleton.compile(plan).at(state_of(plan)))
+            assert plan.recipe.gather.active == (zero == 3)
+            every = plan.points_at(2, 1024)[0]
+            played = [p for p in every if p.phase in ("forward", "backward")]
+            top = max(played, key=lambda p: p.total)
+            assert plan.play(2, 1024, lambda every=every: every).moments[1] == top
+            found.append(plan)
+    assert [compile_key(p) for p in found[:2]] == [compile_key(p) for p in found[2:]]
+    assert [state_of(p) for p in found[:2]] != [state_of(p) for p in found[2:]]
