@@ -396,7 +396,7 @@ class _Compiler:
         for f in a.forms if isinstance(a, _Max) else [a]:
             self.cands.append((kind, layer, p, self.opt, g, grads, f))
 
-    def buffers(self, reducing: Any) -> _Sym:
+    def buffers(self, reducing: _Sym | int) -> _Sym:
         return self.grad_buffer + self.gather.grads + reducing
 
     def held(self, gathered: _Sym, copies: int) -> _Sym:
