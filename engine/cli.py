@@ -88,6 +88,7 @@ from memfit.engine.sweep import (
     NUMERICS_MARK,
     ROW_FIELDS,
     TIME_FIELDS,
+    Beyond,
     best,
     beyond_stack,
     check_locks,
@@ -1130,8 +1131,13 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
     wanted = _only(args.only)
 
     def meanwhile() -> None:
-        """What ``fit`` answers beside the sweep: worked out while the sweep's processes
-        run (it reads none of their points)."""
+        """What the command answers beside the sweep's points, worked out while the
+        sweep's processes run (it reads none of their points): the strategies the stack
+        cannot run (the sweep has gathered them by then), and for ``fit`` the limits and
+        make-it-fit."""
+        planned["beyond"] = beyond_stack(scenario, space, left)
+        if args.command != "fit":
+            return
         planned["limits"] = {
             "max_micro_batch_size": max_micro_batch(scenario),
             "max_sequence_length": max_sequence_length(scenario),
@@ -1146,13 +1152,13 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         space,
         beyond=left,
         workers=workers,
-        meanwhile=meanwhile if args.command == "fit" else None,
+        meanwhile=meanwhile,
         # fit reads the times of the points that fit (the fastest of them), unless its
         # filter reads every point's
         times="fitting" if args.command == "fit" and not set(wanted) & set(TIME_FIELDS) else "all",
     )
     points = only(swept, wanted)
-    beyond = beyond_stack(scenario, space, left)
+    beyond: Beyond = planned["beyond"]
     left_out = {
         "strategies": beyond.strategies,
         "stack_cannot_run": list(beyond.needs),
