@@ -806,14 +806,19 @@ def _collector_off() -> Iterator[None]:
     run that builds many objects and keeps most of them (the engine's caches), so the
     collector's passes find almost nothing to free and cost about a sixth of a planning
     command's time (the 70B ``fit``), while the engine's objects rarely form cycles
-    (reference counting frees them; the process's peak memory is the same)."""
+    (reference counting frees them; the process's peak memory is the same). Turned back
+    on, it would first walk every object the command made (its count of new objects is
+    past every threshold): they join the oldest generation unwalked instead
+    (``gc.freeze`` then ``gc.unfreeze``), where its rare full passes still reach them."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            gc.freeze()
             gc.enable()
+            gc.unfreeze()
 
 
 def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO) -> int:
