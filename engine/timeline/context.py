@@ -358,7 +358,7 @@ def optimizer_temporaries(model: ModelSpec, training: TrainingSpec, state: Model
     p_bytes = precision_of(training).master
     if training.optimizer == "adamw" and training.optimizer_impl == "foreach":
         copies = sum(g.total for g in saved_copies(model, training))
-        whole = sum(g.total for g in split_tensors(model, training).trainable)
+        whole = copies and sum(g.total for g in split_tensors(model, training).trainable)
         if copies and whole:
             # PEFT's modules_to_save copies are a dtype group of their own (the frozen
             # weights'), whose temporaries follow that dtype; the groups' temporaries are
