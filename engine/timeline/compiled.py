@@ -163,26 +163,38 @@ class _Sym:
 
     @staticmethod
     def var(i: int) -> _Sym:
-        return _Sym(tuple(int(j == i) for j in range(len(STATE))))
+        return _VARS[i]
 
+    # a symbol is never changed in place: an operation that changes nothing returns it
     def __add__(self, other: _Sym | int) -> _Sym:
         if isinstance(other, _Sym):  # every form of a step adds these: map, no generator
             return _Sym(tuple(map(operator.add, self.c, other.c)))
+        if not other:
+            return self
         return _Sym((*self.c[:-1], self.c[-1] + other))
 
     __radd__ = __add__
 
     def __mul__(self, k: int) -> _Sym:
+        if k == 1:
+            return self
         return _Sym(tuple([k * a for a in self.c]))
 
     __rmul__ = __mul__
 
     def __sub__(self, other: _Sym | int) -> _Sym:
-        return self + (-1) * other
+        if isinstance(other, _Sym):
+            return _Sym(tuple(map(operator.sub, self.c, other.c)))
+        return self + (-other)
 
     def at(self, state: Sequence[int]) -> int:
         """The bytes at the state quantities ``state`` (in the order of :data:`STATE`)."""
         return sum(a * b for a, b in zip(self.c, state, strict=True))
+
+
+#: each state quantity alone, as a symbol
+_VARS = tuple(_Sym(tuple(int(j == i) for j in range(len(STATE)))) for i in range(len(STATE)))
+_PARAMS, _LOCAL = STATE.index("params"), STATE.index("local")
 
 
 class _Gathered(NamedTuple):
@@ -403,7 +415,10 @@ class _Compiler:
         """The parameters a point holds: the shards with the ``gathered`` units where ZeRO-3
         / FSDP gathers (the gathered symbols are 0 where it does not), else with
         autocast's ``copies``."""
-        return self.params + gathered + copies * self.local
+        c = list(gathered.c)  # params + gathered + copies x local, in one symbol
+        c[_PARAMS] += 1
+        c[_LOCAL] += copies
+        return _Sym(tuple(c))
 
     def runs(self, layers: Sequence[_Layer], start: int, step: int) -> tuple[_Run, ...]:
         """The layers as runs (:func:`_runs`); every point: each layer a run of its own."""
