@@ -755,36 +755,40 @@ def joint(plans: tuple[StepPlan, ...]) -> Joint:
     c = max(len(f.kinds) for f in compiled)
     checks = max(f.checks for f in compiled)
     usable = all(f.fits and not p.unfolded for p, f in zip(plans, compiled, strict=True))
+    num = np.array([p.grad_share.numerator for p in plans], dtype=np.int64)[:, None, None]
+    den = np.array([p.grad_share.denominator for p in plans], dtype=np.int64)[:, None, None]
+    accumulated = np.array([p.accumulated for p in plans], dtype=np.int64)[:, None, None]
+    if not usable:
+        empty = np.zeros(0)
+        nothing = np.zeros((0, _FIRST_BLOCK), dtype=np.int64)
+        return Joint(plans, nothing, c, checks, empty, empty, (empty,) * 4, num, den, accumulated)
+    # every array int64 here (each plan's forms fit)
     rows, constant, buffers = [], [], []
-    arrays: list[list[list[int]]] = [[], [], [], []]
+    arrays: list[list[np.ndarray]] = [[], [], [], []]
     for p in compiled:
         k = len(p.kinds)
-        m = p.matrix if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64)
+        m = p.matrix
         width = m.shape[1] if len(m) else _FIRST_BLOCK
         pad = np.zeros((c - k, width), dtype=np.int64)
         act, grads, rest = m[:k], m[k : 2 * k], m[2 * k :]
         more = np.zeros((2 * (checks - p.checks), width), dtype=np.int64)
-        rows.append(np.concatenate([act, pad, grads, pad, rest, more]) if usable else m)
-        padding = [_NEVER] * (c - k)
-        constant.append([int(x) for x in p.constant] + padding)
-        buffers.append([int(x) for x in p.buffers] + [0] * (c - k))
-        for out, values in zip(
-            arrays, (p.kinds, p.layer_of, p.fixed_parameters, p.fixed_optimizer), strict=True
-        ):
-            out.append([*values, *([0] * (c - k))])
-    num = np.array([p.grad_share.numerator for p in plans], dtype=np.int64)[:, None, None]
-    den = np.array([p.grad_share.denominator for p in plans], dtype=np.int64)[:, None, None]
+        rows.append(np.concatenate([act, pad, grads, pad, rest, more]))
+        zeros = np.zeros(c - k, dtype=np.int64)
+        constant.append(np.concatenate([p.constant, np.full(c - k, _NEVER, dtype=np.int64)]))
+        buffers.append(np.concatenate([p.buffers, zeros]))
+        for out, values in zip(arrays, p.arrays, strict=True):
+            out.append(np.concatenate([values, zeros]))
     return Joint(
         plans=plans,
-        matrix=np.concatenate(rows) if usable else np.zeros((0, _FIRST_BLOCK), dtype=np.int64),
+        matrix=np.concatenate(rows),
         candidates=c,
         checks=checks,
-        constant=np.array(constant, dtype=np.int64)[:, :, None] if usable else np.zeros(0),
-        buffers=np.array(buffers, dtype=np.int64)[:, :, None] if usable else np.zeros(0),
-        arrays=tuple(np.array(x, dtype=np.int64) if usable else np.zeros(0) for x in arrays),
+        constant=np.stack(constant)[:, :, None],
+        buffers=np.stack(buffers)[:, :, None],
+        arrays=tuple(np.stack(x) for x in arrays),
         num=num,
         den=den,
-        accumulated=np.array([p.accumulated for p in plans], dtype=np.int64)[:, None, None],
+        accumulated=accumulated,
     )
 
 
