@@ -1248,6 +1248,13 @@ def full_attention(model: ModelSpec, layer: int) -> bool:
     return n > 0 and model.sliding_window > 0 and (layer + 1) % n == 0
 
 
+def full_attention_layers(model: ModelSpec) -> int:
+    """How many of the model's layers :func:`full_attention` names: every
+    ``full_attention_every``-th."""
+    n = model.full_attention_every
+    return model.num_layers // n if n > 0 and model.sliding_window > 0 else 0
+
+
 def window_masks(model: ModelSpec, seq: int) -> bool:
     """Whether transformers passes SDPA a sliding-window mask at sequence length ``seq``:
     from the window's own length on (at ``seq == window`` nothing is masked yet, but the

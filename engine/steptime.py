@@ -95,7 +95,7 @@ from memfit.engine.specs import (
     ModelSpec,
     Scenario,
     TrainingSpec,
-    full_attention,
+    full_attention_layers,
     window_masks,
 )
 from memfit.engine.timeline import head_block, layer_block, make_ctx, recomputed_layers
@@ -1083,7 +1083,7 @@ class _Stages:
     trainable_rank: float
     moe_share: float
     #: the share of the layers that attend over the whole sequence where the others slide
-    #: a window (:func:`memfit.engine.specs.full_attention`)
+    #: a window (:func:`memfit.engine.specs.full_attention_layers`)
     full_share: float
     tp_ring: _Ring = field(compare=False)
     cp_ring: _Ring = field(compare=False)
@@ -1265,8 +1265,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
         amp=prec.mode == "amp",
         trainable_rank=trainable_rank,
         moe_share=n_moe / model.num_layers if model.num_layers else 0.0,
-        full_share=sum(full_attention(model, i) for i in range(model.num_layers))
-        / max(model.num_layers, 1),
+        full_share=full_attention_layers(model) / max(model.num_layers, 1),
         tp_ring=_ring(mesh.tp, 1, scenario, dev),
         cp_ring=_ring(mesh.cp, mesh.tp, scenario, dev),
         ep_ring=_ring(mesh.ep, mesh.tp * mesh.cp, scenario, dev),
