@@ -95,13 +95,10 @@ class Table(dict[K, V]):
 
     def keep(self, key: K, value: V) -> V:
         """The entry for ``key``: the one stored already, else ``value``, stored now."""
-        with self._lock:
-            if key in self:
-                return self[key]
-            if len(self) >= self.maxsize:
+        with self._lock:  # one hash of the key where the table has room (keys are long)
+            if len(self) >= self.maxsize and key not in self:
                 dict.clear(self)
-            self[key] = value
-            return value
+            return self.setdefault(key, value)
 
     def tally(self: Table[K, int], key: K) -> int:
         """One more count for ``key``; the count, this one included."""

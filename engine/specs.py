@@ -303,8 +303,8 @@ _EXACT: dict[Any, frozenset[type]] = {
 }
 #: strings that :func:`_check_type` accepted as text (what it accepts of a string depends
 #: on the string alone), so that a string met again is not searched again
-_TEXTS: set[str] = set()
 _TEXTS_KEPT = 8192
+_TEXTS: memo.Table[str, bool] = memo.Table(f"{__name__}._TEXTS", _TEXTS_KEPT)
 
 
 @memo.cached(maxsize=None)
@@ -340,9 +340,7 @@ def check_fields(spec: Any, prefix: str) -> None:
             continue
         _check_type(prefix + name, value, kind)
         if of is str:
-            if len(_TEXTS) >= _TEXTS_KEPT:
-                _TEXTS.clear()
-            _TEXTS.add(value)
+            _TEXTS.keep(value, True)
 
 
 @dataclass(frozen=True, slots=True)
