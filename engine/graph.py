@@ -127,7 +127,7 @@ class Lin:
 
     def evaluate(self, values: tuple[int, ...]) -> int:
         total = sum(a * v for a, v in zip(self.c, values, strict=True))
-        if isinstance(total, Fraction):
+        if type(total) is Fraction:  # not isinstance: Fraction is an ABC, slow to test
             if total.denominator != 1:
                 raise ValueError(f"{self!r} is not a whole number of bytes at {values}")
             return total.numerator
@@ -443,7 +443,7 @@ def _vector(value: Size, den: int) -> tuple[int, ...]:
     out = []
     for a in coefs:
         scaled = a * den
-        if isinstance(scaled, Fraction):
+        if type(scaled) is Fraction:
             if scaled.denominator != 1:
                 raise ValueError("the common denominator does not clear a coefficient")
             scaled = scaled.numerator
@@ -456,7 +456,7 @@ def _denominator(values: list[Size]) -> int:
     for v in values:
         if isinstance(v, Lin):
             for a in v.c:
-                if isinstance(a, Fraction):
+                if type(a) is Fraction:
                     den = den * a.denominator // gcd(den, a.denominator)
     return den
 
