@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd
 from operator import add, mul, sub
-from typing import Any
+from typing import Any, cast
 
 from memfit.engine import memo
 
@@ -131,7 +131,7 @@ class Lin:
             if total.denominator != 1:
                 raise ValueError(f"{self!r} is not a whole number of bytes at {values}")
             return total.numerator
-        return total
+        return cast(int, total)
 
 
 Size = int | Lin

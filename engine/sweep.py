@@ -648,6 +648,30 @@ def _alike(strategy: Strategy) -> tuple[object, ...]:
     return (t.precision, t.activation_checkpointing, p.tp, p.pp, p.cp, p.ep, p.sequence_parallel)
 
 
+def _split(strategy: Strategy) -> tuple[int, ...]:
+    """What a rank's blocks are built from beyond the training's kind: the model's share
+    of a rank (tensor and expert parallel) and the sequence's (context and sequence
+    parallel). Strategies that differ in it share no block profile, layout or compiled
+    step; those that share it share most of them, across every precision, checkpointing,
+    pipeline and ZeRO stage."""
+    p = strategy[0].training.parallelism
+    return (p.tp, p.ep, p.cp, int(p.sequence_parallel))
+
+
+def _parts(todo: list[Strategy], workers: int) -> list[list[int]]:
+    """The strategies of ``todo`` (their indices) in parts for ``workers`` processes: one
+    part per :func:`_split` (a worker builds what its strategies share once, and no other
+    worker builds it), each in :func:`_alike`'s order; a part of more than its share of
+    ``2 x workers`` parts cut into runs of that share; largest first, so that the last
+    parts the workers take are the smallest."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in sorted(range(len(todo)), key=lambda i: _alike(todo[i])):
+        groups.setdefault(_split(todo[i]), []).append(i)
+    share = -(-len(todo) // (2 * workers))
+    parts = [g[k : k + share] for g in groups.values() for k in range(0, len(g), share)]
+    return sorted(parts, key=len, reverse=True)
+
+
 def _run_part(indices: list[int], times: str) -> list[tuple[int, _Results]]:
     return [(i, _evaluate(*_TODO[i], times)) for i in indices]
 
@@ -659,17 +683,14 @@ def in_processes(
     times: str = "all",
 ) -> list[_Results]:
     """:func:`_evaluate` of every strategy of ``todo``, in ``workers`` forked processes:
-    the strategies sorted by what they share (:func:`_alike`) and cut into runs, each
-    worker taking the next run as it finishes one. Each worker computes what the calling
+    the strategies in parts by what they share (:func:`_parts`), each worker taking the
+    next part as it finishes one. Each worker computes what the calling
     process would (the engine's functions are pure), so the results are the same, in the
     order of ``todo``. ``meanwhile`` runs here once the workers are forked (no thread of
     this process runs while they fork)."""
     global _TODO
     workers = max(1, min(workers, len(todo) // MIN_SHARE))
-    order = sorted(range(len(todo)), key=lambda i: _alike(todo[i]))
-    runs = workers * 4
-    size = -(-len(order) // runs)
-    parts = [order[k : k + size] for k in range(0, len(order), size)]
+    parts = _parts(todo, workers)
     _TODO = todo
     try:
         try:

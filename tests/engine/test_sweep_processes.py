@@ -112,3 +112,26 @@ def test_a_sweep_runs_here_where_processes_cannot_start(monkeypatch: pytest.Monk
     assert [(p.scenario, p.device_bytes, p.time) for p in fallback] == [
         (p.scenario, p.device_bytes, p.time) for p in here
     ]
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_the_parts_keep_what_strategies_share_in_one_process(workers: int) -> None:
+    """Every strategy in one part; a part holds strategies of one split of the model and
+    the sequence over the ranks (which share block profiles and compiled steps), in as
+    few parts as the share of one allows; the largest parts first."""
+    model = load_model("llama-3-8b")
+    training = TrainingSpec(micro_batch_size=1, gradient_accumulation_steps=8)
+    s = Scenario(model, HardwareSpec(load_gpu("h100-sxm-80gb"), 8), training)
+    todo = list(sweep.strategies(s))
+    parts = sweep._parts(todo, workers)
+    assert sorted(i for p in parts for i in p) == list(range(len(todo)))
+    share = -(-len(todo) // (2 * workers))
+    assert all(0 < len(p) <= share for p in parts)
+    assert [len(p) for p in parts] == sorted((len(p) for p in parts), reverse=True)
+    splits = {sweep._split(todo[i]) for i in range(len(todo))}
+    assert len(splits) > 1
+    for split in splits:
+        holding = [p for p in parts if any(sweep._split(todo[i]) == split for i in p)]
+        assert all(sweep._split(todo[i]) == split for p in holding for i in p)
+        members = sum(len(p) for p in holding)
+        assert len(holding) == -(-members // share)
