@@ -46,14 +46,15 @@ def console() -> None:
 
 
 def end(code: int) -> None:
-    """End the process with ``code`` once its output is flushed and its exit handlers have
-    run, without the interpreter's teardown: that frees the engine's objects one by one
-    (after a planning command its caches hold hundreds of thousands, and the teardown
-    took a twentieth of a ``memfit fit``) and writes nothing a user sees."""
+    """End the process with ``code`` once its exit handlers have run and its output is
+    flushed (what they write too), without the interpreter's teardown: that frees the
+    engine's objects one by one (after a planning command its caches hold hundreds of
+    thousands, and the teardown took a twentieth of a ``memfit fit``) and writes nothing
+    a user sees."""
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (``| head``)
             stream.flush()
-    atexit._run_exitfuncs()
     os._exit(code)
 
 

@@ -161,10 +161,6 @@ class _Sym:
     def __init__(self, c: tuple[int, ...]) -> None:
         self.c = c
 
-    @staticmethod
-    def var(i: int) -> _Sym:
-        return _VARS[i]
-
     # a symbol is never changed in place: an operation that changes nothing returns it
     def __add__(self, other: _Sym | int) -> _Sym:
         if isinstance(other, _Sym):  # every form of a step adds these: map, no generator
@@ -327,10 +323,11 @@ class _Compiler:
         self.head = head
         # the rank's state enters as symbols (:class:`_Sym`): the compiled step holds for
         # every share of the model state that gathers (or not) the same way
-        self.gather = _Gathered(*(_Sym.var(i) for i in range(3, 8)))
-        self.params, self.opt, self.grad_buffer = (_Sym.var(i) for i in range(3))
-        #: 1 where no unit is gathered: what autocast's copies add to the parameters
-        self.local = _Sym.var(8)
+        self.gather = _Gathered(*_VARS[3:8])
+        self.opt, self.grad_buffer = _VARS[1], _VARS[2]
+        #: 1 where no unit is gathered: what autocast's copies add to the parameters (the
+        #: parameters a point holds: :meth:`held`)
+        self.local = _VARS[_LOCAL]
         self.trains_embeddings, self.logits_block = trains_embeddings, logits_block
         self.profiles, self.unfolded = plan.profiles, plan.unfolded
         self.size = _FIRST_BLOCK + _BLOCK * len(plan.unfolded)
