@@ -163,12 +163,17 @@ def _valid(micro_batch_size: int, sequence_length: int, accumulation: int) -> bo
     return True
 
 
-_BACKWARD = np.array([phase == "backward" for phase, _ in KINDS])
+#: per kind of point (:data:`~memfit.engine.timeline.KINDS`): whether it is the backward's,
+#: and its phase (an index into :data:`_PHASES`)
+_BACKWARD = tuple(phase == "backward" for phase, _ in KINDS)
 _PHASES = ("before", "forward", "backward", "optimizer")
-_PHASE = np.array([_PHASES.index(phase) for phase, _ in KINDS])
+_PHASE = tuple(_PHASES.index(phase) for phase, _ in KINDS)
 _OPTIMIZER = _PHASES.index("optimizer")
 #: float64 holds every integer below this exactly (the fragmentation share is a float)
 _EXACT_FLOAT = 1 << 53
+#: the moments of a step other than its forward and backward, each the peak where the
+#: highest of them is (the first of equal ones, in this order)
+_MOMENTS = ("before", "step", "after")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,15 +188,18 @@ class _Group:
     vpp: int
     #: the plan of each distinct stage shape, and each stage's index into them
     plans: tuple[StepPlan, ...]
-    index: np.ndarray
-    #: per stage, a column: what turns a peak into totals (see :func:`_group`)
-    constants: dict[str, np.ndarray]
+    index: tuple[int, ...]
+    #: per plan: what turns a peak into totals (see :func:`_group`)
+    rows: tuple[dict[str, int], ...]
 
     def totals(
         self, batch: np.ndarray, seq: np.ndarray, accumulation: Sequence[int]
     ) -> list[Totals | None]:
         """The totals at ``batch[i]`` x ``seq[i]`` x ``accumulation[i]``; ``None`` where
-        the arrays do not hold a shape exactly."""
+        the arrays do not hold a shape exactly. The highest points of forward and
+        backward come from the plans' forms at every shape at once
+        (:meth:`~memfit.engine.timeline.Joint.moments`); the rest is a few integer
+        operations per stage and shape, done in Python integers (exact)."""
         n = len(batch)
         local = seq // self.cp
         held = {  # micro-batches in flight at each stage; without a pipeline, one
@@ -200,89 +208,91 @@ class _Group:
             else [1]
             for a in set(accumulation)
         }
-        holds = np.array([held[a] for a in accumulation], dtype=np.int64).T  # stage x shape
+        holds = [held[a] for a in accumulation]  # shape x stage
+        most = max(max(h) for h in holds)
         accumulating = np.array([a > 1 for a in accumulation], dtype=bool)
-        found = joint(self.plans).moments(batch, local, int(holds.max()), accumulating)
+        found = joint(self.plans).moments(batch, local, most, accumulating)
         if found is None:
             return [None] * n
-        c = self.constants
-
-        def stages(name: str) -> np.ndarray:
-            per_stage: np.ndarray = getattr(found, name)[self.index]
-            return per_stage
-
-        kind = stages("kind")
-        # the peak: the first highest of the point before the step, the highest of
-        # forward and backward with the other micro-batches in flight, the optimizer
-        # step and the point after zero_grad (Timeline.in_flight)
-        act = stages("activations") + (holds - 1) * stages("per_microbatch")
-        params, grads = stages("parameters"), stages("gradients")
-        top = params + grads + stages("optimizer_states") + act
-        # a model output held by the loop lives through the optimizer step and zero_grad
-        output = stages("logits")
-        step, after = c["step"] + output, c["after"] + output
-        # the first highest of the point before the step, the step and after zero_grad
-        first_before = (c["before"] >= step) & (c["before"] >= after)
-        first_step = ~first_before & (step >= after)
-
-        def first(name: str) -> np.ndarray:
-            chosen: np.ndarray = np.where(
-                first_before,
-                c["before_" + name],
-                np.where(first_step, c["step_" + name], c["after_" + name]),
-            )
-            return chosen
-
-        wins = (top > c["before"]) & (top >= step) & (top >= after)
-        p = np.where(wins, params, first("p"))
-        g = np.where(wins, grads, first("g"))
-        a = np.where(wins, act, first("a") + np.where(first_before, 0, output))
-        phase = np.where(wins, _PHASE[kind], first("phase"))
-        if int(a.max()) >= _EXACT_FLOAT:
-            return [None] * n
-        # the items at the peak, added up (engine.estimate._items_at_peak)
-        in_flight = g - c["grad_buffers"]
-        buffers = np.where(_BACKWARD[kind] & wins, c["backward_buffers"], 0)
-        produced = np.where(c["grad_items"], in_flight, np.minimum(buffers, in_flight))
-        temp = np.where(phase == _OPTIMIZER, c["temp"], 0)
-        allocated = c["held"] + (p - c["params"]) + produced + temp + a
-        reserved = allocated + c["rounding"] + fragmentation(a)
-        device = reserved + c["device_extra"]
-        host = np.broadcast_to(c["host"], device.shape)
-        if any(plan.offload_inputs for plan in self.plans):  # checkpointed inputs on the host
-            largest = max(
-                plan.offloaded_inputs(int(batch.max()), int(local.max())) for plan in self.plans
-            )
-            if int(c["host"].max()) + largest * int(holds.max()) >= _EXACT_FLOAT:
-                return [None] * n
-            offloaded = np.stack(
-                [plan.offloaded_inputs(batch, local) + 0 * batch for plan in self.plans]
-            )
-            host = host + offloaded[self.index] * holds
-        worst = device.argmax(axis=0)  # the first of equally large, in stage order
-        col = np.arange(n)
-        allocated, reserved, device, host, phase = (
-            x[worst, col].tolist() for x in (allocated, reserved, device, host, phase)
+        # per plan x shape
+        kinds, parameters, gradients = (
+            x.tolist() for x in (found.kind, found.parameters, found.gradients)
         )
+        states, activations, per_mb, logits = (
+            x.tolist()
+            for x in (found.optimizer_states, found.activations, found.per_microbatch, found.logits)
+        )
+        offloading = any(plan.offload_inputs for plan in self.plans)
+        offloaded: list[list[int]] = []  # per plan x shape: one micro-batch's, on the host
+        if offloading:  # checkpointed inputs on the host
+            b_list, l_list = batch.tolist(), local.tolist()
+            largest = max(plan.offloaded_inputs(max(b_list), max(l_list)) for plan in self.plans)
+            if max(r["host"] for r in self.rows) + largest * most >= _EXACT_FLOAT:
+                return [None] * n
+            offloaded = [
+                [plan.offloaded_inputs(b, s) for b, s in zip(b_list, l_list, strict=True)]
+                for plan in self.plans
+            ]
+        # the peak of each stage at each shape: the first highest of the point before
+        # the step, the highest of forward and backward with the other micro-batches in
+        # flight, the optimizer step and the point after zero_grad (Timeline.in_flight)
+        peaks: list[list[tuple[int, int, int, int, bool, int]]] = []
+        for i in range(n):
+            at = []
+            for stage, j in enumerate(self.index):
+                r = self.rows[j]
+                kind = kinds[j][i]
+                act = activations[j][i] + (holds[i][stage] - 1) * per_mb[j][i]
+                params, grads = parameters[j][i], gradients[j][i]
+                top = params + grads + states[j][i] + act
+                # a model output held by the loop lives through the optimizer step and
+                # zero_grad
+                output = logits[j][i]
+                before, step, after = r["before"], r["step"] + output, r["after"] + output
+                if top > before and top >= step and top >= after:
+                    at.append((params, grads, act, _PHASE[kind], _BACKWARD[kind], j))
+                    continue
+                first = 0 if before >= step and before >= after else 1 if step >= after else 2
+                moment = _MOMENTS[first]
+                a = r[moment + "_a"] + (output if first else 0)
+                at.append((r[moment + "_p"], r[moment + "_g"], a, r[moment + "_phase"], False, j))
+            peaks.append(at)
+        if max(a for at in peaks for _, _, a, _, _, _ in at) >= _EXACT_FLOAT:
+            return [None] * n
         single = cast(list[bool], found.single.any(axis=0).tolist())
         hw = self.scenario.hardware
         capacity, budget = hw.capacity_bytes, hw.budget_bytes
         out: list[Totals | None] = []
-        for i in range(n):
+        for i, at in enumerate(peaks):
             if single[i]:
                 out.append(None)
                 continue
-            d = device[i]
+            worst: tuple[int, int, int, int, int] | None = None
+            for stage, (p, g, a, phase, backward, j) in enumerate(at):
+                # the items at the peak, added up (engine.estimate._items_at_peak)
+                r = self.rows[j]
+                in_flight = g - r["grad_buffers"]
+                buffers = r["backward_buffers"] if backward else 0
+                produced = in_flight if r["grad_items"] else min(buffers, in_flight)
+                temp = r["temp"] if phase == _OPTIMIZER else 0
+                allocated = r["held"] + (p - r["params"]) + produced + temp + a
+                reserved = allocated + r["rounding"] + fragmentation(a)
+                device = reserved + r["device_extra"]
+                host = r["host"] + (offloaded[j][i] * holds[i][stage] if offloading else 0)
+                if worst is None or device > worst[2]:  # the first of equally large
+                    worst = (allocated, reserved, device, host, phase)
+            assert worst is not None  # every strategy has a stage
+            allocated, reserved, device, host, phase = worst
             out.append(
                 Totals(
-                    allocated[i],
-                    reserved[i],
-                    d,
+                    allocated,
+                    reserved,
+                    device,
                     capacity,
                     budget,
-                    verdict(d, budget, capacity),
-                    peak_phase(_PHASES[phase[i]]),
-                    host[i],
+                    verdict(device, budget, capacity),
+                    peak_phase(_PHASES[phase]),
+                    host,
                 )
             )
         return out
@@ -351,13 +361,9 @@ def _group(scenario: Scenario) -> _Group:
                 "host": sum(i.bytes for i in sharded.host),
             }
         )
-    index = np.array([keys.index(slot.key) for slot in slots])
-    names = list(rows[0])
-    table = np.array([[row[name] for name in names] for row in rows], dtype=np.int64)[index]
-    constants = {name: table[:, j : j + 1] for j, name in enumerate(names)}
-    constants["grad_items"] = constants["grad_items"].astype(bool)
+    index = tuple(keys.index(slot.key) for slot in slots)
     return _Group(
-        scenario, par.cp, par.pp_schedule, mesh.pp, mesh.vpp, tuple(plans), index, constants
+        scenario, par.cp, par.pp_schedule, mesh.pp, mesh.vpp, tuple(plans), index, tuple(rows)
     )
 
 
