@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONSOLE = """
 import atexit, sys
 atexit.register(lambda: print("exit handler ran", file=sys.stderr))
-atexit.register(lambda: print("written at exit"))  # stdout, buffered: flushed after
+#: stdout
+
 
 class Teardown:
     def __del__(self):
@@ -30,9 +31,13 @@ console()
 """
 
 
+#: an exit handler that writes to stdout (buffered: flushed after the handlers run)
+AT_EXIT = 'atexit.register(lambda: print("written at exit"))'
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", CONSOLE, *args],
+        [sys.executable, "-c", CONSOLE.replace("#: stdout", AT_EXIT), *args],
         capture_output=True,
         text=True,
         timeout=120,
