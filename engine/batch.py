@@ -330,7 +330,7 @@ def _group(scenario: Scenario) -> _Group:
         )
         keys.append(slot.key)
         plans.append(plan)
-        moments = {"before": plan.before, "step": plan.step, "after": plan.after}
+        moments = dict(zip(_MOMENTS, (plan.before, plan.step, plan.after), strict=True))
         rows.append(
             {
                 **{name: point.total for name, point in moments.items()},
