@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -95,29 +95,60 @@ def totals(scenario: Scenario) -> Totals:
 def totals_over(scenario: Scenario, shapes: Sequence[Shape]) -> list[Totals | EstimateError]:
     """(micro_batch_size, sequence_length, gradient_accumulation_steps) for each point, all
     else from ``scenario``: the totals of each, or the error that makes it invalid."""
-    out: list[Totals | EstimateError | None] = [None] * len(shapes)
-    by_seq: dict[int, list[int]] = {}
-    for i, shape in enumerate(shapes):
-        if _valid_shape(shape):
-            by_seq.setdefault(shape[1], []).append(i)
-        else:
-            out[i] = _one(scenario, shape)
-    strategy = _strategy(scenario)
-    groups: dict[int, tuple[_Group, list[int]]] = {}  # lengths with the same plans together
-    for seq, points in by_seq.items():
-        group = strategy.group(seq)
-        if group is None:  # the strategy is invalid at this length: each its own error
-            for i in points:
-                out[i] = _one(scenario, shapes[i])
-        else:
-            groups.setdefault(id(group), (group, []))[1].extend(points)
-    for group, points in groups.values():
+    return totals_over_each([(scenario, shapes)])[0]
+
+
+def totals_over_each(
+    items: Sequence[tuple[Scenario, Sequence[Shape]]],
+) -> list[list[Totals | EstimateError]]:
+    """:func:`totals_over` of each (scenario, shapes) of ``items``, equal to calling it on
+    each; strategies at the same shapes whose plans read the same shape quantities (a
+    sweep's strategies that differ only in their share of the model state: ZeRO stage,
+    offload, optimizer) have their highest points found together, one
+    :class:`~memfit.engine.timeline.Joint` for all their plans."""
+    outs: list[list[Totals | EstimateError | None]] = []
+    # (item, group, its points) of every group that its points are evaluated in
+    jobs: list[tuple[int, _Group, list[int]]] = []
+    for k, (scenario, shapes) in enumerate(items):
+        out: list[Totals | EstimateError | None] = [None] * len(shapes)
+        outs.append(out)
+        by_seq: dict[int, list[int]] = {}
+        for i, shape in enumerate(shapes):
+            if _valid_shape(shape):
+                by_seq.setdefault(shape[1], []).append(i)
+            else:
+                out[i] = _one(scenario, shape)
+        strategy = _strategy(scenario)
+        groups: dict[int, tuple[_Group, list[int]]] = {}  # lengths with the same plans
+        for seq, points in by_seq.items():
+            group = strategy.group(seq)
+            if group is None:  # the strategy is invalid at this length: each its own error
+                for i in points:
+                    out[i] = _one(scenario, shapes[i])
+            else:
+                groups.setdefault(id(group), (group, []))[1].extend(points)
+        jobs.extend((k, group, points) for group, points in groups.values())
+    # the jobs that can be evaluated together: the same shapes, plans alike in what
+    # they read of a shape (Joint.moments reads it from the first plan)
+    together: dict[tuple[object, ...], list[tuple[int, _Group, list[int]]]] = {}
+    for k, group, points in jobs:
+        shapes = items[k][1]
+        key = (tuple(shapes[i] for i in points), group.reads())
+        together.setdefault(key if key[1] is not None else (id(group),), []).append(
+            (k, group, points)
+        )
+    for alike in together.values():
+        _, _, points = alike[0]
+        shapes = items[alike[0][0]][1]
         batch = np.array([shapes[i][0] for i in points], dtype=np.int64)
         lengths = np.array([shapes[i][1] for i in points], dtype=np.int64)
-        found = group.totals(batch, lengths, [shapes[i][2] for i in points])
-        for i, t in zip(points, found, strict=True):
-            out[i] = t if t is not None else _one(scenario, shapes[i])
-    return cast(list[Totals | EstimateError], out)  # every shape has its result
+        accumulation = [shapes[i][2] for i in points]
+        found = _Group.totals_of([g for _, g, _ in alike], batch, lengths, accumulation)
+        for (k, _, points), totals_k in zip(alike, found, strict=True):
+            scenario, shapes = items[k]
+            for i, t in zip(points, totals_k, strict=True):
+                outs[k][i] = t if t is not None else _one(scenario, shapes[i])
+    return cast(list[list[Totals | EstimateError]], outs)  # every shape has its result
 
 
 def _one(scenario: Scenario, shape: Shape) -> Totals | EstimateError:
@@ -176,6 +207,15 @@ _EXACT_FLOAT = 1 << 53
 _MOMENTS = ("before", "step", "after")
 
 
+def _quantities(plan: StepPlan) -> tuple[object, ...]:
+    """What turns a shape into ``plan``'s shape quantities
+    (:meth:`~memfit.engine.timeline.StepPlan.terms` and ``_values_many``: the routing of
+    the tokens, the hidden size, the residual stream's bytes, the sequence parallel split
+    and the blocks evaluated at each shape)."""
+    ctx = plan.ctx
+    return (ctx.topk, ctx.ep, ctx.capacity, plan.hidden_size, plan.res, plan.sp, plan.unfolded)
+
+
 @dataclass(frozen=True, slots=True)
 class _Group:
     """A strategy at the sequence lengths that share its plans (all of them, but where a
@@ -192,36 +232,90 @@ class _Group:
     #: per plan: what turns a peak into totals (see :func:`_group`)
     rows: tuple[dict[str, int], ...]
 
+    def reads(self) -> tuple[object, ...] | None:
+        """What :meth:`totals_of` reads of this group beyond its plans to evaluate it
+        with others at once: the micro-batches in flight (the pipeline), the context
+        parallel split of the sequence, and what turns a shape into the shape quantities
+        (:meth:`~memfit.engine.timeline.StepPlan.terms`, ``_values_many``), which every
+        plan of one :class:`~memfit.engine.timeline.Joint` must share; ``None`` where its
+        own plans differ in it (it is then evaluated alone)."""
+        keys = {_quantities(plan) for plan in self.plans}
+        if len(keys) != 1:
+            return None
+        return (self.cp, self.schedule, self.pp, self.vpp, *keys)
+
     def totals(
         self, batch: np.ndarray, seq: np.ndarray, accumulation: Sequence[int]
     ) -> list[Totals | None]:
         """The totals at ``batch[i]`` x ``seq[i]`` x ``accumulation[i]``; ``None`` where
-        the arrays do not hold a shape exactly. The highest points of forward and
-        backward come from the plans' forms at every shape at once
-        (:meth:`~memfit.engine.timeline.Joint.moments`); the rest is a few integer
-        operations per stage and shape, done in Python integers (exact)."""
-        n = len(batch)
-        local = seq // self.cp
+        the arrays do not hold a shape exactly (:meth:`totals_of` of this group alone)."""
+        return _Group.totals_of([self], batch, seq, accumulation)[0]
+
+    @staticmethod
+    def totals_of(
+        groups: Sequence[_Group], batch: np.ndarray, seq: np.ndarray, accumulation: Sequence[int]
+    ) -> list[list[Totals | None]]:
+        """Each group's totals at ``batch[i]`` x ``seq[i]`` x ``accumulation[i]``;
+        ``None`` where the arrays do not hold a shape exactly. The highest points of
+        forward and backward come from the plans' forms at every shape at once, the
+        plans of every group together where more than one group shares what
+        :meth:`reads` names (one :meth:`~memfit.engine.timeline.Joint.moments`); the rest
+        is a few integer operations per stage and shape, done in Python integers
+        (exact). Where the plans together might not fit int64, each group is
+        evaluated alone."""
+        first = groups[0]
+        local = seq // first.cp
         held = {  # micro-batches in flight at each stage; without a pipeline, one
-            a: [inflight(self.schedule, self.pp, s, a, self.vpp) for s in range(self.pp)]
-            if self.pp > 1
+            a: [inflight(first.schedule, first.pp, s, a, first.vpp) for s in range(first.pp)]
+            if first.pp > 1
             else [1]
             for a in set(accumulation)
         }
         holds = [held[a] for a in accumulation]  # shape x stage
         most = max(max(h) for h in holds)
         accumulating = np.array([a > 1 for a in accumulation], dtype=bool)
-        found = joint(self.plans).moments(batch, local, most, accumulating)
+        plans = tuple(p for g in groups for p in g.plans)
+        found = joint(plans).moments(batch, local, most, accumulating)
         if found is None:
-            return [None] * n
+            if len(groups) > 1:
+                return [g.totals(batch, seq, accumulation) for g in groups]
+            return [[None] * len(batch)]
         # per plan x shape
-        kinds, parameters, gradients = (
-            x.tolist() for x in (found.kind, found.parameters, found.gradients)
-        )
-        states, activations, per_mb, logits = (
+        listed = tuple(
             x.tolist()
-            for x in (found.optimizer_states, found.activations, found.per_microbatch, found.logits)
+            for x in (
+                found.kind,
+                found.parameters,
+                found.gradients,
+                found.optimizer_states,
+                found.activations,
+                found.per_microbatch,
+                found.logits,
+                found.single,
+            )
         )
+        out = []
+        start = 0
+        for g in groups:
+            stop = start + len(g.plans)
+            mine = tuple(x[start:stop] for x in listed)
+            out.append(g._totals(mine, batch, local, holds, most))
+            start = stop
+        return out
+
+    def _totals(
+        self,
+        found: tuple[list[list[Any]], ...],
+        batch: np.ndarray,
+        local: np.ndarray,
+        holds: list[list[int]],
+        most: int,
+    ) -> list[Totals | None]:
+        """The totals at each shape from the highest points of forward and backward of
+        this group's plans: per plan x shape, the fields of
+        :class:`~memfit.engine.timeline.Moments` but ``layer``, in their order."""
+        kinds, parameters, gradients, states, activations, per_mb, logits, singles = found
+        n = len(batch)
         offloading = any(plan.offload_inputs for plan in self.plans)
         offloaded: list[list[int]] = []  # per plan x shape: one micro-batch's, on the host
         if offloading:  # checkpointed inputs on the host
@@ -259,7 +353,7 @@ class _Group:
             peaks.append(at)
         if max(a for at in peaks for _, _, a, _, _, _ in at) >= _EXACT_FLOAT:
             return [None] * n
-        single = cast(list[bool], found.single.any(axis=0).tolist())
+        single = [any(column) for column in zip(*singles, strict=True)]
         hw = self.scenario.hardware
         capacity, budget = hw.capacity_bytes, hw.budget_bytes
         out: list[Totals | None] = []

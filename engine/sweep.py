@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from memfit.engine import changes, specs
-from memfit.engine.batch import Totals, totals, totals_over
+from memfit.engine.batch import Totals, totals, totals_over_each
 from memfit.engine.errors import EstimateError, shown
 from memfit.engine.scenario_io import scenario_to_dict
 from memfit.engine.solve import hardware_with
@@ -536,23 +536,52 @@ PARALLEL_FROM = 96
 MIN_SHARE = 24
 
 
-def _evaluate(base: Scenario, shapes: list[tuple[int, int, int]], times: str = "all") -> _Results:
-    """One strategy at each of its shapes, at once (:func:`memfit.engine.batch.totals_over`,
-    :func:`memfit.engine.steptime.step_times`): every shape timed, or (``times`` is
-    ``"fitting"``) only those that fit the budget. A step time rejects a strategy, not a
-    shape (its plan is made without the shape), so the strategy is planned either way."""
-    found = totals_over(base, shapes)
-    kept = [
-        i
-        for i, t in enumerate(found)
-        if not isinstance(t, EstimateError) and (times == "all" or t.device_bytes <= t.budget_bytes)
-    ]
-    try:
-        timed = step_times(base, [shapes[i] for i in kept])
-    except EstimateError:
-        return []
-    at = dict(zip(kept, timed, strict=True))
-    return [(i, t, at.get(i)) for i, t in enumerate(found) if not isinstance(t, EstimateError)]
+def _evaluate_each(todo: Sequence[Strategy], times: str = "all") -> list[_Results]:
+    """Each strategy of ``todo`` at each of its shapes, at once
+    (:func:`memfit.engine.batch.totals_over_each`, :func:`memfit.engine.steptime.step_times`):
+    every shape timed, or (``times`` is ``"fitting"``) only those that fit the budget. A
+    step time rejects a strategy, not a shape (its plan is made without the shape), so
+    the strategy is planned either way. Strategies that share their layout and shapes
+    (:func:`_batch_key`) have their memory found together."""
+    out: list[_Results] = []
+    for (base, shapes), found in zip(todo, totals_over_each(todo), strict=True):
+        kept = [
+            i
+            for i, t in enumerate(found)
+            if not isinstance(t, EstimateError)
+            and (times == "all" or t.device_bytes <= t.budget_bytes)
+        ]
+        try:
+            timed = step_times(base, [shapes[i] for i in kept])
+        except EstimateError:
+            out.append([])
+            continue
+        at = dict(zip(kept, timed, strict=True))
+        out.append(
+            [(i, t, at.get(i)) for i, t in enumerate(found) if not isinstance(t, EstimateError)]
+        )
+    return out
+
+
+def _batch_key(strategy: Strategy) -> tuple[object, ...]:
+    """What the strategies evaluated together share: their layout of activations
+    (:func:`_alike`) and their shapes -- they differ in their share of the model state."""
+    return (*_alike(strategy), *strategy[1])
+
+
+def _in_order(todo: list[Strategy], times: str) -> Iterator[_Results]:
+    """:func:`_evaluate_each` of every strategy of ``todo``, in its order, each one
+    evaluated with every other of ``todo`` of its :func:`_batch_key` when the first of
+    them is reached."""
+    alike: dict[tuple[object, ...], list[int]] = {}
+    for i, strategy in enumerate(todo):
+        alike.setdefault(_batch_key(strategy), []).append(i)
+    done: dict[int, _Results] = {}
+    for i, strategy in enumerate(todo):
+        if i not in done:
+            run = alike[_batch_key(strategy)]
+            done.update(zip(run, _evaluate_each([todo[j] for j in run], times), strict=True))
+        yield done.pop(i)
 
 
 def sweep(
@@ -588,7 +617,7 @@ def sweep(
     else:
         if meanwhile is not None:
             meanwhile()
-        results = (_evaluate(base, shapes, times) for base, shapes in todo)
+        results = _in_order(todo, times)
     out: list[Point] = []
     done = reported = 0
     for base, shapes in todo:
@@ -673,7 +702,7 @@ def _parts(todo: list[Strategy], workers: int) -> list[list[int]]:
 
 
 def _run_part(indices: list[int], times: str) -> list[tuple[int, _Results]]:
-    return [(i, _evaluate(*_TODO[i], times)) for i in indices]
+    return list(zip(indices, _evaluate_each([_TODO[i] for i in indices], times), strict=True))
 
 
 def in_processes(
@@ -682,7 +711,7 @@ def in_processes(
     meanwhile: Callable[[], None] | None = None,
     times: str = "all",
 ) -> list[_Results]:
-    """:func:`_evaluate` of every strategy of ``todo``, in ``workers`` forked processes:
+    """:func:`_evaluate_each` of every strategy of ``todo``, in ``workers`` forked processes:
     the strategies in parts by what they share (:func:`_parts`), each worker taking the
     next part as it finishes one. Each worker computes what the calling
     process would (the engine's functions are pure), so the results are the same, in the
@@ -698,7 +727,7 @@ def in_processes(
         except (OSError, ImportError):  # no semaphores here (no /dev/shm): this process
             if meanwhile is not None:
                 meanwhile()
-            return [_evaluate(base, shapes, times) for base, shapes in todo]
+            return list(_in_order(todo, times))
         with pool:
             pending = pool.map_async(functools.partial(_run_part, times=times), parts, chunksize=1)
             if meanwhile is not None:

@@ -24,6 +24,7 @@ from memfit.engine.specs import (
     FreezeSpec,
     HardwareSpec,
     LoraSpec,
+    OffloadSpec,
     ParallelismSpec,
     Scenario,
     TrainingSpec,
@@ -200,6 +201,85 @@ def test_a_sweep_is_evaluated_on_arrays(monkeypatch: pytest.MonkeyPatch) -> None
                 )
                 assert all(isinstance(t, Totals) for t in totals_over(s, shapes))
     assert alone == []
+
+
+def share_variants(**training: Any) -> list[Scenario]:
+    """Strategies that differ only in their share of the model state (ZeRO stage,
+    optimizer offload, optimizer), as a sweep makes them, around ``training``."""
+    out = []
+    layout = training.pop("parallelism", {})
+    for zero in range(4):
+        for offload in ("none", "cpu"):
+            for optimizer in ("adamw", "adamw-8bit"):
+                try:
+                    s = scenario(
+                        **training,
+                        optimizer=optimizer,
+                        parallelism=ParallelismSpec(**layout, zero_stage=zero),
+                        offload=OffloadSpec(optimizer=offload),
+                    )
+                except EstimateError:
+                    continue
+                out.append(s)
+    return out
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        {},
+        {"activation_checkpointing": "full"},
+        {"parallelism": {"tp": 2, "pp": 2}},
+        {"parallelism": {"pp": 4, "pp_schedule": "interleaved-1f1b", "vpp": 2}},
+        {"method": "lora", "offload": None},
+    ],
+    ids=["plain", "checkpointed", "tp2-pp2", "interleaved", "lora"],
+)
+def test_strategies_evaluated_together_get_what_each_gets_alone(
+    training: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Strategies at the same shapes that differ in their share of the model state have
+    their highest points found in one Joint (with a strategy of another layout and
+    shapes mixed in, and invalid shapes): each gets the totals it gets alone, and no
+    shape the arrays hold is estimated alone for it."""
+    training = {k: v for k, v in training.items() if v is not None}
+    variants = share_variants(**training)
+    assert len(variants) >= 8
+    shapes = [(b, s, a) for b in (1, 2, 4) for s in (512, 2048) for a in (1, 4)] + [(0, 512, 1)]
+    other = scenario(parallelism=ParallelismSpec(tp=8))
+    items = [(s, shapes) for s in variants] + [(other, shapes[:3])]
+    memo.clear()
+    each = estimated_alone(monkeypatch)
+    alone = [totals_over(s, sh) for s, sh in items]
+    by_one = list(each)
+    memo.clear()
+    each.clear()
+    joints: list[int] = []
+    real_joint = batch.joint
+    monkeypatch.setattr(
+        batch, "joint", lambda plans: joints.append(len(plans)) or real_joint(plans)
+    )
+    together = batch.totals_over_each(items)
+    assert [[found(t) for t in r] for r in together] == [[found(t) for t in r] for r in alone]
+    assert each == by_one
+    # the variants' plans in one Joint for each way their plans read a shape (FSDP's
+    # residual stream is 16-bit), the other strategy's in its own
+    groups = [g for g in (batch._strategy(s).group(512) for s in variants) if g is not None]
+    assert len(joints) == len({g.reads() for g in groups}) + 1 < len(groups)
+    assert sum(joints) == sum(len(g.plans) for g in groups) + 1
+
+
+def test_joined_groups_are_those_that_read_a_shape_alike() -> None:
+    """Groups are evaluated together where their plans turn a shape into the same
+    quantities; the key says what a Joint reads of its first plan."""
+    a, b = (batch._strategy(s).group(2048) for s in share_variants()[:2])
+    assert a is not None and b is not None
+    assert a.reads() == b.reads() is not None
+    split = scenario(parallelism=ParallelismSpec(tp=2))
+    c = batch._strategy(split).group(2048)
+    assert c is not None and c.reads() == a.reads()  # tp leaves the terms alike here
+    plan = a.plans[0]
+    assert batch._quantities(plan)[3:6] == (plan.hidden_size, plan.res, plan.sp)
 
 
 def test_a_length_is_copied_into_a_scenario_as_building_it_would() -> None:

@@ -198,6 +198,51 @@ def test_sweep_progress_can_cancel() -> None:
     assert len(points) <= stopped
 
 
+def test_a_sweep_here_evaluates_strategies_alike_together_in_its_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In one process, the first strategy reached of a layout and shapes is evaluated with
+    every other of them (they differ in their share of the model state), each strategy
+    once; the points come in the order of the strategies, as evaluating each alone
+    gives them."""
+    s = scenario("gpt2", "l4", 8, micro_batch_size=8)
+    todo = list(sweep.strategies(s))
+    runs: list[list[sweep.Strategy]] = []
+    real = sweep._evaluate_each
+
+    def counted(strategies: list[sweep.Strategy], times: str = "all") -> list[object]:
+        runs.append(strategies)
+        return real(strategies, times)  # type: ignore[return-value]
+
+    monkeypatch.setattr(sweep, "_evaluate_each", counted)
+    points = sweep.sweep(s)
+    evaluated = [strategy for run in runs for strategy in run]
+
+    def key(strategy: sweep.Strategy) -> tuple[object, ...]:
+        return (strategy[0], *strategy[1])
+
+    assert sorted(map(key, evaluated), key=repr) == sorted(map(key, todo), key=repr)  # once
+    assert len(runs) < len(todo) / 4
+    for run in runs:
+        assert len({sweep._batch_key(strategy) for strategy in run}) == 1
+    monkeypatch.setattr(sweep, "_evaluate_each", real)
+    alone = [r for strategy in todo for r in real([strategy])]
+    expected = [
+        (base.training, shapes[i], t.device_bytes, time)
+        for (base, shapes), results in zip(todo, alone, strict=True)
+        for i, t, time in results
+    ]
+    assert [
+        (
+            p.scenario.training.parallelism,
+            p.scenario.training.micro_batch_size,
+            p.device_bytes,
+            p.time,
+        )
+        for p in points
+    ] == [(t.parallelism, shape[0], device, time) for t, shape, device, time in expected]
+
+
 def test_curve() -> None:
     s = scenario("gpt2", "l4")
     pts = sweep.curve(s, "micro_batch_size", [1, 2, 4])
