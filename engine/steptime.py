@@ -1196,7 +1196,7 @@ def _make_plan(scenario: Scenario, blocks: memo.Table[tuple[_Stages, int, int], 
     # layers are keyed by what their ops read (Ctx.for_layers)
     rank = resolved.rank_model()
     # eager blocks: torch.compile's fusion is priced on them (_fused)
-    whole_ctx = dataclasses.replace(make_ctx(rank, training), compiled="")
+    whole_ctx = make_ctx(rank, training).replaced(compiled="")
     ctx = whole_ctx.for_layers()
     kept = recomputed_layers(model, training)
     recompute_share = sum(kept) / model.num_layers if model.num_layers else 0.0

@@ -268,7 +268,7 @@ class StepPlan:
     ) -> StepPlan:
         """The plan of :func:`step_timeline`'s step (only ``training``'s strategy and
         whether a sliding window masks its sequence are read)."""
-        ctx = dataclasses.replace(make_ctx(model, training), batch=1, seq=1)
+        ctx = make_ctx(model, training).replaced(batch=1, seq=1)
         copied = "embeddings" in saved_components(training)
         # the embedding's backward runs where its weight trains (a head tied to it
         # trains it too) or PEFT trains a copy of it

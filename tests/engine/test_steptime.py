@@ -9,6 +9,7 @@ import pytest
 
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
+from memfit.engine.layers import Ctx
 from memfit.engine.params import count_parameters, model_tensors
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
@@ -804,3 +805,32 @@ def test_the_optimizer_step_of_many_small_tensors_is_bound_by_its_launches() -> 
         g.count for g in split_tensors(load_model("gpt2"), TrainingSpec(method="lora")).trainable
     )
     assert lora == pytest.approx(adapters * 8 * KERNEL_S, rel=1e-12)
+
+
+def test_a_context_replaced_is_kept_and_equal_to_replacing_it() -> None:
+    """Ctx.replaced, for_layers and for_head give what replacing the fields gives, and
+    equal contexts (strategies that differ in their share of the model state make them)
+    the one object."""
+    from memfit.engine.timeline import make_ctx
+
+    s = Scenario(load_model("llama-3-8b"), HardwareSpec(load_gpu("h100-sxm-80gb"), 8))
+    zero1 = dataclasses.replace(
+        s.training,
+        parallelism=dataclasses.replace(s.training.parallelism, zero_stage=1),
+        optimizer="adamw-8bit",
+    )
+    a, b = make_ctx(s.model, s.training), make_ctx(s.model, zero1)
+    assert a == b and a is not b
+    assert a.replaced(batch=1, seq=1) == dataclasses.replace(a, batch=1, seq=1)
+    assert a.replaced(batch=1, seq=1) is b.replaced(batch=1, seq=1)
+    assert a.replaced(compiled="layers").compiled == "layers"
+    layers = dataclasses.replace(
+        a, batch=1, seq=1, outputs_held=True, kv_cache=False, loss="standard", loss_chunks=8,
+        quantized_head=False, selective=False,
+    )  # fmt: skip
+    assert a.for_layers() == layers and a.for_layers() is b.for_layers()
+    head = dataclasses.replace(
+        a, batch=1, seq=1, selective=False, outputs_held=True, kv_cache=False
+    )
+    assert a.for_head() == head and a.for_head() is b.for_head()
+    assert isinstance(a.for_head(), Ctx)
