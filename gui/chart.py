@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -485,12 +485,36 @@ def _overlap(rect: QRectF, others: Sequence[QRectF]) -> float:
     return total
 
 
+#: a line label's place: (position along the line, x anchor, y anchor, rectangle)
+Spot = tuple[float, float, float, QRectF]
+
+
+class _Spots:
+    """A line label's spots, best first, made as they are read and kept for the next
+    reading: the first one or two usually serve, of a hundred."""
+
+    def __init__(self, made: Iterator[Spot]) -> None:
+        self._made = made
+        self._kept: list[Spot] = []
+
+    def __iter__(self) -> Iterator[Spot]:
+        i = 0
+        while True:
+            if i == len(self._kept):
+                spot = next(self._made, None)
+                if spot is None:
+                    return
+                self._kept.append(spot)
+            yield self._kept[i]
+            i += 1
+
+
 def _choose(
-    options: Sequence[Sequence[tuple[float, float, float, QRectF]]],
+    options: Sequence[Iterable[Spot]],
     line_ys: Sequence[float],
     totals: Sequence[QRectF],
     bars: Sequence[QRectF],
-) -> list[tuple[float, float, float, QRectF]]:
+) -> list[Spot]:
     """One spot per line label from ``options`` (each best first): the first spots, in
     order, that overlap neither each other nor the ``totals`` (nor the ``bars``, where
     spots free of them exist) and that no other line (at scene heights ``line_ys``)
@@ -506,8 +530,8 @@ def _choose(
         )
         return not struck and not any(rect.intersects(o) for o in obstacles)
 
-    def search(obstacles: Sequence[QRectF]) -> list[tuple[float, float, float, QRectF]] | None:
-        picked: list[tuple[float, float, float, QRectF]] = []
+    def search(obstacles: Sequence[QRectF]) -> list[Spot] | None:
+        picked: list[Spot] = []
 
         def place(k: int) -> bool:
             if k == len(options):
@@ -527,7 +551,7 @@ def _choose(
         found = search(obstacles)
         if found is not None:
             return found
-    picked: list[tuple[float, float, float, QRectF]] = []
+    picked: list[Spot] = []
     for k, spots in enumerate(options):
         taken = [spot[3] for spot in picked]
         apart = [s for s in spots if free(s[3], k, taken)] or list(spots)
@@ -897,7 +921,9 @@ class BreakdownChart(QWidget):
             QRectF(scene(i - BAR_HALF_WIDTH, top), scene(i + BAR_HALF_WIDTH, 0.0))
             for i, top in enumerate(tops)
         ]
-        options = [self._label_spots(line, y, area) for line, y in zip(lines, line_ys, strict=True)]
+        options = [
+            _Spots(self._label_spots(line, y, area)) for line, y in zip(lines, line_ys, strict=True)
+        ]
         chosen = _choose(options, line_ys, totals, bars)
         labels: list[QRectF] = []
         for line, (position, ax, ay, rect) in zip(lines, chosen, strict=False):
@@ -919,14 +945,12 @@ class BreakdownChart(QWidget):
             self.plot_item.setYRange(0.0, top * area.height() / room, padding=0.0)
             self.layout_labels(grow - 1)
 
-    def _label_spots(
-        self, line: pg.InfiniteLine, y: float, area: QRectF
-    ) -> list[tuple[float, float, float, QRectF]]:
+    def _label_spots(self, line: pg.InfiniteLine, y: float, area: QRectF) -> Iterator[Spot]:
         """Where ``line``'s label can go, best first: ``(position along the line, x
         anchor, y anchor, rectangle)`` -- above or below the line (the capacity's above
         first, the budget's below), at the right end (in the column right of the bars),
         then leftwards to the left end; then a label's height further above or below (two
-        lines a few pixels apart)."""
+        lines a few pixels apart), each made as it is asked for."""
         size = line.label.textItem.boundingRect()
         # the y anchor: 1 above the line, 0 below; a row further out when lines are close
         row = 1.0 + LABEL_GAP / max(size.height(), 1.0)
@@ -939,15 +963,13 @@ class BreakdownChart(QWidget):
         for k in range(steps - 1, 0, -1):  # label centres from right to left
             spots.append((k / steps, 0.5))
         spots.append((0.01, 0.0))
-        out = []
         inside = area.adjusted(-1, -1, 1, 1)
         for ay in sides:
             for position, ax in spots:
                 x = area.left() + position * width - ax * size.width()
                 rect = QRectF(x, y - ay * size.height(), size.width(), size.height())
                 if inside.contains(rect):
-                    out.append((position, ax, ay, rect))
-        return out
+                    yield position, ax, ay, rect
 
     def label_rects(self) -> list[tuple[str, QRectF]]:
         """Each visible label in the plot (bar totals, line labels) and its rectangle in

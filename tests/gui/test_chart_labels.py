@@ -21,6 +21,7 @@ from pytestqt.qtbot import QtBot
 from memfit.engine.estimate import GIB, Estimate, estimate
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
+from memfit.gui import chart as chart_module
 from memfit.gui import chart_export
 from memfit.gui.chart import CUT_MARK, BreakdownChart, Ghost, axis_top, gib_text, scenario_caption
 from memfit.gui.chart_export import export_png, export_svg, png_bytes
@@ -475,3 +476,39 @@ def test_many_bars_keep_their_totals_apart(
     assert struck_totals(chart) == []
     assert outside(chart) == []
     assert lines_over_bars(chart) == []
+
+
+@pytest.mark.parametrize(
+    "size", [*SIZES, QSize(640, 400)], ids=lambda s: f"{s.width()}x{s.height()}"
+)
+@pytest.mark.parametrize("current", [lora, full_8b, huge], ids=["lora", "full-8b", "70b"])
+def test_the_line_labels_spots_made_as_read_are_the_whole_list(
+    chart: BreakdownChart,
+    qtbot: QtBot,
+    size: QSize,
+    current: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The line labels' places are chosen from spots made as they are read: the same
+    places as choosing from every spot made first, and a second reading of the spots
+    gives the same spots without making them again."""
+    chart.resize(size * 0.7)
+    chart.set_estimates(current(), some_ghosts())  # type: ignore[operator]
+    settle(qtbot)
+    lazy = [(t, r.getRect()) for t, r in chart.label_rects()]
+    made: list[int] = []
+    real = BreakdownChart._label_spots
+
+    def eager(self: BreakdownChart, *args: object) -> object:
+        spots = list(real(self, *args))  # type: ignore[arg-type]
+        made.append(len(spots))
+        return iter(spots)
+
+    monkeypatch.setattr(BreakdownChart, "_label_spots", eager)
+    chart.layout_labels()
+    assert [(t, r.getRect()) for t, r in chart.label_rects()] == lazy
+    assert made and all(n > 10 for n in made)
+    spots = chart_module._Spots(iter(range(5)))  # type: ignore[arg-type]
+    first = iter(spots)
+    assert [next(first), next(first)] == [0, 1]
+    assert list(spots) == [0, 1, 2, 3, 4] == list(spots)
