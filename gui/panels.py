@@ -69,6 +69,7 @@ from memfit.engine.stacks import (
     with_stack,
 )
 from memfit.engine.steptime import EFFICIENCY
+from memfit.engine.timeline import strategy_key
 from memfit.gui.chart import rich_text
 from memfit.gui.forms import (
     Collapsible,
@@ -919,6 +920,8 @@ class TrainingPanel(FormPanel):
     def __init__(self, store: ScenarioStore, parent: QWidget | None = None) -> None:
         super().__init__("Training strategy", store, parent)
         self._stacks = self._read_stacks()
+        #: the training (without its shape) whose conventions the rows show
+        self._conventions_of: tuple[object, ...] | None = None
         # first what a user changes first (it fits the first screen), then the method's
         # details, the training stack and its conventions, and the rest
         self.add_combo("training.method", "Method", METHOD_CHOICES, training_field("method"))
@@ -1159,7 +1162,13 @@ class TrainingPanel(FormPanel):
 
     def _show_conventions(self, training: TrainingSpec) -> None:
         """The stack's tooltip, each convention row's "from stack" text, tooltip, reset
-        button and whether it applies, and the section's summary."""
+        button and whether it applies, and the section's summary; kept where only the
+        shape changed (micro-batch, sequence length, accumulation: no convention reads
+        them, and the rows' values follow the training's other fields)."""
+        shown = strategy_key(training)
+        if shown == self._conventions_of:
+            return
+        self._conventions_of = shown
         stack = self._stacks.get(training.stack)
         rows = self.rows
         about = (

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QComboBox, QToolButton
 from pytestqt.qtbot import QtBot
 
 import memfit.engine.stacks
+import memfit.gui.panels
 from memfit.engine import memo
 from memfit.engine.errors import EstimateError
 from memfit.engine.presets import load_model
@@ -705,3 +706,38 @@ def test_the_ddp_row_comes_from_the_convention_table(panel: TrainingPanel) -> No
     assert panel.resets[path].isEnabled()
     panel.resets[path].click()
     assert panel.store.scenario.training.gradient_as_bucket_view is None
+
+
+def test_the_rows_are_shown_again_only_where_more_than_the_shape_changes(
+    panel: TrainingPanel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editing the micro-batch, sequence length or accumulation leaves the convention
+    rows as they are (no convention reads the shape) without working them out again;
+    any other field works them out again."""
+    choose(panel, "training.stack", "lightning")
+    frozen = combo(panel, "training.frozen_weights_dtype")
+    before = (frozen.itemText(0), frozen.itemText(frozen.findData("auto")), frozen.toolTip())
+    summaries: list[object] = []
+    real = memfit.gui.panels.conventions_summary
+
+    def counted(training: object) -> str:
+        summaries.append(training)
+        return real(training)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(memfit.gui.panels, "conventions_summary", counted)
+    store = panel.store
+    for field, value in (
+        ("micro_batch_size", 3),
+        ("sequence_length", 1024),
+        ("gradient_accumulation_steps", 2),
+    ):
+        t = dataclasses.replace(store.scenario.training, **{field: value})  # type: ignore[arg-type]
+        store.edit(dataclasses.replace(store.scenario, training=t))
+        assert getattr(store.scenario.training, field) == value
+    assert summaries == []
+    after = (frozen.itemText(0), frozen.itemText(frozen.findData("auto")), frozen.toolTip())
+    assert after == before
+    t = dataclasses.replace(store.scenario.training, precision="fp16-mixed")
+    store.edit(dataclasses.replace(store.scenario, training=t))
+    assert len(summaries) == 1
+    assert frozen.itemText(frozen.findData("auto")) == "auto (fp16)"
