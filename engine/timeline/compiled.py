@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -837,6 +837,61 @@ class _Skeleton:
             checks=self.checks,
         )
 
+    def at_each(self, states: Sequence[tuple[int, ...]]) -> list[_Forms | None]:
+        """:meth:`at` of each of ``states``, equal to it, evaluated together: one product
+        of the state quantities with the coefficients for all of them. ``None`` for a
+        state to call :meth:`at` with instead: every one where a run checked moves with
+        the state, where a coefficient, a state quantity or a product might not fit
+        int64; the one whose constants might not."""
+        n = len(self.kinds)
+        k = len(states)
+        if (
+            self.moves
+            or not n
+            or self.dtype is not np.int64
+            or self.parameters.dtype != np.int64
+            or self.buffers.dtype != np.int64
+            or max(abs(v) for state in states for v in state) >= _INT64_SAFE
+        ):
+            return [None] * k
+        s = np.array(states, dtype=np.int64)  # state x quantity
+        size = np.abs(s).astype(float)
+        for coefs in (self.parameters, self.buffers):
+            if (size @ np.abs(coefs).astype(float).T).max() >= _FLOAT_SAFE:
+                return [None] * k
+        parameters = s @ self.parameters.T  # state x candidate, exact in int64
+        buffers = s @ self.buffers.T
+        opts = [state[1] for state in states]
+        constants = parameters + s[:, 1:2]
+        # added in Python integers: two int64 maxima can overflow together
+        top_constant = np.abs(constants).max(axis=1).tolist()
+        top_buffer = np.abs(buffers).max(axis=1).tolist()
+        largest = [c + b for c, b in zip(top_constant, top_buffer, strict=True)]
+        kinds = np.array(self.kinds, dtype=np.int64)
+        layers = np.array(self.layer_of, dtype=np.int64)
+        out: list[_Forms | None] = []
+        for j, opt in enumerate(opts):
+            if largest[j] >= _INT64_SAFE:
+                out.append(None)
+                continue
+            out.append(
+                _Forms(
+                    kinds=self.kinds,
+                    layer_of=self.layer_of,
+                    fixed_parameters=tuple(parameters[j].tolist()),
+                    fixed_optimizer=(opt,) * n,
+                    arrays=(kinds, layers, parameters[j], np.full(n, opt, dtype=np.int64)),
+                    constant=constants[j],
+                    buffers=buffers[j],
+                    matrix=self.matrix,
+                    fits=True,
+                    columns=self.columns,
+                    largest_constant=largest[j],
+                    checks=self.checks,
+                )
+            )
+        return out
+
 
 _SKELETONS: memo.Table[tuple[object, ...], _Skeleton] = memo.Table(f"{__name__}._SKELETONS", 4096)
 
@@ -874,3 +929,21 @@ class _Forms:
         key = compile_key(plan)
         skeleton = _SKELETONS.get(key) or _SKELETONS.keep(key, _Skeleton.compile(plan))
         return skeleton.at(state_of(plan))
+
+    @staticmethod
+    def of_each(plans: Sequence[StepPlan]) -> list[_Forms]:
+        """:meth:`of` of each of ``plans``, equal to it: the plans of one skeleton (a
+        sweep's strategies that differ in their share of the model state) evaluated at
+        their states together (:meth:`_Skeleton.at_each`)."""
+        out: list[_Forms | None] = [None] * len(plans)
+        alike: dict[tuple[object, ...], list[int]] = {}
+        for i, plan in enumerate(plans):
+            alike.setdefault(compile_key(plan), []).append(i)
+        for key, indices in alike.items():
+            first = plans[indices[0]]
+            skeleton = _SKELETONS.get(key) or _SKELETONS.keep(key, _Skeleton.compile(first))
+            states = [state_of(plans[i]) for i in indices]
+            made = skeleton.at_each(states) if len(indices) > 1 else [None]
+            for i, state, forms in zip(indices, states, made, strict=True):
+                out[i] = forms if forms is not None else skeleton.at(state)
+        return cast(list[_Forms], out)  # every plan has its forms

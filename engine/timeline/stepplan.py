@@ -746,12 +746,23 @@ class Joint:
         )
 
 
+def _forms_each(plans: Sequence[StepPlan]) -> list[_Forms]:
+    """:meth:`StepPlan.forms` of each of ``plans``: those not compiled yet made together
+    (:meth:`_Forms.of_each`)."""
+    todo = [p for p in dict.fromkeys(plans) if not p._compiled]
+    if len(todo) > 1:
+        for plan, forms in zip(todo, _Forms.of_each(todo), strict=True):
+            if not plan._compiled:  # another thread's, made meanwhile, stays
+                plan._compiled.append(forms)
+    return [p.forms() for p in plans]
+
+
 @memo.cached(maxsize=4096)
 def joint(plans: tuple[StepPlan, ...]) -> Joint:
     """The plans of a strategy's stages evaluated together (:class:`Joint`); empty where
     one of them has a block of its own to evaluate at each shape or does not fit int64
     (its moments are then ``None``)."""
-    compiled = [p.forms() for p in plans]
+    compiled = _forms_each(plans)
     c = max(len(f.kinds) for f in compiled)
     checks = max(f.checks for f in compiled)
     usable = all(f.fits and not p.unfolded for p, f in zip(plans, compiled, strict=True))

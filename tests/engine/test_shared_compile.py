@@ -157,3 +157,23 @@ def test_plans_that_gather_and_plans_that_do_not_share_a_compile() -> None:
             found.append(plan)
     assert [compile_key(p) for p in found[:2]] == [compile_key(p) for p in found[2:]]
     assert [state_of(p) for p in found[:2]] != [state_of(p) for p in found[2:]]
+
+
+def test_the_plans_of_a_compile_evaluated_together_get_the_forms_each_gets_alone(
+    every_plan: list[StepPlan],
+) -> None:
+    """:meth:`_Forms.of_each` (a sweep's strategies that differ in their share of the
+    model state, at their states at once) gives every plan the forms :meth:`_Forms.of`
+    gives it, field by field and dtype by dtype; most of them made together."""
+    together = _Forms.of_each(every_plan)
+    for plan, forms in zip(every_plan, together, strict=True):
+        same(forms, _Forms.of(plan))
+    made = []
+    for plan in every_plan:
+        skeleton = _SKELETONS[compile_key(plan)]
+        made += skeleton.at_each([state_of(plan), state_of(plan)])
+    assert sum(f is not None for f in made) > len(made) / 2
+    # a state beyond int64 is left to at(), which evaluates it in Python integers
+    skeleton = _SKELETONS[compile_key(every_plan[0])]
+    huge = (1 << 62, *state_of(every_plan[0])[1:])
+    assert skeleton.at_each([huge, state_of(every_plan[0])]) == [None, None]
