@@ -1,4 +1,5 @@
-"""The totals of many scenarios at once, for sweeps: :func:`totals` and :func:`totals_over`.
+"""The totals of many scenarios at once, for sweeps: :func:`totals`, :func:`totals_over` and
+:func:`totals_over_each`.
 
 An :class:`~memfit.engine.estimate.Estimate` carries what a chart needs: every item, every rank
 group, the timeline. A sweep needs eight figures per configuration, :class:`Totals`:
@@ -14,7 +15,11 @@ group, the timeline. A sweep needs eight figures per configuration, :class:`Tota
   (int64 could overflow, a block is simulated directly there, a run of floored gradient
   shares is not monotone there: see :mod:`memfit.engine.timeline`) goes through
   :func:`totals` instead, and so does a shape whose scenario is invalid, which comes back
-  as its :class:`~memfit.engine.errors.EstimateError` rather than raised.
+  as its :class:`~memfit.engine.errors.EstimateError` rather than raised;
+* :func:`totals_over_each` -- many strategies, each at its shapes, as :func:`totals_over`
+  of each: a sweep's strategies that differ only in their share of the model state (ZeRO
+  stage, offload, optimizer) at the same shapes have every stage of all of them evaluated
+  in one :class:`~memfit.engine.timeline.Joint`.
 
 The strategy's parts serve every shape because they are the same at every shape:
 :func:`memfit.engine.sharding.shard`, :func:`memfit.engine.model_state.model_state` and the mesh

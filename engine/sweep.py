@@ -541,8 +541,8 @@ def _evaluate_each(todo: Sequence[Strategy], times: str = "all") -> list[_Result
     (:func:`memfit.engine.batch.totals_over_each`, :func:`memfit.engine.steptime.step_times`):
     every shape timed, or (``times`` is ``"fitting"``) only those that fit the budget. A
     step time rejects a strategy, not a shape (its plan is made without the shape), so
-    the strategy is planned either way. Strategies that share their layout and shapes
-    (:func:`_batch_key`) have their memory found together."""
+    the strategy is planned either way. Strategies at the same shapes that differ only in
+    their share of the model state have their memory found together."""
     out: list[_Results] = []
     for (base, shapes), found in zip(todo, totals_over_each(todo), strict=True):
         kept = [
