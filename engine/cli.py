@@ -543,9 +543,25 @@ def version() -> str:
         return "0+unknown"
 
 
+class _Version(argparse.Action):
+    """``--version``, as argparse's own prints it, the version read only when asked: the
+    package's metadata takes about 9 ms to find and read, a sixteenth of every command's
+    start."""
+
+    def __init__(self, option_strings: list[str], dest: str, **_: object) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS,
+            help="show program's version number and exit",
+        )  # fmt: skip
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        sys.stdout.write(f"MemFit {version()}\n")
+        parser.exit()
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memfit", description="How much GPU memory will this training run take?")
-    parser.add_argument("--version", action="version", version=f"MemFit {version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate the memory of a training step")
     _add_estimate_flags(est)

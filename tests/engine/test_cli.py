@@ -206,6 +206,30 @@ def test_version_is_printed() -> None:
     assert re.fullmatch(r"MemFit \d+\.\d+\.\d+\S*\n", proc.stdout), proc.stdout
 
 
+def test_the_version_is_read_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command reads no package metadata (it takes about 9 ms); ``--version`` reads it
+    and prints it as argparse's version action does, exit code 0."""
+    from memfit.engine import cli
+
+    asked: list[bool] = []
+
+    def version() -> str:
+        asked.append(True)
+        return "1.2.3"
+
+    monkeypatch.setattr(cli, "version", version)
+    out = io.StringIO()
+    assert main(["presets", "gpus"], out=out) == 0
+    assert asked == []
+    with pytest.raises(SystemExit) as exit_:
+        cli.make_parser().parse_args(["--version"])
+    assert exit_.value.code in (0, None) and asked == [True]
+    assert capsys.readouterr().out == "MemFit 1.2.3\n"
+    assert "--version" in cli.make_parser().format_help()
+
+
 PIPELINE = (
     "estimate",
     "--model",
