@@ -88,11 +88,18 @@ def _runs(layers: tuple[_Layer, ...], start: int, step: int) -> tuple[_Run, ...]
 #: the shape quantities every point of a step is a linear form in: the six
 #: :data:`~memfit.engine.graph.TERMS` (``one`` last), a hidden-size tensor between blocks
 #: (``b s h x res / sp``), the embedding's 1-byte dropout mask (``b s h / sp``), then the
-#: seven values (:class:`~memfit.engine.graph.BlockResult`: kept, forward peak, output, backward
-#: peak, input gradient, parameter gradients, held) of each block that is not folded in
-#: (a block without an integer profile: see :func:`_compile`)
+#: eleven values of each block that is not folded in (a block without an integer
+#: profile, or with a size no linear form holds: see :func:`_compile`): the seven of
+#: :class:`~memfit.engine.graph.BlockResult` (kept, forward peak, output, backward peak,
+#: input gradient, parameter gradients, held), what the per-op policy saves, what custom
+#: functions keep, and what it returns beside its output, all and unsaved (these four
+#: read only where the layout has no form for them)
 _ONE, _HIDDEN, _DROPOUT, _FIRST_BLOCK = len(TERMS) - 1, len(TERMS), len(TERMS) + 1, len(TERMS) + 2
-_BLOCK = 7
+_BLOCK = 11
+#: of those, the :class:`~memfit.engine.graph.BlockResult`'s
+_RESULT = 7
+#: the block values of those four (:meth:`_Compiler.size_form`)
+_PER_OP, _FUNCTION_KEPT, _RETURNED, _RETURNED_UNSAVED = 7, 8, 9, 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +236,11 @@ class _Recipe(NamedTuple):
     grad_buffer: int
     opt: int
     trains_embeddings: bool
-    per_op: Sequence[Size]
-    function_kept_of: Sequence[Size]
+    per_op: Sequence[Size | None]
+    function_kept_of: Sequence[Size | None]
     logits_block: int
     #: per block: what it returns beside its output, all and not saved (_Layout.returned)
-    returned: Sequence[tuple[Size, Size]]
+    returned: Sequence[tuple[Size, Size] | None]
 
 
 #: a source of a point's activations, its bytes not evaluated yet: the source with 0
@@ -345,14 +352,14 @@ class _Compiler:
         # keeps its input from the forward to the layer's backward, and its recomputation's
         # copy goes with the recomputed graph). Reentrant checkpointing runs the forward
         # without autograd: no function keeps anything there
+        self.function_kept_of: Sequence[Size | None] = function_kept_of
+        self.returned: Sequence[tuple[Size, Size] | None] = recipe.returned
         self.kept_on = [
             ckpt_input
-            + self.saved_form(per_op[b] if per_op else 0)
-            + (self.nothing if recipe.reentrant else self.saved_form(function_kept_of[b]))
+            + (self.size_form(b, _PER_OP, per_op[b]) if per_op else self.nothing)
+            + (self.nothing if recipe.reentrant else self.kept_by_functions(b))
             for b in range(len(plan.profiles))
         ]
-        self.function_kept_of: Sequence[Size] = function_kept_of
-        self.returned: Sequence[tuple[Size, Size]] = recipe.returned
 
     def var(self, i: int) -> np.ndarray:
         row: np.ndarray = self.basis[i]
@@ -387,6 +394,18 @@ class _Compiler:
                 raise ValueError("a per-op saved size that is not whole bytes")
             v[j] = int(a)
         return v
+
+    def size_form(self, b: int, field: int, size: Size | None) -> np.ndarray:
+        """A size of block ``b`` as a form: the layout's linear form, or where it has none
+        (``None``) the block's value ``field`` at each shape."""
+        if size is None:
+            form: np.ndarray = self.value(b, field)
+            return form
+        return self.saved_form(size)
+
+    def kept_by_functions(self, b: int) -> np.ndarray:
+        """What block ``b``'s custom autograd functions keep on their ctx, as a form."""
+        return self.size_form(b, _FUNCTION_KEPT, self.function_kept_of[b])
 
     def add(
         self,
@@ -440,10 +459,10 @@ class _Compiler:
         if self.carries:
             for b, on, _, _ in self.layers:
                 if not on:
-                    graph_kept = graph_kept + self.saved_form(self.function_kept_of[b])
+                    graph_kept = graph_kept + self.kept_by_functions(b)
                     if ctx.outputs_held:  # a released output took its KV cache with it
                         old_output = old_output + self.linear(b, 6)
-            graph_kept = graph_kept + self.saved_form(self.function_kept_of[self.head])
+            graph_kept = graph_kept + self.kept_by_functions(self.head)
             old_output = old_output + self.linear(self.head, 6)
         mask = ctx.res * pairs if eager else nothing
         if self.ledger:
@@ -510,8 +529,12 @@ class _Compiler:
                 own = (*own, *self.why(partial(_returned_source, 0, i - 1), prev))
             point = fixed + kept + work + prev
             self.add(_LAYER_F, i, p, self.grad_buffer, self.nothing, point, own)
-            every, unsaved = self.returned[b]
-            prev = self.saved_form(every if on else unsaved) if every else self.nothing
+            returned = self.returned[b]
+            if returned is None:  # evaluated at each shape
+                prev = self.value(b, _RETURNED if on else _RETURNED_UNSAVED)
+            else:
+                every, unsaved = returned
+                prev = self.saved_form(every if on else unsaved) if every else self.nothing
             kept = kept + (
                 self.kept_on[b] if on else self.linear(b, 0) - c * one + self.linear(b, 6)
             )
@@ -561,7 +584,7 @@ class _Compiler:
         head = self.head
         if stage.last:
             hv = [
-                self.peak(head, f) if f in (1, 3) else self.linear(head, f) for f in range(_BLOCK)
+                self.peak(head, f) if f in (1, 3) else self.linear(head, f) for f in range(_RESULT)
             ]
             head_copies, head_saved = self.plan.copies[head]
         else:  # the output goes to the next stage; its gradient comes back

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from operator import mul
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from memfit.engine import memo
-from memfit.engine.graph import Profile, Size
+from memfit.engine.graph import Profile, Size, concrete
 from memfit.engine.layers import CHUNK_ROWS, Ctx
 from memfit.engine.model_state import DTYPE_BYTES, ModelState, saved_components
 from memfit.engine.plan.precision import precision_of
@@ -63,6 +63,8 @@ from memfit.engine.timeline.context import (
 )
 from memfit.engine.timeline.points import Point, Timeline, _total
 from memfit.engine.timeline.sources import Source, _in_flight_source, _Kept, _output_source
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +130,25 @@ class _Layout:
     unfolded: tuple[int, ...]
     head: int
     logits_block: int
-    per_op: tuple[Size, ...]
-    kept_of: tuple[Size, ...]
-    #: what each block returns beside its output, alive through the next layer's forward
-    #: (:func:`~memfit.engine.timeline.blocks._returned`): all of it, and what it did not save
-    returned: tuple[tuple[Size, Size], ...]
+    #: per block, as linear forms of the shape: what the per-op policy saves, what custom
+    #: functions keep on their ctx, and what it returns beside its output, alive through
+    #: the next layer's forward (:func:`~memfit.engine.timeline.blocks._returned`: all of
+    #: it, and what it did not save); ``None`` where no linear form holds one (a block
+    #: built at concrete shapes only: it is evaluated at each shape, as an unfolded block)
+    per_op: tuple[Size | None, ...]
+    kept_of: tuple[Size | None, ...]
+    returned: tuple[tuple[Size, Size] | None, ...]
+
+
+def _linear(size: Callable[..., T], *args: Any) -> T | None:
+    """``size(*args)``, a size of a block built with symbolic sizes; ``None`` where the
+    block cannot be built so (transformers' eager experts loop routes whole tokens to
+    each expert: :func:`memfit.engine.layers._moe_eager`) or no linear form of the shape
+    holds the size."""
+    try:
+        return size(*args)
+    except (TypeError, ValueError):
+        return None
 
 
 @memo.cached(maxsize=4096)
@@ -170,30 +186,40 @@ def _layout(
     copies = tuple(c for _, c in found)
     symbolic = dataclasses.replace(ctx, symbolic=True)
     # the per-op policy's saved outputs of each block, as linear forms of the shape
-    saved: tuple[Size, ...] = (0,) * len(blocks)
+    saved: tuple[Size | None, ...] = (0,) * len(blocks)
     if per_op:
         saved = tuple(
-            _per_op(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else 0
+            _linear(_per_op, model, symbolic, kind, x_grad)
+            if kind not in ("head", HEAD_LOGITS)
+            else 0
             for kind, x_grad in blocks
         )
     # what custom functions of each block keep on their ctx, where the previous step's
     # graph lives on into this one, or where checkpointing cannot drop it (QLoRA's 4-bit
     # matmul keeps its input on its ctx, past the checkpoint's saved-tensor hooks)
-    kept_of: tuple[Size, ...] = (0,) * len(blocks)
+    kept_of: tuple[Size | None, ...] = (0,) * len(blocks)
     if function_kept:
         kept_of = tuple(
-            _function_kept(model, symbolic, kind, x_grad, chunked) for kind, x_grad in blocks
+            _linear(_function_kept, model, symbolic, kind, x_grad, chunked)
+            for kind, x_grad in blocks
         )
     returned = tuple(
-        _returned(model, symbolic, kind, x_grad) if kind not in ("head", HEAD_LOGITS) else (0, 0)
+        _linear(_returned, model, symbolic, kind, x_grad)
+        if kind not in ("head", HEAD_LOGITS)
+        else (0, 0)
         for kind, x_grad in blocks
     )
+    per_shape = {
+        b
+        for b, sizes in enumerate(zip(saved, kept_of, returned, strict=True))
+        if any(x is None for x in sizes)
+    }
     return _Layout(
         tuple(blocks),
         profiles,
         copies,
         tuple((b, on, *copies[b]) for b, on in zip(of_layer, ckpt, strict=True)),
-        tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1),
+        tuple(b for b, p in enumerate(profiles) if p is None or p.den != 1 or b in per_shape),
         head,
         logits_block,
         saved,
@@ -507,7 +533,8 @@ class StepPlan:
     def _block(self, b: int, batch: int, seq: int, terms: tuple[int, ...]) -> tuple[int, ...]:
         """Block ``b`` at ``batch`` x ``seq`` (its :data:`TERMS` ``terms``) as
         :func:`block_result` gives it: from its profile where the profile holds whole
-        bytes there, else simulated directly."""
+        bytes there, else simulated directly; then the sizes no linear form holds
+        (:meth:`_per_shape`)."""
         prof = self.profiles[b]
         if prof is not None:
             try:
@@ -523,6 +550,7 @@ class StepPlan:
                     r.input_grad,
                     r.param_grads,
                     r.held,
+                    *self._per_shape(b, batch, seq),
                 )
         kind, x_grad = self.blocks[b]
         ctx = dataclasses.replace(self.ctx, batch=batch, seq=seq)
@@ -535,6 +563,28 @@ class StepPlan:
             r.input_grad,
             r.param_grads,
             r.held,
+            *self._per_shape(b, batch, seq),
+        )
+
+    def _per_shape(self, b: int, batch: int, seq: int) -> tuple[int, int, int, int]:
+        """What block ``b``'s per-op policy saves, what its custom functions keep and what
+        it returns beside its output (all of it, and what it did not save) at ``batch``
+        x ``seq``, where no linear form holds them (:attr:`_Layout.per_op` and the rest
+        ``None``); 0 where one does (the compile reads the form then)."""
+        laid = self.layout
+        per_op, kept, returned = laid.per_op[b], laid.kept_of[b], laid.returned[b]
+        if per_op is not None and kept is not None and returned is not None:
+            return (0, 0, 0, 0)
+        kind, x_grad = self.blocks[b]
+        ctx = dataclasses.replace(self.ctx, batch=batch, seq=seq)
+        every, unsaved = _returned(self.model, ctx, kind, x_grad) if returned is None else (0, 0)
+        return (
+            concrete(_per_op(self.model, ctx, kind, x_grad)) if per_op is None else 0,
+            concrete(_function_kept(self.model, ctx, kind, x_grad, self.chunked))
+            if kept is None
+            else 0,
+            concrete(every),
+            concrete(unsaved),
         )
 
     def _values(self, batch: int, seq: int) -> list[int]:
