@@ -107,6 +107,12 @@ def make_mesh(scenario: Scenario) -> Mesh:
         wrong = axis.check(scenario, p.size(axis.key)) if axis.check else None
         if wrong:
             raise EstimateError(f"{P}.{axis.key}", wrong)
+    if p.ep > 1 and training.moe_implementation == "eager":
+        raise EstimateError(
+            "training.moe_implementation",
+            f'got "eager", but transformers\' eager experts loop runs every expert on each rank: '
+            f'expected "grouped" under expert parallelism (ep {p.ep}), or ep 1',
+        )
     if m.num_attention_heads % p.tp:
         raise EstimateError(
             f"{P}.tp",

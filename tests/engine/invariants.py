@@ -52,6 +52,7 @@ from memfit.engine.specs import (
     FROZEN_DTYPES,
     LOSSES,
     METHODS,
+    MOE_IMPLEMENTATIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PP_SCHEDULES,
@@ -121,6 +122,8 @@ scenarios = st.fixed_dictionaries(
                 "attention": st.sampled_from(ATTENTION_KERNELS),
                 "loss": st.sampled_from(LOSSES),
                 "stack": st.sampled_from(STACKS),
+                "moe_implementation": st.sampled_from(MOE_IMPLEMENTATIONS),
+                "torch_compile": st.booleans(),
                 "frozen_weights_dtype": st.sampled_from(FROZEN_DTYPES),
                 "lora": st.fixed_dictionaries(
                     {

@@ -4,6 +4,7 @@ no module lists the axes by name again."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -177,3 +178,34 @@ def test_shard_replicas_refused_with_the_field_named(
 ) -> None:
     with pytest.raises(EstimateError, match=r"training\.parallelism\.dp_replicate: " + message):
         resolve(llama(**parallelism))
+
+
+def test_the_eager_experts_loop_under_expert_parallelism_is_refused_by_its_field() -> None:
+    """Transformers' eager experts loop runs every expert on each rank: with expert
+    parallelism it is an error naming the field, not a crash of the engine (a TypeError
+    out of ``estimate()``, found by a wider draw of the property tests); either step alone
+    is estimated, and a sweep leaves out the layouts that split the experts."""
+    mixtral = load_model("mixtral-8x7b")
+    hardware = HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8)
+    both = TrainingSpec(moe_implementation="eager", parallelism=ParallelismSpec(ep=2))
+    with pytest.raises(EstimateError) as refused:
+        estimate(Scenario(mixtral, hardware, both))
+    assert refused.value.field == "training.moe_implementation"
+    assert "ep 2" in str(refused.value) and '"grouped"' in str(refused.value)
+    for training in (
+        TrainingSpec(moe_implementation="eager"),
+        TrainingSpec(parallelism=ParallelismSpec(ep=2)),
+    ):
+        assert estimate(Scenario(mixtral, hardware, training)).device_bytes > 0
+    found = {}
+    for implementation in ("eager", "grouped"):
+        s = Scenario(
+            mixtral,
+            hardware,
+            TrainingSpec(moe_implementation=implementation, stack="custom", method="lora"),
+        )
+        space = sweep.default_space(s)
+        parallel = (*((k, v) for k, v in space.parallel if k != "ep"), ("ep", (1, 2, 4)))
+        space = dataclasses.replace(space, micro_batches=(1,), parallel=parallel)
+        found[implementation] = {p.scenario.training.parallelism.ep for p in sweep.sweep(s, space)}
+    assert found["eager"] == {1} and max(found["grouped"]) > 1
