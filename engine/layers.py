@@ -161,13 +161,18 @@ class Ctx:
         the head and the model output read (the loss, a quantized head, what the output
         holds) and selective recomputation where no eager attention reads it set to their
         defaults -- so that layers alike in their ops share one key."""
-        return _for_layers(self)
+        eager = attention_kernel(self.attention, self.mode == "fp32", self.sdpa_math) == "eager"
+        return self.replaced(
+            batch=1, seq=1, selective=self.selective and eager, outputs_held=True,
+            kv_cache=False, loss="standard", loss_chunks=8, quantized_head=False,
+            compiled="layers" if self.compiled else "",
+        )  # fmt: skip
 
     def for_head(self) -> Ctx:
         """This context as the head's and the loss's ops read it: without the shape, and
         with what only the layers or the model output's lifetime read (selective
         recomputation, the KV cache, whether the output is held) set to their defaults."""
-        return _for_head(self)
+        return self.replaced(batch=1, seq=1, selective=False, outputs_held=True, kv_cache=False)
 
     def replaced(self, **changes: object) -> Ctx:
         """``dataclasses.replace(self, **changes)``, kept: the steps of many strategies
@@ -227,23 +232,6 @@ class Ctx:
         if self.trains(component):
             return 2 if self.mode == "half" else 4
         return self.frozen_bytes
-
-
-@memo.cached(maxsize=4096)
-def _for_layers(ctx: Ctx) -> Ctx:
-    eager = attention_kernel(ctx.attention, ctx.mode == "fp32", ctx.sdpa_math) == "eager"
-    return dataclasses.replace(
-        ctx, batch=1, seq=1, selective=ctx.selective and eager, outputs_held=True,
-        kv_cache=False, loss="standard", loss_chunks=8, quantized_head=False,
-        compiled="layers" if ctx.compiled else "",
-    )  # fmt: skip
-
-
-@memo.cached(maxsize=4096)
-def _for_head(ctx: Ctx) -> Ctx:
-    return dataclasses.replace(
-        ctx, batch=1, seq=1, selective=False, outputs_held=True, kv_cache=False
-    )
 
 
 @memo.cached(maxsize=4096)

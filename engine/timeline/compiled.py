@@ -834,28 +834,47 @@ class _Skeleton:
             columns = tuple(int(c) for c in np.abs(matrix).max(axis=0))
         s = np.array(state, dtype=np.int64 if max(map(abs, state)) < _INT64_SAFE else object)
         parameters, buffers = _times(self.parameters, s), _times(self.buffers, s)
-        n = len(self.kinds)
         opt = state[1]
         constant = parameters + opt
         largest_constant = int(np.abs(constant).max()) + int(np.abs(buffers).max())
         fits = self.dtype is np.int64 and largest_constant < _INT64_SAFE
         as_type = np.int64 if fits else object
+        return self._forms(
+            parameters.astype(as_type),
+            constant.astype(as_type),
+            buffers.astype(as_type),
+            opt,
+            largest_constant,
+            (matrix if fits else matrix.astype(object), columns),
+            (np.array(self.kinds, dtype=as_type), np.array(self.layer_of, dtype=as_type)),
+        )
+
+    def _forms(
+        self,
+        parameters: np.ndarray,
+        constant: np.ndarray,
+        buffers: np.ndarray,
+        opt: int,
+        largest_constant: int,
+        matrix: tuple[np.ndarray, tuple[int, ...]],
+        kinds: tuple[np.ndarray, np.ndarray],
+    ) -> _Forms:
+        """The forms of one state from its parts evaluated (every array int64 where they
+        fit, else of Python integers): the candidates' parameters, constants and gradient
+        buffers, the optimizer states, the matrix with its columns' bounds, and the
+        candidates' kinds and layers as arrays."""
+        n = len(self.kinds)
         return _Forms(
             kinds=self.kinds,
             layer_of=self.layer_of,
             fixed_parameters=tuple(parameters.tolist()),
             fixed_optimizer=(opt,) * n,
-            arrays=(
-                np.array(self.kinds, dtype=as_type),
-                np.array(self.layer_of, dtype=as_type),
-                parameters.astype(as_type),
-                np.full(n, opt, dtype=as_type),
-            ),
-            constant=constant.astype(as_type),
-            buffers=buffers.astype(as_type),
-            matrix=matrix if fits else matrix.astype(object),
-            fits=fits,
-            columns=columns,
+            arrays=(*kinds, parameters, np.full(n, opt, dtype=parameters.dtype)),
+            constant=constant,
+            buffers=buffers,
+            matrix=matrix[0],
+            fits=parameters.dtype == np.int64,
+            columns=matrix[1],
             largest_constant=largest_constant,
             checks=self.checks,
         )
@@ -890,30 +909,21 @@ class _Skeleton:
         top_constant = np.abs(constants).max(axis=1).tolist()
         top_buffer = np.abs(buffers).max(axis=1).tolist()
         largest = [c + b for c, b in zip(top_constant, top_buffer, strict=True)]
-        kinds = np.array(self.kinds, dtype=np.int64)
-        layers = np.array(self.layer_of, dtype=np.int64)
-        out: list[_Forms | None] = []
-        for j, opt in enumerate(opts):
-            if largest[j] >= _INT64_SAFE:
-                out.append(None)
-                continue
-            out.append(
-                _Forms(
-                    kinds=self.kinds,
-                    layer_of=self.layer_of,
-                    fixed_parameters=tuple(parameters[j].tolist()),
-                    fixed_optimizer=(opt,) * n,
-                    arrays=(kinds, layers, parameters[j], np.full(n, opt, dtype=np.int64)),
-                    constant=constants[j],
-                    buffers=buffers[j],
-                    matrix=self.matrix,
-                    fits=True,
-                    columns=self.columns,
-                    largest_constant=largest[j],
-                    checks=self.checks,
-                )
+        kinds = (np.array(self.kinds, dtype=np.int64), np.array(self.layer_of, dtype=np.int64))
+        return [
+            self._forms(
+                parameters[j],
+                constants[j],
+                buffers[j],
+                opt,
+                largest[j],
+                (self.matrix, self.columns),
+                kinds,
             )
-        return out
+            if largest[j] < _INT64_SAFE
+            else None
+            for j, opt in enumerate(opts)
+        ]
 
 
 _SKELETONS: memo.Table[tuple[object, ...], _Skeleton] = memo.Table(f"{__name__}._SKELETONS", 4096)

@@ -6,6 +6,7 @@ pipeline evaluated together."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -536,25 +537,15 @@ class StepPlan:
         bytes there, else simulated directly; then the sizes no linear form holds
         (:meth:`_per_shape`)."""
         prof = self.profiles[b]
+        r = None
         if prof is not None:
-            try:
+            # not a whole number of bytes here: outside the forms
+            with contextlib.suppress(ValueError):
                 r = prof.at(terms)
-            except ValueError:  # not a whole number of bytes here: outside the forms
-                pass
-            else:
-                return (
-                    r.kept,
-                    r.forward_peak,
-                    r.output,
-                    r.backward_peak,
-                    r.input_grad,
-                    r.param_grads,
-                    r.held,
-                    *self._per_shape(b, batch, seq),
-                )
-        kind, x_grad = self.blocks[b]
-        ctx = dataclasses.replace(self.ctx, batch=batch, seq=seq)
-        r = _direct(self.model, ctx, kind, x_grad, self.chunked)
+        if r is None:
+            kind, x_grad = self.blocks[b]
+            ctx = dataclasses.replace(self.ctx, batch=batch, seq=seq)
+            r = _direct(self.model, ctx, kind, x_grad, self.chunked)
         return (
             r.kept,
             r.forward_peak,
