@@ -28,9 +28,10 @@ import functools
 import io
 import itertools
 import math
-import multiprocessing
 import os
+import pickle
 import re
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -648,11 +649,7 @@ def can_fork() -> bool:
     inherits the engine as it is, and no other thread runs in this one (a thread could
     hold a cache's lock as the fork copies it: the app's sweeps stay in their thread).
     Elsewhere the sweep runs in the calling process."""
-    return (
-        sys.platform == "linux"
-        and "fork" in multiprocessing.get_all_start_methods()
-        and threading.active_count() == 1
-    )
+    return sys.platform == "linux" and hasattr(os, "fork") and threading.active_count() == 1
 
 
 def cpus() -> int:
@@ -705,38 +702,99 @@ def _run_part(indices: list[int], times: str) -> list[tuple[int, _Results]]:
     return list(zip(indices, _evaluate_each([_TODO[i] for i in indices], times), strict=True))
 
 
+#: how a part's number is written to the queue of parts
+_PART_BYTES = 4
+
+
+def _next_part(queue: int) -> int | None:
+    """The number of the next part no process has taken (``None``: none is left). The
+    queue is a pipe holding every part's number, written before the fork: a read of a
+    few bytes from a pipe is whole, so no two processes take one part."""
+    taken = os.read(queue, _PART_BYTES)
+    return int.from_bytes(taken, "little") if len(taken) == _PART_BYTES else None
+
+
+def _take_parts(queue: int, parts: list[list[int]], times: str) -> list[tuple[int, int, _Results]]:
+    """Each part this process takes from ``queue``, evaluated: (part, strategy, results)."""
+    found: list[tuple[int, int, _Results]] = []
+    while (k := _next_part(queue)) is not None:
+        found.extend((k, i, results) for i, results in _run_part(parts[k], times))
+    return found
+
+
+def _work_in_child(queue: int, answer: int, parts: list[list[int]], times: str) -> None:
+    """A forked process's life: the parts it takes, written pickled to ``answer``; then
+    it ends at once (what its parent would do at exit -- flush its output, run its exit
+    handlers -- is not its to do). A part it did not finish, however it ended, its
+    parent evaluates again, and meets the same error there."""
+    try:
+        found = _take_parts(queue, parts, times)
+        with os.fdopen(answer, "wb") as out:
+            pickle.dump(found, out, protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        os._exit(0)
+
+
 def in_processes(
     todo: list[Strategy],
     workers: int,
     meanwhile: Callable[[], None] | None = None,
     times: str = "all",
 ) -> list[_Results]:
-    """:func:`_evaluate_each` of every strategy of ``todo``, in ``workers`` forked processes:
-    the strategies in parts by what they share (:func:`_parts`), each worker taking the
-    next part as it finishes one. Each worker computes what the calling
-    process would (the engine's functions are pure), so the results are the same, in the
-    order of ``todo``. ``meanwhile`` runs here once the workers are forked (no thread of
-    this process runs while they fork)."""
+    """:func:`_evaluate_each` of every strategy of ``todo``, in ``workers`` processes: this
+    one and ``workers - 1`` forked from it. The strategies are in parts by what they
+    share (:func:`_parts`); each process takes the next part as it finishes one (this
+    one after ``meanwhile``, which runs here once the others are forked: no thread of
+    this process runs while they fork). Each process computes what this one would (the
+    engine's functions are pure), so the results are the same, in the order of
+    ``todo``. Where no process can be forked, or one ends without its answer, this
+    process evaluates what is missing."""
     global _TODO
     workers = max(1, min(workers, len(todo) // MIN_SHARE))
     parts = _parts(todo, workers)
     _TODO = todo
+    queue, filler = os.pipe()
+    children: dict[int, int] = {}  # process id: the read end of its answer
     try:
-        try:
-            pool = multiprocessing.get_context("fork").Pool(workers)
-        except (OSError, ImportError):  # no semaphores here (no /dev/shm): this process
-            if meanwhile is not None:
-                meanwhile()
-            return list(_in_order(todo, times))
-        with pool:
-            pending = pool.map_async(functools.partial(_run_part, times=times), parts, chunksize=1)
-            if meanwhile is not None:
-                meanwhile()
-            found = [r for part in pending.get() for r in part]
+        os.write(filler, b"".join(k.to_bytes(_PART_BYTES, "little") for k in range(len(parts))))
+        os.close(filler)
+        for _ in range(workers - 1):
+            answer, writer = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:  # no process to be had: the parts go to those there are
+                os.close(answer)
+                os.close(writer)
+                break
+            if pid == 0:
+                os.close(answer)
+                _work_in_child(queue, writer, parts, times)
+            os.close(writer)
+            children[pid] = answer
+        if meanwhile is not None:
+            meanwhile()
+        found = _take_parts(queue, parts, times)
+        while children:
+            pid, answer = children.popitem()
+            with os.fdopen(answer, "rb") as given:
+                try:
+                    found.extend(pickle.load(given))
+                except (EOFError, pickle.UnpicklingError):  # it ended without its answer
+                    pass
+            os.waitpid(pid, 0)
+        done = {k for k, _, _ in found}
+        for k in range(len(parts)):
+            if k not in done:
+                found.extend((k, i, results) for i, results in _run_part(parts[k], times))
     finally:
         _TODO = []
+        os.close(queue)
+        for pid, answer in children.items():  # this process stops with an error
+            os.close(answer)
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
     out: list[_Results] = [[] for _ in todo]
-    for i, results in found:
+    for _, i, results in found:
         out[i] = results
     return out
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing
+import os
+from pathlib import Path
 
 import pytest
 
@@ -93,23 +94,46 @@ def test_jobs_out_of_range_name_the_flag(jobs: str, capsys: pytest.CaptureFixtur
 
 
 def test_a_sweep_runs_here_where_processes_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A machine without semaphores for a process pool (a container without /dev/shm):
-    the sweep runs in the calling process, with the same points."""
+    """A machine where no process can be forked (a process limit): the sweep runs in the
+    calling process, with the same points."""
     s = scenario()
     here = sweep.sweep(s, workers=1)
 
     tried: list[bool] = []
 
-    def no_pool(*_: object, **__: object) -> None:
+    def no_fork() -> int:
         tried.append(True)
-        raise OSError("Function not implemented")
+        raise OSError("Resource temporarily unavailable")
 
-    context = multiprocessing.get_context("fork")
-    monkeypatch.setattr(type(context), "Pool", no_pool)
+    monkeypatch.setattr(os, "fork", no_fork)
     called: list[bool] = []
-    fallback = sweep.sweep(s, workers=2, meanwhile=lambda: called.append(True))
-    assert tried == [True] and called == [True]
+    fallback = sweep.sweep(s, workers=3, meanwhile=lambda: called.append(True))
+    assert tried == [True] and called == [True]  # one try, then the parts stay here
     assert [(p.scenario, p.device_bytes, p.time) for p in fallback] == [
+        (p.scenario, p.device_bytes, p.time) for p in here
+    ]
+
+
+def test_what_a_process_did_not_answer_is_evaluated_here(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A forked process that ends without its answer (killed, or out of memory) loses no
+    point: this process evaluates the parts it took, and the points are those of one
+    process, in order."""
+    s = scenario()
+    here = sweep.sweep(s, workers=1)
+    real = sweep._work_in_child
+
+    def killed(queue: int, answer: int, parts: list[list[int]], times: str) -> None:
+        taken = sweep._next_part(queue)  # takes a part, then ends without a word
+        (tmp_path / "taken").write_text(str(taken))
+        os._exit(9)
+
+    monkeypatch.setattr(sweep, "_work_in_child", killed)
+    lost = sweep.sweep(s, workers=2)
+    monkeypatch.setattr(sweep, "_work_in_child", real)
+    assert (tmp_path / "taken").read_text().isdigit()  # a part was lost with it
+    assert [(p.scenario, p.device_bytes, p.time) for p in lost] == [
         (p.scenario, p.device_bytes, p.time) for p in here
     ]
 
