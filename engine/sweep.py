@@ -22,6 +22,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -776,11 +777,9 @@ def in_processes(
         found = _take_parts(queue, parts, times)
         while children:
             pid, answer = children.popitem()
-            with os.fdopen(answer, "rb") as given:
-                try:
-                    found.extend(pickle.load(given))
-                except (EOFError, pickle.UnpicklingError):  # it ended without its answer
-                    pass
+            # a process that ended without its answer, or with part of it, gave none
+            with os.fdopen(answer, "rb") as given, contextlib.suppress(Exception):
+                found.extend(pickle.load(given))
             os.waitpid(pid, 0)
         done = {k for k, _, _ in found}
         for k in range(len(parts)):
