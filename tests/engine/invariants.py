@@ -14,8 +14,11 @@ checked (each raises ``AssertionError`` with the numbers when it fails):
   and a larger micro-batch never lowers the step time;
 * ``checkpointing`` -- more checkpointing (none -> every-k -> full, none -> selective)
   never raises the highest activations of the step, except by the first layer's input
-  gradient (a few hidden-size tensors, :func:`input_grad_bound`); where transformers'
-  checkpointing makes a frozen embedding's output require grad
+  gradient (a few hidden-size tensors, :func:`input_grad_bound`); selective is compared
+  with none played without the KV cache, as selective plays (transformers builds none
+  under checkpointing, and the cache's copies change what a layer keeps:
+  :func:`_without_cache`);
+  where transformers' checkpointing makes a frozen embedding's output require grad
   (``enable_input_require_grads``), layers that save nothing without it save with it,
   and the invariant is not checked (:func:`checkpointing_requires_input_grad`);
 * ``sharding`` -- a higher ZeRO stage never raises the model state a rank keeps (weights,
@@ -61,6 +64,7 @@ from memfit.engine.specs import (
     Scenario,
 )
 from memfit.engine.stacks import built as stack_built
+from memfit.engine.stacks import conventions
 from memfit.engine.timeline import (
     SOURCE_KINDS,
     _direct,
@@ -229,6 +233,23 @@ def checkpointing_requires_input_grad(scenario: Scenario) -> bool:
     )
 
 
+def _without_cache(scenario: Scenario, none: int) -> int:
+    """The highest activations of ``scenario`` without checkpointing and without the KV
+    cache its stack builds then (``none``: with it, as the stack has it). transformers
+    turns the cache off under any checkpointing, so the cache is not what checkpointing
+    changes: where it copies the keys and values out of a fused q/k/v projection, the
+    projection is freed, while without it attention saves views that keep the whole
+    projection -- two more hidden-size tensors a layer (Pythia, Phi-3), more than a
+    short sequence's attention core saves."""
+    cached = conventions(_training(scenario, activation_checkpointing="none").training).kv_cache
+    if not cached:
+        return none
+    other = _estimate(
+        _training(scenario, activation_checkpointing="none", kv_cache_in_outputs=False)
+    )
+    return none if other is None else _peak_activations(other)
+
+
 def check_checkpointing(scenario: Scenario, est: Estimate) -> None:
     if checkpointing_requires_input_grad(scenario):
         # nothing before the layers trains: without checkpointing autograd saves nothing
@@ -248,11 +269,13 @@ def check_checkpointing(scenario: Scenario, est: Estimate) -> None:
         other = _estimate(_training(scenario, activation_checkpointing=mode, offload=offload))
         if other is not None:
             levels[mode] = _peak_activations(other)
+    if "none" in levels and "selective" in levels:
+        levels["none, no cache"] = _without_cache(scenario, levels["none"])
     slack = input_grad_bound(scenario)
     for less, more in (
         ("none", "every-k-layers"),
         ("every-k-layers", "full"),
-        ("none", "selective"),
+        ("none, no cache", "selective"),
     ):
         if less in levels and more in levels:
             assert levels[more] <= levels[less] + slack, (less, more, levels, slack)

@@ -320,3 +320,30 @@ def test_falcons_layers_hand_their_attention_weights_to_the_next_layers_forward(
     assert eager[1] - eager[0] == probs + kept
     sdpa = forwards(attention="sdpa", activation_checkpointing="full")
     assert sdpa[1] - sdpa[0] < probs
+
+
+def test_the_kv_cache_copies_the_values_out_of_a_fused_projection() -> None:
+    """Pythia-1B (one fused q/k/v projection), fp32, eager attention, one token: with the
+    KV cache transformers builds without checkpointing, the cache's copy of the values is
+    what attention saves, and the projection is freed once RoPE has made q and k; without
+    the cache, attention saves a view of the values, which keeps the whole projection --
+    two more hidden-size tensors a layer. Selective recomputation runs without the cache
+    (transformers turns it off under checkpointing), so at one token it keeps more than
+    no checkpointing: the attention core it drops is 8 heads x 1 x 1 fp32 probabilities."""
+
+    def per_layer(**training: object) -> set[int]:
+        est = estimate(
+            scenario(
+                "pythia-1b", precision="fp32", sequence_length=1, attention="eager", **training
+            )
+        )
+        layers = [p for p in est.timeline if p.phase == "forward" and p.layer is not None]
+        return {b.activations - a.activations for a, b in itertools.pairwise(layers)}
+
+    (cached,) = per_layer()
+    (uncached,) = per_layer(kv_cache_in_outputs=False)
+    (selective,) = per_layer(activation_checkpointing="selective")
+    hidden = 2048 * 4
+    assert uncached - cached == 2 * hidden
+    assert selective == uncached - 8 * 1 * 1 * 4
+    assert selective > cached
