@@ -705,6 +705,11 @@ def _run_part(indices: list[int], times: str) -> list[tuple[int, _Results]]:
 
 #: how a part's number is written to the queue of parts
 _PART_BYTES = 4
+#: the most parts the queue holds: the numbers of all are written before any is read,
+#: and a pipe holds at least a page (4,096 bytes) however short of memory the system is.
+#: A sweep makes a few parts per split of the model and the sequence (:func:`_parts`),
+#: far fewer
+_MOST_PARTS = 4096 // _PART_BYTES
 
 
 def _next_part(queue: int) -> int | None:
@@ -749,10 +754,15 @@ def in_processes(
     this process runs while they fork). Each process computes what this one would (the
     engine's functions are pure), so the results are the same, in the order of
     ``todo``. Where no process can be forked, or one ends without its answer, this
-    process evaluates what is missing."""
+    process evaluates what is missing (and all, where the parts are more than the queue
+    holds)."""
     global _TODO
     workers = max(1, min(workers, len(todo) // MIN_SHARE))
     parts = _parts(todo, workers)
+    if len(parts) > _MOST_PARTS:
+        if meanwhile is not None:
+            meanwhile()
+        return list(_in_order(todo, times))
     _TODO = todo
     queue, filler = os.pipe()
     children: dict[int, int] = {}  # process id: the read end of its answer

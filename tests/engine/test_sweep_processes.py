@@ -138,6 +138,25 @@ def test_what_a_process_did_not_answer_is_evaluated_here(
     ]
 
 
+def test_more_parts_than_the_queue_holds_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue of parts is written whole before any process reads it: where the parts
+    would not fit it, nothing is forked and the sweep runs here, with the same points."""
+    s = scenario()
+    here = sweep.sweep(s, workers=1)
+
+    def no_fork() -> int:
+        raise AssertionError("forked with more parts than the queue holds")
+
+    monkeypatch.setattr(sweep, "_MOST_PARTS", 1)
+    monkeypatch.setattr(os, "fork", no_fork)
+    called: list[bool] = []
+    alone = sweep.sweep(s, workers=2, meanwhile=lambda: called.append(True))
+    assert called == [True]
+    assert [(p.scenario, p.device_bytes, p.time) for p in alone] == [
+        (p.scenario, p.device_bytes, p.time) for p in here
+    ]
+
+
 @pytest.mark.parametrize("workers", [2, 3, 8])
 def test_the_parts_keep_what_strategies_share_in_one_process(workers: int) -> None:
     """Every strategy in one part; a part holds strategies of one split of the model and
