@@ -1191,13 +1191,12 @@ def _plan(args: argparse.Namespace, scenario: Scenario, out: TextIO) -> int:
         if args.json:
             # compact: the scenario swept around once, then each point's varying settings
             # and results as a row of "fields" (one string, written at once)
-            rows = [p.row() for p in points]
             data = {
                 "configs": len(points),
                 "left_out": left_out,
                 "base": scenario_to_dict(scenario),
                 "fields": list(ROW_FIELDS),
-                "points": [[r[f] for f in ROW_FIELDS] for r in rows],
+                "points": [p.values() for p in points],
             }
             out.write(json.dumps(data) + "\n")
         elif not args.csv:

@@ -34,6 +34,7 @@ import pickle
 import re
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -407,6 +408,10 @@ class Point:
 
     def row(self) -> dict[str, object]:
         """A flat CSV row (read off the strategy and the shape: no scenario is built)."""
+        return dict(zip(ROW_FIELDS, self.values(), strict=True))
+
+    def values(self) -> list[object]:
+        """The row's values in the order of :data:`ROW_FIELDS` (the sweep's JSON points)."""
         spec = self.spec
         if isinstance(spec, Scenario):
             s, batch, accumulation = (
@@ -418,26 +423,27 @@ class Point:
             s, batch, accumulation = spec.base, spec.micro_batch_size, spec.accumulation
         t = s.training
         p = t.parallelism
-        return {
-            "gpu": s.hardware.gpu.name,
-            "gpus": s.hardware.world_size,
-            "precision": t.precision,
-            "optimizer": t.optimizer,
-            "checkpointing": t.activation_checkpointing,
-            "zero_stage": p.zero_stage,
-            **{key: p.size(key) for key in SWEPT_AXES},
-            "offload": t.offload.optimizer,
-            "micro_batch_size": batch,
-            "gradient_accumulation_steps": accumulation,
-            "device_bytes": self.device_bytes,
-            "budget_bytes": self.budget_bytes,
-            "verdict": self.verdict,
-            "step_time_s": self.time.step_time_s,
-            "tokens_per_s": self.time.tokens_per_s,
-            "tokens_per_s_per_gpu": self.time.tokens_per_s_per_gpu,
-            "mfu": self.time.mfu,
-            "bound": self.time.bound,
-        }
+        time = self.time
+        return [
+            s.hardware.gpu.name,
+            s.hardware.world_size,
+            t.precision,
+            t.optimizer,
+            t.activation_checkpointing,
+            p.zero_stage,
+            *[p.size(key) for key in SWEPT_AXES],
+            t.offload.optimizer,
+            batch,
+            accumulation,
+            self.device_bytes,
+            self.budget_bytes,
+            self.verdict,
+            time.step_time_s,
+            time.tokens_per_s,
+            time.tokens_per_s_per_gpu,
+            time.mfu,
+            time.bound,
+        ]
 
 
 #: the mark of a configuration that trains differently from the scenario it was swept
@@ -720,25 +726,82 @@ def _next_part(queue: int) -> int | None:
     return int.from_bytes(taken, "little") if len(taken) == _PART_BYTES else None
 
 
-def _take_parts(queue: int, parts: list[list[int]], times: str) -> list[tuple[int, int, _Results]]:
-    """Each part this process takes from ``queue``, evaluated: (part, strategy, results)."""
-    found: list[tuple[int, int, _Results]] = []
+#: a part's answer as a forked process writes it: the length of what follows, then the
+#: part's number and its strategies' results, pickled
+_LENGTH_BYTES = 8
+#: one part's results: (strategy, results) for each of its strategies
+_PartResults = list[tuple[int, _Results]]
+
+
+def _take_parts(
+    queue: int, parts: list[list[int]], times: str, done: Callable[[int, _PartResults], None]
+) -> None:
+    """Each part this process takes from ``queue``, evaluated and handed to ``done``."""
     while (k := _next_part(queue)) is not None:
-        found.extend((k, i, results) for i, results in _run_part(parts[k], times))
-    return found
+        done(k, _run_part(parts[k], times))
 
 
-def _work_in_child(queue: int, answer: int, parts: list[list[int]], times: str) -> None:
-    """A forked process's life: the parts it takes, written pickled to ``answer``; then
-    it ends at once (what its parent would do at exit -- flush its output, run its exit
-    handlers -- is not its to do). A part it did not finish, however it ended, its
-    parent evaluates again, and meets the same error there."""
-    try:
-        found = _take_parts(queue, parts, times)
-        with os.fdopen(answer, "wb") as out:
-            pickle.dump(found, out, protocol=pickle.HIGHEST_PROTOCOL)
-    finally:
-        os._exit(0)
+class _Answers:
+    """What one forked process answers: each part it finishes, written as it finishes it
+    to a file of its own (in memory where Linux has such files), which this process reads
+    as it grows -- between its own parts, so that little is left to read once the last
+    part is done. A part the file does not hold whole, however the process ended, is not
+    answered."""
+
+    def __init__(self) -> None:
+        self.fd = _answer_file()
+        self.pid = 0
+        self.read = 0  # the bytes of the file read so far
+        self.broken = False
+
+    def write(self, k: int, results: _PartResults) -> None:
+        """Part ``k``'s answer, written (by the forked process)."""
+        data = pickle.dumps((k, results), protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(len(data).to_bytes(_LENGTH_BYTES, "little") + data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def collect(self) -> list[tuple[int, int, _Results]]:
+        """The answers written whole since the last call: (part, strategy, results)."""
+        size = os.fstat(self.fd).st_size
+        if self.broken or size <= self.read:
+            return []
+        data = os.pread(self.fd, size - self.read, self.read)
+        out: list[tuple[int, int, _Results]] = []
+        at = 0
+        while at + _LENGTH_BYTES <= len(data):
+            end = at + _LENGTH_BYTES + int.from_bytes(data[at : at + _LENGTH_BYTES], "little")
+            if end > len(data):
+                break  # being written
+            try:
+                k, results = pickle.loads(data[at + _LENGTH_BYTES : end])
+            except Exception:  # not an answer: nothing after it is read
+                self.broken = True
+                break
+            out.extend((k, i, r) for i, r in results)
+            at = end
+        self.read += at
+        return out
+
+
+def _answer_file() -> int:
+    """A file for a forked process's answers, which no other process sees: in memory
+    where Linux has such files, else an unlinked temporary file."""
+    if hasattr(os, "memfd_create"):
+        with contextlib.suppress(OSError):
+            return os.memfd_create("memfit-sweep-answers")
+    fd, path = tempfile.mkstemp(prefix="memfit-sweep-")
+    os.unlink(path)
+    return fd
+
+
+def _work_in_child(queue: int, answers: _Answers, parts: list[list[int]], times: str) -> None:
+    """A forked process's work: the parts it takes, each written to ``answers`` as it is
+    done. Then it ends at once, however this ends (:func:`in_processes`): what its
+    parent would do at exit -- flush its output, run its exit handlers -- is not its to
+    do. A part it did not finish its parent evaluates again, and meets the same error
+    there."""
+    _take_parts(queue, parts, times, answers.write)
 
 
 def in_processes(
@@ -751,11 +814,11 @@ def in_processes(
     one and ``workers - 1`` forked from it. The strategies are in parts by what they
     share (:func:`_parts`); each process takes the next part as it finishes one (this
     one after ``meanwhile``, which runs here once the others are forked: no thread of
-    this process runs while they fork). Each process computes what this one would (the
-    engine's functions are pure), so the results are the same, in the order of
-    ``todo``. Where no process can be forked, or one ends without its answer, this
-    process evaluates what is missing (and all, where the parts are more than the queue
-    holds)."""
+    this process runs while they fork), and the others' answers are read here as they
+    come (:class:`_Answers`). Each process computes what this one would (the engine's
+    functions are pure), so the results are the same, in the order of ``todo``. Where no
+    process can be forked, or one ends without its answer, this process evaluates what
+    is missing (and all, where the parts are more than the queue holds)."""
     global _TODO
     workers = max(1, min(workers, len(todo) // MIN_SHARE))
     parts = _parts(todo, workers)
@@ -765,43 +828,49 @@ def in_processes(
         return list(_in_order(todo, times))
     _TODO = todo
     queue, filler = os.pipe()
-    children: dict[int, int] = {}  # process id: the read end of its answer
+    children: list[_Answers] = []
+    found: list[tuple[int, int, _Results]] = []
+
+    def done(k: int, results: _PartResults) -> None:
+        found.extend((k, i, r) for i, r in results)
+        for child in children:
+            found.extend(child.collect())
+
     try:
         os.write(filler, b"".join(k.to_bytes(_PART_BYTES, "little") for k in range(len(parts))))
         os.close(filler)
         for _ in range(workers - 1):
-            answer, writer = os.pipe()
+            answers = _Answers()
             try:
-                pid = os.fork()
+                answers.pid = os.fork()
             except OSError:  # no process to be had: the parts go to those there are
-                os.close(answer)
-                os.close(writer)
+                os.close(answers.fd)
                 break
-            if pid == 0:
-                os.close(answer)
-                _work_in_child(queue, writer, parts, times)
-            os.close(writer)
-            children[pid] = answer
+            if answers.pid == 0:  # the forked process
+                try:
+                    _work_in_child(queue, answers, parts, times)
+                finally:
+                    os._exit(0)
+            children.append(answers)
         if meanwhile is not None:
             meanwhile()
-        found = _take_parts(queue, parts, times)
+        _take_parts(queue, parts, times, done)
         while children:
-            pid, answer = children.popitem()
-            # a process that ended without its answer, or with part of it, gave none
-            with os.fdopen(answer, "rb") as given, contextlib.suppress(Exception):
-                found.extend(pickle.load(given))
-            os.waitpid(pid, 0)
-        done = {k for k, _, _ in found}
+            answers = children.pop()
+            os.waitpid(answers.pid, 0)
+            found.extend(answers.collect())
+            os.close(answers.fd)
+        answered = {k for k, _, _ in found}
         for k in range(len(parts)):
-            if k not in done:
+            if k not in answered:
                 found.extend((k, i, results) for i, results in _run_part(parts[k], times))
     finally:
         _TODO = []
         os.close(queue)
-        for pid, answer in children.items():  # this process stops with an error
-            os.close(answer)
-            os.kill(pid, signal.SIGTERM)
-            os.waitpid(pid, 0)
+        for answers in children:  # this process stops with an error
+            os.kill(answers.pid, signal.SIGTERM)
+            os.waitpid(answers.pid, 0)
+            os.close(answers.fd)
     out: list[_Results] = [[] for _ in todo]
     for _, i, results in found:
         out[i] = results

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -122,18 +123,52 @@ def test_what_a_process_did_not_answer_is_evaluated_here(
     process, in order."""
     s = scenario()
     here = sweep.sweep(s, workers=1)
-    real = sweep._work_in_child
 
-    def killed(queue: int, answer: int, parts: list[list[int]], times: str) -> None:
+    def killed(queue: int, answers: sweep._Answers, parts: list[list[int]], times: str) -> None:
         taken = sweep._next_part(queue)  # takes a part, then ends without a word
         (tmp_path / "taken").write_text(str(taken))
         os._exit(9)
 
     monkeypatch.setattr(sweep, "_work_in_child", killed)
     lost = sweep.sweep(s, workers=2)
-    monkeypatch.setattr(sweep, "_work_in_child", real)
     assert (tmp_path / "taken").read_text().isdigit()  # a part was lost with it
     assert [(p.scenario, p.device_bytes, p.time) for p in lost] == [
+        (p.scenario, p.device_bytes, p.time) for p in here
+    ]
+
+
+def test_a_part_written_in_half_is_evaluated_here(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A forked process answers each part as it finishes it: where it ends in the middle
+    of writing one, the parts it wrote whole are read, the one it wrote in half is
+    evaluated here, and the points are those of one process."""
+    s = scenario()
+    here = sweep.sweep(s, workers=1)
+
+    def cut_short(queue: int, answers: sweep._Answers, parts: list[list[int]], times: str) -> None:
+        first, second = sweep._next_part(queue), sweep._next_part(queue)
+        assert first is not None and second is not None
+        answers.write(first, sweep._run_part(parts[first], times))
+        data = pickle.dumps((second, sweep._run_part(parts[second], times)))
+        os.write(answers.fd, len(data).to_bytes(sweep._LENGTH_BYTES, "little") + data[:10])
+        (tmp_path / "taken").write_text(f"{first} {second}")
+        os._exit(9)
+
+    read: list[int] = []
+    real = sweep._Answers.collect
+
+    def collect(self: sweep._Answers) -> list[tuple[int, int, sweep._Results]]:
+        got = real(self)
+        read.extend(k for k, _, _ in got)
+        return got
+
+    monkeypatch.setattr(sweep, "_work_in_child", cut_short)
+    monkeypatch.setattr(sweep._Answers, "collect", collect)
+    spread = sweep.sweep(s, workers=2)
+    first, second = (int(k) for k in (tmp_path / "taken").read_text().split())
+    assert first in read and second not in read  # the whole part read, the half not
+    assert [(p.scenario, p.device_bytes, p.time) for p in spread] == [
         (p.scenario, p.device_bytes, p.time) for p in here
     ]
 
