@@ -35,11 +35,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run()
 
 
+#: the exit status of a command stopped by Ctrl+C (128 + SIGINT, as a shell reports it)
+INTERRUPTED = 130
+
+
 def console() -> None:
     """The ``memfit`` console script: :func:`main`, then the process ends. After a CLI
     command it ends at once (:func:`end`), where the interpreter would tear itself down
-    first."""
-    code = main()
+    first. Ctrl+C stops it with a line, not a traceback, and status :data:`INTERRUPTED`."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("memfit: interrupted", file=sys.stderr)
+        code = INTERRUPTED
     if sys.argv[1:2] and sys.argv[1] != "--selftest":
         end(code)
     sys.exit(code)

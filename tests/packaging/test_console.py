@@ -86,3 +86,20 @@ def test_the_app_and_argparse_exits_keep_the_interpreters_end() -> None:
     proc = run("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("MemFit ")
     assert "teardown ran" in proc.stderr
+
+
+def test_ctrl_c_stops_a_command_with_a_line_not_a_traceback() -> None:
+    """A command stopped by Ctrl+C (a sweep's processes stop with it) says so in one line
+    and ends with a shell's status for SIGINT, its exit handlers run."""
+    stopped = "import memfit.engine.cli as cli\ndef main(*_):\n    raise KeyboardInterrupt\n"
+    script = CONSOLE.replace("#: stdout", stopped + "cli.main = main")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "sweep", "--model", "gpt2", "--gpu", "l4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 130
+    assert "memfit: interrupted" in proc.stderr and "Traceback" not in proc.stderr
+    assert "exit handler ran" in proc.stderr
