@@ -761,13 +761,13 @@ class _Answers:
         while view:
             view = view[os.write(self.fd, view) :]
 
-    def collect(self) -> list[tuple[int, int, _Results]]:
-        """The answers written whole since the last call: (part, strategy, results)."""
+    def collect(self) -> dict[int, _PartResults]:
+        """The answers written whole since the last call, by part."""
         size = os.fstat(self.fd).st_size
         if self.broken or size <= self.read:
-            return []
+            return {}
         data = os.pread(self.fd, size - self.read, self.read)
-        out: list[tuple[int, int, _Results]] = []
+        out: dict[int, _PartResults] = {}
         at = 0
         while at + _LENGTH_BYTES <= len(data):
             end = at + _LENGTH_BYTES + int.from_bytes(data[at : at + _LENGTH_BYTES], "little")
@@ -778,7 +778,7 @@ class _Answers:
             except Exception:  # not an answer: nothing after it is read
                 self.broken = True
                 break
-            out.extend((k, i, r) for i, r in results)
+            out[k] = results
             at = end
         self.read += at
         return out
@@ -829,12 +829,12 @@ def in_processes(
     _TODO = todo
     queue, filler = os.pipe()
     children: list[_Answers] = []
-    found: list[tuple[int, int, _Results]] = []
+    found: dict[int, _PartResults] = {}  # by part
 
     def done(k: int, results: _PartResults) -> None:
-        found.extend((k, i, r) for i, r in results)
+        found[k] = results
         for child in children:
-            found.extend(child.collect())
+            found.update(child.collect())
 
     try:
         os.write(filler, b"".join(k.to_bytes(_PART_BYTES, "little") for k in range(len(parts))))
@@ -858,12 +858,11 @@ def in_processes(
         while children:
             answers = children.pop()
             os.waitpid(answers.pid, 0)
-            found.extend(answers.collect())
+            found.update(answers.collect())
             os.close(answers.fd)
-        answered = {k for k, _, _ in found}
         for k in range(len(parts)):
-            if k not in answered:
-                found.extend((k, i, results) for i, results in _run_part(parts[k], times))
+            if k not in found:
+                found[k] = _run_part(parts[k], times)
     finally:
         _TODO = []
         os.close(queue)
@@ -872,8 +871,9 @@ def in_processes(
             os.waitpid(answers.pid, 0)
             os.close(answers.fd)
     out: list[_Results] = [[] for _ in todo]
-    for _, i, results in found:
-        out[i] = results
+    for part in found.values():
+        for i, results in part:
+            out[i] = results
     return out
 
 

@@ -158,9 +158,9 @@ def test_a_part_written_in_half_is_evaluated_here(
     read: list[int] = []
     real = sweep._Answers.collect
 
-    def collect(self: sweep._Answers) -> list[tuple[int, int, sweep._Results]]:
+    def collect(self: sweep._Answers) -> dict[int, sweep._PartResults]:
         got = real(self)
-        read.extend(k for k, _, _ in got)
+        read.extend(got)
         return got
 
     monkeypatch.setattr(sweep, "_work_in_child", cut_short)
