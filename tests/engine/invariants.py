@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import Estimate, _stages, estimate
-from memfit.engine.model_state import CATEGORIES, model_state
+from memfit.engine.model_state import CATEGORIES, model_state, split_tensors
 from memfit.engine.plan import make_mesh, resolve
 from memfit.engine.presets import gpu_names, load_model, model_names
 from memfit.engine.scenario_io import scenario_from_dict
@@ -310,15 +310,20 @@ def gathered_bound(scenario: Scenario) -> int:
     """What ZeRO-3 may add over ZeRO-1 at the peak, the stated exception of the sharding
     invariant there: the units ZeRO-3 / FSDP keep gathered beyond the shards, at their
     largest (:func:`memfit.engine.sharding.gather_buffers`, for the model as its stack builds it),
-    and DeepSpeed's reduce bucket, which ZeRO-3 allocates at ``min(reduce_bucket_size, n)``
-    however few GPUs share the rest."""
+    DeepSpeed's reduce bucket, which ZeRO-3 allocates at ``min(reduce_bucket_size, n)``
+    however few GPUs share the rest, and the root unit's gradients (the embedding's and
+    the LM head's, where they train), at most 4 bytes an element: FSDP makes them
+    unsharded in its parameter dtype and sums a weight's uses out of place (three
+    gradients' worth for the head of a chunked loss, traced), where mixed precision
+    without it sums them into the autocast copy's gradient and then into ``.grad``."""
     b = stack_built(scenario)
     par = b.training.parallelism
     three = dataclasses.replace(b.training, parallelism=dataclasses.replace(par, zero_stage=3))
     mesh = make_mesh(dataclasses.replace(b, training=three))
     model = tensor_parallel_shard(b.model, mesh.tp, mesh.ep)
     g = gather_buffers(three, model)
-    bound = max(g.forward, g.backward + g.grads + g.reduce)
+    root = sum(t.total for t in split_tensors(model, three).trainable if t.layers is None)
+    bound = max(g.forward, g.backward + g.grads + g.reduce) + 4 * root
     if par.framework == "deepspeed":
         bound += 2 * min(DS_REDUCE_BUCKET, model_state(model, three).trainable_params)
     return bound

@@ -7,7 +7,14 @@ from hypothesis import given, seed, settings
 
 from memfit.engine.estimate import estimate
 from memfit.engine.scenario_io import scenario_from_dict
-from tests.engine.invariants import _peak_activations, check_all, check_checkpointing, scenarios
+from tests.engine.invariants import (
+    _peak_activations,
+    check_all,
+    check_checkpointing,
+    check_sharding_at_peak,
+    gathered_bound,
+    scenarios,
+)
 
 #: the draw CI checks, the same on every run (the benchmark draws a fresh one)
 SEED = 20261201
@@ -68,3 +75,44 @@ def test_more_checkpointing_keeps_fewer_activations_in_every_stage() -> None:
     est = estimate(s)
     assert [g.group for g in est.rank_groups] == ["pp stage 0", "pp stage 1"]
     assert _peak_activations(est) >= max(p.activations for p in est.timeline)
+
+
+#: fresh draws of benchmarks/properties.py (seeds 2587475427 and 476021064): a 32B model
+#: training its LM head alone on one GPU, compiled, with a loss over chunks of the output
+HEAD_ALONE = {
+    "model": {"preset": "qwen3-32b"},
+    "hardware": {"gpu": "rtx-3090", "gpus_per_node": 1, "nodes": 1},
+    "training": {
+        "method": "freeze",
+        "freeze": {"trainable": ["lm_head"]},
+        "stack": "trl-sft",
+        "loss": "chunked-output",
+        "sequence_length": 512,
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 3,
+        "attention": "mem-efficient",
+        "torch_compile": True,
+        "precision": "bf16-mixed",
+        "optimizer": "sgd",
+        "activation_checkpointing": "selective",
+    },
+    "memfit_scenario": 1,
+}
+
+
+def test_zero3_adds_the_root_units_gradients_at_most() -> None:
+    """At the head's backward, ZeRO-3 (FSDP, bf16 parameters) sums the head's gradient
+    over the loss's chunks out of place in bf16, where ZeRO-1 under autocast sums it into
+    the cast copy's gradient and then into the fp32 ``.grad``: ZeRO-3's activations there
+    are higher by more than what it keeps gathered, and by less than the root unit's
+    gradients, which the sharding invariant's bound counts."""
+    peaks = {}
+    for zero in (1, 3):
+        s = scenario_from_dict({**HEAD_ALONE, "training": {**HEAD_ALONE["training"],
+                                "parallelism": {"zero_stage": zero}}})  # fmt: skip
+        peaks[zero] = estimate(s)
+    over = peaks[3].allocated_bytes - peaks[1].allocated_bytes
+    head = 151936 * 5120  # the LM head's elements, the root unit's only trained tensor
+    assert over > gathered_bound(s) - 4 * head  # beyond the gathered units alone
+    assert over <= gathered_bound(s)
+    check_sharding_at_peak(s)
