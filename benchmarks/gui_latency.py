@@ -3,8 +3,12 @@ Tradeoffs map's first sweep after start.
 
 An "edit" is what a user does in a panel: a spin box changes, the store re-estimates,
 the panels, the what-if ghosts (all seven shown), the chart and the item table update, and
-the window repaints -- measured until the repaint has finished (``QWidget.repaint`` is
-synchronous). Target: a median under one frame (16 ms) for every model preset.
+the window repaints -- measured until Qt has handled what the edit posted (:func:`settle`:
+the chart's scene update, the layouts, the repaint of every region that changed, as the
+event loop does it after a user's edit). Forcing a repaint of the whole window instead
+(``QWidget.repaint``, what this benchmark timed before) leaves the chart out: its scene
+queues its update for the event loop, so the chart's repaint came after the time was
+taken. Target: a median under 10 ms for every model preset.
 
 The first map: a fresh process opens the window on Llama 3 8B, full fine-tuning on 8
 H100s (ZeRO-3, micro-batch 2 x 4, 4,096 tokens, the Hugging Face Trainer), shows
@@ -156,19 +160,26 @@ def edit_latency() -> dict[str, list[float]]:
         spin = window.training_panel.rows["training.micro_batch_size"].widget
         for name in model_names():
             window.store.edit(dataclasses.replace(window.store.scenario, model=load_model(name)))
-            window.repaint()
-            app.processEvents()
+            settle(app)
             times = []
             for i in range(12):
                 start = time.perf_counter()
                 spin.setValue(1 + (i % 4))
-                window.repaint()
+                settle(app)
                 times.append(time.perf_counter() - start)
             results[name] = times[2:]  # the first edits warm per-model caches
         results[DEEP] = _deep_pipeline(window, spin)
         window.store.undo_stack.setClean()  # closing a modified window would ask to save
         window.close()
     return results
+
+
+def settle(app: object) -> None:
+    """Let Qt handle what an edit posted and what that posts in turn: the chart scene's
+    queued update, the layouts, and the repaint of what changed (a third pass finds
+    nothing left to do)."""
+    for _ in range(3):
+        app.processEvents()  # type: ignore[attr-defined]
 
 
 #: the deep-pipeline case: a 1,024-layer model on 1,024 GPUs, one layer per stage
@@ -186,13 +197,16 @@ def _deep_pipeline(window: object, spin: object) -> list[float]:
         HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=128),
         TrainingSpec(gradient_accumulation_steps=16, parallelism=ParallelismSpec(pp=1024)),
     )
+    from memfit.gui.app import make_app
+
+    app = make_app()
     window.store.edit(deep)  # type: ignore[attr-defined]
-    window.repaint()  # type: ignore[attr-defined]
+    settle(app)
     times = []
     for i in range(6):
         start = time.perf_counter()
         spin.setValue(1 + (i % 3))  # type: ignore[attr-defined]
-        window.repaint()  # type: ignore[attr-defined]
+        settle(app)
         times.append(time.perf_counter() - start)
     return times[1:]
 
@@ -211,7 +225,7 @@ def main() -> None:
     print(
         f"  edit to repaint, median over {len(medians)} presets: "
         f"{statistics.median(everything) * 1e3:6.2f} ms "
-        f"({FRAME_S / statistics.median(everything):.1f}x under one 16 ms frame)"
+        f"(target 10 ms; one 16 ms frame is {FRAME_S / statistics.median(everything):.1f}x it)"
     )
     print(
         f"  slowest preset median ({worst_name}): {medians[worst_name] * 1e3:6.2f} ms; "
