@@ -29,6 +29,7 @@ it changes (the widget's size) before it returns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -122,6 +123,14 @@ def layout_for(on_screen: QSize, scale: int = 1, width: int | None = None) -> tu
     return logical, width / logical_width
 
 
+def _antialiased(chart: QWidget) -> contextlib.AbstractContextManager[None]:
+    """The chart drawn with antialiasing while in the block: the breakdown chart draws
+    without it on screen (:meth:`memfit.gui.chart.BreakdownChart.antialiased`), an image
+    keeps it."""
+    antialiased = getattr(chart, "antialiased", None)
+    return antialiased() if antialiased is not None else contextlib.nullcontext()
+
+
 def chart_image(
     chart: QWidget, scale: int = 1, *, size: QSize | None = None, width: int | None = None
 ) -> QImage:
@@ -141,7 +150,8 @@ def chart_image(
         image = QImage(pixels, QImage.Format.Format_ARGB32_Premultiplied)
         image.setDevicePixelRatio(ratio)
         image.fill(chart.palette().color(chart.backgroundRole()))
-        chart.render(image)
+        with _antialiased(chart):
+            chart.render(image)
         return image
     finally:
         if chart.size() != old:

@@ -371,6 +371,9 @@ class MainWindow(QMainWindow):
 
         memory = self.memory_split = QSplitter(Qt.Orientation.Vertical)
         top = QWidget()
+        # opaque, so that a repaint inside it (every edit's) paints nothing behind it
+        top.setAutoFillBackground(True)
+        memory.setAutoFillBackground(True)
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(6, 6, 6, 0)
         top_layout.addWidget(self.whatif)
@@ -407,6 +410,9 @@ class MainWindow(QMainWindow):
         self.tradeoffs = TradeoffsView(self.store)
         # the breakdown and, beside it, what memory costs in speed and money
         self.views = QTabWidget()
+        # no frame around the pages (as the details' tabs): the style drew one across the
+        # whole page at every repaint of the chart
+        self.views.setDocumentMode(True)
         self.views.addTab(memory, "Memory")
         self.views.addTab(self.tradeoffs, "Tradeoffs")
         self.views.setTabToolTip(0, "Where the memory goes: the breakdown and what-ifs")
