@@ -1,8 +1,9 @@
 """What an edit repaints: the chart and what changed, not the frames around them; the
 chart drawn without antialiasing on screen and with it in an exported image."""
 
+import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject
-from PySide6.QtGui import QPainter
+from PySide6.QtGui import QImage, QPainter, QPalette
 from PySide6.QtWidgets import QApplication, QWidget
 
 from memfit.gui.chart_export import chart_image
@@ -59,3 +60,32 @@ def test_the_chart_draws_without_antialiasing_and_exports_with_it(window: MainWi
     assert hints == [True] and not image.isNull()
     assert not chart.plot.renderHints() & QPainter.RenderHint.Antialiasing  # back on screen
     assert chart.cut_marks.opts["antialias"]  # the one slanted line keeps it
+
+
+def test_the_grid_is_drawn_opaque_in_the_colour_it_shows(window: MainWindow) -> None:
+    """The left axis' grid lines: pyqtgraph gives them a translucent pen and draws them
+    without antialiasing, which Qt's raster engine does some twenty times slower than an
+    opaque line; they are drawn opaque in the colour the translucent pen shows over the
+    plot's background, light and dark alike."""
+    axis = window.chart.plot_item.getAxis("left")
+    settle()
+    image = QImage(10, 10, QImage.Format.Format_ARGB32_Premultiplied)
+    painter = QPainter(image)
+    try:
+        specs = axis.generateDrawSpecs(painter)
+        plain = pg.AxisItem.generateDrawSpecs(axis, painter)
+    finally:
+        painter.end()
+    assert specs is not None and plain is not None
+    ticks, translucent = specs[1], plain[1]
+    assert len(ticks) == len(translucent) > 4  # major and minor lines of the grid
+    assert any(pen.color().alpha() < 255 for pen, _, _ in translucent)
+    background = window.chart.palette().color(QPalette.ColorRole.Base)
+    assert axis.background == background
+    for (pen, a, b), (seen, c, d) in zip(ticks, translucent, strict=True):
+        assert pen.color().alpha() == 255 and (a, b) == (c, d)
+        shown = seen.color()
+        for got, over, under in zip(
+            pen.color().getRgbF()[:3], shown.getRgbF()[:3], background.getRgbF()[:3], strict=True
+        ):
+            assert abs(got - (shown.alphaF() * over + (1 - shown.alphaF()) * under)) < 1e-6
