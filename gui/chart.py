@@ -611,19 +611,29 @@ class _GridAxis(pg.AxisItem):
 
 def _over(pen: QPen, background: QColor) -> QPen:
     """``pen`` made opaque: its colour as it shows over ``background``."""
-    colour = pen.color()
-    alpha = colour.alphaF()
+    alpha = pen.color().alphaF()
     if alpha >= 1.0:
         return pen
     opaque = QPen(pen)
-    opaque.setColor(
-        QColor.fromRgbF(
-            alpha * colour.redF() + (1 - alpha) * background.redF(),
-            alpha * colour.greenF() + (1 - alpha) * background.greenF(),
-            alpha * colour.blueF() + (1 - alpha) * background.blueF(),
-        )
-    )
+    opaque.setColor(_mix(pen.color(), background, alpha))
     return opaque
+
+
+def _mix(front: QColor, back: QColor, share: float) -> QColor:
+    """An opaque colour, ``share`` of ``front`` and the rest of ``back``."""
+    return QColor.fromRgbF(
+        share * front.redF() + (1 - share) * back.redF(),
+        share * front.greenF() + (1 - share) * back.greenF(),
+        share * front.blueF() + (1 - share) * back.blueF(),
+    )
+
+
+def palette_colours(palette: QPalette) -> tuple[QColor, QColor, QColor]:
+    """(background, text, muted) of ``palette``: the plots' colours; muted is 40 % of the
+    way from the text to the background."""
+    background = palette.color(QPalette.ColorRole.Base)
+    foreground = palette.color(QPalette.ColorRole.Text)
+    return background, foreground, _mix(foreground, background, 0.6)
 
 
 class BreakdownChart(QWidget):
@@ -1539,14 +1549,7 @@ class BreakdownChart(QWidget):
 
     def apply_palette(self) -> None:
         """Take background, text and muted colours from the widget's (application) palette."""
-        palette = self.palette()
-        background = palette.color(QPalette.ColorRole.Base)
-        foreground = palette.color(QPalette.ColorRole.Text)
-        muted = QColor.fromRgbF(
-            0.4 * background.redF() + 0.6 * foreground.redF(),
-            0.4 * background.greenF() + 0.6 * foreground.greenF(),
-            0.4 * background.blueF() + 0.6 * foreground.blueF(),
-        )
+        background, foreground, muted = palette_colours(self.palette())
         self._foreground = foreground
         self._muted = muted
         self._background = QColor(background)

@@ -7,7 +7,8 @@
   variant each, for light and dark backgrounds);
 * :func:`style_plot` -- background, axes, grid and labels of a pyqtgraph plot from a
   widget's palette;
-* :func:`palette_colours` -- background, text and a muted colour between them.
+* :func:`palette_colours` -- background, text and a muted colour between them (the
+  breakdown chart's, :func:`memfit.gui.chart.palette_colours`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from PySide6.QtCore import QEvent
 from PySide6.QtGui import QBrush, QColor, QPalette
 
 from memfit.gui.chart import CAPACITY_COLOUR, VERDICTS
+from memfit.gui.chart import palette_colours as palette_colours  # the plots share it
 
 #: verdict -> words in a legend
 VERDICT_WORDS = {"fits": "fits", "tight": "tight", "oom": "does not fit"}
@@ -57,19 +59,6 @@ def series_colour(key: str, dark: bool) -> QColor:
 def capacity_colour(dark: bool) -> QColor:
     colour = QColor(CAPACITY_COLOUR)
     return colour.lighter(125) if dark else colour
-
-
-def palette_colours(palette: QPalette) -> tuple[QColor, QColor, QColor]:
-    """(background, text, muted) of ``palette``; muted is 40 % of the way from the text
-    to the background, as the breakdown chart's."""
-    background = palette.color(QPalette.ColorRole.Base)
-    foreground = palette.color(QPalette.ColorRole.Text)
-    muted = QColor.fromRgbF(
-        0.4 * background.redF() + 0.6 * foreground.redF(),
-        0.4 * background.greenF() + 0.6 * foreground.greenF(),
-        0.4 * background.blueF() + 0.6 * foreground.blueF(),
-    )
-    return background, foreground, muted
 
 
 def style_plot(item: pg.PlotItem, palette: QPalette) -> None:
