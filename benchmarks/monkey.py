@@ -10,6 +10,8 @@ answered at random (:mod:`memfit.gui.monkey`). After every action it checks that
 field shows the scenario's value (or a rejected value with its error), that the chart is
 stale exactly when the scenario has no valid estimate, that no label, tooltip, chart text,
 message box or prompt renders a user's markup, and that no named file's content is shown.
+It prints the slowest actions too, each with the scenario it left: a state where the app
+is slow shows there.
 
 Run: ``QT_QPA_PLATFORM=offscreen python benchmarks/monkey.py [ACTIONS] [--seed N]``.
 """
@@ -48,6 +50,8 @@ def main() -> int:
     print(f"  message boxes:       {report.message_boxes:,}")
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(report.kinds.items(), key=lambda kv: -kv[1]))
     print(f"  by kind:             {kinds}")
+    for seconds, number, name, scenario in report.slowest:
+        print(f"  slowest: {seconds:6.2f} s  action {number:,} ({name}), leaving {scenario}")
     for title, problems in report.problems().items():
         for problem in problems[: args.show]:
             print(f"--- {title}:\n{problem}")

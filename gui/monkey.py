@@ -139,6 +139,10 @@ class MessageBoxes:
         return [box.text for box in self.shown]
 
 
+#: how many of the slowest actions a report keeps
+SLOWEST = 5
+
+
 @dataclass
 class MonkeyReport:
     """What a run did and found."""
@@ -154,6 +158,15 @@ class MonkeyReport:
     #: where the content of a file a configuration names was shown
     leaks: list[str] = field(default_factory=list)
     message_boxes: int = 0
+    #: the slowest actions, slowest first: (seconds, the action's number from 1, its
+    #: name, the scenario it left, in words) -- a state where the app is slow shows here
+    slowest: list[tuple[float, int, str, str]] = field(default_factory=list)
+
+    def timed(self, seconds: float, name: str, scenario: str, keep: int = SLOWEST) -> None:
+        """Record the action just made (the :attr:`actions` th) if it is among the slowest."""
+        self.slowest.append((seconds, self.actions, name, scenario))
+        self.slowest.sort(key=lambda s: -s[0])
+        del self.slowest[keep:]
 
     def problems(self) -> dict[str, list[str]]:
         """Every kind of problem found, by name."""
@@ -542,6 +555,7 @@ class Monkey:
                 name = self.rng.choices(names, weights)[0]
                 if self.window.store.error and self.rng.random() < 0.25:
                     name = "undo"  # users fix what the engine rejects, often by undoing
+                begun = time.perf_counter()
                 try:
                     work[name]()
                     QApplication.processEvents()
@@ -549,6 +563,8 @@ class Monkey:
                     self.report.exceptions.append(f"{name}: {traceback.format_exc()}")
                 self.report.actions += 1
                 self.report.kinds[name] += 1
+                caption = self.window.chart.export_context().caption or "no valid estimate"
+                self.report.timed(time.perf_counter() - begun, name, caption)
                 self.verify(name)
         self.report.seconds = time.perf_counter() - started
         self.report.message_boxes = len(self.boxes.shown)

@@ -22,6 +22,10 @@ def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[n
     assert report.markup == []
     assert report.leaks == []
     assert report.message_boxes > 0  # files that fail to open, questions before closing
+    # the slowest actions, slowest first, each with the scenario it left
+    times = [seconds for seconds, _n, _name, _s in report.slowest]
+    assert len(times) == 5 and times == sorted(times, reverse=True) and times[-1] > 0
+    assert all(1 <= n <= 300 and name in report.kinds for _t, n, name, _s in report.slowest)
 
 
 def test_the_monkey_picks_models_the_training_section_does_not_fit(
