@@ -168,7 +168,7 @@ def edit_latency() -> dict[str, list[float]]:
                 settle(app)
                 times.append(time.perf_counter() - start)
             results[name] = times[2:]  # the first edits warm per-model caches
-        results[DEEP] = _deep_pipeline(window, spin)
+        results[DEEP] = _deep_pipeline(app, window, spin)
         window.store.undo_stack.setClean()  # closing a modified window would ask to save
         window.close()
     return results
@@ -186,7 +186,7 @@ def settle(app: object) -> None:
 DEEP = "pp 1,024 (1,024 layers, 8 x 128 GPUs)"
 
 
-def _deep_pipeline(window: object, spin: object) -> list[float]:
+def _deep_pipeline(app: object, window: object, spin: object) -> list[float]:
     """Edits of a scenario with 1,024 pipeline stages, each a rank group of its own."""
     from memfit.engine.presets import load_gpu, load_model
     from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
@@ -197,9 +197,6 @@ def _deep_pipeline(window: object, spin: object) -> list[float]:
         HardwareSpec(load_gpu("h100-sxm-80gb"), gpus_per_node=8, nodes=128),
         TrainingSpec(gradient_accumulation_steps=16, parallelism=ParallelismSpec(pp=1024)),
     )
-    from memfit.gui.app import make_app
-
-    app = make_app()
     window.store.edit(deep)  # type: ignore[attr-defined]
     settle(app)
     times = []
