@@ -11,9 +11,12 @@ field shows the scenario's value (or a rejected value with its error), that the 
 stale exactly when the scenario has no valid estimate, that no label, tooltip, chart text,
 message box or prompt renders a user's markup, and that no named file's content is shown.
 It prints the slowest actions too, each with the scenario it left: a state where the app
-is slow shows there.
+is slow shows there; and the longest pause of Python's cycle collector, with the collector
+run as the app runs it (:mod:`memfit.gui.collector`), or left to itself
+(``--no-collector``: the pauses grow with what the engine's caches hold).
 
-Run: ``QT_QPA_PLATFORM=offscreen python benchmarks/monkey.py [ACTIONS] [--seed N]``.
+Run: ``QT_QPA_PLATFORM=offscreen python benchmarks/monkey.py [ACTIONS] [--seed N]
+[--no-collector]``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ def main() -> int:
     parser.add_argument("actions", nargs="?", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--show", type=int, default=5, help="problems to print of each kind")
+    parser.add_argument(
+        "--no-collector",
+        action="store_true",
+        help="leave Python's cycle collector to itself, not as the app runs it",
+    )
     args = parser.parse_args()
 
     from memfit.gui.app import make_app
@@ -40,11 +48,13 @@ def main() -> int:
 
     make_app()
     with tempfile.TemporaryDirectory(prefix="memfit-monkey-") as folder:
-        report = run_monkey(args.actions, args.seed, Path(folder))
+        report = run_monkey(args.actions, args.seed, Path(folder), collector=not args.no_collector)
     rate = report.actions / report.seconds if report.seconds else float("inf")
     print(f"MemFit monkey (seed {args.seed}, offscreen, 1280x800)")
     print(f"  actions:             {report.actions:,}")
     print(f"  actions/s:           {rate:,.1f}  ({report.seconds:.1f} s)")
+    how = "left to itself" if args.no_collector else "as the app runs it"
+    print(f"  longest collection:  {report.longest_collection:.3f} s (the collector {how})")
     for title, problems in report.problems().items():
         print(f"  {title + ':':<21}{len(problems)}")
     print(f"  message boxes:       {report.message_boxes:,}")

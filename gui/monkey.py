@@ -40,6 +40,7 @@ its content shown (a notice, a message box, the status bar).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -161,6 +162,9 @@ class MonkeyReport:
     #: the slowest actions, slowest first: (seconds, the action's number from 1, its
     #: name, the scenario it left, in words) -- a state where the app is slow shows here
     slowest: list[tuple[float, int, str, str]] = field(default_factory=list)
+    #: the longest pause of Python's cycle collector in the run, in seconds: it stops
+    #: whichever action it falls in (:mod:`memfit.gui.collector`)
+    longest_collection: float = 0.0
 
     def timed(self, seconds: float, name: str, scenario: str, keep: int = SLOWEST) -> None:
         """Record the action just made (the :attr:`actions` th) if it is among the slowest."""
@@ -550,7 +554,7 @@ class Monkey:
         weights = [w for _n, w, _a in self.actions]
         work = {name: action for name, _w, action in self.actions}
         started = time.perf_counter()
-        with self.installed():
+        with self.installed(), self._collections_timed():
             for _ in range(n):
                 name = self.rng.choices(names, weights)[0]
                 if self.window.store.error and self.rng.random() < 0.25:
@@ -569,6 +573,24 @@ class Monkey:
         self.report.seconds = time.perf_counter() - started
         self.report.message_boxes = len(self.boxes.shown)
         return self.report
+
+    @contextlib.contextmanager
+    def _collections_timed(self) -> Iterator[None]:
+        """The cycle collector's pauses timed while the monkey runs (the longest kept)."""
+        began = [0.0]
+
+        def timed(phase: str, _info: dict[str, int]) -> None:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                pause = time.perf_counter() - began[0]
+                self.report.longest_collection = max(self.report.longest_collection, pause)
+
+        gc.callbacks.append(timed)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(timed)
 
     # -- checks --------------------------------------------------------------------------
     def verify(self, after: str) -> None:
@@ -983,11 +1005,20 @@ def _type_into(box: QAbstractSpinBox, text: str) -> None:
     QTest.keyClick(box, Qt.Key.Key_Return)
 
 
-def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1280, 800)) -> Any:
+def run_monkey(
+    actions: int,
+    seed: int,
+    folder: Path,
+    size: tuple[int, int] = (1280, 800),
+    collector: bool = True,
+) -> Any:
     """A fresh main window (settings and recovery file in ``folder``), ``actions`` random
-    actions on it; returns the :class:`MonkeyReport`."""
+    actions on it; returns the :class:`MonkeyReport`. With ``collector``, the cycle
+    collector runs as the app runs it (:class:`~memfit.gui.collector.Collector`), stopped
+    after."""
     from PySide6.QtCore import QSettings
 
+    from memfit.gui.collector import Collector
     from memfit.gui.main_window import MainWindow
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -997,9 +1028,14 @@ def run_monkey(actions: int, seed: int, folder: Path, size: tuple[int, int] = (1
     window.show()
     QApplication.processEvents()
     monkey = Monkey(window, seed, folder)
+    app = QGuiApplication.instance()
+    kept = Collector(app) if collector and isinstance(app, QGuiApplication) else None
     try:
         return monkey.run(actions)
     finally:
+        if kept is not None:
+            kept.stop()
+            kept.deleteLater()
         with monkey.installed():
             window.close()  # the monkey answers the question, if asked, and may cancel
             if window.isVisible():  # closed anyway, its changes discarded: the close

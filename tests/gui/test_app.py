@@ -9,6 +9,7 @@ SMOKE = """
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 from memfit.gui.app import make_app
+from memfit.gui.collector import Collector
 from memfit.gui.main_window import MainWindow
 
 make_app()  # the launcher reuses it; the timer needs its event loop
@@ -19,6 +20,7 @@ def close_all():
         if isinstance(widget, MainWindow) and widget.isVisible():
             print("window:", widget.windowTitle(), widget.width(), widget.height(), flush=True)
             widget.close()
+    print("collector running:", app.findChild(Collector) is not None, flush=True)
     app.quit()
 
 QTimer.singleShot(500, close_all)
@@ -33,6 +35,7 @@ def test_memfit_without_arguments_opens_the_window(tmp_path: Path) -> None:
     proc = run_offscreen(SMOKE, HOME=str(tmp_path), **env)
     assert proc.returncode == 0, proc.stderr
     assert "window: Untitled" in proc.stdout and "MemFit" in proc.stdout
+    assert "collector running: True" in proc.stdout  # its pauses kept short (gui.collector)
     # its recovery file was in the user's data folder, and a clean close removed it
     (recovery,) = (tmp_path / "data").rglob("recovery")
     assert recovery.is_dir() and list(recovery.iterdir()) == []

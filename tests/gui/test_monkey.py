@@ -5,6 +5,7 @@ the chart stale exactly when the store has an error, no user markup rendered, no
 file's content shown (``benchmarks/monkey.py`` runs thousands)."""
 
 import dataclasses
+import gc
 from pathlib import Path
 
 from memfit.gui.main_window import MainWindow
@@ -26,6 +27,10 @@ def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[n
     times = [seconds for seconds, _n, _name, _s in report.slowest]
     assert len(times) == 5 and times == sorted(times, reverse=True) and times[-1] > 0
     assert all(1 <= n <= 300 and name in report.kinds for _t, n, name, _s in report.slowest)
+    # the cycle collector ran as the app runs it, its pauses timed; and it has every
+    # object back after the run
+    assert report.longest_collection > 0
+    assert gc.get_freeze_count() == 0
 
 
 def test_the_monkey_picks_models_the_training_section_does_not_fit(
