@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable
+from itertools import pairwise
 
 from memfit.engine.graph import COLLECTIVES, Block, Op, Size, connected
 
@@ -66,7 +67,8 @@ def fuses(op: Op) -> bool:
 
 
 class _Flow:
-    """A maximum flow (Edmonds-Karp) on a small graph of named nodes."""
+    """A maximum flow on a small graph of named nodes, and the source's side of the
+    minimum cut it leaves (:meth:`source_side`)."""
 
     def __init__(self) -> None:
         self.cap: dict[str, dict[str, float]] = {}
@@ -78,33 +80,59 @@ class _Flow:
         self.cap[b].setdefault(a, 0)
 
     def source_side(self, s: str, t: str) -> set[str]:
-        """The nodes on the source's side of a minimum cut."""
+        """The nodes on the source's side of a minimum cut: those the source still
+        reaches once the flow is maximum. Every maximum flow leaves the same ones (the
+        smallest source side of any minimum cut), so the algorithm that finds the flow
+        does not change them. Dinic's (1970): each round labels every node with its
+        distance from the source over edges with capacity left, then pushes flow along
+        shortest paths until none is left (one search a round, not one a path: a
+        mixture-of-experts layer's graph of 128 experts took 0.1 s a cut by shortest
+        augmenting paths, Edmonds-Karp)."""
         cap = self.cap
         cap.setdefault(s, {})
         cap.setdefault(t, {})
         while True:
-            parent = {s: s}
+            level = {s: 0}
             queue = deque([s])
-            while queue and t not in parent:
+            while queue:
                 a = queue.popleft()
                 for b, c in cap[a].items():
-                    if c > 0 and b not in parent:
-                        parent[b] = a
+                    if c > 0 and b not in level:
+                        level[b] = level[a] + 1
                         queue.append(b)
-            if t not in parent:
-                return set(parent)
-            push, b = _INF, t
-            while b != s:
-                push = min(push, cap[parent[b]][b])
-                b = parent[b]
-            if push == _INF:
-                raise ValueError("nothing bounds the cut")  # a bug: the input is always cuttable
-            b = t
-            while b != s:
-                a = parent[b]
-                cap[a][b] -= push
-                cap[b][a] += push
-                b = a
+            if t not in level:
+                return set(level)
+            self._block(s, t, level)
+
+    def _block(self, s: str, t: str, level: dict[str, int]) -> None:
+        """Push flow from ``s`` to ``t`` along paths that go one ``level`` further each
+        edge, until every such path has an edge without capacity left."""
+        cap = self.cap
+        ahead = {a: [b for b in cap[a] if level.get(b) == d + 1] for a, d in level.items()}
+        tried = dict.fromkeys(level, 0)  # per node: its edges ahead found full or dead
+        path = [s]
+        while path:
+            a = path[-1]
+            if a == t:
+                steps = list(pairwise(path))
+                push = min(cap[x][y] for x, y in steps)
+                if push == _INF:
+                    raise ValueError("nothing bounds the cut")  # a bug: always cuttable
+                for x, y in steps:
+                    cap[x][y] -= push
+                    cap[y][x] += push
+                path = [s]
+                continue
+            edges, i = ahead[a], tried[a]
+            while i < len(edges) and cap[a][edges[i]] <= 0:
+                i += 1
+            tried[a] = i
+            if i < len(edges):
+                path.append(edges[i])
+            else:  # a dead end: back one node, past this edge
+                path.pop()
+                if path:
+                    tried[path[-1]] += 1
 
 
 def kept_set(block: Block, output: str, weigh: Callable[[Size], int], start: int = 0) -> set[str]:

@@ -4,13 +4,14 @@ rules on small blocks, and what they do to whole estimates."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
 from memfit.engine.errors import EstimateError
 from memfit.engine.estimate import estimate
 from memfit.engine.graph import Block, simulate
-from memfit.engine.inductor import kept_set, partition
+from memfit.engine.inductor import _Flow, kept_set, partition
 from memfit.engine.presets import load_gpu, load_model, model_names
 from memfit.engine.scenario_io import scenario_from_dict, scenario_to_dict
 from memfit.engine.specs import HardwareSpec, Scenario, TrainingSpec
@@ -219,3 +220,80 @@ def test_a_model_that_returns_fp32_logits_hands_its_compiled_loss_the_copy() -> 
     vocab, tokens = s.model.vocab_size, 2048
     # the kept fp32 copy, against the 16-bit logits the other loss recomputes it from
     assert tune - titan >= 2 * tokens * vocab
+
+
+def _shortest_paths_side(cap: dict[str, dict[str, float]], s: str, t: str) -> set[str]:
+    """The source side of a minimum cut by shortest augmenting paths (Edmonds-Karp), one
+    search a path: what the partitioner's cut was solved with before, kept as the oracle."""
+    cap = {a: dict(b) for a, b in cap.items()}
+    cap.setdefault(s, {})
+    cap.setdefault(t, {})
+    while True:
+        parent = {s: s}
+        queue = [s]
+        while queue and t not in parent:
+            a = queue.pop(0)
+            for b, c in cap[a].items():
+                if c > 0 and b not in parent:
+                    parent[b] = a
+                    queue.append(b)
+        if t not in parent:
+            return set(parent)
+        push, b = float("inf"), t
+        while b != s:
+            push = min(push, cap[parent[b]][b])
+            b = parent[b]
+        b = t
+        while b != s:
+            cap[parent[b]][b] -= push
+            cap[b][parent[b]] += push
+            b = parent[b]
+
+
+def test_the_cut_is_the_smallest_source_side_whatever_finds_the_flow() -> None:
+    """Every maximum flow leaves the source the same nodes to reach: the cut found by
+    blocking flows (Dinic) is the one shortest augmenting paths found, on random graphs
+    with the partitioner's kinds of capacity (bytes, doubled bytes, unbounded)."""
+    rng = random.Random(20261205)
+    unbounded = cut = 0
+    for _ in range(400):
+        n = rng.randrange(2, 14)
+        flow = _Flow()
+        nodes = ["source", "sink", *(f"n{i}" for i in range(n))]
+        for _ in range(rng.randrange(1, 4 * n)):
+            a, b = rng.sample(nodes, 2)
+            if a == "sink" or b == "source":
+                continue
+            c = rng.choice([float("inf"), rng.randrange(1, 50), 2 * rng.randrange(1, 50)])
+            if not (a == "source" and b == "sink"):
+                flow.edge(a, b, c)
+        graph = {a: dict(b) for a, b in flow.cap.items()}
+        try:
+            side = flow.source_side("source", "sink")
+        except ValueError:  # a path that nothing bounds
+            assert "sink" in _reach_unbounded(graph, "source")
+            unbounded += 1
+            continue
+        assert side == _shortest_paths_side(graph, "source", "sink")
+        assert "sink" not in side
+        cut += len(side) > 1  # the source reaches something: a cut inside the graph
+    assert unbounded > 10 and cut > 100  # both kinds of graph drawn
+
+
+def _reach_unbounded(cap: dict[str, dict[str, float]], s: str) -> set[str]:
+    seen, todo = {s}, [s]
+    while todo:
+        a = todo.pop()
+        for b, c in cap.get(a, {}).items():
+            if c == float("inf") and b not in seen:
+                seen.add(b)
+                todo.append(b)
+    return seen
+
+
+def test_a_graph_with_no_bounded_cut_is_refused() -> None:
+    flow = _Flow()
+    flow.edge("source", "a", float("inf"))
+    flow.edge("a", "sink", float("inf"))
+    with pytest.raises(ValueError, match="nothing bounds the cut"):
+        flow.source_side("source", "sink")
