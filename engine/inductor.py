@@ -108,7 +108,7 @@ class _Flow:
         """Push flow from ``s`` to ``t`` along paths that go one ``level`` further each
         edge, until every such path has an edge without capacity left."""
         cap = self.cap
-        ahead = {a: [b for b in cap[a] if level.get(b) == d + 1] for a, d in level.items()}
+        ahead: dict[str, list[str]] = {}  # per node reached: its edges one level on
         tried = dict.fromkeys(level, 0)  # per node: its edges ahead found full or dead
         path = [s]
         while path:
@@ -123,7 +123,11 @@ class _Flow:
                     cap[y][x] += push
                 path = [s]
                 continue
-            edges, i = ahead[a], tried[a]
+            edges = ahead.get(a)
+            if edges is None:
+                on = level[a] + 1
+                edges = ahead[a] = [b for b in cap[a] if level.get(b) == on]
+            i = tried[a]
             while i < len(edges) and cap[a][edges[i]] <= 0:
                 i += 1
             tried[a] = i
@@ -291,7 +295,8 @@ def _deduplicated(block: Block, start: int) -> Block:
         saves = tuple(dict.fromkeys(alias.get(t, t) for t in op.saves))
         grads = tuple(dict.fromkeys(alias.get(t, t) for t in op.grads))
         dropped.append(None)
-        ops.append(_with(op, saves, inputs, grads))
+        same = (inputs, saves, grads) == (op.inputs, op.saves, op.grads)
+        ops.append(op if same else _with(op, saves, inputs, grads))
     if not alias:
         return block
     out = Block(block.name, block.input_bytes, ops, dict(block.sizes))
