@@ -8,6 +8,7 @@ from PySide6.QtCore import QCoreApplication
 from PySide6.QtWidgets import QApplication
 
 from memfit.engine.cli import version
+from memfit.gui.background import share_the_interpreter
 from memfit.gui.collector import Collector
 
 APP_NAME = "MemFit"
@@ -35,5 +36,6 @@ def run(argv: list[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     window = MainWindow()
     window.show()
+    share_the_interpreter()  # the GUI thread's turn comes soon while workers compute
     Collector(app)  # the cycle collector's pauses kept short (an app's objects live long)
     return app.exec()
