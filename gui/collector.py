@@ -21,12 +21,16 @@ objects (0.35 MB) until then.
 from __future__ import annotations
 
 import gc
+import time
 
 from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 
 #: how often what survived is moved out of the collector's reach (ms)
 EVERY_MS = 1000
+#: the least time between two collections of everything (s): a desktop that moves the
+#: focus with the mouse makes the app inactive and active again many times a minute
+RECLAIM_GAP_S = 60.0
 
 
 #: the collector's generations collected by :func:`settle`: the young ones (0 and 1)
@@ -50,15 +54,20 @@ def reclaim() -> None:
 
 class Collector(QObject):
     """Keeps the collector's pauses short while the app runs (see the module): settles
-    every ``every_ms`` and reclaims when the app goes to the background. What exists when
+    every ``every_ms`` and reclaims when the app goes to the background, at most once in
+    ``reclaim_gap_s``. What exists when
     it starts (the modules, the window shown) is moved out of the generations at once,
     uncollected: a start leaves no cycle to free (a collection found none, in 20 ms).
     :meth:`stop` gives every object back to the collector."""
 
-    def __init__(self, app: QGuiApplication, every_ms: int = EVERY_MS) -> None:
+    def __init__(
+        self, app: QGuiApplication, every_ms: int = EVERY_MS, reclaim_gap_s: float = RECLAIM_GAP_S
+    ) -> None:
         super().__init__(app)
         gc.freeze()
         self._app = app
+        self._gap = reclaim_gap_s
+        self._reclaimed = time.monotonic()
         self._timer = QTimer(self)
         self._timer.setInterval(every_ms)
         self._timer.timeout.connect(settle)
@@ -66,8 +75,10 @@ class Collector(QObject):
         app.applicationStateChanged.connect(self._state_changed)
 
     def _state_changed(self, state: Qt.ApplicationState) -> None:
-        if state != Qt.ApplicationState.ApplicationActive:
+        now = time.monotonic()
+        if state != Qt.ApplicationState.ApplicationActive and now - self._reclaimed >= self._gap:
             reclaim()
+            self._reclaimed = now
 
     def stop(self) -> None:
         self._timer.stop()

@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from memfit.gui.collector import Collector, reclaim, settle
+from memfit.gui.collector import RECLAIM_GAP_S, Collector, reclaim, settle
 
 
 class _Cycle:
@@ -72,7 +72,7 @@ def test_the_app_settles_as_it_runs_and_reclaims_in_the_background(
     qapp: QApplication, qtbot: QtBot
 ) -> None:
     before = _Cycle()
-    collector = Collector(qapp, every_ms=10)
+    collector = Collector(qapp, every_ms=10, reclaim_gap_s=0)
     try:
         assert not _in_generations(before)  # what existed at its start, moved at once
         young = _Cycle()
@@ -91,3 +91,22 @@ def test_the_app_settles_as_it_runs_and_reclaims_in_the_background(
         collector.stop()
         collector.deleteLater()
     assert _in_generations(before)  # stopped: every object is the collector's again
+
+
+def test_the_background_collection_waits_its_gap(qapp: QApplication) -> None:
+    """Focus that follows the mouse makes the app inactive many times a minute: one
+    collection of everything in :data:`~memfit.gui.collector.RECLAIM_GAP_S`."""
+    collector = Collector(qapp, every_ms=60_000)
+    try:
+        cycle = _Cycle()
+        ref = weakref.ref(cycle)
+        settle()
+        del cycle
+        qapp.applicationStateChanged.emit(Qt.ApplicationState.ApplicationInactive)
+        assert ref() is not None  # started just now: the gap has not passed
+        collector._reclaimed -= RECLAIM_GAP_S
+        qapp.applicationStateChanged.emit(Qt.ApplicationState.ApplicationInactive)
+        assert ref() is None
+    finally:
+        collector.stop()
+        collector.deleteLater()
