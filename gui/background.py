@@ -39,9 +39,9 @@ def share_the_interpreter() -> None:
     :data:`SWITCH_INTERVAL_S`, not Python's 5 ms. The GUI thread gives the interpreter up
     in every call into Qt and asks for it again for every slot and event handler written
     in Python, so while a worker computes, each of those waited behind it: an edit took
-    0.22 s (median) with the map sweeping Llama 3 70B on 64 GPUs, 8 ms without. With
-    0.2 ms it takes 0.024 s; a worker alone is never asked to switch, so it runs as fast
-    as before (``benchmarks/gui_latency.py``)."""
+    0.22-0.27 s (median) with the map sweeping Llama 3 70B on 64 GPUs, 8 ms without. With
+    0.2 ms it takes 0.023-0.032 s; a worker alone is never asked to switch, so it runs as
+    fast as before (``benchmarks/gui_latency.py``)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 

@@ -28,13 +28,11 @@ from PySide6.QtGui import QGuiApplication
 
 #: how often what survived is moved out of the collector's reach (ms)
 EVERY_MS = 1000
+#: the collector's generations collected by :func:`settle`: the young ones (0 and 1)
+YOUNG = 1
 #: the least time between two collections of everything (s): a desktop that moves the
 #: focus with the mouse makes the app inactive and active again many times a minute
 RECLAIM_GAP_S = 60.0
-
-
-#: the collector's generations collected by :func:`settle`: the young ones (0 and 1)
-YOUNG = 1
 
 
 def settle() -> None:
@@ -55,10 +53,10 @@ def reclaim() -> None:
 class Collector(QObject):
     """Keeps the collector's pauses short while the app runs (see the module): settles
     every ``every_ms`` and reclaims when the app goes to the background, at most once in
-    ``reclaim_gap_s``. What exists when
-    it starts (the modules, the window shown) is moved out of the generations at once,
-    uncollected: a start leaves no cycle to free (a collection found none, in 20 ms).
-    :meth:`stop` gives every object back to the collector."""
+    ``reclaim_gap_s``. What exists when it starts (the modules, the window shown) is
+    moved out of the generations at once, uncollected: a start leaves no cycle to free (a
+    collection found none, in 20 ms). :meth:`stop` gives every object back to the
+    collector."""
 
     def __init__(
         self, app: QGuiApplication, every_ms: int = EVERY_MS, reclaim_gap_s: float = RECLAIM_GAP_S
