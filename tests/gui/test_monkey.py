@@ -5,7 +5,6 @@ the chart stale exactly when the store has an error, no user markup rendered, no
 file's content shown (``benchmarks/monkey.py`` runs thousands)."""
 
 import dataclasses
-import gc
 from pathlib import Path
 
 from memfit.gui.main_window import MainWindow
@@ -13,7 +12,9 @@ from memfit.gui.monkey import Monkey, run_monkey
 
 
 def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    report = run_monkey(300, seed=7, folder=tmp_path)
+    # the collector left to itself: freezing it would move when every later test's
+    # garbage is collected (tests/gui/test_collector.py checks the collector alone)
+    report = run_monkey(300, seed=7, folder=tmp_path, collector=False)
     assert report.actions == 300 and len(report.kinds) >= 15  # most kinds of action ran
     for kind in ("paste", "drop", "import", "tradeoffs", "gpu name"):
         assert report.kinds[kind] > 0, kind
@@ -27,10 +28,7 @@ def test_a_monkey_finds_nothing(qapp, tmp_path: Path) -> None:  # type: ignore[n
     times = [seconds for seconds, _n, _name, _s in report.slowest]
     assert len(times) == 5 and times == sorted(times, reverse=True) and times[-1] > 0
     assert all(1 <= n <= 300 and name in report.kinds for _t, n, name, _s in report.slowest)
-    # the cycle collector ran as the app runs it, its pauses timed; and it has every
-    # object back after the run
-    assert report.longest_collection > 0
-    assert gc.get_freeze_count() == 0
+    assert report.longest_collection > 0  # the cycle collector's pauses timed
 
 
 def test_the_monkey_picks_models_the_training_section_does_not_fit(
