@@ -21,8 +21,9 @@ H100s (ZeRO-3, micro-batch 2 x 4, 4,096 tokens, the Hugging Face Trainer), shows
 Tradeoffs > Map and presses Sweep; the figure is from the press to the map repainted
 with every point (the sweep runs in the app's worker thread, as a user's does).
 
-The start-up and the first map run as ``memfit`` runs the app (:func:`memfit.gui.app.run`:
-the interpreter shared, the cycle collector's pauses kept short). The fresh processes
+The start-up and the first map run as ``memfit`` runs the app
+(:func:`memfit.gui.app.keep_responsive`: the interpreter shared, the cycle collector's
+pauses kept short). The fresh processes
 run in the environment a user's shell gives them: without
 ``PYTHONDONTWRITEBYTECODE`` or ``PYTHONUNBUFFERED``, MemFit's bytecode written first, as an
 installed package or the packaged app has it.
@@ -54,16 +55,13 @@ STARTUP = """
 import time, sys
 t0 = time.perf_counter()
 from PySide6.QtCore import QEvent, QObject, QSettings, QTimer
-from memfit.gui.app import make_app
+from memfit.gui.app import keep_responsive, make_app
 app = make_app()
-from memfit.gui.background import share_the_interpreter
-from memfit.gui.collector import Collector
 from memfit.gui.main_window import MainWindow
 from pathlib import Path
 window = MainWindow(settings=QSettings(sys.argv[1], QSettings.Format.IniFormat),
                     data_dir=Path(sys.argv[2]))
-share_the_interpreter()
-collector = Collector(app)
+collector = keep_responsive(app)
 
 class FirstPaint(QObject):
     def eventFilter(self, obj, event):
@@ -84,15 +82,12 @@ FIRST_MAP = """
 import sys, time
 from pathlib import Path
 from PySide6.QtCore import QSettings
-from memfit.gui.app import make_app
+from memfit.gui.app import keep_responsive, make_app
 app = make_app()
 from memfit.engine.presets import load_gpu, load_model
 from memfit.engine.specs import HardwareSpec, ParallelismSpec, Scenario, TrainingSpec
-from memfit.gui.background import share_the_interpreter
-from memfit.gui.collector import Collector
 from memfit.gui.main_window import MainWindow
-share_the_interpreter()
-collector = Collector(app)
+collector = keep_responsive(app)
 training = TrainingSpec(method="full", micro_batch_size=2, gradient_accumulation_steps=4,
                         sequence_length=4096, parallelism=ParallelismSpec(zero_stage=3))
 scenario = Scenario(load_model("llama-3-8b"),

@@ -28,6 +28,15 @@ def make_app(argv: list[str] | None = None) -> QApplication:
     return app
 
 
+def keep_responsive(app: QApplication) -> Collector:
+    """How the app's process runs once its window is shown: the GUI thread's turn at the
+    interpreter comes soon while workers compute (:func:`share_the_interpreter`), and the
+    cycle collector's pauses stay short, an app's objects living long (:class:`Collector`,
+    returned)."""
+    share_the_interpreter()
+    return Collector(app)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Open the main window and run the event loop; returns the exit status."""
     app = make_app(argv)
@@ -36,6 +45,5 @@ def run(argv: list[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     window = MainWindow()
     window.show()
-    share_the_interpreter()  # the GUI thread's turn comes soon while workers compute
-    Collector(app)  # the cycle collector's pauses kept short (an app's objects live long)
+    keep_responsive(app)
     return app.exec()
